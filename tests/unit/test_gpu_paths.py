@@ -1,0 +1,39 @@
+"""The reference trainer's pieces on a CUDA device (skipped with the reason on CPU-only machines)."""
+
+import pytest
+import torch
+
+from trainer.config import preset
+from trainer.envs import CartPoleVec
+from trainer.loop import Trainer
+
+pytestmark = pytest.mark.gpu
+
+
+def test_cartpole_vec_on_cuda_matches_cpu():
+    gpu = CartPoleVec(64, device="cuda", dtype=torch.float64)
+    cpu = CartPoleVec(64, device="cpu", dtype=torch.float64)
+    gpu.reset(seed=3)
+    start = torch.rand(64, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0)) * 0.1 - 0.05
+    gpu.set_state(start.cuda())
+    cpu.reset(seed=3)
+    cpu.set_state(start)
+    for t in range(50):
+        a = torch.randint(0, 2, (64, 1), generator=torch.Generator().manual_seed(t))
+        rg, rc = gpu.step(a.cuda()), cpu.step(a)
+        torch.testing.assert_close(rg.final_obs.cpu(), rc.final_obs, rtol=0, atol=1e-12)
+        assert torch.equal(rg.terminated.cpu(), rc.terminated)
+
+
+@pytest.mark.smoke
+def test_trainer_epoch_on_cuda():
+    cfg = preset("cartpole", device="cuda", epochs=1, learner_steps_per_epoch=50, learning_starts=256)
+    stats = Trainer(cfg).run_epoch(1)
+    assert stats.learner_steps == 50 and stats.env_steps > 0 and stats.loss == stats.loss
+
+
+@pytest.mark.smoke
+def test_seed_scale_epoch_on_cuda():
+    cfg = preset("seed-scale", device="cuda", epochs=1, learner_steps_per_epoch=5)
+    stats = Trainer(cfg).run_epoch(1)
+    assert stats.learner_steps == 5 and stats.env_steps == 8192 * 6

@@ -1,0 +1,214 @@
+"""Typed training configuration, its presets, and the round trip to plain dicts and JSON.
+
+Style after CleanRL's `Args` dataclass (cleanrl/dqn.py): one field per knob, each with a one-line docstring that
+`hotloop train --help` shows. Presets (`PRESETS`) are the only named configurations: `cartpole` learns
+CartPole-v1 on a CPU in minutes; `seed-scale` is the shape every perf number is quoted at (../shared/DESIGN.md).
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class Config:
+    """Everything a training run needs; build one with `preset(name)` and `replace_fields`."""
+
+    env: str = "cartpole"
+    """environment: `cartpole` (GPU-vectorized CartPole-v1), `synthetic` (seed-scale shapes), `gym:<EnvId>`"""
+    num_envs: int = 8
+    """environments stepped together as one batch per vectorized env step"""
+    seed: int = 1
+    """seed of every random generator (torch, env, replay, exploration)"""
+    device: str = "auto"
+    """`cpu`, `cuda`, `cuda:N`, or `auto` (cuda when available, else cpu)"""
+    epochs: int = 10
+    """training epochs; an epoch is `learner_steps_per_epoch` learner steps"""
+    learner_steps_per_epoch: int = 1000
+    """learner (gradient) steps per epoch"""
+    env_steps_per_update: int = 1
+    """vectorized env steps taken before each learner step (each is `num_envs` transitions)"""
+    learning_starts: int = 1000
+    """transitions collected with the exploration policy before the first learner step"""
+    batch_size: int = 128
+    """transitions sampled from the replay buffer per learner step"""
+    trunk_hidden: tuple[int, ...] = (128, 128)
+    """widths of the shared trunk's hidden layers (one weight matrix each)"""
+    head_hidden: int = 64
+    """width of the hidden layer of the value head and of every advantage branch"""
+    spectral_norm: bool = True
+    """spectral-normalize every weight matrix (Miyato et al. 2018), with a learned gain per matrix (Zhai et al. 2023)"""
+    sn_power_iterations: int = 1
+    """power-iteration steps per training forward for each spectral norm estimate"""
+    gamma: float = 0.99
+    """discount factor"""
+    lr: float = 5e-4
+    """Adam learning rate"""
+    adam_eps: float = 1e-8
+    """Adam epsilon"""
+    weight_decay: float = 0.0
+    """Adam (L2) weight decay"""
+    max_grad_norm: float = 10.0
+    """global grad-norm clip threshold"""
+    loss: str = "huber"
+    """TD loss: `huber` (smooth L1 with `huber_delta`) or `mse`"""
+    huber_delta: float = 1.0
+    """Huber loss threshold (TD-error units)"""
+    tau: float = 1.0
+    """target-network update rate: 1.0 = hard copy, < 1 = Polyak averaging"""
+    target_update_interval: int = 500
+    """learner steps between target-network updates"""
+    replay_capacity: int = 100_000
+    """replay buffer capacity (transitions)"""
+    per_alpha: float = 0.6
+    """priority exponent alpha of proportional PER (0 = uniform)"""
+    per_beta_start: float = 0.4
+    """importance-sampling exponent beta at the first learner step"""
+    per_beta_end: float = 1.0
+    """beta reached at the last learner step (linear annealing)"""
+    per_eps: float = 1e-6
+    """added to |TD error| before exponentiation so no priority is zero"""
+    eps_start: float = 1.0
+    """epsilon-greedy exploration rate at the first env step"""
+    eps_end: float = 0.01
+    """exploration rate after the decay"""
+    eps_decay_fraction: float = 0.3
+    """fraction of the run's env steps over which epsilon decays linearly"""
+    cql_weight: float = 0.0
+    """weight of the conservative Q-learning logsumexp term (Kumar et al. 2020); 0 = off"""
+    diversity_weight: float = 0.0
+    """weight of the branch-diversity term (mean pairwise cosine similarity of branch features); 0 = off"""
+    obs_dim: int = 64
+    """observation size of the `synthetic` env (other envs report their own)"""
+    action_nvec: tuple[int, ...] = (4, 4, 4, 4)
+    """action-branch sizes of the `synthetic` env (other envs report their own)"""
+
+    def __post_init__(self) -> None:
+        self.trunk_hidden = tuple(self.trunk_hidden)
+        self.action_nvec = tuple(self.action_nvec)
+        validate(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready dict (tuples become lists)."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Config":
+        """Inverse of `to_dict`; raises ValueError naming unknown keys."""
+        unknown = sorted(set(data) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise ValueError(f"unknown config keys {unknown}; valid keys: {field_names()}")
+        return cls(**data)
+
+    def save(self, path: str | Path) -> None:
+        """Write as JSON to `path`."""
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Config":
+        """Read a JSON file written by `save`; raises ValueError on unreadable or invalid content."""
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ValueError(f"config file {path}: {exc}") from exc
+        if not isinstance(data, dict):
+            raise ValueError(f"config file {path}: expected a JSON object, got {type(data).__name__}")
+        return cls.from_dict(data)
+
+
+_POSITIVE_INTS = ("num_envs", "epochs", "learner_steps_per_epoch", "env_steps_per_update", "batch_size",
+                  "head_hidden", "sn_power_iterations", "target_update_interval", "replay_capacity", "obs_dim")
+_UNIT_INTERVAL = ("gamma", "per_beta_start", "per_beta_end", "eps_start", "eps_end", "eps_decay_fraction")
+
+
+def validate(cfg: Config) -> None:
+    """Raise ValueError naming the first field whose value is out of range."""
+    for name in _POSITIVE_INTS:
+        value = getattr(cfg, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"config.{name} must be a positive int, got {value!r}")
+    for name in _UNIT_INTERVAL:
+        value = getattr(cfg, name)
+        if not 0.0 <= value <= 1.0:
+            raise ValueError(f"config.{name} must be in [0, 1], got {value!r}")
+    if cfg.learning_starts < 0:
+        raise ValueError(f"config.learning_starts must be >= 0, got {cfg.learning_starts!r}")
+    if not 0.0 < cfg.tau <= 1.0:
+        raise ValueError(f"config.tau must be in (0, 1], got {cfg.tau!r}")
+    for name in ("lr", "adam_eps", "max_grad_norm", "huber_delta"):
+        if not getattr(cfg, name) > 0:
+            raise ValueError(f"config.{name} must be > 0, got {getattr(cfg, name)!r}")
+    for name in ("weight_decay", "per_alpha", "per_eps", "cql_weight", "diversity_weight"):
+        if not getattr(cfg, name) >= 0:
+            raise ValueError(f"config.{name} must be >= 0, got {getattr(cfg, name)!r}")
+    if cfg.loss not in ("huber", "mse"):
+        raise ValueError(f"config.loss must be 'huber' or 'mse', got {cfg.loss!r}")
+    if not cfg.trunk_hidden or any(w < 1 for w in cfg.trunk_hidden):
+        raise ValueError(f"config.trunk_hidden must be non-empty positive widths, got {cfg.trunk_hidden!r}")
+    if not cfg.action_nvec or any(n < 2 for n in cfg.action_nvec):
+        raise ValueError(f"config.action_nvec must be non-empty sizes >= 2, got {cfg.action_nvec!r}")
+    if cfg.batch_size > cfg.replay_capacity:
+        raise ValueError(f"config.batch_size ({cfg.batch_size}) exceeds config.replay_capacity "
+                         f"({cfg.replay_capacity})")
+
+
+def field_names() -> list[str]:
+    """Names of all Config fields, in declaration order."""
+    return [f.name for f in dataclasses.fields(Config)]
+
+
+def field_docs() -> dict[str, str]:
+    """Field name -> its one-line docstring (read from this module's source)."""
+    import inspect
+
+    tree = ast.parse(inspect.getsource(Config))
+    body = tree.body[0].body
+    docs: dict[str, str] = {}
+    for node, nxt in zip(body, body[1:]):
+        if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
+            docs[node.target.id] = str(nxt.value.value)
+    return docs
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "cartpole": {},
+    "seed-scale": dict(
+        env="synthetic", num_envs=8192, batch_size=8192, obs_dim=64, action_nvec=(4, 4, 4),
+        trunk_hidden=(512, 256), head_hidden=80, replay_capacity=2**20, learner_steps_per_epoch=1000,
+        learning_starts=8192, epochs=3, target_update_interval=1000, eps_decay_fraction=0.5,
+    ),
+}
+
+
+def preset(name: str, **overrides: Any) -> Config:
+    """The named preset with `overrides` applied; raises ValueError for an unknown name or field."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
+    return Config.from_dict({**PRESETS[name], **overrides})
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """Parse one `key=value` override (value as a Python literal, else a string); ValueError if malformed."""
+    if "=" not in text:
+        raise ValueError(f"override {text!r} is not of the form key=value")
+    key, raw = text.split("=", 1)
+    key = key.strip().replace("-", "_")
+    if key not in field_names():
+        raise ValueError(f"override {text!r}: unknown config key {key!r}; valid keys: {field_names()}")
+    try:
+        value = ast.literal_eval(raw)
+    except (ValueError, SyntaxError):
+        value = raw
+    expected = type(getattr(Config(), key))
+    if expected is tuple and isinstance(value, (int, list)):
+        value = tuple(value) if isinstance(value, list) else (value,)
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, expected):
+        raise ValueError(f"override {text!r}: {key} takes a {expected.__name__}, got {type(value).__name__}")
+    return key, value

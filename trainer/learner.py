@@ -1,0 +1,99 @@
+"""The reference DQN learner: online + target network, Adam, grad clipping, one `update` per learner step.
+
+Correct first: this is the plain-torch version (torch's spectral_norm parametrization, torch.optim.Adam,
+clip_grad_norm_) that the optimized hot loop is measured against. `update` returns detached device tensors and
+never reads a device value on the host, so it adds no host sync of its own.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import NamedTuple
+
+import torch
+
+from trainer.config import Config
+from trainer.losses import branch_diversity_term, chosen_q, cql_term, double_dqn_target, td_loss
+from trainer.network import BranchingDuelingQNet
+
+
+class UpdateMetrics(NamedTuple):
+    """Detached 0-dim float32 device tensors from one learner step (td_abs is (B,): new priorities' input)."""
+
+    loss: torch.Tensor
+    q_mean: torch.Tensor
+    grad_norm: torch.Tensor
+    cql: torch.Tensor
+    diversity: torch.Tensor
+    td_abs: torch.Tensor
+
+
+class DQNLearner:
+    """Double DQN with a dueling branching Q-network, importance-weighted TD loss, Adam and grad-norm clipping.
+
+    Args:
+        cfg: the run's Config (network sizes, gamma, lr, loss, clip, target update, CQL/diversity weights).
+        obs_dim: observation length; action_nvec: action-branch sizes; device: where everything lives.
+    """
+
+    def __init__(self, cfg: Config, obs_dim: int, action_nvec: tuple[int, ...], device: torch.device) -> None:
+        self.cfg = cfg
+        self.device = device
+        self.online = BranchingDuelingQNet(obs_dim, action_nvec, cfg.trunk_hidden, cfg.head_hidden,
+                                           cfg.spectral_norm, cfg.sn_power_iterations).to(device)
+        self.target = copy.deepcopy(self.online)
+        self.target.requires_grad_(False)
+        self.target.eval()
+        self.optimizer = torch.optim.Adam(self.online.parameters(), lr=cfg.lr, eps=cfg.adam_eps,
+                                          weight_decay=cfg.weight_decay)
+        self.steps = 0
+
+    @torch.no_grad()
+    def act(self, obs: torch.Tensor, epsilon: float, generator: torch.Generator) -> torch.Tensor:
+        """Epsilon-greedy actions (N, D) int64 for obs (N, obs_dim); random per env with probability epsilon.
+
+        The greedy forward runs in eval mode (no power-iteration update of the spectral norms).
+        """
+        self.online.eval()
+        greedy = torch.stack([q.argmax(dim=1) for q in self.online(obs)], dim=1)
+        self.online.train()
+        n = obs.shape[0]
+        nvec = torch.tensor(self.online.action_nvec, device=obs.device)
+        rand = (torch.rand(n, len(nvec), device=obs.device, generator=generator) * nvec).long()
+        explore = torch.rand(n, 1, device=obs.device, generator=generator) < epsilon
+        return torch.where(explore, rand, greedy)
+
+    def update(self, obs: torch.Tensor, action: torch.Tensor, reward: torch.Tensor, next_obs: torch.Tensor,
+               terminated: torch.Tensor, weights: torch.Tensor) -> UpdateMetrics:
+        """One learner step on a sampled batch; returns detached metrics. Shapes: obs/next_obs (B, obs_dim),
+        action (B, D) int64, reward/terminated/weights (B,) float32."""
+        cfg = self.cfg
+        with torch.no_grad():
+            next_online = self.online(next_obs)
+            next_target = self.target(next_obs)
+            y = double_dqn_target(reward, terminated, cfg.gamma, next_online, next_target)
+        q, feats = self.online.forward_with_features(obs)
+        q_taken = chosen_q(q, action)
+        td = y.unsqueeze(1) - q_taken
+        loss = td_loss(td, weights, cfg.loss, cfg.huber_delta)
+        cql = cql_term(q, action) if cfg.cql_weight > 0 else loss.new_zeros(())
+        div = branch_diversity_term(feats) if cfg.diversity_weight > 0 else loss.new_zeros(())
+        total = loss + cfg.cql_weight * cql + cfg.diversity_weight * div
+        self.optimizer.zero_grad(set_to_none=True)
+        total.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.online.parameters(), cfg.max_grad_norm)
+        self.optimizer.step()
+        self.steps += 1
+        if self.steps % cfg.target_update_interval == 0:
+            self.update_target()
+        return UpdateMetrics(loss.detach(), q_taken.detach().mean(), grad_norm.detach(), cql.detach(),
+                             div.detach(), td.detach().abs().mean(dim=1))
+
+    @torch.no_grad()
+    def update_target(self) -> None:
+        """Hard copy (tau = 1) or Polyak average (tau < 1) of the online parameters into the target network;
+        buffers (the spectral norms' power-iteration vectors) are copied."""
+        for t, o in zip(self.target.parameters(), self.online.parameters()):
+            t.lerp_(o, self.cfg.tau)
+        for t, o in zip(self.target.buffers(), self.online.buffers()):
+            t.copy_(o)

@@ -1,0 +1,147 @@
+"""Epochs of learner steps interleaved with vectorized env steps (the reference training loop).
+
+One learner step = `env_steps_per_update` vectorized env steps (epsilon-greedy actions, transitions added to the
+prioritized replay at max priority) + one sampled batch + one `DQNLearner.update` + a priority update. Metrics
+are accumulated on the device and read once per epoch, so the loop itself adds one host sync per epoch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+
+import torch
+
+from trainer.config import Config
+from trainer.envs import make_env
+from trainer.episodes import EpisodeReturns
+from trainer.learner import DQNLearner
+from trainer.replay import PrioritizedReplay
+from trainer.schedules import LinearSchedule
+
+
+def resolve_device(name: str) -> torch.device:
+    """`auto` -> cuda if available else cpu; raises ValueError for an unusable device string."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as exc:
+        raise ValueError(f"device {name!r} is not a torch device: {exc}") from exc
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} was asked for but CUDA is not available on this machine")
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"device {name!r}: hotloop runs on cpu or cuda")
+    return device
+
+
+@dataclass
+class EpochStats:
+    """One row of the per-epoch table (host floats; wall_s in seconds, rates per second of wall time)."""
+
+    epoch: int
+    learner_steps: int
+    env_steps: int
+    wall_s: float
+    learner_steps_per_s: float
+    env_steps_per_s: float
+    loss: float
+    q_mean: float
+    grad_norm: float
+    mean_return_100: float
+    episodes: int
+    epsilon: float
+
+    def as_row(self) -> dict[str, float | int]:
+        return asdict(self)
+
+
+class Trainer:
+    """Builds env, replay and learner from a Config and runs epochs.
+
+    Args:
+        cfg: the run's Config.
+        on_phase: called with a phase name ("env_step", "sample", "update", "priority_update", "readback") as the
+            loop enters it; the hang watchdog uses it to report where a hang happened.
+        on_progress: called with (learner steps done in this epoch, learner steps per epoch) every few steps.
+    Raises ValueError for an unusable device or env name.
+    """
+
+    def __init__(self, cfg: Config, on_phase: Callable[[str], None] | None = None,
+                 on_progress: Callable[[int, int], None] | None = None) -> None:
+        self.cfg = cfg
+        self.device = resolve_device(cfg.device)
+        self.on_phase = on_phase or (lambda name: None)
+        self.on_progress = on_progress or (lambda done, total: None)
+        torch.manual_seed(cfg.seed)
+        self.generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
+        shape = dict(obs_dim=cfg.obs_dim, action_nvec=cfg.action_nvec) if cfg.env == "synthetic" else {}
+        self.env = make_env(cfg.env, cfg.num_envs, self.device, cfg.seed, **shape)
+        self.learner = DQNLearner(cfg, self.env.obs_dim, self.env.action_nvec, self.device)
+        self.replay = PrioritizedReplay(cfg.replay_capacity, self.env.obs_dim, len(self.env.action_nvec),
+                                        alpha=cfg.per_alpha, eps=cfg.per_eps, device=self.device,
+                                        generator=self.generator)
+        self.returns = EpisodeReturns(cfg.num_envs, self.device)
+        self.obs = self.env.reset(seed=cfg.seed)
+        per_update = cfg.env_steps_per_update * cfg.num_envs
+        self.prefill_vec_steps = -(-cfg.learning_starts // cfg.num_envs)
+        total_env = cfg.epochs * cfg.learner_steps_per_epoch * per_update + self.prefill_vec_steps * cfg.num_envs
+        self.epsilon = LinearSchedule(cfg.eps_start, cfg.eps_end, cfg.eps_decay_fraction * total_env)
+        self.beta = LinearSchedule(cfg.per_beta_start, cfg.per_beta_end, cfg.epochs * cfg.learner_steps_per_epoch)
+        self.env_steps = 0
+        self.learner_steps = 0
+
+    def env_step(self) -> None:
+        """One vectorized env step with epsilon-greedy actions; its transitions go into the replay."""
+        actions = self.learner.act(self.obs, self.epsilon.value(self.env_steps), self.generator)
+        res = self.env.step(actions)
+        self.replay.add(self.obs, actions, res.reward, res.final_obs, res.terminated)
+        self.returns.update(res.reward, res.terminated | res.truncated)
+        self.obs = res.obs
+        self.env_steps += self.cfg.num_envs
+
+    def learner_step(self) -> torch.Tensor:
+        """Sample, update, re-prioritize; returns the stacked detached (loss, q_mean, grad_norm)."""
+        self.on_phase("sample")
+        b = self.replay.sample(self.cfg.batch_size, self.beta.value(self.learner_steps))
+        self.on_phase("update")
+        m = self.learner.update(b.obs, b.action, b.reward, b.next_obs, b.terminated, b.weights)
+        self.on_phase("priority_update")
+        self.replay.update_priorities(b.indices, m.td_abs)
+        self.learner_steps += 1
+        return torch.stack([m.loss, m.q_mean, m.grad_norm])
+
+    def run_epoch(self, epoch: int) -> EpochStats:
+        """Run one epoch (the first also prefills `learning_starts` transitions); returns its stats row."""
+        cfg = self.cfg
+        start_wall = time.perf_counter()
+        start_env = self.env_steps
+        if self.learner_steps == 0:
+            self.on_phase("env_step")
+            for _ in range(self.prefill_vec_steps):
+                self.env_step()
+        sums = torch.zeros(3, device=self.device)
+        every = max(1, cfg.learner_steps_per_epoch // 100)
+        for i in range(cfg.learner_steps_per_epoch):
+            self.on_phase("env_step")
+            for _ in range(cfg.env_steps_per_update):
+                self.env_step()
+            sums += self.learner_step()
+            if (i + 1) % every == 0:
+                self.on_progress(i + 1, cfg.learner_steps_per_epoch)
+        self.on_phase("readback")
+        loss, q_mean, grad_norm = (sums / cfg.learner_steps_per_epoch).tolist()
+        mean_return = self.returns.mean()
+        wall = time.perf_counter() - start_wall
+        env_steps = self.env_steps - start_env
+        return EpochStats(epoch=epoch, learner_steps=cfg.learner_steps_per_epoch, env_steps=env_steps,
+                          wall_s=wall, learner_steps_per_s=cfg.learner_steps_per_epoch / wall,
+                          env_steps_per_s=env_steps / wall, loss=loss, q_mean=q_mean, grad_norm=grad_norm,
+                          mean_return_100=mean_return, episodes=self.returns.count(),
+                          epsilon=self.epsilon.value(self.env_steps))
+
+    def epochs(self) -> Iterator[EpochStats]:
+        """Run all `cfg.epochs` epochs, yielding each one's stats as it finishes."""
+        for epoch in range(1, self.cfg.epochs + 1):
+            yield self.run_epoch(epoch)
