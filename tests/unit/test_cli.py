@@ -1,0 +1,87 @@
+"""The `hotloop` CLI: --help everywhere, exit codes, tables written, the hang watchdog's exit 3."""
+
+import json
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from profiles.epoch_table import EPOCH_COLUMNS
+from trainer.cli import main
+
+TINY = ["--set", "learner_steps_per_epoch=20", "--set", "learning_starts=64", "--set", "batch_size=32",
+        "--set", "trunk_hidden=[16]", "--set", "head_hidden=8", "--no-progress"]
+
+
+def _hotloop(*args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "trainer.cli", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.mark.smoke
+@pytest.mark.parametrize("argv", [["--help"], ["train", "--help"], ["gate", "--help"]])
+def test_help(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert "usage: hotloop" in out
+    if argv != ["--help"]:
+        assert "learner_steps_per_epoch" in out and "--epoch-timeout" in out
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["gate", "--set", "nope=1"], "unknown config key 'nope'"),
+    (["gate", "--set", "batch_size=-3"], "batch_size must be a positive int"),
+    (["train", "--epochs", "0"], "epochs must be a positive int"),
+    (["train", "--device", "cuda:0"] if not __import__("torch").cuda.is_available() else ["train", "--device", "tpu"],
+     "device"),
+    (["gate", "--epoch-timeout", "0"], "--epoch-timeout must be > 0"),
+    (["gate", "--config", "/nonexistent/config.json"], "config file /nonexistent/config.json"),
+])
+def test_bad_input_exits_2_with_a_named_error(argv, match, capsys, tmp_path):
+    assert main(argv + ["--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert match in err
+
+
+@pytest.mark.parametrize("argv", [[], ["bogus"], ["gate", "--preset", "nope"], ["train", "--epochs", "x"]])
+def test_bad_usage_exits_2(argv):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+
+
+@pytest.mark.smoke
+def test_gate_runs_and_writes_its_tables(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["gate", "--epochs", "2", "--device", "cpu", "--out", str(out), *TINY]) == 0
+    printed = capsys.readouterr().out
+    assert "Per-epoch table" in printed and "epoch 1 without hang" in printed and "not yet measured" in printed
+    table = pd.read_csv(out / "epochs.csv")
+    assert list(table.columns[:len(EPOCH_COLUMNS)]) == EPOCH_COLUMNS
+    assert table.epoch.tolist() == [1, 2] and (table.learner_steps == 20).all()
+    verdicts = json.loads((out / "criteria.json").read_text())
+    assert {v["criterion"] for v in verdicts} >= {"no stream sync", "no single-block kernels", "smoke suite"}
+    assert [v["verdict"] for v in verdicts if v["status"] == "measured"] == ["PASS", "PASS"][:1]
+    assert (out / "epochs.md").read_text().startswith("|")
+    assert json.loads((out / "config.json").read_text())["learner_steps_per_epoch"] == 20
+
+
+def test_train_resumable_config_file(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", "--epochs", "1", "--device", "cpu", "--out", str(out), *TINY]) == 0
+    again = tmp_path / "again"
+    assert main(["train", "--config", str(out / "config.json"), "--out", str(again), "--no-progress"]) == 0
+    a, b = pd.read_csv(out / "epochs.csv"), pd.read_csv(again / "epochs.csv")
+    assert a.loss.tolist() == b.loss.tolist()  # seeded: the same config gives the same run on CPU
+
+
+def test_hang_exits_3_with_stacks_and_phase(tmp_path):
+    # Inject the fault: an epoch far longer than its limit.
+    res = _hotloop("gate", "--device", "cpu", "--epoch-timeout", "1", "--out", str(tmp_path / "run"),
+                   *TINY[:-1], "--set", "learner_steps_per_epoch=100000", "--no-progress")
+    assert res.returncode == 3, res.stderr
+    assert "HANG: epoch 1 did not finish within 1 s" in res.stderr
+    assert "last phase entered:" in res.stderr and "Thread" in res.stderr and "loop.py" in res.stderr

@@ -1,0 +1,101 @@
+"""The `hotloop` command line: `hotloop train` and `hotloop gate`.
+
+Exit codes: 0 success/pass, 1 a criterion failed, 2 bad usage or input, 3 hang (watchdog).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import textwrap
+from pathlib import Path
+
+from trainer.config import PRESETS, Config, field_docs, parse_override, preset
+
+USAGE_ERROR = 2
+
+
+def _config_epilog() -> str:
+    lines = ["config keys for --set KEY=VALUE (defaults are the cartpole preset):"]
+    defaults = Config()
+    for name, doc in field_docs().items():
+        lines.append(f"  {name} = {getattr(defaults, name)!r}")
+        lines.extend(textwrap.wrap(doc, 90, initial_indent="      ", subsequent_indent="      "))
+    return "\n".join(lines)
+
+
+def _add_run_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--preset", default="cartpole", choices=sorted(PRESETS), help="named configuration")
+    p.add_argument("--epochs", type=int, help="override the preset's number of epochs")
+    p.add_argument("--device", help="cpu, cuda, cuda:N or auto (default: the preset's, auto)")
+    p.add_argument("--seed", type=int, help="override the preset's seed")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override any config field (repeatable); keys below")
+    p.add_argument("--config", type=Path, help="start from a config JSON (as written to a run folder) "
+                   "instead of a preset")
+    p.add_argument("--out", type=Path, help="run folder (default: profiles/runs/<UTC timestamp>/)")
+    p.add_argument("--epoch-timeout", type=float, default=900.0, metavar="SECONDS",
+                   help="hang watchdog: an epoch longer than this dumps all stacks and exits 3 (default 900)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hotloop", description="GPU-resident DQN trainer and the guards that keep its hot loop fast.",
+        epilog="exit codes: 0 ok, 1 a criterion failed, 2 bad usage or input, 3 hang")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    fmt = argparse.RawDescriptionHelpFormatter
+    train = sub.add_parser("train", help="train a preset and write its per-epoch table", epilog=_config_epilog(),
+                           formatter_class=fmt, description="Train a preset; print and write the per-epoch table.")
+    _add_run_args(train)
+    gate = sub.add_parser("gate", help="run a preset under the guards; print per-epoch and criteria tables",
+                          epilog=_config_epilog(), formatter_class=fmt,
+                          description="Run a preset under the per-epoch timer and hang watchdog; print the "
+                                      "per-epoch table and the criteria table; exit 1 if a criterion fails.")
+    _add_run_args(gate)
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> Config:
+    """The Config an invocation asks for; raises ValueError on any bad value."""
+    base = Config.load(args.config).to_dict() if args.config else preset(args.preset).to_dict()
+    for text in args.overrides:
+        key, value = parse_override(text)
+        base[key] = value
+    for key in ("epochs", "device", "seed"):
+        if getattr(args, key) is not None:
+            base[key] = getattr(args, key)
+    return Config.from_dict(base)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `hotloop` console script; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    try:
+        cfg = config_from_args(args)
+        if args.epoch_timeout <= 0:
+            raise ValueError(f"--epoch-timeout must be > 0 seconds, got {args.epoch_timeout}")
+        from trainer.loop import resolve_device
+
+        resolve_device(cfg.device)
+    except ValueError as exc:
+        print(f"hotloop {args.command}: error: {exc}", file=sys.stderr)
+        return USAGE_ERROR
+    from profiles.epoch_table import format_table, new_run_dir
+
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+    run_dir = args.out or new_run_dir()
+    if args.command == "gate":
+        from guards.gate import run_gate
+
+        return run_gate(cfg, run_dir, args.epoch_timeout, not args.no_progress)
+    from trainer.run import run_training
+
+    table = run_training(cfg, run_dir, args.epoch_timeout, not args.no_progress)
+    print("\nPer-epoch table\n" + format_table(table) + f"\n\nrun folder: {run_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,53 @@
+"""One training run as the CLI does it: epochs under the hang watchdog, a progress display, the per-epoch table."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pandas as pd
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from guards.watchdog import HangWatchdog
+from profiles.epoch_table import epoch_frame, write_table
+from trainer.config import Config
+from trainer.loop import Trainer
+
+
+SETUP_LIMIT_S = 300.0
+"""Seconds the setup (imports, CUDA context, env/replay/network allocation) may take at least."""
+
+
+def run_training(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress: bool = True) -> pd.DataFrame:
+    """Train `cfg.epochs` epochs; each epoch must finish within `epoch_limit_s` seconds (the setup within
+    max(epoch_limit_s, SETUP_LIMIT_S)) or the process exits 3 with every thread's stack.
+
+    Writes run_dir/config.json at the start and run_dir/epochs.csv + epochs.md after every epoch (so a killed
+    run keeps its finished epochs). A one-line summary per epoch and a progress bar go to stderr.
+    Returns the per-epoch DataFrame (profiles.epoch_table.EPOCH_COLUMNS first).
+    """
+    console = Console(stderr=True)
+    cfg.save(run_dir / "config.json")
+    rows: list[dict] = []
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), console=console, transient=True,
+                        disable=not show_progress or not sys.stderr.isatty())
+    with HangWatchdog(epoch_limit_s) as watchdog, progress:
+        task = progress.add_task("setup", total=cfg.learner_steps_per_epoch)
+        watchdog.arm("setup", max(epoch_limit_s, SETUP_LIMIT_S))
+        trainer = Trainer(cfg, on_phase=watchdog.phase,
+                          on_progress=lambda done, total: progress.update(task, completed=done))
+        console.print(f"hotloop: env={cfg.env} device={trainer.device} epochs={cfg.epochs} "
+                      f"learner_steps_per_epoch={cfg.learner_steps_per_epoch} run_dir={run_dir}")
+        for epoch in range(1, cfg.epochs + 1):
+            watchdog.arm(f"epoch {epoch}")
+            progress.update(task, description=f"epoch {epoch}/{cfg.epochs}", completed=0)
+            stats = trainer.run_epoch(epoch)
+            watchdog.disarm()
+            rows.append(stats.as_row())
+            write_table(epoch_frame(rows), run_dir, "epochs")
+            console.print(f"epoch {epoch}: {stats.wall_s:.1f} s, {stats.learner_steps_per_s:.0f} learner steps/s, "
+                          f"loss {stats.loss:.4g}, mean_return_100 {stats.mean_return_100:.1f}, "
+                          f"epsilon {stats.epsilon:.3f}")
+    return epoch_frame(rows)
