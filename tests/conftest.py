@@ -1,7 +1,13 @@
-"""Test-suite wiring: tests marked `gpu` or `perf` skip with the reason on a machine without CUDA."""
+"""Test-suite wiring: tests marked `gpu` or `perf` skip with the reason on a machine without CUDA; without CUDA
+the Triton kernels run on the CPU interpreter (TRITON_INTERPRET=1, set before any kernel module is imported)."""
+
+import os
 
 import pytest
 import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def pytest_collection_modifyitems(config, items):
