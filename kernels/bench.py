@@ -1,0 +1,95 @@
+"""Kernel benchmark: each hotloop kernel vs its plain-torch reference at seed scale, timed with CUDA events.
+
+Usage: `python -m kernels.bench [--out profiles/h200/kernels.csv] [--reps 20] [--calls 50]`. Each module's
+`bench_pairs(device)` gives (name, kernel, reference) zero-argument closures. Every closure is timed two ways:
+`eager` (`calls` back-to-back launches between two CUDA events: includes launch overhead) and `graph` (the same
+`calls` captured once in a CUDA graph and replayed: GPU time as the hot loop will see it; NaN when the closure
+cannot be captured). Each way is repeated `reps` times; the table reports p20/p50/p80 of microseconds per call.
+Output: long-format CSV (kernel, provider, mode, metric, unit, p20, p50, p80, gpu, commit, date), as
+../shared/CONVENTIONS.md item 6 asks, and the same table printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import subprocess
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+MODULES = ("kernels.segment_tree", "kernels.spectral_norm", "kernels.fused_adam", "kernels.td_loss")
+
+
+def _time_eager(fn, calls: int, reps: int) -> list[float]:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    out = []
+    for _ in range(reps):
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        end.synchronize()
+        out.append(start.elapsed_time(end) * 1e3 / calls)
+    return out
+
+
+def _time_graph(fn, calls: int, reps: int) -> list[float]:
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()  # warm-up on a side stream, as graph capture requires
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            for _ in range(calls):
+                fn()
+    except RuntimeError:
+        torch.cuda.synchronize()
+        return [float("nan")] * reps
+    return [t / calls for t in _time_eager(graph.replay, 1, reps)]
+
+
+def run(reps: int, calls: int) -> pd.DataFrame:
+    """Time every (kernel, reference) pair on the current CUDA device; returns the long-format table."""
+    device = torch.device("cuda")
+    gpu = torch.cuda.get_device_name(device)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    date = datetime.now(timezone.utc).strftime("%Y-%m-%d")
+    rows = []
+    for module in MODULES:
+        for name, kernel, reference in importlib.import_module(module).bench_pairs(device):
+            for provider, fn in (("hotloop", kernel), ("reference", reference)):
+                for _ in range(3):
+                    fn()
+                torch.cuda.synchronize()
+                for mode, timer in (("eager", _time_eager), ("graph", _time_graph)):
+                    q = pd.Series(timer(fn, calls, reps)).quantile([0.2, 0.5, 0.8]).tolist()
+                    rows.append(dict(kernel=name, provider=provider, mode=mode, metric="time_per_call", unit="us",
+                                     p20=q[0], p50=q[1], p80=q[2], gpu=gpu, commit=commit or "unknown", date=date))
+    return pd.DataFrame(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m kernels.bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, help="CSV path (a .md beside it gets the same table)")
+    parser.add_argument("--reps", type=int, default=20, help="timed repetitions per provider and mode")
+    parser.add_argument("--calls", type=int, default=50, help="calls per timed repetition")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("kernels.bench: needs a CUDA GPU (torch.cuda.is_available() is False)")
+        return 2
+    df = run(args.reps, args.calls)
+    print(df.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        df.to_csv(args.out, index=False)
+        args.out.with_suffix(".md").write_text(df.to_markdown(index=False, floatfmt=".2f") + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
