@@ -1,4 +1,4 @@
-"""The `hotloop` command line: `hotloop train` and `hotloop gate`.
+"""The `hotloop` command line: `hotloop train`, `hotloop gate` and `hotloop inspect`.
 
 Exit codes: 0 success/pass, 1 a criterion failed, 2 bad usage or input, 3 hang (watchdog).
 """
@@ -10,6 +10,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+from guards.inspect_cmd import add_inspect_parser, run_inspect
 from trainer.config import PRESETS, Config, field_docs, parse_override, preset
 
 USAGE_ERROR = 2
@@ -53,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
                           description="Run a preset under the per-epoch timer and hang watchdog; print the "
                                       "per-epoch table and the criteria table; exit 1 if a criterion fails.")
     _add_run_args(gate)
+    add_inspect_parser(sub)
     return parser
 
 
@@ -71,6 +73,8 @@ def config_from_args(args: argparse.Namespace) -> Config:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `hotloop` console script; returns the exit code."""
     args = build_parser().parse_args(argv)
+    if args.command == "inspect":
+        return run_inspect(args)
     try:
         cfg = config_from_args(args)
         if args.epoch_timeout <= 0:
