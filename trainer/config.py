@@ -27,7 +27,7 @@ class Config:
     """seed of every random generator (torch, env, replay, exploration)"""
     device: str = "auto"
     """`cpu`, `cuda`, `cuda:N`, or `auto` (cuda when available, else cpu)"""
-    epochs: int = 10
+    epochs: int = 20
     """training epochs; an epoch is `learner_steps_per_epoch` learner steps"""
     learner_steps_per_epoch: int = 1000
     """learner (gradient) steps per epoch"""
@@ -37,9 +37,9 @@ class Config:
     """transitions collected with the exploration policy before the first learner step"""
     batch_size: int = 128
     """transitions sampled from the replay buffer per learner step"""
-    trunk_hidden: tuple[int, ...] = (128, 128)
+    trunk_hidden: tuple[int, ...] = (64, 64)
     """widths of the shared trunk's hidden layers (one weight matrix each)"""
-    head_hidden: int = 64
+    head_hidden: int = 32
     """width of the hidden layer of the value head and of every advantage branch"""
     spectral_norm: bool = True
     """spectral-normalize every weight matrix (Miyato et al. 2018), with a learned gain per matrix (Zhai et al. 2023)"""
@@ -61,7 +61,7 @@ class Config:
     """Huber loss threshold (TD-error units)"""
     tau: float = 1.0
     """target-network update rate: 1.0 = hard copy, < 1 = Polyak averaging"""
-    target_update_interval: int = 500
+    target_update_interval: int = 100
     """learner steps between target-network updates"""
     replay_capacity: int = 100_000
     """replay buffer capacity (transitions)"""
@@ -83,6 +83,8 @@ class Config:
     """weight of the conservative Q-learning logsumexp term (Kumar et al. 2020); 0 = off"""
     diversity_weight: float = 0.0
     """weight of the branch-diversity term (mean pairwise cosine similarity of branch features); 0 = off"""
+    eval_episodes: int = 100
+    """greedy (epsilon 0) evaluation episodes after each epoch, one per env copy; 0 = no evaluation"""
     obs_dim: int = 64
     """observation size of the `synthetic` env (other envs report their own)"""
     action_nvec: tuple[int, ...] = (4, 4, 4, 4)
@@ -143,7 +145,7 @@ def validate(cfg: Config) -> None:
     for name in ("lr", "adam_eps", "max_grad_norm", "huber_delta"):
         if not getattr(cfg, name) > 0:
             raise ValueError(f"config.{name} must be > 0, got {getattr(cfg, name)!r}")
-    for name in ("weight_decay", "per_alpha", "per_eps", "cql_weight", "diversity_weight"):
+    for name in ("weight_decay", "per_alpha", "per_eps", "cql_weight", "diversity_weight", "eval_episodes"):
         if not getattr(cfg, name) >= 0:
             raise ValueError(f"config.{name} must be >= 0, got {getattr(cfg, name)!r}")
     if cfg.loss not in ("huber", "mse"):
@@ -180,7 +182,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "seed-scale": dict(
         env="synthetic", num_envs=8192, batch_size=8192, obs_dim=64, action_nvec=(4, 4, 4),
         trunk_hidden=(512, 256), head_hidden=80, replay_capacity=2**20, learner_steps_per_epoch=1000,
-        learning_starts=8192, epochs=3, target_update_interval=1000, eps_decay_fraction=0.5,
+        learning_starts=8192, epochs=3, target_update_interval=1000, eps_decay_fraction=0.5, eval_episodes=0,
     ),
 }
 

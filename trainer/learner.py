@@ -47,21 +47,25 @@ class DQNLearner:
         self.optimizer = torch.optim.Adam(self.online.parameters(), lr=cfg.lr, eps=cfg.adam_eps,
                                           weight_decay=cfg.weight_decay)
         self.steps = 0
+        self.action_nvec = torch.tensor(action_nvec, device=device)
+
+    @torch.no_grad()
+    def greedy(self, obs: torch.Tensor) -> torch.Tensor:
+        """argmax_a Q_d(obs, a) per branch: (N, D) int64 for obs (N, obs_dim). Runs in eval mode (no
+        power-iteration update of the spectral norms)."""
+        self.online.eval()
+        actions = torch.stack([q.argmax(dim=1) for q in self.online(obs)], dim=1)
+        self.online.train()
+        return actions
 
     @torch.no_grad()
     def act(self, obs: torch.Tensor, epsilon: float, generator: torch.Generator) -> torch.Tensor:
-        """Epsilon-greedy actions (N, D) int64 for obs (N, obs_dim); random per env with probability epsilon.
-
-        The greedy forward runs in eval mode (no power-iteration update of the spectral norms).
-        """
-        self.online.eval()
-        greedy = torch.stack([q.argmax(dim=1) for q in self.online(obs)], dim=1)
-        self.online.train()
-        n = obs.shape[0]
-        nvec = torch.tensor(self.online.action_nvec, device=obs.device)
+        """Epsilon-greedy actions (N, D) int64 for obs (N, obs_dim): with probability epsilon an env takes a
+        uniformly random action in every branch, else the greedy one."""
+        n, nvec = obs.shape[0], self.action_nvec
         rand = (torch.rand(n, len(nvec), device=obs.device, generator=generator) * nvec).long()
         explore = torch.rand(n, 1, device=obs.device, generator=generator) < epsilon
-        return torch.where(explore, rand, greedy)
+        return torch.where(explore, rand, self.greedy(obs))
 
     def update(self, obs: torch.Tensor, action: torch.Tensor, reward: torch.Tensor, next_obs: torch.Tensor,
                terminated: torch.Tensor, weights: torch.Tensor) -> UpdateMetrics:

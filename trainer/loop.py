@@ -50,6 +50,7 @@ class EpochStats:
     q_mean: float
     grad_norm: float
     mean_return_100: float
+    eval_return: float
     episodes: int
     epsilon: float
 
@@ -83,6 +84,8 @@ class Trainer:
                                         alpha=cfg.per_alpha, eps=cfg.per_eps, device=self.device,
                                         generator=self.generator)
         self.returns = EpisodeReturns(cfg.num_envs, self.device)
+        self.eval_env = (make_env(cfg.env, cfg.eval_episodes, self.device, cfg.seed + 1, **shape)
+                         if cfg.eval_episodes else None)
         self.obs = self.env.reset(seed=cfg.seed)
         per_update = cfg.env_steps_per_update * cfg.num_envs
         self.prefill_vec_steps = -(-cfg.learning_starts // cfg.num_envs)
@@ -134,12 +137,33 @@ class Trainer:
         loss, q_mean, grad_norm = (sums / cfg.learner_steps_per_epoch).tolist()
         mean_return = self.returns.mean()
         wall = time.perf_counter() - start_wall
+        self.on_phase("evaluate")
+        eval_return = self.evaluate(seed=self.cfg.seed * 100_003 + epoch)
         env_steps = self.env_steps - start_env
         return EpochStats(epoch=epoch, learner_steps=cfg.learner_steps_per_epoch, env_steps=env_steps,
                           wall_s=wall, learner_steps_per_s=cfg.learner_steps_per_epoch / wall,
                           env_steps_per_s=env_steps / wall, loss=loss, q_mean=q_mean, grad_norm=grad_norm,
-                          mean_return_100=mean_return, episodes=self.returns.count(),
+                          mean_return_100=mean_return, eval_return=eval_return, episodes=self.returns.count(),
                           epsilon=self.epsilon.value(self.env_steps))
+
+    @torch.no_grad()
+    def evaluate(self, seed: int, max_steps: int = 10_000) -> float:
+        """Mean return of one greedy (epsilon 0) episode in each of the `eval_episodes` env copies, or nan when
+        evaluation is off. Runs outside the timed epoch; checks for the end every 50 steps (a host sync)."""
+        if self.eval_env is None:
+            return float("nan")
+        env = self.eval_env
+        obs = env.reset(seed=seed)
+        total = torch.zeros(env.num_envs, dtype=torch.float64, device=self.device)
+        running = torch.ones(env.num_envs, dtype=torch.bool, device=self.device)
+        for t in range(max_steps):
+            res = env.step(self.learner.greedy(obs))
+            total += res.reward.to(total.dtype) * running
+            running &= ~(res.terminated | res.truncated)
+            obs = res.obs
+            if t % 50 == 49 and not bool(running.any()):
+                break
+        return float(total.mean())
 
     def epochs(self) -> Iterator[EpochStats]:
         """Run all `cfg.epochs` epochs, yielding each one's stats as it finishes."""

@@ -49,5 +49,6 @@ def run_training(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress
             write_table(epoch_frame(rows), run_dir, "epochs")
             console.print(f"epoch {epoch}: {stats.wall_s:.1f} s, {stats.learner_steps_per_s:.0f} learner steps/s, "
                           f"loss {stats.loss:.4g}, mean_return_100 {stats.mean_return_100:.1f}, "
+                          f"eval_return {stats.eval_return:.1f}, "
                           f"epsilon {stats.epsilon:.3f}")
     return epoch_frame(rows)

@@ -11,7 +11,7 @@ from profiles.epoch_table import EPOCH_COLUMNS
 from trainer.cli import main
 
 TINY = ["--set", "learner_steps_per_epoch=20", "--set", "learning_starts=64", "--set", "batch_size=32",
-        "--set", "trunk_hidden=[16]", "--set", "head_hidden=8", "--no-progress"]
+        "--set", "trunk_hidden=[16]", "--set", "head_hidden=8", "--set", "eval_episodes=4", "--no-progress"]
 
 
 def _hotloop(*args, timeout=120):
