@@ -183,7 +183,7 @@ def test_value_errors():
 
 
 def test_bench_pairs_seed_scale_smoke():
-    inp = bench_inputs("cpu")
+    inp = bench_inputs(DEVICE)
     assert 240_000 <= inp["params_buf"].numel() <= 256_000 and len([s for s in inp["shapes"] if len(s) == 2]) == 10
     pairs = bench_pairs(DEVICE)
     assert [name for name, _, _ in pairs] == ["gradnorm_clip_adam_248k", "gradnorm_clip_adam_248k_vs_torch_fused"]
@@ -194,7 +194,7 @@ def test_bench_pairs_seed_scale_smoke():
 
 @pytest.mark.gpu
 def test_seed_scale_100_steps_gpu():
-    shapes = bench_inputs("cpu")["shapes"]
+    shapes = bench_inputs(DEVICE)["shapes"]
     run = _Run(sum(math.prod(s) for s in shapes), weight_decay=0.01, tau=0.005, seed=11, shapes=shapes)
     for _ in range(100):
         run.step()

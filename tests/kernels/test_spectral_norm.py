@@ -15,7 +15,10 @@ ODD = [(1, 1), (3, 5), (7, 130), (130, 7), (257, 33)]
 NAN = float("nan")
 
 
-def setup(shapes, device="cpu", seed=0, gap=3, **table_kw):
+# Kernel tests run natively on a CUDA machine and on the Triton interpreter elsewhere.
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+def setup(shapes, device=DEV, seed=0, gap=3, **table_kw):
     """Table with `gap` floats between matrices (poisoned with a sentinel), random N(0, 1) weights and normalized
     random u, v; the table's sigma and scratch poisoned with NaN (the kernel must write before it reads)."""
     offsets, o = [], gap
@@ -132,16 +135,16 @@ def test_scratch_poison_between_calls_is_harmless():
 
 
 def test_table_layout_and_seed_grid():
-    table = SpectralNormTable.from_shapes(SEED_SHAPES, "cpu")
+    table = SpectralNormTable.from_shapes(SEED_SHAPES, DEV)
     assert table.required_numel == sum(r * c for r, c in SEED_SHAPES) == 246800
     assert table.block_rows == 8 and table.n_slabs == 140 >= 132  # each stage fills all 132 SMs
     assert table.slab_count.tolist() == [64, 32, 10, 1, 10, 10, 10, 1, 1, 1]
     assert table.partials.numel() == 2 * table.part_numel
-    name, kernel, ref = bench_pairs("cpu")[0]
+    name, kernel, ref = bench_pairs(DEV)[0]
     assert name == "spectral_norm_10_matrices" and callable(kernel) and callable(ref)
-    x = bench_inputs("cpu")
+    x = bench_inputs(DEV)
     assert x["params_buf"].shape == (246800,) and x["u"].shape == (table.total_rows,)
-    tiny = SpectralNormTable.from_shapes([(1, 1)], "cpu")
+    tiny = SpectralNormTable.from_shapes([(1, 1)], DEV)
     assert tiny.n_slabs == 1  # the launch still has (n + 1) * 1 >= 2 programs, never a single block
 
 
@@ -159,7 +162,7 @@ def test_seed_shapes_are_the_networks():
                                     dict(shapes=[(2, 3)], min_slabs=0)])
 def test_table_rejects_bad_layouts(kwargs):
     with pytest.raises(ValueError):
-        SpectralNormTable.from_shapes(device="cpu", **kwargs)
+        SpectralNormTable.from_shapes(device=DEV, **kwargs)
 
 
 def test_launcher_rejects_bad_inputs():
@@ -173,7 +176,7 @@ def test_launcher_rejects_bad_inputs():
     for b, uu, vv, kw in bad:
         with pytest.raises(ValueError):
             spectral_norm_(b, table, uu, vv, **kw)
-    other = SpectralNormTable.from_shapes([(3, 5), (4, 3)], "cpu")  # table mismatch: v has 7, needs 8
+    other = SpectralNormTable.from_shapes([(3, 5), (4, 3)], DEV)  # table mismatch: v has 7, needs 8
     with pytest.raises(ValueError, match="v must have shape"):
         spectral_norm_(buf, other, u, v)
     assert table.sigma.isnan().all()  # nothing launched

@@ -13,7 +13,10 @@ FIELDS = ("objective", "target", "td", "per_sample", "priorities", "metrics")
 SCALARS = dict(gamma=0.93, per_eps=1e-3, per_alpha=0.6)
 
 
-def make_inputs(batch, branches, actions, device="cpu", seed=0, terminal_p=0.3):
+# Kernel tests run natively on a CUDA machine and on the Triton interpreter elsewhere.
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+def make_inputs(batch, branches, actions, device=DEV, seed=0, terminal_p=0.3):
     """Fresh random float32 inputs (no zeros, Q spread wide enough to hit both Huber regimes)."""
     g = torch.Generator(device=device).manual_seed(seed)
     shape = (batch, branches, actions)
@@ -26,7 +29,7 @@ def make_inputs(batch, branches, actions, device="cpu", seed=0, terminal_p=0.3):
                 weights=torch.rand(batch, generator=g, device=device) * 0.9 + 0.1)
 
 
-def poisoned(batch, branches, actions, device="cpu"):
+def poisoned(batch, branches, actions, device=DEV):
     """NaN-filled outputs and partials, a zero counter: every value read afterwards was written by the kernel."""
     out = TDLossOutputs(*(t.fill_(float("nan")) for t in TDLossOutputs.empty(batch, branches, actions, device)))
     ws = TDLossWorkspace.create(batch, device)
@@ -108,8 +111,8 @@ def test_gradient_flows_into_the_network():
     """objective.backward() through the autograd.Function gives the reference's parameter gradients."""
     torch.manual_seed(3)
     batch, branches, actions = 45, 2, 5
-    net = torch.nn.Linear(7, branches * actions)
-    obs = torch.randn(batch, 7)
+    net = torch.nn.Linear(7, branches * actions).to(DEV)
+    obs = torch.randn(batch, 7, device=DEV)
     inp = make_inputs(batch, branches, actions, seed=9)
     kw = dict(kind="huber", huber_delta=0.5, cql_weight=0.25, **SCALARS)
     fused_td_loss(**{**inp, "q": net(obs).view(batch, branches, actions)}, **kw).objective.backward()

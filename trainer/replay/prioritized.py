@@ -61,6 +61,10 @@ class PrioritizedReplay:
         device: where storage, tree and every returned tensor live.
         obs_dtype: dtype of stored observations (obs and next_obs passed to `add` must have it).
         generator: torch.Generator on `device` for the sampling uniforms; None uses the global generator.
+        use_kernels: run the tree's update, insert and sampling as the Triton kernels of kernels/segment_tree.py
+            (one or two launches each instead of one per tree level). None (default): on CUDA devices only.
+            Same sampling rule and weights; with duplicate indices in one update the leaf gets one of their
+            values (not necessarily the last).
 
     Priority space: the tree's leaves and `max_priority` hold p^alpha = (|delta| + eps)^alpha, i.e. the values
     that are proportional to the sampling probability. `max_priority` (0-dim float32, starts at 1.0, only grows,
@@ -86,6 +90,7 @@ class PrioritizedReplay:
         device: torch.device | str = "cpu",
         obs_dtype: torch.dtype = torch.float32,
         generator: torch.Generator | None = None,
+        use_kernels: bool | None = None,
     ) -> None:
         _check_int("capacity", capacity, 1)
         _check_int("obs_dim", obs_dim, 1)
@@ -113,6 +118,11 @@ class PrioritizedReplay:
         self.terminated = torch.zeros(capacity, dtype=torch.float32, device=self.device)
         self.pos = 0
         self.size = 0
+        self.use_kernels = self.device.type == "cuda" if use_kernels is None else bool(use_kernels)
+        if self.use_kernels:
+            from kernels import segment_tree
+
+            self._kernels = segment_tree
 
     @property
     def max_priority(self) -> torch.Tensor:
@@ -170,7 +180,10 @@ class PrioritizedReplay:
         self.reward.index_copy_(0, slots, reward[start:].to(torch.float32))
         self.next_obs.index_copy_(0, slots, next_obs[start:])
         self.terminated.index_copy_(0, slots, terminated[start:].to(torch.float32))
-        self.tree.update(slots, self.tree.max_value.expand(kept))
+        if self.use_kernels:
+            self._kernels.tree_insert(self.tree.nodes, self.pos, n, self.capacity, self.tree.max_value)
+        else:
+            self.tree.update(slots, self.tree.max_value.expand(kept))
         self.pos = (self.pos + n) % self.capacity
         self.size = min(self.size + n, self.capacity)
 
@@ -206,6 +219,14 @@ class PrioritizedReplay:
             raise ValueError("cannot sample from an empty replay buffer (add transitions first)")
         dtype = self.tree.dtype
         u = torch.rand(batch_size, generator=self.generator, device=self.device, dtype=dtype)
+        if self.use_kernels:
+            idx = torch.empty(batch_size, dtype=torch.int64, device=self.device)
+            weights = torch.empty(batch_size, dtype=torch.float32, device=self.device)
+            beta_t = torch.full((), float(beta), dtype=torch.float32, device=self.device)
+            self._kernels.tree_sample(self.tree.nodes, self.capacity, self.size, batch_size, u, beta_t, idx,
+                                      weights, weight_norm)
+            stored = (self.obs, self.action, self.reward, self.next_obs, self.terminated)
+            return PrioritizedBatch(*(t[idx] for t in stored), indices=idx, weights=weights)
         strata = torch.arange(batch_size, device=self.device, dtype=dtype)
         idx = self.tree.find((strata + u) * (self.tree.total() / batch_size))
         p = self.tree.leaves()[idx]
@@ -229,7 +250,11 @@ class PrioritizedReplay:
         _check_tensor("indices", indices, self.device, dtype=torch.int64, ndim=1)
         _check_tensor("td_errors", td_errors, self.device, kind="float", shape=(indices.shape[0],))
         priorities = (td_errors.to(self.tree.dtype).abs() + self.eps).pow(self.alpha)
-        self.tree.update(indices, priorities)
+        if self.use_kernels:
+            self._kernels.tree_update(self.tree.nodes, indices, priorities.contiguous(), self.capacity,
+                                      self.tree.max_value, self.tree.bad_priority_count)
+        else:
+            self.tree.update(indices, priorities)
 
     def state_dict(self) -> dict[str, torch.Tensor | int | float]:
         """Plain tensors (the live storage, not copies) and numbers: storage, tree state, pos, size, alpha, eps.
