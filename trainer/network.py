@@ -34,8 +34,7 @@ class ScaledLinear(nn.Linear):
 def _linear(n_in: int, n_out: int, spectral_norm: bool, power_iterations: int) -> nn.Linear:
     if not spectral_norm:
         return nn.Linear(n_in, n_out)
-    # The gain starts at the layer's initial spectral norm scale of a default nn.Linear, about 1/sqrt(3) of
-    # sqrt(n_in)... in practice 1.0 trains well; the learner tunes it.
+    # The gain starts at 1 (the normalized matrix itself); Adam learns it with the other parameters.
     layer = ScaledLinear(n_in, n_out, gain_init=1.0)
     return _spectral_norm(layer, n_power_iterations=power_iterations)
 

@@ -87,7 +87,7 @@ def test_sigma_matches_torch_parametrization(n_iter):
     mats, us, vs = table.views(buf, u, v)
     expected = []
     for w, u0, v0 in zip(mats, us, vs):
-        lin = nn.Linear(w.shape[1], w.shape[0], bias=False).double()
+        lin = nn.Linear(w.shape[1], w.shape[0], bias=False, device=w.device).double()
         lin.weight.data.copy_(w)
         nn.utils.parametrizations.spectral_norm(lin, n_power_iterations=n_iter)
         param = lin.parametrizations.weight[0]

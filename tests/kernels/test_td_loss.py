@@ -117,7 +117,7 @@ def test_gradient_flows_into_the_network():
     kw = dict(kind="huber", huber_delta=0.5, cql_weight=0.25, **SCALARS)
     fused_td_loss(**{**inp, "q": net(obs).view(batch, branches, actions)}, **kw).objective.backward()
     fused = [p.grad.clone() for p in net.parameters()]
-    net64 = torch.nn.Linear(7, branches * actions).double()
+    net64 = torch.nn.Linear(7, branches * actions).double().to(DEV)
     net64.load_state_dict(net.state_dict())
     args = {k: (v.double() if v.is_floating_point() else v) for k, v in inp.items() if k != "q"}
     td_loss_reference(net64(obs.double()).view(batch, branches, actions), **args, **kw).objective.backward()
@@ -168,13 +168,13 @@ def test_value_errors_for_buffers():
     inp, kw = _bad(None, None)
     out, ws = poisoned(5, 2, 3)
     with pytest.raises(ValueError, match="out.grad must have shape"):
-        td_loss_forward(**inp, **kw, out=out._replace(grad=torch.empty(5, 2, 4)))
+        td_loss_forward(**inp, **kw, out=out._replace(grad=torch.empty(5, 2, 4, device=DEV)))
     with pytest.raises(ValueError, match="workspace.partials must have shape"):
-        td_loss_forward(**inp, **kw, workspace=ws._replace(partials=torch.empty(3, 8)))
+        td_loss_forward(**inp, **kw, workspace=ws._replace(partials=torch.empty(3, 8, device=DEV)))
     with pytest.raises(ValueError, match="workspace.counter must have dtype"):
-        td_loss_forward(**inp, **kw, workspace=ws._replace(counter=torch.zeros(1, dtype=torch.int64)))
+        td_loss_forward(**inp, **kw, workspace=ws._replace(counter=torch.zeros(1, dtype=torch.int64, device=DEV)))
     with pytest.raises(ValueError, match="q must have B, D, A >= 1"):
-        td_loss_forward(**{**inp, "q": torch.empty(0, 2, 3)}, **kw)
+        td_loss_forward(**{**inp, "q": torch.empty(0, 2, 3, device=DEV)}, **kw)
 
 
 @pytest.mark.gpu
