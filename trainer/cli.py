@@ -82,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
         from trainer.loop import resolve_device
 
         resolve_device(cfg.device)
+        if args.out and args.out.exists() and (not args.out.is_dir() or any(args.out.iterdir())):
+            raise ValueError(f"--out {args.out} exists and is not an empty folder; choose a new run folder "
+                             f"(nothing there is overwritten)")
     except ValueError as exc:
         print(f"hotloop {args.command}: error: {exc}", file=sys.stderr)
         return USAGE_ERROR

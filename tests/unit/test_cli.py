@@ -46,6 +46,15 @@ def test_bad_input_exits_2_with_a_named_error(argv, match, capsys, tmp_path):
     assert match in err
 
 
+def test_an_existing_run_folder_is_never_overwritten(tmp_path, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "epochs.csv").write_text("precious\n")
+    assert main(["train", "--out", str(out), *TINY]) == 2
+    assert "exists and is not an empty folder" in capsys.readouterr().err
+    assert (out / "epochs.csv").read_text() == "precious\n"
+
+
 @pytest.mark.parametrize("argv", [[], ["bogus"], ["gate", "--preset", "nope"], ["train", "--epochs", "x"]])
 def test_bad_usage_exits_2(argv):
     with pytest.raises(SystemExit) as exc:
