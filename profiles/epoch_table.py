@@ -2,6 +2,16 @@
 
 Columns follow the unit-in-the-name convention (../shared/CONVENTIONS.md item 7): wall_s in seconds,
 *_per_s per second of wall time; loss, q_mean and mean_return_100 in the environment's reward units.
+
+Optional columns (OPTIONAL_COLUMNS, present only when the rows provide them), from the issue's table:
+- gpu_ms_per_step: milliseconds of the device stream's timeline per learner step, from two CUDA events recorded
+  at the epoch's start and at the end of its learner loop (profiles.epoch_timer.EpochTimer); NaN off CUDA.
+- kernels_per_step, syncs_per_step: kernel launches and host syncs per learner step; NaN unless a guard measured
+  them (guards.trace_counts).
+- TELEMETRY_COLUMNS, NVML samples taken at epoch end, outside the hot loop (profiles.telemetry): sm_clock_mhz,
+  mem_clock_mhz (current clocks, MHz), power_w (board power, W), temp_c (GPU temperature, deg C),
+  clocks_event_reasons (why clocks are below max, decoded names joined by "+", "none" for no reason),
+  gpu_mem_used_gib (device memory used by all processes, GiB); NaN ("" for the reasons) without NVML.
 """
 
 from __future__ import annotations
@@ -14,10 +24,14 @@ import pandas as pd
 
 EPOCH_COLUMNS = ["epoch", "learner_steps", "env_steps", "wall_s", "learner_steps_per_s", "env_steps_per_s",
                  "loss", "q_mean", "mean_return_100", "epsilon"]
+TELEMETRY_COLUMNS = ["sm_clock_mhz", "mem_clock_mhz", "power_w", "temp_c", "clocks_event_reasons",
+                     "gpu_mem_used_gib"]
+OPTIONAL_COLUMNS = ["gpu_ms_per_step", "kernels_per_step", "syncs_per_step", *TELEMETRY_COLUMNS]
 
 
 def epoch_frame(rows: Iterable[dict]) -> pd.DataFrame:
-    """DataFrame of per-epoch rows: the EPOCH_COLUMNS first, in order, then any extra columns.
+    """DataFrame of per-epoch rows: the EPOCH_COLUMNS first, in order, then the OPTIONAL_COLUMNS the rows have
+    (in that order), then any other columns in row order.
 
     Raises ValueError naming the missing columns if a row lacks one of EPOCH_COLUMNS.
     """
@@ -25,7 +39,8 @@ def epoch_frame(rows: Iterable[dict]) -> pd.DataFrame:
     missing = [c for c in EPOCH_COLUMNS if c not in df.columns]
     if missing:
         raise ValueError(f"per-epoch rows lack columns {missing}")
-    return df[EPOCH_COLUMNS + [c for c in df.columns if c not in EPOCH_COLUMNS]]
+    optional = [c for c in OPTIONAL_COLUMNS if c in df.columns]
+    return df[EPOCH_COLUMNS + optional + [c for c in df.columns if c not in EPOCH_COLUMNS + optional]]
 
 
 def new_run_dir(root: str | Path = "profiles/runs") -> Path:

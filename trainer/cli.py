@@ -1,4 +1,4 @@
-"""The `hotloop` command line: `hotloop train`, `hotloop gate` and `hotloop inspect`.
+"""The `hotloop` command line: `hotloop train`, `hotloop gate`, `hotloop inspect` and `hotloop report`.
 
 Exit codes: 0 success/pass, 1 a criterion failed, 2 bad usage or input, 3 hang (watchdog).
 """
@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 from guards.inspect_cmd import add_inspect_parser, run_inspect
+from profiles.report import add_report_parser, run_report
 from trainer.config import PRESETS, Config, field_docs, parse_override, preset
 
 USAGE_ERROR = 2
@@ -55,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
                                       "per-epoch table and the criteria table; exit 1 if a criterion fails.")
     _add_run_args(gate)
     add_inspect_parser(sub)
+    add_report_parser(sub)
     return parser
 
 
@@ -75,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "inspect":
         return run_inspect(args)
+    if args.command == "report":
+        return run_report(args)
     try:
         cfg = config_from_args(args)
         if args.epoch_timeout <= 0:

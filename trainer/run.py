@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -11,8 +12,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from guards.watchdog import HangWatchdog
 from profiles.epoch_table import epoch_frame, write_table
+from profiles.epoch_timer import EpochTimer
+from profiles.plots import plot_epochs
+from profiles.ranges import phase_range
+from profiles.telemetry import NvmlTelemetry
 from trainer.config import Config
-from trainer.loop import Trainer
+from trainer.loop import Trainer, resolve_device
 
 
 SETUP_LIMIT_S = 300.0
@@ -23,9 +28,12 @@ def run_training(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress
     """Train `cfg.epochs` epochs; each epoch must finish within `epoch_limit_s` seconds (the setup within
     max(epoch_limit_s, SETUP_LIMIT_S)) or the process exits 3 with every thread's stack.
 
-    Writes run_dir/config.json at the start and run_dir/epochs.csv + epochs.md after every epoch (so a killed
-    run keeps its finished epochs). A one-line summary per epoch and a progress bar go to stderr.
-    Returns the per-epoch DataFrame (profiles.epoch_table.EPOCH_COLUMNS first).
+    Writes run_dir/config.json at the start, run_dir/epochs.csv + epochs.md after every epoch (so a killed
+    run keeps its finished epochs) and run_dir/epochs.png (profiles.plots.plot_epochs) at the end. A one-line
+    summary per epoch and a progress bar go to stderr. Each epoch runs inside a `phase_range("epoch")`.
+    Returns the per-epoch DataFrame: profiles.epoch_table.EPOCH_COLUMNS first, then gpu_ms_per_step (CUDA events
+    from the epoch's start to the loop's "readback" phase; NaN off CUDA), kernels_per_step and syncs_per_step
+    (NaN: no guard counts them here), the NVML telemetry sampled after the epoch (NaN without NVML / on CPU).
     """
     console = Console(stderr=True)
     cfg.save(run_dir / "config.json")
@@ -36,19 +44,34 @@ def run_training(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress
     with HangWatchdog(epoch_limit_s) as watchdog, progress:
         task = progress.add_task("setup", total=cfg.learner_steps_per_epoch)
         watchdog.arm("setup", max(epoch_limit_s, SETUP_LIMIT_S))
-        trainer = Trainer(cfg, on_phase=watchdog.phase,
+        device = resolve_device(cfg.device)
+        timer, telemetry = EpochTimer(device), NvmlTelemetry(device)
+
+        def on_phase(name: str) -> None:
+            watchdog.phase(name)
+            if name == "readback":  # the learner loop's last launch is queued: end of the timed GPU work
+                timer.stop()
+
+        trainer = Trainer(cfg, on_phase=on_phase,
                           on_progress=lambda done, total: progress.update(task, completed=done))
         console.print(f"hotloop: env={cfg.env} device={trainer.device} epochs={cfg.epochs} "
                       f"learner_steps_per_epoch={cfg.learner_steps_per_epoch} run_dir={run_dir}")
         for epoch in range(1, cfg.epochs + 1):
             watchdog.arm(f"epoch {epoch}")
             progress.update(task, description=f"epoch {epoch}/{cfg.epochs}", completed=0)
-            stats = trainer.run_epoch(epoch)
+            with phase_range("epoch"):
+                timer.start()
+                stats = trainer.run_epoch(epoch)
+            elapsed_ms = timer.elapsed_ms()  # raises RuntimeError if the loop never entered "readback"
+            gpu_ms = elapsed_ms / stats.learner_steps if timer.uses_cuda_events else math.nan  # host time != GPU
+            rows.append({**stats.as_row(), "gpu_ms_per_step": gpu_ms, "kernels_per_step": math.nan,
+                         "syncs_per_step": math.nan, **telemetry.sample()})
             watchdog.disarm()
-            rows.append(stats.as_row())
             write_table(epoch_frame(rows), run_dir, "epochs")
             console.print(f"epoch {epoch}: {stats.wall_s:.1f} s, {stats.learner_steps_per_s:.0f} learner steps/s, "
                           f"loss {stats.loss:.4g}, mean_return_100 {stats.mean_return_100:.1f}, "
                           f"eval_return {stats.eval_return:.1f}, "
                           f"epsilon {stats.epsilon:.3f}")
-    return epoch_frame(rows)
+    table = epoch_frame(rows)
+    plot_epochs(table, run_dir / "epochs.png")
+    return table
