@@ -1,0 +1,220 @@
+"""Per-GPU baselines of the per-step metrics, and the noise-aware comparison of a run against one.
+
+A baseline file is `profiles/baselines/<gpu-name-slug>.json` (`baseline_path`; "NVIDIA H200" -> nvidia-h200.json),
+written deliberately by `write_baseline` (`hotloop gate --update-baseline`)::
+
+    {"schema": 1, "gpu": "NVIDIA H200",
+     "metrics": {"gpu_span_us": {"kind": "timing", "values": [R values], "median": m, "spread": s}, ...}}
+
+`values` holds one value per repeat (R repeats of the guarded steps on that GPU; each value is that repeat's median
+over its K steps, `GuardReport.medians`); `median` and `spread` are written for readers and recomputed on load.
+NaN is stored as null.
+
+Comparison (`compare`): a run is R' repeats of the same metrics.
+
+- Structural counts (STRUCTURAL: syncs, grid (1,1,1) kernels, D2D copies, memsets, spectral-norm launches,
+  non-TF32 forward / TF32 backward GEMMs, kernels per step) are deterministic: every repeat must equal the
+  baseline's median exactly.
+- Every other metric is a timing (or a ratio of timings) and fails only when the run's statistic is worse than the
+  baseline's by more than max(threshold, k x spread). The threshold is an expression (`parse_threshold`), default
+  "median:+5%" (lower is better) or "median:-5%" for *_per_s and *_ratio metrics (higher is better).
+
+Spread statistic: the baseline's run-to-run spread is the scaled median absolute deviation of its R repeat values,
+1.4826 x median(|x - median(x)|). Justification: R is small (about 5) and GPU timings are skewed by rare slow
+repeats (clock ramp, a neighbour process); the MAD ignores up to half of the repeats being outliers (breakdown point
+50%, versus 0% for the standard deviation and 25% for the IQR, which with 5 values also depends on the
+interpolation rule), so one slow repeat does not widen the tolerance; the 1.4826 factor makes it estimate the
+standard deviation under Gaussian noise, so k = 3 reads as "3 sigma". When the repeats agree exactly the MAD is 0
+and the percentage threshold alone applies. Sources: pytest-benchmark's `--benchmark-compare-fail` expressions
+(`src/pytest_benchmark/utils.py`, parse_compare_fail); Hampel (1974) for the MAD's breakdown point.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+STRUCTURAL = ("stream_sync_calls", "event_sync_calls", "stream_sync_hook_hits", "event_sync_hook_hits",
+              "kernels_grid1", "d2d_copies", "memsets", "spectral_norm_launches", "fwd_gemms_not_tf32",
+              "bwd_gemms_tf32", "kernels")
+MAD_TO_SIGMA = 1.4826
+STATISTICS = {"median": np.nanmedian, "mean": np.nanmean, "min": np.nanmin, "max": np.nanmax}
+SCHEMA = 1
+COMPARE_COLUMNS = ["metric", "kind", "statistic", "baseline", "run", "delta", "allowed", "spread", "rule",
+                   "verdict"]
+_THRESHOLD = re.compile(r"^(?P<stat>[a-z]+):(?P<sign>[+-]?)(?P<amount>(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?)(?P<pct>%?)$")
+
+
+class BaselineError(ValueError):
+    """A baseline file could not be read; the message names the file. Attributes: `path`, `problem`."""
+
+    def __init__(self, path: str | Path, problem: str) -> None:
+        super().__init__(f"{path}: {problem}")
+        self.path, self.problem = str(path), problem
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """A parsed threshold: fail when `sign` x (run - baseline) of `statistic` exceeds `amount` (percent of the
+    baseline's statistic if `percent`, else in the metric's own unit). sign +1: an increase is worse (times);
+    sign -1: a decrease is worse (rates, overlap ratios)."""
+
+    statistic: str
+    sign: int
+    amount: float
+    percent: bool
+
+    def allowed(self, base: float) -> float:
+        """The allowed worsening for baseline statistic `base`, in the metric's unit."""
+        return self.amount * abs(base) / 100 if self.percent else self.amount
+
+
+def parse_threshold(expr: str) -> Threshold:
+    """Parse "STAT:[+|-]AMOUNT[%]", e.g. "median:+5%", "min:+20" (us for a *_us metric), "median:-5%".
+
+    STAT is one of median, mean, min, max (applied to the R repeat values of run and baseline alike); the sign says
+    which direction is worse ("+", the default as in pytest-benchmark: an increase); AMOUNT is a non-negative
+    number, a percentage of the baseline with "%". Raises ValueError naming the expression and the grammar.
+    """
+    m = _THRESHOLD.match(expr.strip()) if isinstance(expr, str) else None
+    if not m or m["stat"] not in STATISTICS:
+        raise ValueError(f"threshold {expr!r}: expected STAT:[+|-]AMOUNT[%] with STAT one of {sorted(STATISTICS)} "
+                         "and AMOUNT a non-negative number, e.g. 'median:+5%' or 'min:+20'")
+    return Threshold(m["stat"], -1 if m["sign"] == "-" else 1, float(m["amount"]), m["pct"] == "%")
+
+
+def default_threshold(metric: str) -> str:
+    """"median:-5%" for higher-is-better metrics (names ending _per_s or _ratio), else "median:+5%"."""
+    return "median:-5%" if metric.endswith(("_per_s", "_ratio")) else "median:+5%"
+
+
+def mad_spread(values: Sequence[float]) -> float:
+    """1.4826 x median(|x - median(x)|) of the non-NaN `values` (0.0 for one value, NaN for none)."""
+    x = np.asarray(values, dtype="float64")
+    x = x[~np.isnan(x)]
+    if not len(x):
+        return float("nan")
+    return float(MAD_TO_SIGMA * np.median(np.abs(x - np.median(x))))
+
+
+def baseline_path(gpu_name: str, root: str | Path = "profiles/baselines") -> Path:
+    """root/<slug>.json, slug = the GPU name lower-cased with each run of non-alphanumerics as "-" ("NVIDIA H200"
+    -> "nvidia-h200"). Raises ValueError for a name with no letter or digit."""
+    slug = re.sub(r"[^a-z0-9]+", "-", gpu_name.lower()).strip("-")
+    if not slug:
+        raise ValueError(f"GPU name {gpu_name!r} has no letters or digits to name a baseline file")
+    return Path(root) / f"{slug}.json"
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """A loaded baseline: `gpu` name and `metrics` {metric: [one value per repeat]} (NaN where not measured)."""
+
+    gpu: str
+    metrics: dict[str, list[float]]
+
+
+def write_baseline(path: str | Path, metrics: Mapping[str, Sequence[float]], gpu: str = "") -> Path:
+    """Write `metrics` ({metric: R repeat values}) as a baseline file (format in the module docstring), creating
+    parent folders and replacing any previous file; returns the path. Raises ValueError for no metrics or a metric
+    without values or with a non-numeric value."""
+    if not metrics:
+        raise ValueError("write_baseline: no metrics")
+    doc = {}
+    for name, values in sorted(metrics.items()):
+        try:
+            x = [float(v) for v in values]
+        except (TypeError, ValueError):
+            raise ValueError(f"write_baseline: metric {name!r} has a non-numeric value in {values!r}") from None
+        if not x:
+            raise ValueError(f"write_baseline: metric {name!r} has no values")
+        doc[name] = {"kind": "count" if name in STRUCTURAL else "timing", "values": [_null(v) for v in x],
+                     "median": _null(_stat(np.nanmedian, x)),
+                     "spread": _null(mad_spread(x))}
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"schema": SCHEMA, "gpu": gpu, "metrics": doc}, indent=2) + "\n")
+    return path
+
+
+def load_baseline(path: str | Path) -> Baseline:
+    """Read a baseline file. Raises BaselineError (a ValueError) naming the file for: a missing or unreadable file,
+    invalid JSON (line and column), another schema version, or a metric whose "values" is not a non-empty list of
+    numbers or nulls."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise BaselineError(path, "no such baseline file; write one with `hotloop gate --update-baseline`") from None
+    except OSError as exc:
+        raise BaselineError(path, f"cannot read: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise BaselineError(path, f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA or not isinstance(doc.get("metrics"), dict):
+        raise BaselineError(path, f'not a baseline: expected an object with "schema": {SCHEMA} and a "metrics" object')
+    metrics = {}
+    for name, entry in doc["metrics"].items():
+        values = entry.get("values") if isinstance(entry, dict) else None
+        if not (isinstance(values, list) and values
+                and all(v is None or type(v) in (int, float) for v in values)):
+            raise BaselineError(path, f"metric {name!r}: \"values\" must be a non-empty list of numbers or nulls")
+        metrics[name] = [math.nan if v is None else float(v) for v in values]
+    return Baseline(str(doc.get("gpu", "")), metrics)
+
+
+def compare(run_metrics: Mapping[str, Sequence[float]], baseline: Baseline, *,
+            thresholds: Mapping[str, str] | None = None, k: float = 3.0) -> pd.DataFrame:
+    """Compare a run ({metric: R repeat values}) with `baseline`; one row per metric of either, sorted by name.
+
+    Columns (COMPARE_COLUMNS): metric; kind ("count" for STRUCTURAL, else "timing"); statistic; baseline and run
+    (that statistic of each side's values; for counts the baseline's median and the run value farthest from it);
+    delta (run - baseline); allowed (worsening allowed: 0 for counts, max(threshold, k x spread) for timings);
+    spread (`mad_spread` of the baseline's values); rule; verdict: PASS, FAIL, or "-" (metric only in the run, or
+    not measured in the baseline). A metric only in the baseline (or with no run values), or NaN in the run but not
+    in the baseline, FAILs.
+    `thresholds`: {metric: expression} overriding `default_threshold`; parsed before comparing (ValueError).
+    """
+    rules = {m: parse_threshold((thresholds or {}).get(m, default_threshold(m)))
+             for m in set(run_metrics) | set(baseline.metrics)}
+    rows = []
+    for metric in sorted(rules):
+        rows.append(_compare_one(metric, run_metrics.get(metric), baseline.metrics.get(metric), rules[metric], k))
+    return pd.DataFrame(rows, columns=COMPARE_COLUMNS)
+
+
+def _compare_one(metric: str, run: Sequence[float] | None, base: Sequence[float] | None, rule: Threshold,
+                 k: float) -> dict:
+    count = metric in STRUCTURAL
+    row = dict(metric=metric, kind="count" if count else "timing", statistic="median" if count else rule.statistic,
+               baseline=math.nan, run=math.nan, delta=math.nan, allowed=0.0 if count else math.nan,
+               spread=mad_spread(base) if base else math.nan, rule="", verdict="-")
+    if base is None or not run:
+        return {**row, "rule": "not in baseline" if base is None else "missing from run",
+                "verdict": "-" if base is None else "FAIL"}
+    stat = STATISTICS[row["statistic"]]
+    b = _stat(stat, base)
+    if count:
+        worst = max(run, key=lambda v: abs(v - b) if not math.isnan(v) else math.inf)
+        return {**row, "baseline": b, "run": worst, "delta": worst - b, "rule": "exact",
+                "verdict": "-" if math.isnan(b) else ("PASS" if worst == b else "FAIL")}
+    r = _stat(stat, run)
+    allowed = max(rule.allowed(b), k * row["spread"]) if not math.isnan(b) else math.nan
+    sign = "-" if rule.sign < 0 else "+"
+    text = f"{rule.statistic}:{sign}{rule.amount:g}{'%' if rule.percent else ''} or {k:g} x MAD spread"
+    verdict = "-" if math.isnan(b) else ("FAIL" if math.isnan(r) or rule.sign * (r - b) > allowed else "PASS")
+    return {**row, "baseline": b, "run": r, "delta": r - b, "allowed": allowed, "rule": text, "verdict": verdict}
+
+
+def _stat(stat, values: Sequence[float]) -> float:
+    x = np.asarray(values, dtype="float64")
+    return float(stat(x)) if (~np.isnan(x)).any() else math.nan
+
+
+def _null(v: float) -> float | None:
+    return None if math.isnan(v) else v

@@ -1,0 +1,161 @@
+"""Python-side host-sync detection: `SyncHooks` wraps torch's sync and device-read-back entry points while it is
+active and records every hit with its call site and step.
+
+Why hooks as well as the trace: on our H200 `torch.cuda.set_sync_debug_mode("error")` did not fire for
+`torch.cuda.synchronize()` or `torch.cuda.Event.synchronize()` (../shared/DESIGN.md, "Facts read on the H200"), and a
+trace cannot name the Python line that synced. The trace side is `guards.step_metrics`; `guards.guard` joins both.
+
+Hooked APIs and the criterion of ../shared/DESIGN.md each hit counts against (HOOKED_APIS):
+
+- `torch.cuda.synchronize`, `torch.accelerator.synchronize` (cudaDeviceSynchronize) and
+  `torch.cuda.Event.synchronize` (cudaEventSynchronize): "no event sync".
+- `torch.cuda.Stream.synchronize` (cudaStreamSynchronize): "no stream sync".
+- `torch.Tensor.item / .cpu / .tolist / .numpy / .__bool__` on a CUDA tensor: "no stream sync" (torch copies the
+  value with cudaMemcpyAsync and then waits with cudaStreamSynchronize: at::_local_scalar_dense / copy_, so the
+  trace shows the same read-back as a stream sync).
+
+Tensor rule (`is_device_sync`): a read-back counts only when the tensor is on a CUDA device. A CPU tensor's `.item()`
+reads host memory and waits for no device, so it is not a host sync and is not recorded.
+
+Limits: the hooks replace module/class attributes, so code that bound a function before the hooks were entered
+(`from torch.cuda import synchronize`), C++ callers and the immutable device-generic `torch.Stream` /
+`torch.Event` types are not seen (the trace sees those syncs). A hooked call made from
+inside another hooked call (e.g. a Tensor subclass's __torch_function__ re-dispatching `.item()`) counts once.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import threading
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+STREAM_SYNC, EVENT_SYNC = "no stream sync", "no event sync"
+TENSOR_READBACKS = ("item", "cpu", "tolist", "numpy", "__bool__")
+HOOKED_APIS: dict[str, str] = {
+    "torch.cuda.synchronize": EVENT_SYNC,
+    "torch.accelerator.synchronize": EVENT_SYNC,
+    "torch.cuda.Stream.synchronize": STREAM_SYNC,
+    "torch.cuda.Event.synchronize": EVENT_SYNC,
+    **{f"torch.Tensor.{m}": STREAM_SYNC for m in TENSOR_READBACKS},
+}
+HIT_COLUMNS = ("step", "api", "criterion", "site", "function", "thread")
+# Frames in these directories are internals: a hit's call site is the first frame outside them.
+_INTERNAL_DIRS = (str(Path(torch.__file__).parent) + "/", str(Path(__file__).parent) + "/")
+_MISSING = object()
+
+
+def is_device_sync(tensor: object) -> bool:
+    """Whether reading `tensor` on the host (`.item()`, `.cpu()`, `.tolist()`, `.numpy()`, `bool()`) is a host sync:
+    True exactly when it is a tensor on a CUDA device (`tensor.is_cuda`); False for CPU, meta and other tensors and
+    for non-tensors. Source: at::_local_scalar_dense / copy_ wait on the stream only for CUDA data."""
+    return isinstance(tensor, torch.Tensor) and bool(tensor.is_cuda)
+
+
+@dataclass(frozen=True)
+class SyncHit:
+    """One hooked call: `api` (a HOOKED_APIS key), the `criterion` it counts against, `step` (the hooks' step index
+    when it happened, None outside steps), `site` ("file:line" of the first frame outside torch and guards/),
+    `function` (that frame's function name), `thread` (thread name)."""
+
+    step: int | None
+    api: str
+    criterion: str
+    site: str
+    function: str
+    thread: str
+
+
+class SyncHooks:
+    """Context manager that records host syncs made through torch's Python API while active.
+
+    On enter it wraps every HOOKED_APIS function in place and, only when `torch.cuda.is_available()`, sets
+    `torch.cuda.set_sync_debug_mode("warn")` (torch then also warns from C++ for the syncs it knows). On exit, also
+    when the body raised, it puts back every original attribute (an attribute that was inherited, e.g.
+    `Tensor.item` from torch._C.TensorBase, is deleted again) and the previous debug mode. Hits are appended to
+    `hits` (list of SyncHit) with `step` = the current value of the `step` attribute: set `hooks.step = k` before
+    step k. Raises RuntimeError when entered while already active. The hooks are process-wide (all threads).
+    """
+
+    def __init__(self) -> None:
+        self.hits: list[SyncHit] = []
+        self.step: int | None = None
+        self._saved: list[tuple[object, str, object]] = []
+        self._debug_mode: int | None = None
+        self._local = threading.local()
+
+    def __enter__(self) -> SyncHooks:
+        if self._saved:
+            raise RuntimeError("SyncHooks is already active")
+        try:
+            for api, criterion in HOOKED_APIS.items():
+                owner_name, attr = api.rsplit(".", 1)
+                owner = _resolve(owner_name)
+                self._saved.append((owner, attr, vars(owner).get(attr, _MISSING)))
+                setattr(owner, attr, self._wrap(getattr(owner, attr), api, criterion, owner is torch.Tensor))
+            if torch.cuda.is_available():
+                self._debug_mode = torch.cuda.get_sync_debug_mode()
+                torch.cuda.set_sync_debug_mode("warn")
+        except BaseException:
+            self._restore()
+            raise
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._restore()
+
+    def frame(self) -> pd.DataFrame:
+        """The hits as a DataFrame with columns HIT_COLUMNS (step is Int64, NA outside steps), in call order."""
+        df = pd.DataFrame([asdict(h) for h in self.hits], columns=list(HIT_COLUMNS))
+        return df.astype({"step": "Int64"})
+
+    def _restore(self) -> None:
+        while self._saved:
+            owner, attr, original = self._saved.pop()
+            if original is _MISSING:
+                delattr(owner, attr)
+            else:
+                setattr(owner, attr, original)
+        if self._debug_mode is not None:
+            torch.cuda.set_sync_debug_mode(self._debug_mode)
+            self._debug_mode = None
+
+    def _wrap(self, original, api: str, criterion: str, tensor_method: bool):
+        local = self._local
+
+        @functools.wraps(original)
+        def hooked(*args, **kwargs):
+            depth = getattr(local, "depth", 0)
+            if depth == 0 and (not tensor_method or is_device_sync(args[0])):
+                site, function = _call_site()
+                self.hits.append(SyncHit(self.step, api, criterion, site, function,
+                                         threading.current_thread().name))
+            local.depth = depth + 1
+            try:
+                return original(*args, **kwargs)
+            finally:
+                local.depth = depth
+
+        return hooked
+
+
+def _resolve(dotted: str) -> object:
+    """torch.cuda / torch.accelerator / torch.cuda.Stream / torch.Tensor ... from their dotted names."""
+    obj: object = torch
+    for part in dotted.split(".")[1:]:
+        obj = getattr(obj, part)
+    return obj
+
+
+def _call_site() -> tuple[str, str]:
+    """("file:line", function) of the innermost frame outside torch and guards/ ("<unknown>", "") if none)."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        if not frame.f_code.co_filename.startswith(_INTERNAL_DIRS):
+            return f"{frame.f_code.co_filename}:{frame.f_lineno}", frame.f_code.co_name
+        frame = frame.f_back
+    return "<unknown>", ""

@@ -1,0 +1,130 @@
+"""Baselines: threshold expressions, the MAD spread, exact structural counts, noise-aware timing comparison,
+file round trip and load errors that name the file."""
+
+import json
+
+import numpy as np
+import pytest
+
+from guards.baselines import (MAD_TO_SIGMA, Baseline, BaselineError, baseline_path, compare, default_threshold,
+                              load_baseline, mad_spread, parse_threshold, write_baseline)
+
+QUIET = [1000.0, 1001.0, 999.0, 1000.0, 1000.5]  # spread ~1.5 us: the 5% rule (50 us) governs
+NOISY = [1000.0, 1030.0, 970.0, 1000.0, 1060.0]  # spread 44.5 us: 3 x spread (133 us) governs
+
+
+def verdict(df, metric):
+    return df.set_index("metric").loc[metric, "verdict"]
+
+
+@pytest.mark.parametrize("expr, parsed", [
+    ("median:+5%", ("median", 1, 5.0, True)),
+    ("median:5%", ("median", 1, 5.0, True)),  # no sign: an increase is worse, as in pytest-benchmark
+    ("min:-2.5%", ("min", -1, 2.5, True)),
+    ("mean:+20", ("mean", 1, 20.0, False)),
+    ("max:1e-3", ("max", 1, 0.001, False)),
+    (" median:0% ", ("median", 1, 0.0, True)),
+])
+def test_parse_threshold(expr, parsed):
+    t = parse_threshold(expr)
+    assert (t.statistic, t.sign, t.amount, t.percent) == parsed
+
+
+@pytest.mark.parametrize("expr", ["median+5%", "p50:+5%", "median:+x%", "median:5%%", "", "median:", "median:++5",
+                                  "MEDIAN:5%", "median:5 %", None])
+def test_bad_threshold_is_a_value_error_naming_it(expr):
+    with pytest.raises(ValueError, match=r"threshold .*STAT:\[\+\|-\]AMOUNT\[%\]"):
+        parse_threshold(expr)
+
+
+def test_mad_spread():
+    assert mad_spread([1, 2, 3, 4, 100]) == pytest.approx(MAD_TO_SIGMA * 1.0)  # the outlier does not count
+    assert mad_spread([5.0]) == 0.0 and np.isnan(mad_spread([np.nan]))
+    assert mad_spread(NOISY) == pytest.approx(MAD_TO_SIGMA * 30.0)
+
+
+def test_timing_fails_only_beyond_max_of_percent_and_k_spread():
+    base = Baseline("NVIDIA H200", {"gpu_span_us": QUIET})
+    assert verdict(compare({"gpu_span_us": [1040.0, 1045, 1049]}, base), "gpu_span_us") == "PASS"  # +4.5%
+    slow = compare({"gpu_span_us": [1060.0, 1070, 1065]}, base).iloc[0]  # +6.5% beyond 5%: mutation caught
+    assert slow["verdict"] == "FAIL" and slow["allowed"] == pytest.approx(50.0) and slow["delta"] == 65.0
+    noisy = Baseline("NVIDIA H200", {"gpu_span_us": NOISY})
+    row = compare({"gpu_span_us": [1065.0, 1070, 1060]}, noisy).iloc[0]  # within 3 x 44.5 us
+    assert row["verdict"] == "PASS" and row["allowed"] == pytest.approx(3 * MAD_TO_SIGMA * 30.0)
+    assert verdict(compare({"gpu_span_us": [1140.0] * 3}, noisy), "gpu_span_us") == "FAIL"
+    assert verdict(compare({"gpu_span_us": [900.0] * 3}, base), "gpu_span_us") == "PASS"  # faster is fine
+
+
+def test_one_slow_baseline_repeat_does_not_widen_the_tolerance():
+    base = Baseline("x", {"gpu_span_us": QUIET[:4] + [2000.0]})
+    row = compare({"gpu_span_us": [1070.0] * 3}, base).iloc[0]
+    assert row["verdict"] == "FAIL" and row["spread"] < 2.0  # std would be ~447 us and pass this 7% regression
+
+
+def test_higher_is_better_metrics_fail_on_a_drop():
+    assert default_threshold("learner_steps_per_s") == "median:-5%" and default_threshold("x_us") == "median:+5%"
+    base = Baseline("x", {"ddqn_overlap_ratio": [0.30] * 5, "learner_steps_per_s": [1000.0] * 5})
+    df = compare({"ddqn_overlap_ratio": [0.20] * 3, "learner_steps_per_s": [1100.0] * 3}, base)
+    assert (verdict(df, "ddqn_overlap_ratio"), verdict(df, "learner_steps_per_s")) == ("FAIL", "PASS")
+
+
+def test_structural_counts_compare_exactly():
+    base = Baseline("x", {"kernels_grid1": [0.0] * 5, "kernels": [341.0] * 5, "stream_sync_calls": [0.0] * 5})
+    df = compare({"kernels_grid1": [0.0, 1.0, 0.0], "kernels": [341.0] * 3, "stream_sync_calls": [0.0] * 3}, base)
+    grid1 = df.set_index("metric").loc["kernels_grid1"]
+    assert (grid1["kind"], grid1["run"], grid1["verdict"], grid1["rule"]) == ("count", 1.0, "FAIL", "exact")
+    assert verdict(df, "kernels") == "PASS" and verdict(df, "stream_sync_calls") == "PASS"
+    assert verdict(compare({"kernels": [342.0] * 3}, base), "kernels") == "FAIL"  # 0.3% more: still a FAIL
+
+
+def test_metrics_on_one_side_only_and_nan():
+    base = Baseline("x", {"gpu_span_us": QUIET, "ddqn_overlap_ratio": [np.nan] * 5, "memsets": [1.0] * 5})
+    df = compare({"gpu_span_us": [np.nan] * 3, "ddqn_overlap_ratio": [0.1] * 3, "new_us": [1.0]}, base)
+    assert verdict(df, "gpu_span_us") == "FAIL"  # measured in the baseline, not in the run
+    assert verdict(df, "ddqn_overlap_ratio") == "-"  # not measured in the baseline
+    assert verdict(df, "memsets") == "FAIL" and verdict(df, "new_us") == "-"
+    assert list(df["metric"]) == sorted(df["metric"])
+
+
+def test_per_metric_thresholds_are_parsed_before_comparing():
+    base = Baseline("x", {"gpu_span_us": QUIET})
+    assert verdict(compare({"gpu_span_us": [1060.0]}, base, thresholds={"gpu_span_us": "median:+10%"}),
+                   "gpu_span_us") == "PASS"
+    with pytest.raises(ValueError, match="median:1x"):
+        compare({"gpu_span_us": [1060.0]}, base, thresholds={"gpu_span_us": "median:1x"})
+
+
+def test_write_and_load_round_trip(tmp_path):
+    path = baseline_path("NVIDIA H200", tmp_path / "profiles" / "baselines")
+    assert path.name == "nvidia-h200.json"
+    metrics = {"gpu_span_us": NOISY, "kernels": [341] * 5, "ddqn_overlap_ratio": [np.nan, 0.3, 0.3, 0.3, 0.3]}
+    assert write_baseline(path, metrics, gpu="NVIDIA H200") == path
+    doc = json.loads(path.read_text())
+    assert doc["metrics"]["kernels"]["kind"] == "count" and doc["metrics"]["gpu_span_us"]["median"] == 1000.0
+    assert doc["metrics"]["ddqn_overlap_ratio"]["values"][0] is None  # NaN as null: strict JSON
+    loaded = load_baseline(path)
+    assert loaded.gpu == "NVIDIA H200" and loaded.metrics["gpu_span_us"] == NOISY
+    assert np.isnan(loaded.metrics["ddqn_overlap_ratio"][0])
+    assert set(compare(metrics, loaded)["verdict"]) == {"PASS"}  # a run equal to its baseline passes
+    with pytest.raises(ValueError, match="'kernels' has no values"):
+        write_baseline(path, {"kernels": []})
+    with pytest.raises(ValueError, match="no letters or digits"):
+        baseline_path(" / ")
+
+
+@pytest.mark.parametrize("text, problem", [
+    (None, "no such baseline file"),
+    ("{not json", "invalid JSON at line 1 column 2"),
+    ('{"schema": 2, "metrics": {}}', "not a baseline"),
+    ('[1, 2]', "not a baseline"),
+    ('{"schema": 1, "metrics": {"kernels": {"values": []}}}', "'kernels'"),
+    ('{"schema": 1, "metrics": {"kernels": {"values": ["341"]}}}', "'kernels'"),
+])
+def test_load_errors_name_the_file(tmp_path, text, problem):
+    path = tmp_path / "nvidia-h200.json"
+    if text is not None:
+        path.write_text(text)
+    with pytest.raises(BaselineError, match=problem) as info:
+        load_baseline(path)
+    assert str(info.value).startswith(f"{path}: ") and info.value.path == str(path)
+    assert isinstance(info.value, ValueError)

@@ -1,0 +1,158 @@
+"""guard_steps around user step functions on CPU (GPU rows "not measured (no CUDA)", syncs caught by the hooks),
+the module docstring's example run as written, and the verdicts on synthetic learner traces: clean passes every
+measured row; each injected fault fails exactly the criterion it breaks."""
+
+import json
+import textwrap
+
+import pytest
+import torch
+from test_step_metrics import learner_trace
+
+import guards.guard as guard_module
+from guards.criteria import CRITERIA
+from guards.guard import NO_CUDA, VERDICT_COLUMNS, evaluate, guard_steps
+from guards.step_metrics import step_metrics
+from guards.sync_hooks import SyncHooks
+
+GPU_ROWS = ["no D2D weight sync", "spectral norm fused", "no single-block kernels", "memsets only where needed",
+            "TF32 forward only", "DDQN overlapped"]
+NO_HITS = SyncHooks().frame()
+
+
+def tiny_step():
+    w = torch.ones(4, 4, requires_grad=True)
+    (w @ w).sum().backward()
+    return w.grad.sum().item()  # a CPU tensor read: no device sync
+
+
+def test_docstring_example_runs_and_shows_the_verdict_table(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    code = guard_module.__doc__.split("test_guard.py)::\n")[1].split("\nOn a machine without CUDA")[0]
+    scope = {}
+    exec(compile(textwrap.dedent(code), "guard_docstring_example", "exec"), scope)
+    report = scope["report"]
+    printed = capsys.readouterr().out
+    assert printed.splitlines()[0].split() == ["criterion", "measured", "limit", "verdict", "status", "source"]
+    doc = json.loads((tmp_path / "verdicts.json").read_text())
+    assert [v["criterion"] for v in doc["verdicts"]] == [c.name for c in CRITERIA]
+    assert len(doc["per_step"]) == 5 and doc["cuda"] is torch.cuda.is_available()
+    if not torch.cuda.is_available():
+        v = report.verdicts.set_index("criterion")
+        assert list(v.loc[["no stream sync", "no event sync"], "verdict"]) == ["PASS", "PASS"]
+        assert set(v.loc[GPU_ROWS, "status"]) == {NO_CUDA} and set(v.loc[GPU_ROWS, "verdict"]) == {"-"}
+        assert report.failed == []
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only table")
+def test_guard_steps_on_cpu_measures_syncs_by_hook_only():
+    report = guard_steps(tiny_step, steps=3, warmup=1)
+    v = report.verdicts.set_index("criterion")
+    assert list(report.verdicts.columns) == VERDICT_COLUMNS
+    assert list(v.loc[["no stream sync", "no event sync"], "source"]) == ["hook", "hook"]
+    assert list(v.loc[["no stream sync", "no event sync"], "measured"]) == [0, 0]
+    assert v.loc["epoch 1 without hang", "status"].startswith("not measured here")
+    assert list(report.per_step["range_name"]) == ["step"] * 3 and report.per_step["kernels"].eq(0).all()
+    assert report.hits.empty and not report.cuda
+
+
+def test_guarded_step_calling_synchronize_fails_no_event_sync(monkeypatch):
+    """Mutation: a step that calls torch.cuda.synchronize() (stubbed on CPU) must fail, caught by the hook."""
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+
+    def step():
+        tiny_step()
+        torch.cuda.synchronize()
+
+    report = guard_steps(step, steps=3, warmup=1)
+    assert report.failed == ["no event sync"]
+    row = report.verdicts.set_index("criterion").loc["no event sync"]
+    assert row["measured"] == 1 and row["source"] == "hook"
+    assert f"hook: torch.cuda.synchronize at {__file__}:" in row["evidence"] and row["evidence"].endswith(" x3")
+    assert list(report.per_step["event_sync_hook_hits"]) == [1, 1, 1]
+    assert torch.cuda.synchronize.__name__ == "<lambda>"  # the stub is back, unwrapped
+
+
+def test_guarded_step_reading_a_cuda_tensor_fails_no_stream_sync():
+    """Mutation: `.item()` of a (fake) CUDA tensor in the loop fails "no stream sync" with its call site."""
+    class FakeCudaTensor(torch.Tensor):
+        is_cuda = property(lambda self: True)
+
+    t = torch.Tensor._make_subclass(FakeCudaTensor, torch.tensor(1.0))
+    report = guard_steps(lambda: t.item(), steps=2, warmup=0)
+    assert report.failed == ["no stream sync"]
+    assert list(report.hits["step"]) == [0, 1] and set(report.hits["api"]) == {"torch.Tensor.item"}
+
+
+def test_guard_steps_errors(monkeypatch):
+    with pytest.raises(ValueError, match="steps >= 1"):
+        guard_steps(tiny_step, steps=0)
+
+    def own_step_ranges():
+        with torch.profiler.record_function("step"):
+            tiny_step()
+
+    with pytest.raises(RuntimeError, match="own 'step' ranges"):
+        guard_steps(own_step_ranges, steps=2, warmup=0)
+    before = torch.cuda.synchronize
+
+    def raising():
+        raise ZeroDivisionError
+
+    with pytest.raises(ZeroDivisionError):
+        guard_steps(raising, steps=2, warmup=0)
+    assert torch.cuda.synchronize is before and "item" not in vars(torch.Tensor)
+
+
+def test_clean_synthetic_learner_trace_passes_every_measured_row():
+    verdicts = evaluate(step_metrics(learner_trace()), NO_HITS, cuda=True).set_index("criterion")
+    measured = verdicts[verdicts["status"].eq("measured")]
+    assert list(measured.index) == [c.name for c in CRITERIA][:8]
+    assert set(measured["verdict"]) == {"PASS"}
+    assert measured.loc["DDQN overlapped", "measured"] == 0.75
+    assert measured.loc["TF32 forward only", "measured"] == "yes"
+    assert list(measured.loc[["no stream sync", "memsets only where needed"], "source"]) == ["both", "trace"]
+
+
+@pytest.mark.parametrize("fault, criterion", [
+    ("stream sync", "no stream sync"),
+    ("event sync", "no event sync"),
+    ("device sync (driver)", "no event sync"),
+    ("blocking cudaMemcpy", "no event sync"),
+    ("pageable non_blocking copy", "no event sync"),
+    ("D2D copy", "no D2D weight sync"),
+    ("D2D copy in a graph", "no D2D weight sync"),
+    ("spectral norm split", "spectral norm fused"),
+    ("grid (1,1,1) kernel", "no single-block kernels"),
+    ("memset", "memsets only where needed"),
+    ("forward FP32", "TF32 forward only"),
+    ("backward TF32", "TF32 forward only"),
+    ("DDQN serialized", "DDQN overlapped"),
+])
+def test_each_injected_fault_fails_exactly_its_criterion(fault, criterion):
+    verdicts = evaluate(step_metrics(learner_trace(fault=fault)), NO_HITS, cuda=True)
+    failed = verdicts[verdicts["verdict"].eq("FAIL")]
+    assert list(failed["criterion"]) == [criterion]
+    assert failed["evidence"].iloc[0] != "" and failed["source"].iloc[0] == "trace"
+
+
+def test_sync_seen_by_hook_and_trace_counts_once_with_source_both():
+    hits = SyncHooks().frame()
+    hits.loc[0] = [1, "torch.cuda.Stream.synchronize", "no stream sync", "user.py:7", "step", "MainThread"]
+    hits = hits.astype({"step": "Int64"})
+    verdicts = evaluate(step_metrics(learner_trace(fault="stream sync")), hits, cuda=True).set_index("criterion")
+    row = verdicts.loc["no stream sync"]
+    assert (row["measured"], row["verdict"], row["source"]) == (1, "FAIL", "both")
+    assert row["evidence"] == ("hook: torch.cuda.Stream.synchronize at user.py:7 x1; "
+                               "trace: cudaStreamSynchronize x3")
+    hook_only = evaluate(step_metrics(learner_trace()), hits, cuda=True).set_index("criterion")
+    assert hook_only.loc["no stream sync", "source"] == "hook"
+
+
+def test_missing_phases_are_not_measured_rather_than_passed():
+    b = learner_trace()
+    b = b[~b["kind"].eq("annotation")]  # a user's step without phase ranges
+    verdicts = evaluate(step_metrics(b), NO_HITS, cuda=True).set_index("criterion")
+    for name in ("spectral norm fused", "TF32 forward only", "DDQN overlapped"):
+        assert verdicts.loc[name, "status"].startswith("not measured (") and verdicts.loc[name, "verdict"] == "-"
+    assert verdicts.loc["no single-block kernels", "verdict"] == "PASS"

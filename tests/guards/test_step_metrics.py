@@ -1,0 +1,301 @@
+"""Per-step guard metrics: exact counts on the real traces of tests/data/traces (the H200 probe: phases, TF32/FP32
+GEMMs, D2D copy, zero_, grid (1,1,1) reduce, graph replay with memcpy128, two overlapping streams), hand-built
+traces for what the real ones lack, and the GEMM-precision name rules.
+
+`TraceBuilder` and `learner_trace` are imported by test_guard.py (same folder, pytest's rootdir sys.path entry)."""
+
+import contextlib
+import functools
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from guards.step_metrics import FP32, GEMM, TF32, PhaseRoles, gemm_precision, kernel_phases, step_metrics
+from profiles.kineto_reader import read_kineto
+from profiles.nsight_reader import read_nsight_sqlite
+from profiles.trace_schema import event_frame
+
+TRACES = Path(__file__).parents[1] / "data" / "traces"
+PROBE = TRACES / "h200" / "probe_eager_graph_twostream.json.gz"
+TF32_H200 = ("void cutlass::Kernel2<cutlass_80_tensorop_s1688gemm_64x64_32x6_nn_align4>"
+             "(cutlass_80_tensorop_s1688gemm_64x64_32x6_nn_align4::Params)")
+FP32_H200 = ("sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize64x64x8_stage3_warpsize1x4x1_ffma_aligna4_alignc4_"
+             "execute_kernel__5x_cublas")
+
+
+@functools.cache
+def _read(path: Path) -> pd.DataFrame:
+    return read_nsight_sqlite(path) if path.suffix == ".sqlite" else read_kineto(path)
+
+
+def trace(path: Path) -> pd.DataFrame:
+    return _read(path).copy()
+
+
+class TraceBuilder:
+    """Hand-built traces in the trace schema: CPU step ranges, CUDA calls (1 us apart on thread "1"), and GPU
+    activity linked to its call by correlation id, optionally inside a gpu_user_annotation phase range."""
+
+    def __init__(self):
+        self.rows, self.t, self.corr = [], 0.0, 0
+
+    @contextlib.contextmanager
+    def step(self, name="step"):
+        start = self.t
+        self.t += 1
+        yield
+        self.rows.append(dict(name=name, kind="user_annotation", start_us=start, dur_us=self.t - start, tid="1"))
+        self.t += 1
+
+    def call(self, name, kind="runtime"):
+        self.corr += 1
+        self.rows.append(dict(name=name, kind=kind, start_us=self.t, dur_us=0.5, correlation=self.corr, tid="1"))
+        self.t += 1
+        return self.corr
+
+    def gpu(self, name, start, dur=10.0, kind="kernel", stream=7, phase=None, grid=(64, 1, 1),
+            launch="cudaLaunchKernel", copy_kind=""):
+        corr = self.call(launch)
+        dims = dict(zip(("grid_x", "grid_y", "grid_z"), grid)) if kind == "kernel" else {}
+        self.rows.append(dict(name=name, kind=kind, start_us=start, dur_us=dur, stream=stream, device=0,
+                              correlation=corr, pid="0", tid=str(stream), copy_kind=copy_kind, **dims))
+        if phase:
+            self.rows.append(dict(name=phase, kind="annotation", start_us=start, dur_us=dur, pid="0",
+                                  tid=str(stream)))
+        return corr
+
+    def frame(self):
+        cols = {c: [r.get(c) for r in self.rows] for c in {k for r in self.rows for k in r}}
+        for c in ("copy_kind", "pid", "name"):
+            cols[c] = [v or "" for v in cols.get(c, [None] * len(self.rows))]
+        return event_frame(cols)
+
+
+SGEMM = "ampere_sgemm_128x64_nn"
+TF32_SM90 = ("sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n_tilesize128x128x32_warpgroupsize1x1x1_execute_segment_k_off_"
+             "kernel__5x_cublas")
+
+
+def learner_trace(steps=3, fault=None):
+    """A clean synthetic learner step (online forward TF32 on stream 7, DDQN forward TF32 on stream 9 overlapping
+    it, FP32 backward, one fused spectral-norm kernel, one zero_ fill), or the same with one `fault` injected."""
+    b = TraceBuilder()
+    for k in range(steps):
+        g = 1000.0 * (k + 1)
+        with b.step():
+            b.gpu("spectral_norm_fused_kernel", g, phase="spectral_norm")
+            if fault == "spectral norm split":
+                b.gpu("spectral_norm_fused_kernel", g + 10, phase="spectral_norm")
+            b.gpu(SGEMM if fault == "forward FP32" else TF32_H200, g + 20, 20, phase="forward")
+            serial = fault == "DDQN serialized"
+            b.gpu(TF32_SM90, g + (40 if serial else 25), 20, stream=7 if serial else 9, phase="ddqn_forward")
+            b.gpu(TF32_H200 if fault == "backward TF32" else FP32_H200, g + 60, 30, phase="backward")
+            b.gpu("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float> >", g + 95, 1)
+            if fault == "stream sync":
+                b.call("cudaStreamSynchronize")
+            if fault == "event sync":
+                b.call("cudaEventSynchronize")
+            if fault == "device sync (driver)":
+                b.call("cuCtxSynchronize", kind="driver")
+            if fault == "blocking cudaMemcpy":
+                b.gpu("Memcpy DtoH (Device -> Pinned)", g + 100, 1, "memcpy", launch="cudaMemcpy", copy_kind="DtoH")
+            if fault == "pageable non_blocking copy":
+                b.gpu("Memcpy DtoH (Device -> Pageable)", g + 100, 1, "memcpy", launch="cudaMemcpyAsync",
+                      copy_kind="DtoH")
+            if fault == "D2D copy":
+                b.gpu("Memcpy DtoD (Device -> Device)", g + 100, 1, "memcpy", launch="cudaMemcpyAsync",
+                      copy_kind="DtoD")
+            if fault == "D2D copy in a graph":
+                b.gpu("memcpy128", g + 100, 1, launch="cudaGraphLaunch")
+            if fault == "grid (1,1,1) kernel":
+                b.gpu("reduce_kernel", g + 100, 1, grid=(1, 1, 1))
+            if fault == "memset":
+                b.gpu("Memset (Device)", g + 100, 1, "memset", launch="cudaMemsetAsync")
+    return b.frame()
+
+
+ROLES_PROBE = PhaseRoles(forward=("phase_tf32_mm",), backward=("phase_fp32_mm",), spectral_norm="phase_triton",
+                         online_forward="stream_a", ddqn_forward="stream_b")
+PROBE_STREAMS = {(lambda d: d["stream"].eq(25)): "stream_a", (lambda d: d["stream"].eq(29)): "stream_b"}
+
+
+def test_h200_probe_whole_trace_counts_are_exact():
+    m = step_metrics(trace(PROBE), step_range_name=None, roles=ROLES_PROBE, phases=PROBE_STREAMS)
+    row = m.per_step.iloc[0]
+    assert len(m.per_step) == 1 and row["range_name"] == "trace"
+    expected = dict(kernels=17, kernels_grid1=2, d2d_copies=2, memcpy_dtod_events=1, memcpy_kernels=1, memsets=2,
+                    fill_kernels=2, memset_events=0, event_sync_calls=5, cudaDeviceSynchronize_calls=5,
+                    stream_sync_calls=0, blocking_memcpy_calls=0, pageable_async_copies=0, graph_launches=1,
+                    kernels_in_graphs=7, spectral_norm_launches=1, fwd_gemms=1, fwd_gemms_not_tf32=0, bwd_gemms=2,
+                    bwd_gemms_tf32=0)
+    assert {k: int(row[k]) for k in expected} == expected
+    assert m.evidence["no D2D weight sync"] == ["Memcpy DtoD (Device -> Device) x1", "memcpy128 x1"]
+    assert [e.split("<")[0] for e in m.evidence["no single-block kernels"]] == ["void at::native::reduce_kernel"]
+    assert m.medians["kernels"] == 17.0
+
+
+def test_h200_probe_gemm_precision_per_phase():
+    m = step_metrics(trace(PROBE), step_range_name=None, roles=ROLES_PROBE, phases=PROBE_STREAMS)
+    per_phase = m.gemms.groupby(["phase", "precision"])["kernels"].sum().to_dict()
+    assert per_phase == {("phase_tf32_mm", TF32): 1, ("phase_fp32_mm", FP32): 2, ("graph_replay", TF32): 1,
+                         ("graph_replay", FP32): 2, ("stream_a", FP32): 1, ("stream_b", FP32): 1}
+    swapped = PhaseRoles(forward=("phase_fp32_mm",), backward=("phase_tf32_mm",))  # mutation: roles reversed
+    row = step_metrics(trace(PROBE), step_range_name=None, roles=swapped).per_step.iloc[0]
+    assert (row["fwd_gemms_not_tf32"], row["bwd_gemms_tf32"]) == (2, 1)
+
+
+def test_h200_probe_two_streams_overlap_fraction():
+    df = trace(PROBE)
+    m = step_metrics(df, step_range_name=None, roles=ROLES_PROBE, phases=PROBE_STREAMS)
+    k = df[df["kind"].eq("kernel")]
+    a, b = k[k["stream"].eq(25)].iloc[0], k[k["stream"].eq(29)].iloc[0]
+    overlap = a["start_us"] + a["dur_us"] - b["start_us"]  # b starts while a runs and ends after it
+    row = m.per_step.iloc[0]
+    assert 0 < overlap < b["dur_us"]
+    assert row["ddqn_kernel_us"] == pytest.approx(b["dur_us"])
+    assert row["ddqn_overlap_ratio"] == pytest.approx(overlap / b["dur_us"]) and row["ddqn_overlap_ratio"] > 0.19
+    assert m.medians["ddqn_overlap_ratio"] == pytest.approx(row["ddqn_overlap_ratio"])
+
+
+def test_h200_probe_phases_from_gpu_annotations():
+    df = trace(PROBE)
+    phase = kernel_phases(df)
+    by_name = lambda n: set(phase[df["name"].eq(n)])  # noqa: E731
+    assert by_name("seg_add") == {"phase_triton", "graph_replay"}
+    assert by_name("Memcpy DtoD (Device -> Device)") == {"phase_d2d"}
+    assert by_name("memcpy128") == {"graph_replay"}
+    assert set(phase[df["kind"].eq("kernel") & df["stream"].isin([25, 29])]) == {"two_streams"}
+    assert (phase[~df["kind"].isin(["kernel", "memcpy", "memset"])] == "").all()
+    named = kernel_phases(df, {"seg_add": "tree", r"s1688gemm": "fwd"})  # the caller's map wins over annotations
+    assert set(named[df["name"].eq("seg_add")]) == {"tree"} and (named == "fwd").sum() == 2
+    with pytest.raises(ValueError, match="not a valid regex"):
+        step_metrics(df, step_range_name=None, phases={"(": "x"})
+
+
+def test_public_traces_per_step_sync_counts():
+    diff = step_metrics(trace(TRACES / "kineto-public" / "trace_diff_test_test.json.gz")).per_step
+    assert list(diff["stream_sync_calls"]) == [10] * 6  # the 60 DtoH .item() copies: cudaMemcpyAsync + sync
+    assert list(diff["pageable_async_copies"]) == [0] * 6  # each pageable copy is followed by its sync
+    assert list(diff["d2d_copies"]) == [768] * 6 and list(diff["kernels_grid1"]) == [202] * 6
+    nccl = step_metrics(trace(TRACES / "kineto-public" / "nccl_parser_config_nccl_data.json.gz")).per_step
+    assert list(nccl["event_sync_calls"]) == [8] * 3 and list(nccl["cudaEventSynchronize_calls"]) == [8] * 3
+    alex = step_metrics(trace(TRACES / "kineto-public" / "critical_path_alexnet.json.gz"), step_range_name=None)
+    row = alex.per_step.iloc[0]
+    assert (row["stream_sync_calls"], row["event_sync_calls"], row["pageable_async_copies"]) == (16, 5, 0)
+
+
+def test_nsight_steps_and_gemm():
+    m = step_metrics(trace(TRACES / "h200" / "nsys_matmul_nvtx.sqlite"), domain="hotloop")
+    assert list(m.per_step["event_sync_calls"]) == [1] * 5 and list(m.per_step["memsets"]) == [1] * 5
+    assert list(m.per_step["kernels"]) == [2] * 5
+    assert set(m.gemms["precision"]) == {FP32} and m.gemms["kernels"].sum() == 5
+    assert (m.per_step["gpu_kernel_us"] <= m.per_step["gpu_span_us"] + 1e-6).all()
+
+
+def test_clean_learner_trace_per_step():
+    m = step_metrics(learner_trace(steps=3))
+    ps = m.per_step
+    assert list(ps["range_name"]) == ["step"] * 3
+    assert ps[["stream_sync_calls", "event_sync_calls", "d2d_copies", "kernels_grid1"]].eq(0).all().all()
+    assert list(ps["memsets"]) == [1] * 3 and list(ps["spectral_norm_launches"]) == [1] * 3
+    assert list(ps["fwd_gemms"]) == [2] * 3 and ps["fwd_gemms_not_tf32"].eq(0).all()
+    assert list(ps["bwd_gemms"]) == [1] * 3 and ps["bwd_gemms_tf32"].eq(0).all()
+    assert list(ps["ddqn_overlap_ratio"]) == [pytest.approx(15 / 20)] * 3  # ddqn 25..45 vs online 20..40
+    assert list(ps["gpu_kernel_us"]) == [81.0] * 3
+    assert list(ps["gpu_busy_us"]) == [10 + 25 + 30 + 1] * 3 and list(ps["gpu_span_us"]) == [96.0] * 3
+    assert m.medians["gpu_busy_us"] == 66.0
+
+
+@pytest.mark.parametrize("fault, column, evidence", [
+    ("stream sync", "stream_sync_calls", "cudaStreamSynchronize x3"),
+    ("event sync", "event_sync_calls", "cudaEventSynchronize x3"),
+    ("device sync (driver)", "event_sync_calls", "cuCtxSynchronize x3"),
+    ("blocking cudaMemcpy", "blocking_memcpy_calls", "cudaMemcpy x3"),
+    ("pageable non_blocking copy", "pageable_async_copies", "Memcpy DtoH (Device -> Pageable) x3"),
+    ("D2D copy", "d2d_copies", "Memcpy DtoD (Device -> Device) x3"),
+    ("D2D copy in a graph", "d2d_copies", "memcpy128 x3"),
+    ("grid (1,1,1) kernel", "kernels_grid1", "reduce_kernel x3"),
+])
+def test_each_injected_fault_counts_once_per_step(fault, column, evidence):
+    clean, faulty = step_metrics(learner_trace()), step_metrics(learner_trace(fault=fault))
+    assert list(faulty.per_step[column] - clean.per_step[column]) == [1, 1, 1]
+    assert evidence in sum(faulty.evidence.values(), [])
+
+
+def test_pageable_copy_followed_by_a_sync_is_counted_through_the_sync_only():
+    b = TraceBuilder()
+    with b.step():
+        b.gpu("Memcpy DtoH (Device -> Pageable)", 10, 1, "memcpy", launch="cudaMemcpyAsync_ptsz", copy_kind="DtoH")
+        b.call("cuStreamSynchronize", kind="driver")
+        b.gpu("Memcpy DtoH (Device -> Pageable)", 20, 1, "memcpy", launch="cudaMemcpyAsync", copy_kind="DtoH")
+    row = step_metrics(b.frame()).per_step.iloc[0]
+    assert (row["stream_sync_calls"], row["pageable_async_copies"], row["event_sync_calls"]) == (1, 1, 1)
+
+
+def test_serialized_ddqn_forward_has_zero_overlap():
+    m = step_metrics(learner_trace(fault="DDQN serialized"))
+    assert list(m.per_step["ddqn_overlap_ratio"]) == [0.0] * 3
+    no_ddqn = step_metrics(learner_trace(), roles=PhaseRoles(ddqn_forward="absent"))
+    assert no_ddqn.per_step["ddqn_overlap_ratio"].isna().all()
+
+
+def test_overlap_on_the_same_stream_does_not_count():
+    """Kernels of one stream that overlap in time (programmatic dependent launch lets the next start early) are
+    not the two-stream concurrency the criterion asks for; another stream's part of the same window is."""
+    b = TraceBuilder()
+    with b.step():
+        b.gpu(TF32_H200, 100, 20, stream=7, phase="forward")
+        b.gpu(TF32_SM90, 110, 20, stream=7, phase="ddqn_forward")  # overlaps the online kernel by 10 us, same stream
+        b.gpu(TF32_H200, 125, 10, stream=9, phase="forward")  # 5 us of the DDQN kernel, on another stream
+    row = step_metrics(b.frame()).per_step.iloc[0]
+    assert (row["ddqn_kernel_us"], row["ddqn_overlap_us"], row["ddqn_overlap_ratio"]) == (20.0, 5.0, 0.25)
+
+
+def test_phase_rules_by_name_for_graph_replays():
+    b = TraceBuilder()
+    with b.step():
+        for i in range(3):  # a replay: no annotations, all kernels share one cudaGraphLaunch correlation
+            b.rows.append(dict(name=f"sn_power_iter_{i}", kind="kernel", start_us=10 + i, dur_us=1, stream=7,
+                               correlation=1, pid="0", tid="7", grid_x=8, grid_y=1, grid_z=1))
+        b.call("cudaGraphLaunch")
+    m = step_metrics(b.frame(), phases={r"^sn_": "spectral_norm"})
+    assert list(m.per_step["spectral_norm_launches"]) == [3]
+    assert list(m.per_step["kernels_in_graphs"]) == [3]
+
+
+def test_no_step_ranges_gives_empty_per_step_and_nan_medians():
+    m = step_metrics(trace(PROBE))
+    assert m.per_step.empty and pd.isna(m.medians["kernels"])
+
+
+@pytest.mark.parametrize("name, expected", [
+    (TF32_H200, TF32),  # seen on the H200 (DESIGN.md)
+    (FP32_H200, FP32),  # seen on the H200 (DESIGN.md)
+    (TF32_SM90, TF32),
+    ("sm80_xmma_gemm_tf32f32_tf32f32_f32_tn_n_tilesize128x128x16_stage4_warpsize2x2x1_tensor16x8x8_kernel", TF32),
+    ("cutlass_80_tensorop_tf32_s1688gemm_tf32_256x128_16x3_nt_align4", TF32),
+    ("ampere_sgemm_128x64_nn", FP32),
+    ("void cutlass::Kernel2<cutlass_80_simt_sgemm_256x128_8x4_nn_align1>(...)", FP32),
+    ("my_gemm_fp32_kernel", FP32),
+    ("cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_32x6_tn_align8", GEMM),
+    ("turing_fp16_s1688gemm_fp16_128x128_ldg8_f2f_nn", GEMM),  # s1688 with fp16 data: not TF32
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", GEMM),
+    ("gemv2T_kernel_val<int, int, float, float, float, float, 128, 16, 4, 4, false, false>", GEMM),
+    ("triton_tem_fused_addmm_relu_0", GEMM),
+    ("triton_poi_fused_add_0", ""),
+    ("void at::native::reduce_kernel<512, 1>", ""),
+    ("memcpy128", ""),
+    ("fp32_to_half_kernel", ""),
+])
+def test_gemm_precision_name_rules(name, expected):
+    assert gemm_precision(name) == expected
+
+
+def test_gemm_registry_for_triton_kernels():
+    registry = {"triton_tem_fused_addmm_*": TF32, "my_dot_kernel": FP32, "seg_add": ""}
+    assert gemm_precision("triton_tem_fused_addmm_relu_0", registry) == TF32
+    assert gemm_precision("my_dot_kernel", registry) == FP32
+    assert gemm_precision("triton_tem_fused_mm_1", registry) == GEMM  # unregistered template: unknown precision
+    with pytest.raises(ValueError, match="precisions must be one of"):
+        gemm_precision("x", {"x": "fp16"})

@@ -1,0 +1,149 @@
+"""SyncHooks on CPU: the CUDA sync functions are replaced by monkeypatched stubs, a CUDA tensor by a Tensor
+subclass whose is_cuda is True; every hooked attribute must be back after exit, also after an exception."""
+
+import inspect
+
+import pytest
+import torch
+
+from guards.sync_hooks import EVENT_SYNC, HIT_COLUMNS, HOOKED_APIS, STREAM_SYNC, SyncHooks, is_device_sync
+
+OWNERS = {"torch.cuda": torch.cuda, "torch.accelerator": torch.accelerator, "torch.cuda.Stream": torch.cuda.Stream,
+          "torch.cuda.Event": torch.cuda.Event, "torch.Tensor": torch.Tensor}
+MISSING = object()
+
+
+class FakeCudaTensor(torch.Tensor):
+    """A CPU tensor that says it is on CUDA: the hooks' tensor rule reads only `is_cuda`."""
+
+    is_cuda = property(lambda self: True)
+
+
+def fake_cuda(value=1.0):
+    return torch.Tensor._make_subclass(FakeCudaTensor, torch.tensor(value))
+
+
+def snapshot():
+    """Each hooked attribute as its owner's own __dict__ holds it (MISSING when inherited)."""
+    out = {}
+    for api in HOOKED_APIS:
+        owner, attr = api.rsplit(".", 1)
+        out[api] = vars(OWNERS[owner]).get(attr, MISSING)
+    return out
+
+
+@pytest.fixture
+def stubs(monkeypatch):
+    """Stub torch.cuda.synchronize, torch.accelerator.synchronize, Stream.synchronize and Event.synchronize;
+    returns the list of stub calls."""
+    calls = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append("device"))
+    monkeypatch.setattr(torch.accelerator, "synchronize", lambda device=None: calls.append("accelerator"))
+    monkeypatch.setattr(torch.cuda.Stream, "synchronize", lambda self: calls.append("stream"))
+    monkeypatch.setattr(torch.cuda.Event, "synchronize", lambda self: calls.append("event"))
+    return calls
+
+
+def test_sync_calls_are_recorded_with_call_site_and_step(stubs):
+    before = snapshot()
+    with SyncHooks() as hooks:
+        hooks.step = 4
+        line = inspect.currentframe().f_lineno + 1
+        torch.cuda.synchronize()
+        torch.cuda.Stream.synchronize(object())
+        hooks.step = 5
+        torch.cuda.Event.synchronize(object())
+        torch.accelerator.synchronize()
+    assert stubs == ["device", "stream", "event", "accelerator"]  # the originals still ran
+    hits = hooks.frame()
+    assert list(hits.columns) == list(HIT_COLUMNS)
+    assert list(hits["api"]) == ["torch.cuda.synchronize", "torch.cuda.Stream.synchronize",
+                                 "torch.cuda.Event.synchronize", "torch.accelerator.synchronize"]
+    assert list(hits["criterion"]) == [EVENT_SYNC, STREAM_SYNC, EVENT_SYNC, EVENT_SYNC]
+    assert list(hits["step"]) == [4, 4, 5, 5]
+    assert hits["site"].iloc[0] == f"{__file__}:{line}"
+    assert set(hits["function"]) == {"test_sync_calls_are_recorded_with_call_site_and_step"}
+    assert snapshot() == before
+    torch.cuda.synchronize()
+    assert len(hooks.hits) == 4  # nothing recorded after exit
+
+
+def test_call_site_skips_torch_internals(stubs):
+    def user_helper():
+        torch.cuda.synchronize()  # the site is this line, not the caller's
+
+    with SyncHooks() as hooks:
+        user_helper()
+    line = inspect.getsourcelines(user_helper)[1] + 1
+    assert hooks.hits[0].site == f"{__file__}:{line}" and hooks.hits[0].function == "user_helper"
+
+
+def test_cpu_tensor_read_backs_are_not_syncs():
+    t = torch.arange(3.0)
+    with SyncHooks() as hooks:
+        t[0].item(), t.cpu(), t.tolist(), t.numpy(), bool(t[1])
+    assert hooks.hits == []
+
+
+def test_cuda_tensor_read_backs_count_once_each():
+    t = fake_cuda(2.0)
+    with SyncHooks() as hooks:
+        assert t.item() == 2.0  # FakeCudaTensor's __torch_function__ re-enters the hook: still one hit
+        t.cpu(), t.tolist(), t.numpy()
+        if t:
+            pass
+    assert [h.api for h in hooks.hits] == [f"torch.Tensor.{m}" for m in ("item", "cpu", "tolist", "numpy",
+                                                                         "__bool__")]
+    assert {h.criterion for h in hooks.hits} == {STREAM_SYNC}
+    assert all(h.site.startswith(__file__) for h in hooks.hits)
+
+
+def test_is_device_sync_rule():
+    assert is_device_sync(fake_cuda())
+    assert not is_device_sync(torch.ones(2))
+    assert not is_device_sync(torch.empty(2, device="meta"))
+    assert not is_device_sync(3.0) and not is_device_sync(None)
+
+
+def test_everything_restored_after_an_exception(stubs):
+    before = snapshot()
+    assert before["torch.Tensor.item"] is MISSING  # inherited from TensorBase: must be deleted again, not set
+    with pytest.raises(KeyError):
+        with SyncHooks():
+            assert snapshot() != before
+            raise KeyError("boom")
+    assert snapshot() == before
+    assert torch.Tensor.item is torch._C.TensorBase.item
+
+
+def test_sync_debug_mode_set_only_with_cuda_and_restored(monkeypatch, stubs):
+    modes = []
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", modes.append)
+    monkeypatch.setattr(torch.cuda, "get_sync_debug_mode", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with SyncHooks():
+        pass
+    assert modes == []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(RuntimeError, match="inside"):
+        with SyncHooks():
+            assert modes == ["warn"]
+            raise RuntimeError("inside")
+    assert modes == ["warn", 2]
+
+
+def test_failed_enter_restores_what_was_wrapped(monkeypatch, stubs):
+    before = snapshot()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_sync_debug_mode", lambda: (_ for _ in ()).throw(AssertionError("no CUDA")))
+    with pytest.raises(AssertionError, match="no CUDA"):
+        SyncHooks().__enter__()
+    assert snapshot() == before
+
+
+def test_reentering_an_active_hook_is_an_error(stubs):
+    before, hooks = snapshot(), SyncHooks()
+    with hooks:
+        with pytest.raises(RuntimeError, match="already active"):
+            hooks.__enter__()
+    assert snapshot() == before
