@@ -12,6 +12,7 @@ from typing import NamedTuple
 
 import torch
 
+from profiles.ranges import phase_range
 from trainer.config import Config
 from trainer.losses import branch_diversity_term, chosen_q, cql_term, double_dqn_target, td_loss
 from trainer.network import BranchingDuelingQNet
@@ -72,24 +73,28 @@ class DQNLearner:
         """One learner step on a sampled batch; returns detached metrics. Shapes: obs/next_obs (B, obs_dim),
         action (B, D) int64, reward/terminated/weights (B,) float32."""
         cfg = self.cfg
-        with torch.no_grad():
+        with phase_range("ddqn_forward"), torch.no_grad():
             next_online = self.online(next_obs)
             next_target = self.target(next_obs)
             y = double_dqn_target(reward, terminated, cfg.gamma, next_online, next_target)
-        q, feats = self.online.forward_with_features(obs)
-        q_taken = chosen_q(q, action)
-        td = y.unsqueeze(1) - q_taken
-        loss = td_loss(td, weights, cfg.loss, cfg.huber_delta)
-        cql = cql_term(q, action) if cfg.cql_weight > 0 else loss.new_zeros(())
-        div = branch_diversity_term(feats) if cfg.diversity_weight > 0 else loss.new_zeros(())
-        total = loss + cfg.cql_weight * cql + cfg.diversity_weight * div
-        self.optimizer.zero_grad(set_to_none=True)
-        total.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.online.parameters(), cfg.max_grad_norm)
-        self.optimizer.step()
-        self.steps += 1
-        if self.steps % cfg.target_update_interval == 0:
-            self.update_target()
+        with phase_range("forward"):
+            q, feats = self.online.forward_with_features(obs)
+            q_taken = chosen_q(q, action)
+        with phase_range("loss"):
+            td = y.unsqueeze(1) - q_taken
+            loss = td_loss(td, weights, cfg.loss, cfg.huber_delta)
+            cql = cql_term(q, action) if cfg.cql_weight > 0 else loss.new_zeros(())
+            div = branch_diversity_term(feats) if cfg.diversity_weight > 0 else loss.new_zeros(())
+            total = loss + cfg.cql_weight * cql + cfg.diversity_weight * div
+        with phase_range("backward"):
+            self.optimizer.zero_grad(set_to_none=True)
+            total.backward()
+        with phase_range("optimizer"):
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.online.parameters(), cfg.max_grad_norm)
+            self.optimizer.step()
+            self.steps += 1
+            if self.steps % cfg.target_update_interval == 0:
+                self.update_target()
         return UpdateMetrics(loss.detach(), q_taken.detach().mean(), grad_norm.detach(), cql.detach(),
                              div.detach(), td.detach().abs().mean(dim=1))
 

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
 import torch
 
+from profiles.ranges import phase_range
 from trainer.config import Config
 from trainer.envs import make_env
 from trainer.episodes import EpisodeReturns
@@ -63,8 +65,9 @@ class Trainer:
 
     Args:
         cfg: the run's Config.
-        on_phase: called with a phase name ("env_step", "sample", "update", "priority_update", "readback") as the
-            loop enters it; the hang watchdog uses it to report where a hang happened.
+        on_phase: called with a phase name ("env_step", "sample", "update", "priority_update", "readback",
+            "evaluate") as the loop enters it (each phase is also an NVTX range, and every learner step a "step"
+            range, via profiles.ranges.phase_range); the hang watchdog uses it to report where a hang happened.
         on_progress: called with (learner steps done in this epoch, learner steps per epoch) every few steps.
     Raises ValueError for an unusable device or env name.
     """
@@ -104,14 +107,21 @@ class Trainer:
         self.obs = res.obs
         self.env_steps += self.cfg.num_envs
 
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Enter phase `name`: tell `on_phase` (the watchdog), and open its NVTX + record_function range."""
+        self.on_phase(name)
+        with phase_range(name):
+            yield
+
     def learner_step(self) -> torch.Tensor:
         """Sample, update, re-prioritize; returns the stacked detached (loss, q_mean, grad_norm)."""
-        self.on_phase("sample")
-        b = self.replay.sample(self.cfg.batch_size, self.beta.value(self.learner_steps))
-        self.on_phase("update")
-        m = self.learner.update(b.obs, b.action, b.reward, b.next_obs, b.terminated, b.weights)
-        self.on_phase("priority_update")
-        self.replay.update_priorities(b.indices, m.td_abs)
+        with self.phase("sample"):
+            b = self.replay.sample(self.cfg.batch_size, self.beta.value(self.learner_steps))
+        with self.phase("update"):
+            m = self.learner.update(b.obs, b.action, b.reward, b.next_obs, b.terminated, b.weights)
+        with self.phase("priority_update"):
+            self.replay.update_priorities(b.indices, m.td_abs)
         self.learner_steps += 1
         return torch.stack([m.loss, m.q_mean, m.grad_norm])
 
@@ -121,24 +131,25 @@ class Trainer:
         start_wall = time.perf_counter()
         start_env = self.env_steps
         if self.learner_steps == 0:
-            self.on_phase("env_step")
-            for _ in range(self.prefill_vec_steps):
-                self.env_step()
+            with self.phase("env_step"):
+                for _ in range(self.prefill_vec_steps):
+                    self.env_step()
         sums = torch.zeros(3, device=self.device)
         every = max(1, cfg.learner_steps_per_epoch // 100)
         for i in range(cfg.learner_steps_per_epoch):
-            self.on_phase("env_step")
-            for _ in range(cfg.env_steps_per_update):
-                self.env_step()
-            sums += self.learner_step()
+            with phase_range("step"):
+                with self.phase("env_step"):
+                    for _ in range(cfg.env_steps_per_update):
+                        self.env_step()
+                sums += self.learner_step()
             if (i + 1) % every == 0:
                 self.on_progress(i + 1, cfg.learner_steps_per_epoch)
-        self.on_phase("readback")
-        loss, q_mean, grad_norm = (sums / cfg.learner_steps_per_epoch).tolist()
-        mean_return = self.returns.mean()
+        with self.phase("readback"):
+            loss, q_mean, grad_norm = (sums / cfg.learner_steps_per_epoch).tolist()
+            mean_return = self.returns.mean()
         wall = time.perf_counter() - start_wall
-        self.on_phase("evaluate")
-        eval_return = self.evaluate(seed=self.cfg.seed * 100_003 + epoch)
+        with self.phase("evaluate"):
+            eval_return = self.evaluate(seed=self.cfg.seed * 100_003 + epoch)
         env_steps = self.env_steps - start_env
         return EpochStats(epoch=epoch, learner_steps=cfg.learner_steps_per_epoch, env_steps=env_steps,
                           wall_s=wall, learner_steps_per_s=cfg.learner_steps_per_epoch / wall,
