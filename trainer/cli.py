@@ -55,6 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
                           description="Run a preset under the per-epoch timer and hang watchdog; print the "
                                       "per-epoch table and the criteria table; exit 1 if a criterion fails.")
     _add_run_args(gate)
+    gate.add_argument("--guard-steps", type=int, default=20, metavar="K",
+                      help="steady-state learner steps profiled and hooked after the epochs (default 20)")
+    gate.add_argument("--guard-warmup", type=int, default=3, metavar="W",
+                      help="unprofiled steps before them (default 3)")
     add_inspect_parser(sub)
     add_report_parser(sub)
     return parser
@@ -83,6 +87,9 @@ def main(argv: list[str] | None = None) -> int:
         cfg = config_from_args(args)
         if args.epoch_timeout <= 0:
             raise ValueError(f"--epoch-timeout must be > 0 seconds, got {args.epoch_timeout}")
+        if args.command == "gate" and (args.guard_steps < 1 or args.guard_warmup < 0):
+            raise ValueError(f"--guard-steps must be >= 1 and --guard-warmup >= 0, got {args.guard_steps}, "
+                             f"{args.guard_warmup}")
         from trainer.loop import resolve_device
 
         resolve_device(cfg.device)
@@ -100,10 +107,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "gate":
         from guards.gate import run_gate
 
-        return run_gate(cfg, run_dir, args.epoch_timeout, not args.no_progress)
+        return run_gate(cfg, run_dir, args.epoch_timeout, not args.no_progress, args.guard_steps, args.guard_warmup)
     from trainer.run import run_training
 
-    table = run_training(cfg, run_dir, args.epoch_timeout, not args.no_progress)
+    table, _ = run_training(cfg, run_dir, args.epoch_timeout, not args.no_progress)
     print("\nPer-epoch table\n" + format_table(table) + f"\n\nrun folder: {run_dir}")
     return 0
 

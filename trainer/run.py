@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
@@ -24,7 +25,8 @@ SETUP_LIMIT_S = 300.0
 """Seconds the setup (imports, CUDA context, env/replay/network allocation) may take at least."""
 
 
-def run_training(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress: bool = True) -> pd.DataFrame:
+def run_training(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress: bool = True,
+                 after_epochs: Callable[[Trainer], object] | None = None) -> tuple[pd.DataFrame, object]:
     """Train `cfg.epochs` epochs; each epoch must finish within `epoch_limit_s` seconds (the setup within
     max(epoch_limit_s, SETUP_LIMIT_S)) or the process exits 3 with every thread's stack.
 
@@ -33,7 +35,9 @@ def run_training(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress
     summary per epoch and a progress bar go to stderr. Each epoch runs inside a `phase_range("epoch")`.
     Returns the per-epoch DataFrame: profiles.epoch_table.EPOCH_COLUMNS first, then gpu_ms_per_step (CUDA events
     from the epoch's start to the loop's "readback" phase; NaN off CUDA), kernels_per_step and syncs_per_step
-    (NaN: no guard counts them here), the NVML telemetry sampled after the epoch (NaN without NVML / on CPU).
+    (NaN: no guard counts them here), the NVML telemetry sampled after the epoch (NaN without NVML / on CPU);
+    and what `after_epochs(trainer)` returned (None without it), called after the last epoch under the same
+    watchdog (armed as "after epochs", `epoch_limit_s` long): the gate guards steady-state steps there.
     """
     console = Console(stderr=True)
     cfg.save(run_dir / "config.json")
@@ -72,6 +76,11 @@ def run_training(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress
                           f"loss {stats.loss:.4g}, mean_return_100 {stats.mean_return_100:.1f}, "
                           f"eval_return {stats.eval_return:.1f}, "
                           f"epsilon {stats.epsilon:.3f}")
+        extra = None
+        if after_epochs is not None:
+            watchdog.arm("after epochs")
+            extra = after_epochs(trainer)
+            watchdog.disarm()
     table = epoch_frame(rows)
     plot_epochs(table, run_dir / "epochs.png")
-    return table
+    return table, extra
