@@ -10,6 +10,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pandas as pd
+import torch
+
+from guards.baselines import baseline_path, compare, load_baseline, write_baseline
 from guards.guard import GuardReport, guard_steps
 from profiles.epoch_table import format_table, write_table
 from trainer.config import Config
@@ -20,33 +24,67 @@ GUARD_STEP_RANGE = "guard_step"
 """Range name around each guarded step (the trainer opens "step" ranges itself)."""
 
 
+def default_baseline() -> Path | None:
+    """profiles/baselines/<gpu-name-slug>.json of this machine's CUDA device 0, or None without CUDA."""
+    return baseline_path(torch.cuda.get_device_name(0)) if torch.cuda.is_available() else None
+
+
 def run_gate(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress: bool = True, guard_steps_n: int = 20,
-             guard_warmup: int = 3) -> int:
+             guard_warmup: int = 3, repeats: int = 1, baseline: Path | None = None,
+             update_baseline: bool = False) -> int:
     """Run the gate; prints the per-epoch table and the criteria verdicts, writes under `run_dir` epochs.csv/.md,
-    criteria.csv/.md/.json (the verdicts) and guard.json (the guarded steps' per-step counts, hook hits, GEMMs).
-    Returns the exit code (0 pass, 1 a criterion failed)."""
+    criteria.csv/.md/.json (the verdicts) and guard.json (the first repeat's per-step counts, hook hits, GEMMs).
 
-    def guard(trainer: Trainer) -> GuardReport:
-        return guard_steps(trainer.train_step, steps=guard_steps_n, warmup=guard_warmup,
-                           step_range=GUARD_STEP_RANGE)
+    The guarded window (`guard_steps_n` steps after `guard_warmup`) is repeated `repeats` times; a criterion fails
+    if it fails in any repeat. With a `baseline` file (guards.baselines), the repeats' per-step medians are compared
+    with it (baseline.csv/.md, verdict per metric) and any FAIL fails the gate; with `update_baseline` the repeats
+    are written as the new baseline instead (deliberately, never implicitly).
+    Returns the exit code (0 pass, 1 a criterion or a baseline comparison failed)."""
 
-    epochs, report = run_training(cfg, run_dir, epoch_limit_s, show_progress, after_epochs=guard)
+    def guard(trainer: Trainer) -> list[GuardReport]:
+        return [guard_steps(trainer.train_step, steps=guard_steps_n, warmup=guard_warmup,
+                            step_range=GUARD_STEP_RANGE) for _ in range(repeats)]
+
+    epochs, reports = run_training(cfg, run_dir, epoch_limit_s, show_progress, after_epochs=guard)
+    report = reports[0]
     verdicts = report.verdicts.copy()
+    for other in reports[1:]:
+        worse = other.verdicts.verdict.eq("FAIL").to_numpy() & ~verdicts.verdict.eq("FAIL").to_numpy()
+        verdicts.loc[worse] = other.verdicts.loc[worse].to_numpy()
     # Reaching this line means every epoch finished under the watchdog (it exits 3 otherwise).
     hang = verdicts.criterion.eq("epoch 1 without hang")
     verdicts.loc[hang, ["measured", "verdict", "status", "source"]] = ["yes", "PASS", "measured", "watchdog"]
     write_table(verdicts, run_dir, "criteria")
     (run_dir / "criteria.json").write_text(json.dumps(verdicts.to_dict(orient="records"), indent=2) + "\n")
     report.to_json(run_dir / "guard.json")
+    regressions = _baseline_step(reports, baseline, update_baseline, run_dir)
     print("\nPer-epoch table\n" + format_table(epochs))
     print(f"\nCriteria (../shared/DESIGN.md), {guard_steps_n} guarded steps after the epochs\n"
           + format_table(verdicts[["criterion", "measured", "limit", "verdict", "status", "source"]]))
     failed = verdicts[verdicts.verdict == "FAIL"]
     print(f"\nrun folder: {run_dir}")
-    if len(failed):
+    if len(failed) or len(regressions):
         for _, row in failed.iterrows():
             print(f"FAIL {row.criterion}: measured {row.measured} (limit {row.limit}); {row.evidence}")
+        for _, row in regressions.iterrows():
+            print(f"FAIL regression {row.metric}: run {row.run:g} vs baseline {row.baseline:g} ({row.rule})")
         return 1
     measured = verdicts.status.eq("measured").sum()
     print(f"PASS ({measured} measured, {len(verdicts) - measured} not measured here)")
     return 0
+
+
+def _baseline_step(reports: list[GuardReport], baseline: Path | None, update: bool, run_dir: Path) -> pd.DataFrame:
+    """Write or compare the baseline; returns the failing comparison rows (empty when none or no baseline)."""
+    metrics = {m: [r.medians.get(m, float("nan")) for r in reports] for m in reports[0].medians}
+    if baseline is None:
+        return pd.DataFrame()
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    if update:
+        write_baseline(baseline, metrics, gpu=gpu)
+        print(f"\nbaseline written: {baseline} ({len(reports)} repeats, {len(metrics)} metrics)")
+        return pd.DataFrame()
+    table = compare(metrics, load_baseline(baseline))
+    write_table(table, run_dir, "baseline")
+    print(f"\nBaseline comparison ({baseline})\n" + format_table(table))
+    return table[table.verdict == "FAIL"]

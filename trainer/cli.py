@@ -59,6 +59,13 @@ def build_parser() -> argparse.ArgumentParser:
                       help="steady-state learner steps profiled and hooked after the epochs (default 20)")
     gate.add_argument("--guard-warmup", type=int, default=3, metavar="W",
                       help="unprofiled steps before them (default 3)")
+    gate.add_argument("--repeats", type=int, default=1, metavar="R",
+                      help="repeats of the guarded window; the baseline compares their medians (default 1)")
+    gate.add_argument("--baseline", type=Path, metavar="JSON",
+                      help="baseline to compare with (default on CUDA: profiles/baselines/<gpu-name-slug>.json "
+                           "when it exists)")
+    gate.add_argument("--update-baseline", action="store_true",
+                      help="write this run's repeats as the baseline instead of comparing")
     add_inspect_parser(sub)
     add_report_parser(sub)
     return parser
@@ -87,9 +94,19 @@ def main(argv: list[str] | None = None) -> int:
         cfg = config_from_args(args)
         if args.epoch_timeout <= 0:
             raise ValueError(f"--epoch-timeout must be > 0 seconds, got {args.epoch_timeout}")
-        if args.command == "gate" and (args.guard_steps < 1 or args.guard_warmup < 0):
-            raise ValueError(f"--guard-steps must be >= 1 and --guard-warmup >= 0, got {args.guard_steps}, "
-                             f"{args.guard_warmup}")
+        if args.command == "gate":
+            if args.guard_steps < 1 or args.guard_warmup < 0 or args.repeats < 1:
+                raise ValueError(f"--guard-steps and --repeats must be >= 1 and --guard-warmup >= 0, got "
+                                 f"{args.guard_steps}, {args.repeats}, {args.guard_warmup}")
+            from guards.baselines import load_baseline
+            from guards.gate import default_baseline
+
+            if args.baseline is None and (found := default_baseline()) and (found.exists() or args.update_baseline):
+                args.baseline = found
+            if args.update_baseline and args.baseline is None:
+                raise ValueError("--update-baseline needs --baseline PATH on a machine without CUDA")
+            if args.baseline is not None and not args.update_baseline:
+                load_baseline(args.baseline)  # a missing or broken baseline is bad input: fail before training
         from trainer.loop import resolve_device
 
         resolve_device(cfg.device)
@@ -107,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "gate":
         from guards.gate import run_gate
 
-        return run_gate(cfg, run_dir, args.epoch_timeout, not args.no_progress, args.guard_steps, args.guard_warmup)
+        return run_gate(cfg, run_dir, args.epoch_timeout, not args.no_progress, args.guard_steps, args.guard_warmup,
+                        args.repeats, args.baseline, args.update_baseline)
     from trainer.run import run_training
 
     table, _ = run_training(cfg, run_dir, args.epoch_timeout, not args.no_progress)

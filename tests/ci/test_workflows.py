@@ -190,7 +190,7 @@ def test_gate_sh_on_a_gpu_runner_passes_the_baseline_and_prints_fail_rows_last(t
     assert len(annotations) == 2 and annotations[-1] < len(out) - 4
     summary = step_summary.read_text()
     assert "| GPU | NVIDIA H100 80GB HBM3, 550.54.15, 81559 MiB |" in summary
-    assert "profiles/baselines/nvidia-h100-80gb-hbm3.json (passed to the gate)" in summary
+    assert "baseline | profiles/baselines/nvidia-h100-80gb-hbm3.json" in summary
     assert any("baseline profiles/baselines/nvidia-h100-80gb-hbm3.json does not exist" in line for line in out)
 
 

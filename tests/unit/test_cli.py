@@ -115,3 +115,25 @@ def test_hang_exits_3_with_stacks_and_phase(tmp_path):
     assert res.returncode == 3, res.stderr
     assert "HANG: epoch 1 did not finish within 1 s" in res.stderr
     assert "last phase entered:" in res.stderr and "Thread" in res.stderr and "loop.py" in res.stderr
+
+
+def test_gate_writes_then_compares_a_baseline(tmp_path, capsys):
+    base = tmp_path / "baselines" / "cpu.json"
+    args = ["gate", "--epochs", "1", "--device", "cpu", "--guard-steps", "2", "--repeats", "2", *TINY]
+    assert main([*args, "--out", str(tmp_path / "a"), "--baseline", str(base), "--update-baseline"]) == 0
+    assert "baseline written" in capsys.readouterr().out and base.exists()
+    assert main([*args, "--out", str(tmp_path / "b"), "--baseline", str(base)]) == 0
+    assert "Baseline comparison" in capsys.readouterr().out
+    table = pd.read_csv(tmp_path / "b" / "baseline.csv")
+    assert "stream_sync_hook_hits" in set(table.metric) and not table.verdict.eq("FAIL").any()
+    # Inject a regression into the baseline: it claims one hook hit per step fewer than any run can have.
+    doc = json.loads(base.read_text())
+    doc["metrics"]["event_sync_hook_hits"]["values"] = [-1.0, -1.0]
+    base.write_text(json.dumps(doc))
+    assert main([*args, "--out", str(tmp_path / "c"), "--baseline", str(base)]) == 1
+    assert "FAIL regression event_sync_hook_hits" in capsys.readouterr().out
+
+
+def test_gate_rejects_a_missing_baseline_before_training(tmp_path, capsys):
+    assert main(["gate", "--out", str(tmp_path / "r"), "--baseline", str(tmp_path / "none.json"), *TINY]) == 2
+    assert "no such baseline file" in capsys.readouterr().err and not (tmp_path / "r").exists()
