@@ -66,5 +66,6 @@ def write_table(df: pd.DataFrame, run_dir: Path, stem: str) -> list[Path]:
 
 
 def format_table(df: pd.DataFrame) -> str:
-    """Console text of a table (4 significant digits for floats)."""
-    return df.to_string(index=False, float_format=lambda v: f"{v:.4g}")
+    """Console text of a table (4 significant digits for floats), without the columns that are empty (all NaN),
+    e.g. the GPU telemetry of a CPU run; the CSV and markdown files keep every column."""
+    return df.dropna(axis=1, how="all").to_string(index=False, float_format=lambda v: f"{v:.4g}")

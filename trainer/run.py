@@ -39,7 +39,7 @@ def run_training(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress
     and what `after_epochs(trainer)` returned (None without it), called after the last epoch under the same
     watchdog (armed as "after epochs", `epoch_limit_s` long): the gate guards steady-state steps there.
     """
-    console = Console(stderr=True)
+    console = Console(stderr=True, soft_wrap=True)
     cfg.save(run_dir / "config.json")
     rows: list[dict] = []
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
