@@ -125,6 +125,14 @@ class Trainer:
         self.learner_steps += 1
         return torch.stack([m.loss, m.q_mean, m.grad_norm])
 
+    def train_step(self) -> torch.Tensor:
+        """One iteration of the loop: `env_steps_per_update` vectorized env steps, then one learner step;
+        returns the learner step's stacked detached (loss, q_mean, grad_norm)."""
+        with self.phase("env_step"):
+            for _ in range(self.cfg.env_steps_per_update):
+                self.env_step()
+        return self.learner_step()
+
     def run_epoch(self, epoch: int) -> EpochStats:
         """Run one epoch (the first also prefills `learning_starts` transitions); returns its stats row."""
         cfg = self.cfg
@@ -138,10 +146,7 @@ class Trainer:
         every = max(1, cfg.learner_steps_per_epoch // 100)
         for i in range(cfg.learner_steps_per_epoch):
             with phase_range("step"):
-                with self.phase("env_step"):
-                    for _ in range(cfg.env_steps_per_update):
-                        self.env_step()
-                sums += self.learner_step()
+                sums += self.train_step()
             if (i + 1) % every == 0:
                 self.on_progress(i + 1, cfg.learner_steps_per_epoch)
         with self.phase("readback"):
