@@ -12,7 +12,7 @@ NaN is stored as null.
 
 Comparison (`compare`): a run is R' repeats of the same metrics.
 
-- Structural counts (STRUCTURAL: syncs, grid (1,1,1) kernels, D2D copies, memsets, spectral-norm launches,
+- Structural counts (`is_count`: syncs, grid (1,1,1) kernels, D2D copies, memsets, spectral-norm launches,
   non-TF32 forward / TF32 backward GEMMs, kernels per step) are deterministic: every repeat must equal the
   baseline's median exactly.
 - Every other metric is a timing (or a ratio of timings) and fails only when the run's statistic is worse than the
@@ -41,9 +41,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-STRUCTURAL = ("stream_sync_calls", "event_sync_calls", "stream_sync_hook_hits", "event_sync_hook_hits",
-              "kernels_grid1", "d2d_copies", "memsets", "spectral_norm_launches", "fwd_gemms_not_tf32",
-              "bwd_gemms_tf32", "kernels")
+TIMING_SUFFIXES = ("_us", "_ms", "_s", "_ratio")
+"""A metric whose name ends with one of these is a timing (or a ratio of timings); every other metric is a count."""
+
+
+def is_count(metric: str) -> bool:
+    """True for structural counts (kernels, syncs, copies, memsets, launches, GEMMs, hook hits: compared exactly),
+    False for timings and ratios (names ending in TIMING_SUFFIXES, e.g. gpu_span_us, learner_steps_per_s)."""
+    return not metric.endswith(TIMING_SUFFIXES)
 MAD_TO_SIGMA = 1.4826
 STATISTICS = {"median": np.nanmedian, "mean": np.nanmean, "min": np.nanmin, "max": np.nanmax}
 SCHEMA = 1
@@ -135,7 +140,7 @@ def write_baseline(path: str | Path, metrics: Mapping[str, Sequence[float]], gpu
             raise ValueError(f"write_baseline: metric {name!r} has a non-numeric value in {values!r}") from None
         if not x:
             raise ValueError(f"write_baseline: metric {name!r} has no values")
-        doc[name] = {"kind": "count" if name in STRUCTURAL else "timing", "values": [_null(v) for v in x],
+        doc[name] = {"kind": "count" if is_count(name) else "timing", "values": [_null(v) for v in x],
                      "median": _null(_stat(np.nanmedian, x)),
                      "spread": _null(mad_spread(x))}
     path = Path(path)
@@ -172,7 +177,7 @@ def compare(run_metrics: Mapping[str, Sequence[float]], baseline: Baseline, *,
             thresholds: Mapping[str, str] | None = None, k: float = 3.0) -> pd.DataFrame:
     """Compare a run ({metric: R repeat values}) with `baseline`; one row per metric of either, sorted by name.
 
-    Columns (COMPARE_COLUMNS): metric; kind ("count" for STRUCTURAL, else "timing"); statistic; baseline and run
+    Columns (COMPARE_COLUMNS): metric; kind ("count" when `is_count`, else "timing"); statistic; baseline and run
     (that statistic of each side's values; for counts the baseline's median and the run value farthest from it);
     delta (run - baseline); allowed (worsening allowed: 0 for counts, max(threshold, k x spread) for timings);
     spread (`mad_spread` of the baseline's values); rule; verdict: PASS, FAIL, or "-" (metric only in the run, or
@@ -190,7 +195,7 @@ def compare(run_metrics: Mapping[str, Sequence[float]], baseline: Baseline, *,
 
 def _compare_one(metric: str, run: Sequence[float] | None, base: Sequence[float] | None, rule: Threshold,
                  k: float) -> dict:
-    count = metric in STRUCTURAL
+    count = is_count(metric)
     row = dict(metric=metric, kind="count" if count else "timing", statistic="median" if count else rule.statistic,
                baseline=math.nan, run=math.nan, delta=math.nan, allowed=0.0 if count else math.nan,
                spread=mad_spread(base) if base else math.nan, rule="", verdict="-")

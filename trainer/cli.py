@@ -83,6 +83,64 @@ def config_from_args(args: argparse.Namespace) -> Config:
     return Config.from_dict(base)
 
 
+def check_env(cfg: Config) -> None:
+    """Build one copy of the configured env on the CPU and close it; ValueError naming `env` if that fails (an
+    unknown name, a Gymnasium id that does not exist or has unsupported spaces), before any run folder exists."""
+    from trainer.envs import make_env
+
+    shape = dict(obs_dim=cfg.obs_dim, action_nvec=cfg.action_nvec) if cfg.env == "synthetic" else {}
+    try:
+        env = make_env(cfg.env, 1, "cpu", cfg.seed, **shape)
+    except Exception as exc:  # third-party env constructors raise their own types (gymnasium.error.*)
+        raise ValueError(f"config.env {cfg.env!r} cannot be used: {exc}") from exc
+    getattr(env, "close", lambda: None)()
+
+
+def check_gate_args(args: argparse.Namespace) -> None:
+    """Gate-only options; resolves the default baseline. ValueError (naming the option) before any training."""
+    from guards.baselines import load_baseline
+    from guards.gate import default_baseline
+
+    if args.guard_steps < 1 or args.guard_warmup < 0 or args.repeats < 1:
+        raise ValueError(f"--guard-steps and --repeats must be >= 1 and --guard-warmup >= 0, got "
+                         f"{args.guard_steps}, {args.repeats}, {args.guard_warmup}")
+    if args.baseline is None and (found := default_baseline()) and (found.exists() or args.update_baseline):
+        args.baseline = found
+    if args.update_baseline:
+        if args.baseline is None:
+            raise ValueError("--update-baseline needs --baseline PATH on a machine without CUDA")
+        parent = next((p for p in args.baseline.parents if p.exists()), Path("."))
+        if args.baseline.is_dir() or not parent.is_dir():
+            raise ValueError(f"--baseline {args.baseline} cannot be written (a folder, or below a file)")
+    elif args.baseline is not None:
+        load_baseline(args.baseline)  # a missing or broken baseline is bad input: fail before training
+
+
+def prepare_run(args: argparse.Namespace) -> tuple[Config, Path]:
+    """Validate everything an invocation of train/gate asks for, then create its run folder.
+    Raises ValueError (bad input, exit 2) naming what was wrong; nothing is written before every check passed."""
+    from profiles.epoch_table import new_run_dir
+    from trainer.loop import resolve_device
+
+    cfg = config_from_args(args)
+    if not args.epoch_timeout > 0:
+        raise ValueError(f"--epoch-timeout must be > 0 seconds, got {args.epoch_timeout}")
+    if args.command == "gate":
+        check_gate_args(args)
+    resolve_device(cfg.device)
+    check_env(cfg)
+    if args.out and args.out.exists() and (not args.out.is_dir() or any(args.out.iterdir())):
+        raise ValueError(f"--out {args.out} exists and is not an empty folder; choose a new run folder "
+                         f"(nothing there is overwritten)")
+    try:
+        if args.out:
+            args.out.mkdir(parents=True, exist_ok=True)
+        return cfg, args.out or new_run_dir()
+    except OSError as exc:
+        raise ValueError(f"cannot create the run folder {args.out or 'profiles/runs/'}: {exc.strerror or exc}") \
+            from exc
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `hotloop` console script; returns the exit code."""
     args = build_parser().parse_args(argv)
@@ -91,46 +149,25 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "report":
         return run_report(args)
     try:
-        cfg = config_from_args(args)
-        if args.epoch_timeout <= 0:
-            raise ValueError(f"--epoch-timeout must be > 0 seconds, got {args.epoch_timeout}")
-        if args.command == "gate":
-            if args.guard_steps < 1 or args.guard_warmup < 0 or args.repeats < 1:
-                raise ValueError(f"--guard-steps and --repeats must be >= 1 and --guard-warmup >= 0, got "
-                                 f"{args.guard_steps}, {args.repeats}, {args.guard_warmup}")
-            from guards.baselines import load_baseline
-            from guards.gate import default_baseline
-
-            if args.baseline is None and (found := default_baseline()) and (found.exists() or args.update_baseline):
-                args.baseline = found
-            if args.update_baseline and args.baseline is None:
-                raise ValueError("--update-baseline needs --baseline PATH on a machine without CUDA")
-            if args.baseline is not None and not args.update_baseline:
-                load_baseline(args.baseline)  # a missing or broken baseline is bad input: fail before training
-        from trainer.loop import resolve_device
-
-        resolve_device(cfg.device)
-        if args.out and args.out.exists() and (not args.out.is_dir() or any(args.out.iterdir())):
-            raise ValueError(f"--out {args.out} exists and is not an empty folder; choose a new run folder "
-                             f"(nothing there is overwritten)")
+        cfg, run_dir = prepare_run(args)
     except ValueError as exc:
         print(f"hotloop {args.command}: error: {exc}", file=sys.stderr)
         return USAGE_ERROR
-    from profiles.epoch_table import format_table, new_run_dir
+    try:
+        if args.command == "gate":
+            from guards.gate import run_gate
 
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-    run_dir = args.out or new_run_dir()
-    if args.command == "gate":
-        from guards.gate import run_gate
+            return run_gate(cfg, run_dir, args.epoch_timeout, not args.no_progress, args.guard_steps,
+                            args.guard_warmup, args.repeats, args.baseline, args.update_baseline)
+        from profiles.epoch_table import format_table
+        from trainer.run import run_training
 
-        return run_gate(cfg, run_dir, args.epoch_timeout, not args.no_progress, args.guard_steps, args.guard_warmup,
-                        args.repeats, args.baseline, args.update_baseline)
-    from trainer.run import run_training
-
-    table, _ = run_training(cfg, run_dir, args.epoch_timeout, not args.no_progress)
-    print("\nPer-epoch table\n" + format_table(table) + f"\n\nrun folder: {run_dir}")
-    return 0
+        table, _ = run_training(cfg, run_dir, args.epoch_timeout, not args.no_progress)
+        print("\nPer-epoch table\n" + format_table(table) + f"\n\nrun folder: {run_dir}")
+        return 0
+    except KeyboardInterrupt:
+        print(f"\nhotloop {args.command}: interrupted; the finished epochs are in {run_dir}", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

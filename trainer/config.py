@@ -10,6 +10,8 @@ from __future__ import annotations
 import ast
 import dataclasses
 import json
+import math
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -91,8 +93,9 @@ class Config:
     """action-branch sizes of the `synthetic` env (other envs report their own)"""
 
     def __post_init__(self) -> None:
-        self.trunk_hidden = tuple(self.trunk_hidden)
-        self.action_nvec = tuple(self.action_nvec)
+        for name in ("trunk_hidden", "action_nvec"):
+            if isinstance(getattr(self, name), list):
+                setattr(self, name, tuple(getattr(self, name)))
         validate(self)
 
     def to_dict(self) -> dict[str, Any]:
@@ -128,8 +131,31 @@ _POSITIVE_INTS = ("num_envs", "epochs", "learner_steps_per_epoch", "env_steps_pe
 _UNIT_INTERVAL = ("gamma", "per_beta_start", "per_beta_end", "eps_start", "eps_end", "eps_decay_fraction")
 
 
+def _check_types(cfg: Config) -> None:
+    """ValueError naming the first field whose value has the wrong type (floats must be finite; ints are taken
+    for floats; bools are not numbers)."""
+    hints = typing.get_type_hints(Config)
+    for f in dataclasses.fields(Config):
+        value, kind = getattr(cfg, f.name), hints[f.name]
+        is_int = isinstance(value, int) and not isinstance(value, bool)
+        if kind is bool:
+            ok, want = isinstance(value, bool), "a bool (True or False)"
+        elif kind is int:
+            ok, want = is_int, "an int"
+        elif kind is float:
+            ok, want = (is_int or isinstance(value, float)) and math.isfinite(value), "a finite float"
+        elif kind is str:
+            ok, want = isinstance(value, str), "a str"
+        else:
+            ok = isinstance(value, tuple) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+            want = "a list of ints"
+        if not ok:
+            raise ValueError(f"config.{f.name} must be {want}, got {value!r}")
+
+
 def validate(cfg: Config) -> None:
-    """Raise ValueError naming the first field whose value is out of range."""
+    """Raise ValueError naming the first field whose value has the wrong type or is out of range."""
+    _check_types(cfg)
     for name in _POSITIVE_INTS:
         value = getattr(cfg, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -142,10 +168,10 @@ def validate(cfg: Config) -> None:
         raise ValueError(f"config.learning_starts must be >= 0, got {cfg.learning_starts!r}")
     if not 0.0 < cfg.tau <= 1.0:
         raise ValueError(f"config.tau must be in (0, 1], got {cfg.tau!r}")
-    for name in ("lr", "adam_eps", "max_grad_norm", "huber_delta"):
+    for name in ("lr", "adam_eps", "max_grad_norm", "huber_delta", "per_eps"):
         if not getattr(cfg, name) > 0:
             raise ValueError(f"config.{name} must be > 0, got {getattr(cfg, name)!r}")
-    for name in ("weight_decay", "per_alpha", "per_eps", "cql_weight", "diversity_weight", "eval_episodes"):
+    for name in ("weight_decay", "per_alpha", "cql_weight", "diversity_weight", "eval_episodes"):
         if not getattr(cfg, name) >= 0:
             raise ValueError(f"config.{name} must be >= 0, got {getattr(cfg, name)!r}")
     if cfg.loss not in ("huber", "mse"):
@@ -202,11 +228,13 @@ def parse_override(text: str) -> tuple[str, Any]:
     key = key.strip().replace("-", "_")
     if key not in field_names():
         raise ValueError(f"override {text!r}: unknown config key {key!r}; valid keys: {field_names()}")
+    expected = type(getattr(Config(), key))
+    if expected is bool and raw.strip().lower() in ("true", "false", "1", "0", "yes", "no"):
+        return key, raw.strip().lower() in ("true", "1", "yes")
     try:
         value = ast.literal_eval(raw)
     except (ValueError, SyntaxError):
         value = raw
-    expected = type(getattr(Config(), key))
     if expected is tuple and isinstance(value, (int, list)):
         value = tuple(value) if isinstance(value, list) else (value,)
     if expected is float and isinstance(value, int) and not isinstance(value, bool):

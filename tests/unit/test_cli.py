@@ -39,11 +39,31 @@ def test_help(argv, capsys):
      "device"),
     (["gate", "--epoch-timeout", "0"], "--epoch-timeout must be > 0"),
     (["gate", "--config", "/nonexistent/config.json"], "config file /nonexistent/config.json"),
+    (["train", "--set", "env=gym:Pendulum-v1"], "config.env 'gym:Pendulum-v1' cannot be used"),
+    (["train", "--set", "env=gym:NoSuchEnv-v0"], "config.env 'gym:NoSuchEnv-v0' cannot be used"),
+    (["train", "--set", "env=foo"], "config.env 'foo' cannot be used"),
+    (["train", "--set", "per_eps=0"], "per_eps must be > 0"),
+    (["train", "--epoch-timeout", "nan"], "--epoch-timeout must be > 0"),
 ])
 def test_bad_input_exits_2_with_a_named_error(argv, match, capsys, tmp_path):
     assert main(argv + ["--out", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err
     assert match in err
+
+
+def test_bad_input_found_late_still_exits_2_before_writing(tmp_path, capsys):
+    (tmp_path / "afile").write_text("x")
+    cfg = tmp_path / "config.json"
+    cfg.write_text('{"lr": "x"}')
+    cases = [(["train", "--config", str(cfg)], "config.lr must be a finite float, got 'x'"),
+             (["train", "--out", str(tmp_path / "afile" / "sub")], "cannot create the run folder"),
+             (["gate", "--baseline", str(tmp_path), "--update-baseline"], "cannot be written"),
+             (["gate", "--baseline", str(tmp_path / "afile" / "b.json"), "--update-baseline"], "cannot be written")]
+    for argv, match in cases:
+        out = [] if "--out" in argv else ["--out", str(tmp_path / "never")]
+        assert main([*argv, *out, *TINY]) == 2, argv
+        assert match in capsys.readouterr().err
+    assert not (tmp_path / "never").exists()
 
 
 def test_an_existing_run_folder_is_never_overwritten(tmp_path, capsys):
