@@ -67,6 +67,9 @@ def run_inspect(args: argparse.Namespace) -> int:
             failed = True
             continue
         steps = count_per_step(df, args.step_range, args.domain)
+        if not len(steps) and (args.step_range != "step" or args.domain):
+            print(f"hotloop inspect: note: {path}: no step ranges named {args.step_range!r}"
+                  + (f" in domain {args.domain!r}" if args.domain else "") + ": totals only", file=sys.stderr)
         report[path] = {"totals": count_totals(df), "steps": _records(steps) if len(steps) else None}
         if not args.json:
             print(_format_file(path, len(df), report[path]["totals"], steps))

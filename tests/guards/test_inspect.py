@@ -60,3 +60,14 @@ def test_format_is_told_by_the_header_not_the_suffix(tmp_path):
     misnamed = tmp_path / "really_sqlite.json"
     shutil.copy(NSYS, misnamed)
     assert (read_trace(misnamed)["domain"] == "hotloop").sum() == 5
+
+
+def test_a_step_range_that_matches_nothing_is_said(capsys):
+    from trainer.cli import main
+
+    from pathlib import Path
+
+    trace = Path(__file__).parents[1] / "data" / "traces" / "h200" / "nsys_matmul_nvtx.sqlite"
+    assert main(["inspect", "--step-range", "nosuch", str(trace)]) == 0
+    captured = capsys.readouterr()
+    assert "no step ranges named 'nosuch': totals only" in captured.err and "per step" not in captured.out
