@@ -51,6 +51,9 @@ def read_trace(path: str | Path) -> pd.DataFrame:
             is_sqlite = f.read(len(SQLITE_MAGIC)) == SQLITE_MAGIC
     except OSError as exc:
         raise TraceReadError(path, f"cannot read: {exc.strerror or exc}") from None
+    if not is_sqlite and Path(path).suffix in (".sqlite", ".db"):
+        raise TraceReadError(path, "named like an Nsight SQLite export but has no SQLite header (empty or not a "
+                                   "database); export one with `nsys export --type sqlite`")
     return read_nsight_sqlite(path) if is_sqlite else read_kineto(path)
 
 

@@ -82,7 +82,8 @@ def run_report(args: argparse.Namespace) -> int:
     except ReportInputError as exc:
         print(f"hotloop report: error: {exc}", file=sys.stderr)
         return BAD_INPUT
-    show = (lambda df: df.to_markdown(index=False, floatfmt=".4g")) if args.markdown else format_table
+    show = (lambda df: df.dropna(axis=1, how="all").to_markdown(index=False, floatfmt=".4g")) if args.markdown \
+        else format_table
     if len(tables) == 1:
         print(f"Per-epoch table of {args.run} ({len(tables[0])} epochs)\n" + show(tables[0]))
         return 0

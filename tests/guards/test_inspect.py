@@ -71,3 +71,12 @@ def test_a_step_range_that_matches_nothing_is_said(capsys):
     assert main(["inspect", "--step-range", "nosuch", str(trace)]) == 0
     captured = capsys.readouterr()
     assert "no step ranges named 'nosuch': totals only" in captured.err and "per step" not in captured.out
+
+
+def test_a_sqlite_named_file_without_a_sqlite_header_is_named_as_such(tmp_path, capsys):
+    from trainer.cli import main
+
+    bad = tmp_path / "report.sqlite"
+    bad.write_bytes(b"")
+    assert main(["inspect", str(bad)]) == 2
+    assert "named like an Nsight SQLite export but has no SQLite header" in capsys.readouterr().err
