@@ -76,9 +76,9 @@ def run_gate(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress: bo
 
 def _baseline_step(reports: list[GuardReport], baseline: Path | None, update: bool, run_dir: Path) -> pd.DataFrame:
     """Write or compare the baseline; returns the failing comparison rows (empty when none or no baseline)."""
-    metrics = {m: [r.medians.get(m, float("nan")) for r in reports] for m in reports[0].medians}
     if baseline is None:
         return pd.DataFrame()
+    metrics = {m: [r.medians.get(m, float("nan")) for r in reports] for m in reports[0].medians}
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
     if update:
         write_baseline(baseline, metrics, gpu=gpu)

@@ -18,7 +18,7 @@ from profiles.plots import plot_epochs
 from profiles.ranges import phase_range
 from profiles.telemetry import NvmlTelemetry
 from trainer.config import Config
-from trainer.loop import Trainer, resolve_device
+from trainer.loop import Trainer
 
 
 SETUP_LIMIT_S = 300.0
@@ -48,9 +48,6 @@ def run_training(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress
     with HangWatchdog(epoch_limit_s) as watchdog, progress:
         task = progress.add_task("setup", total=cfg.learner_steps_per_epoch)
         watchdog.arm("setup", max(epoch_limit_s, SETUP_LIMIT_S))
-        device = resolve_device(cfg.device)
-        timer, telemetry = EpochTimer(device), NvmlTelemetry(device)
-
         def on_phase(name: str) -> None:
             watchdog.phase(name)
             if name == "readback":  # the learner loop's last launch is queued: end of the timed GPU work
@@ -58,6 +55,7 @@ def run_training(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress
 
         trainer = Trainer(cfg, on_phase=on_phase,
                           on_progress=lambda done, total: progress.update(task, completed=done))
+        timer, telemetry = EpochTimer(trainer.device), NvmlTelemetry(trainer.device)
         console.print(f"hotloop: env={cfg.env} device={trainer.device} epochs={cfg.epochs} "
                       f"learner_steps_per_epoch={cfg.learner_steps_per_epoch} run_dir={run_dir}")
         for epoch in range(1, cfg.epochs + 1):
