@@ -1,6 +1,11 @@
 """`hotloop gate`: run a preset under the per-epoch timer and hang watchdog, then guard K steady-state learner
 steps (guards.guard.guard_steps: sync hooks + profiler trace) and judge every criterion of ../shared/DESIGN.md.
 
+The guarded step: with the hotloop learner, `Trainer.learner_step` (the captured learner step: sampling, both
+forwards, loss, backward, optimizer, spectral norm, priority update), its kernels assigned to phases by name
+(trainer.step.PHASE_RULES); env stepping is not part of it (a vectorized env of 8 CartPoles runs tiny eager ops,
+single-block kernels by nature). With the reference learner, `Trainer.train_step` (env steps + learner step).
+
 Exit codes: 0 every measured criterion passed, 1 a criterion failed, 2 bad usage or input (raised by the CLI),
 3 hang (the watchdog ends the process).
 """
@@ -19,6 +24,7 @@ from profiles.epoch_table import format_table, write_table
 from trainer.config import Config
 from trainer.loop import Trainer
 from trainer.run import run_training
+from trainer.step import PHASE_RULES
 
 GUARD_STEP_RANGE = "guard_step"
 """Range name around each guarded step (the trainer opens "step" ranges itself)."""
@@ -42,8 +48,10 @@ def run_gate(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress: bo
     Returns the exit code (0 pass, 1 a criterion or a baseline comparison failed)."""
 
     def guard(trainer: Trainer) -> list[GuardReport]:
-        return [guard_steps(trainer.train_step, steps=guard_steps_n, warmup=guard_warmup,
-                            step_range=GUARD_STEP_RANGE) for _ in range(repeats)]
+        hot = trainer.learner_kind == "hotloop"
+        step, phases = (trainer.learner_step, PHASE_RULES) if hot else (trainer.train_step, None)
+        return [guard_steps(step, steps=guard_steps_n, warmup=guard_warmup, step_range=GUARD_STEP_RANGE,
+                            phases=phases) for _ in range(repeats)]
 
     epochs, reports = run_training(cfg, run_dir, epoch_limit_s, show_progress, after_epochs=guard)
     report = reports[0]

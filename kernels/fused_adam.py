@@ -65,8 +65,8 @@ def _grad_sumsq_kernel(grad_ptr, partials_ptr, step_ptr, lr_ptr, betas_ptr, scal
 
 @triton.jit
 def _clip_adam_kernel(param_ptr, grad_ptr, exp_avg_ptr, exp_avg_sq_ptr, target_ptr, partials_ptr, scalars_ptr,
-                      norm_ptr, n, num_partials, beta2, one_minus_beta1, one_minus_beta2, eps, weight_decay,
-                      max_norm, tau, HAS_WD: tl.constexpr, BETA1_SMALL: tl.constexpr, HAS_TARGET: tl.constexpr,
+                      norm_ptr, step_ptr, target_every, n, num_partials, beta2, one_minus_beta1, one_minus_beta2, eps,
+                      weight_decay, max_norm, tau, HAS_WD: tl.constexpr, BETA1_SMALL: tl.constexpr, HAS_TARGET: tl.constexpr,
                       TAU_SMALL: tl.constexpr, BLOCK: tl.constexpr, PBLOCK: tl.constexpr):
     pid = tl.program_id(0)
     poffs = tl.arange(0, PBLOCK)
@@ -99,12 +99,13 @@ def _clip_adam_kernel(param_ptr, grad_ptr, exp_avg_ptr, exp_avg_sq_ptr, target_p
     tl.store(exp_avg_sq_ptr + offs, v, mask=mask)
     tl.store(param_ptr + offs, p, mask=mask)
     if HAS_TARGET:
-        target = tl.load(target_ptr + offs, mask=mask, other=0.0)
-        if TAU_SMALL:
-            target = target + tau * (p - target)
-        else:
-            target = p - (p - target) * (1.0 - tau)
-        tl.store(target_ptr + offs, target, mask=mask)
+        if tl.load(step_ptr) % target_every == 0:  # hard or soft update on this step (device-side)
+            target = tl.load(target_ptr + offs, mask=mask, other=0.0)
+            if TAU_SMALL:
+                target = target + tau * (p - target)
+            else:
+                target = p - (p - target) * (1.0 - tau)
+            tl.store(target_ptr + offs, target, mask=mask)
 
 
 class FusedAdam:
@@ -162,11 +163,13 @@ class FusedAdam:
         self._scalars = torch.empty(2, dtype=torch.float32, device=self.device)  # step_size, sqrt(bias_corr2)
 
     def step(self, params_buf: torch.Tensor, grad_buf: torch.Tensor, target_buf: torch.Tensor | None = None,
-             tau: float = 1.0) -> torch.Tensor:
+             tau: float = 1.0, target_every: int = 1) -> torch.Tensor:
         """One clip + Adam step, in place on params_buf (and target_buf); grad_buf is only read (not clipped).
 
         params_buf, grad_buf, target_buf: (P,) float32 contiguous on the optimizer's device; target_buf, if given,
-        becomes lerp(target, new_param, tau) with 0 < tau <= 1 (python float, fixed per run; 1.0 = hard copy).
+        becomes lerp(target, new_param, tau) with 0 < tau <= 1 (python float, fixed per run; 1.0 = hard copy) on
+        the steps whose device step count (after this call's increment) is a multiple of `target_every` (int >= 1;
+        decided on the device, so one captured graph does both kinds of step).
         Returns self.grad_norm, a () float32 device tensor holding the pre-clip global L2 norm of grad_buf; it is
         overwritten by the next call (clone it to keep it). No host sync; capturable in a CUDA graph once both
         kernels are compiled. Raises ValueError for a wrong shape/dtype/device, tau outside (0, 1], or a
@@ -181,6 +184,8 @@ class FusedAdam:
                 raise ValueError("target_buf must not alias params_buf or grad_buf")
             if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not 0.0 < tau <= 1.0:
                 raise ValueError(f"tau must be a python float in (0, 1], got {tau!r}")
+            if isinstance(target_every, bool) or not isinstance(target_every, int) or target_every < 1:
+                raise ValueError(f"target_every must be an int >= 1, got {target_every!r}")
         tau = float(tau) if target_buf is not None else 1.0
         num_partials = self.partials.numel()
         _grad_sumsq_kernel[(num_partials,)](
@@ -190,7 +195,8 @@ class FusedAdam:
         grid = (max(triton.cdiv(self.num_params, _BLOCK_ADAM), _MIN_GRID),)
         _clip_adam_kernel[grid](
             params_buf, grad_buf, self.exp_avg, self.exp_avg_sq, params_buf if target_buf is None else target_buf,
-            self.partials, self._scalars, self.grad_norm, self.num_params, num_partials, beta2, 1.0 - beta1,
+            self.partials, self._scalars, self.grad_norm, self.step_count, int(target_every), self.num_params,
+            num_partials, beta2, 1.0 - beta1,
             1.0 - beta2, self.eps, self.weight_decay, self.max_grad_norm, tau,
             HAS_WD=self.weight_decay != 0.0, BETA1_SMALL=1.0 - beta1 < 0.5, HAS_TARGET=target_buf is not None,
             TAU_SMALL=tau < 0.5, BLOCK=_BLOCK_ADAM, PBLOCK=triton.next_power_of_2(num_partials))

@@ -1,4 +1,5 @@
-"""The `hotloop` command line: `hotloop train`, `hotloop gate`, `hotloop inspect` and `hotloop report`.
+"""The `hotloop` command line: `hotloop train`, `hotloop gate`, `hotloop bench`, `hotloop inspect` and
+`hotloop report`.
 
 Exit codes: 0 success/pass, 1 a criterion failed, 2 bad usage or input, 3 hang (watchdog).
 """
@@ -66,9 +67,37 @@ def build_parser() -> argparse.ArgumentParser:
                            "when it exists)")
     gate.add_argument("--update-baseline", action="store_true",
                       help="write this run's repeats as the baseline instead of comparing")
+    _add_bench_parser(sub, fmt)
     add_inspect_parser(sub)
     add_report_parser(sub)
     return parser
+
+
+def _add_bench_parser(sub: argparse._SubParsersAction, fmt: type[argparse.HelpFormatter]) -> None:
+    """The `hotloop bench` subcommand (trainer/bench.py; imported only when it runs, as it needs torch)."""
+    bench = sub.add_parser(
+        "bench", help="time learner-step variants side by side in one process; print and write bench.csv/.md",
+        epilog=_config_epilog(), formatter_class=fmt,
+        description="Time one learner step (PER sample + Double-DQN update + priority update) built several ways "
+                    "(eager, one CUDA graph, torch.compile + graph, hotloop's own), one after the other in this "
+                    "process on one device; print the table with a roofline floor and write bench.csv and bench.md. "
+                    "Variants that need CUDA are skipped (a row saying so) on a CPU device.")
+    bench.add_argument("--preset", default="seed-scale", choices=sorted(PRESETS),
+                       help="named configuration (default seed-scale, the shape perf numbers are quoted at)")
+    bench.add_argument("--config", type=Path, help="start from a config JSON instead of a preset")
+    bench.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                       help="override any config field (repeatable); keys below")
+    bench.add_argument("--seed", type=int, help="override the preset's seed")
+    bench.add_argument("--device", help="cpu, cuda, cuda:N or auto (default: the preset's, auto)")
+    bench.add_argument("--variants", default="all", metavar="NAMES",
+                       help="comma-separated variants (trainer.bench.VARIANTS): eager, graph-fp32, graph-tf32, "
+                            "compiled-split, compiled-tf32, hotloop; or all, graph (= graph-fp32,graph-tf32), "
+                            "compiled (= compiled-split,compiled-tf32) (default all)")
+    bench.add_argument("--steps", type=int, default=200, help="timed learner steps per variant (default 200)")
+    bench.add_argument("--warmup", type=int, default=20, help="untimed steps per variant before them (default 20)")
+    bench.add_argument("--out", type=Path, help="folder for bench.csv and bench.md (default: profiles/runs/<UTC "
+                       "timestamp>/); refused if it already holds either")
+    bench.set_defaults(epochs=None)
 
 
 def config_from_args(args: argparse.Namespace) -> Config:
@@ -116,20 +145,41 @@ def check_gate_args(args: argparse.Namespace) -> None:
         load_baseline(args.baseline)  # a missing or broken baseline is bad input: fail before training
 
 
+def check_bench_args(args: argparse.Namespace) -> None:
+    """Bench-only options: --variants (expanded into args.variant_names), --steps >= 1, --warmup >= 0; ValueError
+    naming the option (and, for a bad variant, the valid ones)."""
+    from trainer.bench import expand_variants
+
+    try:
+        args.variant_names = expand_variants(args.variants)
+    except ValueError as exc:
+        raise ValueError(f"--variants: {exc}") from None
+    if args.steps < 1 or args.warmup < 0:
+        raise ValueError(f"--steps must be >= 1 and --warmup >= 0, got {args.steps} and {args.warmup}")
+
+
 def prepare_run(args: argparse.Namespace) -> tuple[Config, Path]:
-    """Validate everything an invocation of train/gate asks for, then create its run folder.
+    """Validate everything an invocation of train/gate/bench asks for, then create its run folder (bench: --out
+    may exist unless it holds bench.csv/bench.md; train/gate: it must be new or empty).
     Raises ValueError (bad input, exit 2) naming what was wrong; nothing is written before every check passed."""
     from profiles.epoch_table import new_run_dir
     from trainer.loop import resolve_device
 
     cfg = config_from_args(args)
-    if not args.epoch_timeout > 0:
+    if args.command == "bench":
+        check_bench_args(args)
+    elif not args.epoch_timeout > 0:
         raise ValueError(f"--epoch-timeout must be > 0 seconds, got {args.epoch_timeout}")
     if args.command == "gate":
         check_gate_args(args)
     resolve_device(cfg.device)
     check_env(cfg)
-    if args.out and args.out.exists() and (not args.out.is_dir() or any(args.out.iterdir())):
+    if args.command == "bench":
+        if args.out:
+            from trainer.bench import check_out_dir
+
+            check_out_dir(args.out)
+    elif args.out and args.out.exists() and (not args.out.is_dir() or any(args.out.iterdir())):
         raise ValueError(f"--out {args.out} exists and is not an empty folder; choose a new run folder "
                          f"(nothing there is overwritten)")
     try:
@@ -154,6 +204,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hotloop {args.command}: error: {exc}", file=sys.stderr)
         return USAGE_ERROR
     try:
+        if args.command == "bench":
+            from trainer.bench import run_bench
+            from trainer.loop import resolve_device
+
+            run_bench(cfg, resolve_device(cfg.device), args.variant_names, args.steps, args.warmup, run_dir)
+            print(f"\nbench folder: {run_dir}")
+            return 0
         if args.command == "gate":
             from guards.gate import run_gate
 

@@ -29,6 +29,10 @@ class Config:
     """seed of every random generator (torch, env, replay, exploration)"""
     device: str = "auto"
     """`cpu`, `cuda`, `cuda:N`, or `auto` (cuda when available, else cpu)"""
+    learner: str = "auto"
+    """`hotloop` (flat buffers, fused Triton kernels, CUDA graph), `reference` (plain torch), `auto` (hotloop on cuda)"""
+    log_interval: int = 100
+    """learner steps between non-blocking metric readbacks (hotloop learner)"""
     epochs: int = 20
     """training epochs; an epoch is `learner_steps_per_epoch` learner steps"""
     learner_steps_per_epoch: int = 1000
@@ -127,7 +131,8 @@ class Config:
 
 
 _POSITIVE_INTS = ("num_envs", "epochs", "learner_steps_per_epoch", "env_steps_per_update", "batch_size",
-                  "head_hidden", "sn_power_iterations", "target_update_interval", "replay_capacity", "obs_dim")
+                  "head_hidden", "sn_power_iterations", "target_update_interval", "replay_capacity", "obs_dim",
+                  "log_interval")
 _UNIT_INTERVAL = ("gamma", "per_beta_start", "per_beta_end", "eps_start", "eps_end", "eps_decay_fraction")
 
 
@@ -174,6 +179,8 @@ def validate(cfg: Config) -> None:
     for name in ("weight_decay", "per_alpha", "cql_weight", "diversity_weight", "eval_episodes"):
         if not getattr(cfg, name) >= 0:
             raise ValueError(f"config.{name} must be >= 0, got {getattr(cfg, name)!r}")
+    if cfg.learner not in ("auto", "hotloop", "reference"):
+        raise ValueError(f"config.learner must be 'auto', 'hotloop' or 'reference', got {cfg.learner!r}")
     if cfg.loss not in ("huber", "mse"):
         raise ValueError(f"config.loss must be 'huber' or 'mse', got {cfg.loss!r}")
     if not cfg.trunk_hidden or any(w < 1 for w in cfg.trunk_hidden):

@@ -19,8 +19,10 @@ from trainer.config import Config
 from trainer.envs import make_env
 from trainer.episodes import EpisodeReturns
 from trainer.learner import DQNLearner
+from trainer.readback import AsyncReadback
 from trainer.replay import PrioritizedReplay
 from trainer.schedules import LinearSchedule
+from trainer.step import METRICS, HotLearner
 
 
 def resolve_device(name: str) -> torch.device:
@@ -55,6 +57,8 @@ class EpochStats:
     eval_return: float
     episodes: int
     epsilon: float
+    metrics_step: int
+    """learner step at which loss, q_mean and grad_norm were measured (hotloop: the last completed readback)"""
 
     def as_row(self) -> dict[str, float | int]:
         return asdict(self)
@@ -82,10 +86,16 @@ class Trainer:
         self.generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
         shape = dict(obs_dim=cfg.obs_dim, action_nvec=cfg.action_nvec) if cfg.env == "synthetic" else {}
         self.env = make_env(cfg.env, cfg.num_envs, self.device, cfg.seed, **shape)
-        self.learner = DQNLearner(cfg, self.env.obs_dim, self.env.action_nvec, self.device)
         self.replay = PrioritizedReplay(cfg.replay_capacity, self.env.obs_dim, len(self.env.action_nvec),
                                         alpha=cfg.per_alpha, eps=cfg.per_eps, device=self.device,
                                         generator=self.generator)
+        self.learner_kind = cfg.learner if cfg.learner != "auto" else (
+            "hotloop" if self.device.type == "cuda" else "reference")
+        if self.learner_kind == "hotloop":
+            self.learner = HotLearner(cfg, self.env.obs_dim, self.env.action_nvec, self.device, self.replay)
+            self.readback = AsyncReadback(METRICS, self.device)
+        else:
+            self.learner = DQNLearner(cfg, self.env.obs_dim, self.env.action_nvec, self.device)
         self.returns = EpisodeReturns(cfg.num_envs, self.device)
         self.eval_env = (make_env(cfg.env, cfg.eval_episodes, self.device, cfg.seed + 1, **shape)
                          if cfg.eval_episodes else None)
@@ -114,8 +124,20 @@ class Trainer:
         with phase_range(name):
             yield
 
-    def learner_step(self) -> torch.Tensor:
-        """Sample, update, re-prioritize; returns the stacked detached (loss, q_mean, grad_norm)."""
+    def learner_step(self) -> torch.Tensor | None:
+        """Sample, update, re-prioritize; returns the stacked detached (loss, q_mean, grad_norm), or None for the
+        hotloop learner, whose metrics go through the non-blocking readback every `log_interval` steps."""
+        if isinstance(self.learner, HotLearner):
+            if self.learner.graph is None and self.device.type == "cuda":
+                with self.phase("capture"):
+                    self.learner.capture()
+            with self.phase("update"):
+                self.learner.step()
+            self.learner_steps += 1
+            if self.learner_steps % self.cfg.log_interval == 0:
+                with self.phase("readback_publish"):
+                    self.readback.publish(self.learner.metric_sources(), self.learner.steps)
+            return None
         with self.phase("sample"):
             b = self.replay.sample(self.cfg.batch_size, self.beta.value(self.learner_steps))
         with self.phase("update"):
@@ -125,9 +147,9 @@ class Trainer:
         self.learner_steps += 1
         return torch.stack([m.loss, m.q_mean, m.grad_norm])
 
-    def train_step(self) -> torch.Tensor:
+    def train_step(self) -> torch.Tensor | None:
         """One iteration of the loop: `env_steps_per_update` vectorized env steps, then one learner step;
-        returns the learner step's stacked detached (loss, q_mean, grad_norm)."""
+        returns what `learner_step` returns."""
         with self.phase("env_step"):
             for _ in range(self.cfg.env_steps_per_update):
                 self.env_step()
@@ -146,12 +168,21 @@ class Trainer:
         every = max(1, cfg.learner_steps_per_epoch // 100)
         for i in range(cfg.learner_steps_per_epoch):
             with phase_range("step"):
-                sums += self.train_step()
+                out = self.train_step()
+                if out is not None:
+                    sums += out
             if (i + 1) % every == 0:
                 self.on_progress(i + 1, cfg.learner_steps_per_epoch)
         with self.phase("readback"):
-            loss, q_mean, grad_norm = (sums / cfg.learner_steps_per_epoch).tolist()
-            mean_return = self.returns.mean()
+            mean_return = self.returns.mean()  # the epoch's one host sync
+            if isinstance(self.learner, HotLearner):
+                reading = self.readback.poll() or self.readback.latest
+                values = reading.values if reading else {}
+                loss, q_mean, grad_norm = (values.get(k, float("nan")) for k in ("td_loss", "q_mean", "grad_norm"))
+                metrics_step = reading.step if reading else -1
+            else:
+                loss, q_mean, grad_norm = (sums / cfg.learner_steps_per_epoch).tolist()
+                metrics_step = self.learner_steps
         wall = time.perf_counter() - start_wall
         with self.phase("evaluate"):
             eval_return = self.evaluate(seed=self.cfg.seed * 100_003 + epoch)
@@ -160,7 +191,7 @@ class Trainer:
                           wall_s=wall, learner_steps_per_s=cfg.learner_steps_per_epoch / wall,
                           env_steps_per_s=env_steps / wall, loss=loss, q_mean=q_mean, grad_norm=grad_norm,
                           mean_return_100=mean_return, eval_return=eval_return, episodes=self.returns.count(),
-                          epsilon=self.epsilon.value(self.env_steps))
+                          epsilon=self.epsilon.value(self.env_steps), metrics_step=metrics_step)
 
     @torch.no_grad()
     def evaluate(self, seed: int, max_steps: int = 10_000) -> float:

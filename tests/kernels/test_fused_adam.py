@@ -235,3 +235,20 @@ def test_cuda_graph_replay_matches_eager_gpu():
     for a, b in zip(bufs["eager"], bufs["graphed"]):
         assert torch.equal(a, b)
     assert torch.equal(eager.exp_avg, graphed.exp_avg) and torch.equal(eager.exp_avg_sq, graphed.exp_avg_sq)
+
+
+def test_target_every_updates_the_target_only_on_multiples_of_the_device_step():
+    n = 3000
+    gen = torch.Generator().manual_seed(3)
+    params = torch.randn(n, generator=gen).to(DEVICE)
+    target = torch.randn(n, generator=gen).to(DEVICE)
+    opt = FusedAdam(n, DEVICE, lr=LR)
+    for step in range(1, 8):
+        before = target.clone()
+        opt.step(params, torch.randn(n, generator=gen).to(DEVICE), target, tau=1.0, target_every=3)
+        if step % 3 == 0:
+            assert torch.equal(target, params), f"step {step}: hard update expected"
+        else:
+            assert torch.equal(target, before), f"step {step}: target must not change"
+    with pytest.raises(ValueError, match="target_every"):
+        opt.step(params, params.clone(), target, target_every=0)

@@ -1,0 +1,209 @@
+"""Dueling, branching output heads in one launch each way: Q_d(s, a) = V(s) + A_d(s, a) - mean_a' A_d(s, a').
+
+Architecture: Wang et al. 2016 (dueling) with the action branches of Tavakoli et al. 2018 (BDQ), as the reference
+network trainer/network.py. The input h (M, (1 + D) * H) is the stacked ReLU output of the value head's hidden
+layer (columns [0, H)) and of each branch's hidden layer (columns [(1 + d) H, (2 + d) H)). The output layer is
+block-diagonal: row 0 of W_out (J, H), J = 1 + D * A, maps the value block to V; row 1 + d * A + a maps branch
+d's block to A_d(., a). Gains g_out (1 + D,) (one per matrix: value, then each branch) and biases b_out (J,).
+
+- `heads_forward`: one launch for one or two networks (online and target on s'), TF32 dots (forward placement),
+  Q written as (M, D * A) (= (M, D, A) contiguous).
+- `heads_backward`: from dQ (M, D * A): dh (masked by h > 0, i.e. the hidden layers' pre-activation gradient)
+  with FP32-accurate split-precision dots, and dW_out, db_out, dg_out accumulated by fp32 atomic adds into the
+  zeroed gradient buffer.
+Reference: `heads_reference` (plain torch; autograd gives every gradient).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels._common import check_tensor
+
+_BLOCK_M = 128
+
+
+@triton.jit
+def _heads_fwd_body(h_ptr, w_ptr, b_ptr, g_ptr, q_ptr, M, H, h_zstride, p_zstride, q_zstride, D: tl.constexpr,
+                    A: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid = tl.program_id(0)
+    z = tl.program_id(1)
+    offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+    mask_m = offs_m < M
+    j = tl.arange(0, BLOCK_J)
+    mask_j = j < 1 + D * A
+    grp = tl.where(j == 0, 0, (j - 1) // A + 1)
+    width = (1 + D) * H
+    acc = tl.zeros((BLOCK_M, BLOCK_J), dtype=tl.float32)
+    for blk in tl.static_range(1 + D):
+        for k0 in range(0, H, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            mask_k = offs_k < H
+            x = tl.load(h_ptr + z * h_zstride + offs_m[:, None] * width + blk * H + offs_k[None, :],
+                        mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+            w = tl.load(w_ptr + z * p_zstride + j[None, :] * H + offs_k[:, None],
+                        mask=mask_k[:, None] & (mask_j & (grp == blk))[None, :], other=0.0)
+            acc = tl.dot(x, w, acc, input_precision="tf32")
+    g = tl.load(g_ptr + z * p_zstride + grp, mask=mask_j, other=0.0)
+    b = tl.load(b_ptr + z * p_zstride + j, mask=mask_j, other=0.0)
+    out = acc * g[None, :] + b[None, :]
+    value = tl.sum(tl.where((j == 0)[None, :], out, 0.0), axis=1)
+    mean = tl.zeros((BLOCK_M, BLOCK_J), dtype=tl.float32)
+    for d in tl.static_range(D):
+        sel = (grp == d + 1) & mask_j
+        mean_d = tl.sum(tl.where(sel[None, :], out, 0.0), axis=1) / A
+        mean += tl.where(sel[None, :], mean_d[:, None], 0.0)
+    q = value[:, None] + out - mean
+    tl.store(q_ptr + z * q_zstride + offs_m[:, None] * (D * A) + (j - 1)[None, :], q,
+             mask=mask_m[:, None] & (mask_j & (j >= 1))[None, :])
+
+
+@triton.jit
+def _heads_online_tf32_kernel(h_ptr, w_ptr, b_ptr, g_ptr, q_ptr, M, H, h_zstride, p_zstride, q_zstride,
+                              D: tl.constexpr, A: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_J: tl.constexpr,
+                              BLOCK_K: tl.constexpr):
+    _heads_fwd_body(h_ptr, w_ptr, b_ptr, g_ptr, q_ptr, M, H, h_zstride, p_zstride, q_zstride, D, A, BLOCK_M,
+                    BLOCK_J, BLOCK_K)
+
+
+@triton.jit
+def _heads_ddqn_tf32_kernel(h_ptr, w_ptr, b_ptr, g_ptr, q_ptr, M, H, h_zstride, p_zstride, q_zstride,
+                            D: tl.constexpr, A: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_J: tl.constexpr,
+                            BLOCK_K: tl.constexpr):
+    _heads_fwd_body(h_ptr, w_ptr, b_ptr, g_ptr, q_ptr, M, H, h_zstride, p_zstride, q_zstride, D, A, BLOCK_M,
+                    BLOCK_J, BLOCK_K)
+
+
+@triton.jit
+def _heads_bwd_fp32split_kernel(h_ptr, dq_ptr, w_ptr, g_ptr, dh_ptr, dw_ptr, db_ptr, dg_ptr, M, H, rows_per_program,
+                                D: tl.constexpr, A: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_J: tl.constexpr,
+                                BLOCK_K: tl.constexpr):
+    # program (pid, blk): rows [pid * rows_per_program, +rows_per_program) of input block blk (value or a branch);
+    # its weight-gradient tile stays in registers over the rows and is added to the buffer once (few atomics)
+    pid = tl.program_id(0)
+    blk = tl.program_id(1)
+    j = tl.arange(0, BLOCK_J)
+    mask_j = j < 1 + D * A
+    grp = tl.where(j == 0, 0, (j - 1) // A + 1)
+    wmask = mask_j & (grp == blk)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_k = offs_k < H
+    width = (1 + D) * H
+    w = tl.load(w_ptr + j[:, None] * H + offs_k[None, :], mask=wmask[:, None] & mask_k[None, :], other=0.0)
+    g = tl.load(g_ptr + grp, mask=mask_j, other=0.0)
+    gw = tl.zeros((BLOCK_J, BLOCK_K), dtype=tl.float32)
+    dbias = tl.zeros((BLOCK_J,), dtype=tl.float32)
+    start = pid * rows_per_program
+    for m0 in range(start, start + rows_per_program, BLOCK_M):
+        offs_m = m0 + tl.arange(0, BLOCK_M)
+        mask_m = offs_m < M
+        dq = tl.load(dq_ptr + offs_m[:, None] * (D * A) + (j - 1)[None, :],
+                     mask=mask_m[:, None] & (mask_j & (j >= 1))[None, :], other=0.0)
+        dvalue = tl.sum(dq, axis=1)
+        dmean = tl.zeros((BLOCK_M, BLOCK_J), dtype=tl.float32)
+        for d in tl.static_range(D):
+            sel = (grp == d + 1) & mask_j
+            s = tl.sum(tl.where(sel[None, :], dq, 0.0), axis=1) / A
+            dmean += tl.where(sel[None, :], s[:, None], 0.0)
+        dout = tl.where((j == 0)[None, :], dvalue[:, None], dq - dmean)
+        dout = tl.where(mask_m[:, None] & wmask[None, :], dout, 0.0)  # only this block's output rows
+        xmask = mask_m[:, None] & mask_k[None, :]
+        x = tl.load(h_ptr + offs_m[:, None] * width + blk * H + offs_k[None, :], mask=xmask, other=0.0)
+        dh = tl.dot(dout * g[None, :], w, input_precision="tf32x3")
+        tl.store(dh_ptr + offs_m[:, None] * width + blk * H + offs_k[None, :], tl.where(x > 0.0, dh, 0.0),
+                 mask=xmask)
+        gw = tl.dot(tl.trans(dout), x, gw, input_precision="tf32x3")
+        dbias += tl.sum(dout, axis=0)
+    tl.atomic_add(dw_ptr + j[:, None] * H + offs_k[None, :], gw * g[:, None], mask=wmask[:, None] & mask_k[None, :],
+                  sem="relaxed")
+    tl.atomic_add(dg_ptr + grp, tl.sum(w * gw, axis=1), mask=wmask, sem="relaxed")
+    tl.atomic_add(db_ptr + j, dbias, mask=wmask, sem="relaxed")
+
+
+def _sizes(w_out: torch.Tensor, branches: int) -> tuple[int, int, int]:
+    j, hidden = w_out.shape
+    if branches < 1 or (j - 1) % branches or j < 2:
+        raise ValueError(f"w_out must be (1 + D * A, H) for D = {branches} branches, got {tuple(w_out.shape)}")
+    return j, hidden, (j - 1) // branches
+
+
+def _blocks(j: int, hidden: int) -> tuple[int, int]:
+    return max(16, triton.next_power_of_2(j)), max(16, min(64, triton.next_power_of_2(hidden)))
+
+
+def heads_forward(h: torch.Tensor, w_out: torch.Tensor, b_out: torch.Tensor, g_out: torch.Tensor, q: torch.Tensor,
+                  branches: int, *, nets: int = 1, p_zstride: int = 0, ddqn: bool = False) -> torch.Tensor:
+    """Q of every branch from the stacked hidden features, in one launch (TF32 dots).
+
+    h: (M, (1 + D) H) or (nets, M, (1 + D) H) float32 contiguous; w_out (1 + D A, H), b_out (1 + D A,),
+    g_out (1 + D,): views of net 0's flat buffer (net z reads them z * p_zstride floats further); q: (M, D * A) or
+    (nets, M, D * A) float32 contiguous, fully overwritten. branches: D. nets: 1 or 2. ddqn: launch under the
+    Double-DQN kernel name. Returns q. Grid (max(2, ceil(M / 128)), nets).
+    Raises ValueError for wrong dtype, shape, device or contiguity.
+    """
+    j, hidden, actions = _sizes(check_tensor("w_out", w_out, dtype=torch.float32, ndim=2), branches)
+    dev = w_out.device
+    if nets not in (1, 2):
+        raise ValueError(f"nets must be 1 or 2, got {nets}")
+    check_tensor("h", h, dtype=torch.float32, device=dev)
+    m = h.shape[-2] if h.ndim >= 2 else 0
+    lead = (nets,) if h.ndim == 3 else ()
+    if h.ndim not in (2, 3) or (nets == 2 and h.ndim != 3) or tuple(h.shape) != (*lead, m, (1 + branches) * hidden):
+        raise ValueError(f"h must be (M, {(1 + branches) * hidden}) or ({nets}, M, ...), got {tuple(h.shape)}")
+    check_tensor("b_out", b_out, dtype=torch.float32, shape=(j,), device=dev)
+    check_tensor("g_out", g_out, dtype=torch.float32, shape=(1 + branches,), device=dev)
+    check_tensor("q", q, dtype=torch.float32, shape=(*lead, m, branches * actions), device=dev)
+    block_j, block_k = _blocks(j, hidden)
+    kernel = _heads_ddqn_tf32_kernel if ddqn else _heads_online_tf32_kernel
+    kernel[(max(2, triton.cdiv(m, _BLOCK_M)), nets)](
+        h, w_out, b_out, g_out, q, m, hidden, m * (1 + branches) * hidden, p_zstride, m * branches * actions,
+        D=branches, A=actions, BLOCK_M=_BLOCK_M, BLOCK_J=block_j, BLOCK_K=block_k, num_warps=4)
+    return q
+
+
+def heads_backward(h: torch.Tensor, dq: torch.Tensor, w_out: torch.Tensor, g_out: torch.Tensor, dh: torch.Tensor,
+                   dw_out: torch.Tensor, db_out: torch.Tensor, dg_out: torch.Tensor, branches: int) -> torch.Tensor:
+    """Backward of `heads_forward` for one net: dh (overwritten) and atomic accumulation of dw_out, db_out, dg_out.
+
+    h: (M, (1 + D) H) the saved forward input (ReLU outputs); dq: (M, D * A) dObjective/dQ; w_out, g_out: the
+    parameters; dh: (M, (1 + D) H) output, the gradient w.r.t. the hidden layers' pre-activations (zero where
+    h == 0); dw_out (1 + D A, H), db_out (1 + D A,), dg_out (1 + D,): views of the zeroed gradient buffer.
+    All float32 contiguous on one device. Returns dh. Grid (row groups, 1 + D), about 132 programs; each keeps
+    its weight-gradient tile (BLOCK_J x next_pow2(H) floats, so H up to a few hundred) in registers over its rows.
+    Raises ValueError for wrong dtype, shape, device.
+    """
+    j, hidden, actions = _sizes(check_tensor("w_out", w_out, dtype=torch.float32, ndim=2), branches)
+    dev = w_out.device
+    check_tensor("h", h, dtype=torch.float32, ndim=2, device=dev)
+    m = h.shape[0]
+    for name, t, shape in (("h", h, (m, (1 + branches) * hidden)), ("dq", dq, (m, branches * actions)),
+                           ("g_out", g_out, (1 + branches,)), ("dh", dh, (m, (1 + branches) * hidden)),
+                           ("dw_out", dw_out, (j, hidden)), ("db_out", db_out, (j,)),
+                           ("dg_out", dg_out, (1 + branches,))):
+        check_tensor(name, t, dtype=torch.float32, shape=shape, device=dev)
+    block_j, block_k, block_m = max(16, triton.next_power_of_2(j)), max(16, triton.next_power_of_2(hidden)), 64
+    # about 132 programs in all (one per SM): row groups x (1 + D) input blocks
+    groups = max(1, min(triton.cdiv(m, block_m), triton.cdiv(132, 1 + branches)))
+    rows = triton.cdiv(triton.cdiv(m, groups), block_m) * block_m
+    groups = max(triton.cdiv(m, rows), 2 if branches == 0 else 1)
+    _heads_bwd_fp32split_kernel[(groups, 1 + branches)](
+        h, dq, w_out, g_out, dh, dw_out, db_out, dg_out, m, hidden, rows, D=branches, A=actions, BLOCK_M=block_m,
+        BLOCK_J=block_j, BLOCK_K=block_k, num_warps=4)
+    return dh
+
+
+def heads_reference(h: torch.Tensor, w_out: torch.Tensor, b_out: torch.Tensor, g_out: torch.Tensor,
+                    branches: int) -> torch.Tensor:
+    """Plain-torch Q (M, D, A) in h's dtype: V = g_0 (h_0 @ w_v) + b_v, A_d = g_d (h_d @ W_d^T) + b_d, Q_d = V +
+    A_d - mean_a A_d (h split into 1 + D blocks of H columns)."""
+    j, hidden, actions = _sizes(w_out, branches)
+    blocks = h.split(hidden, dim=1)
+    value = g_out[0] * (blocks[0] @ w_out[0]) + b_out[0]
+    qs = []
+    for d in range(branches):
+        rows = slice(1 + d * actions, 1 + (d + 1) * actions)
+        adv = g_out[1 + d] * (blocks[1 + d] @ w_out[rows].T) + b_out[rows]
+        qs.append(value[:, None] + adv - adv.mean(dim=1, keepdim=True))
+    return torch.stack(qs, dim=1)

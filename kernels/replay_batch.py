@@ -1,0 +1,105 @@
+"""The two small launches around `tree_sample` in the captured learner step: counter-based uniforms (+ the annealed
+importance-sampling exponent beta) before it, and the gather of the sampled transitions' actions, rewards and
+terminal flags after it.
+
+- `batch_uniforms`: u_i = Philox(seed + t, i) in [0, 1) (Salmon et al. 2011, "Parallel random numbers: as easy as
+  1, 2, 3"; Triton's `tl.rand`), where t is a device-side step counter (the optimizer's step count), so eager runs
+  and CUDA-graph replays draw the same numbers and nothing is read on the host. Program 0 also writes
+  beta = beta_start + (beta_end - beta_start) * min(1, t / anneal_steps) (linear annealing, Schaul et al. 2016,
+  Sec. 3.4) into a 0-dim device tensor that `tree_sample` reads.
+- `gather_transitions`: action[b] = action_src[idx[b]], reward, terminated likewise, in one launch (the
+  observations are not copied: the first forward layer reads them from replay storage by index).
+References: `uniforms_reference` (the beta formula; the Philox stream itself is Triton's) and `gather_reference`.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels._common import check_tensor
+
+_BLOCK = 1024
+
+
+@triton.jit
+def _batch_uniforms_kernel(counter_ptr, out_ptr, beta_ptr, seed, n, beta_start, beta_end, anneal_steps,
+                           BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    t = tl.load(counter_ptr)
+    u = tl.rand(seed + t, offs)
+    tl.store(out_ptr + offs, u, mask=offs < n)
+    if pid == 0:
+        frac = tl.minimum(t.to(tl.float32) / anneal_steps, 1.0)
+        tl.store(beta_ptr, beta_start + (beta_end - beta_start) * frac)
+
+
+@triton.jit
+def _gather_transitions_kernel(idx_ptr, action_src, reward_src, term_src, action_out, reward_out, term_out, n,
+                               D: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    rows = tl.load(idx_ptr + offs, mask=mask, other=0)
+    tl.store(reward_out + offs, tl.load(reward_src + rows, mask=mask, other=0.0), mask=mask)
+    tl.store(term_out + offs, tl.load(term_src + rows, mask=mask, other=0.0), mask=mask)
+    d = tl.arange(0, BLOCK_D)
+    m2 = mask[:, None] & (d < D)[None, :]
+    a = tl.load(action_src + rows[:, None] * D + d[None, :], mask=m2, other=0)
+    tl.store(action_out + offs[:, None] * D + d[None, :], a, mask=m2)
+
+
+def batch_uniforms(counter: torch.Tensor, out: torch.Tensor, beta: torch.Tensor, seed: int, beta_start: float,
+                   beta_end: float, anneal_steps: int) -> None:
+    """Fill out (B,) float32 with Philox uniforms in [0, 1) keyed by (seed + counter, i), and beta (0-dim float32)
+    with the annealed exponent at step counter; one launch of max(2, ceil(B / 1024)) programs.
+
+    counter: 0-dim int64 device tensor (read only). seed: python int >= 0. anneal_steps: int >= 1.
+    Raises ValueError for wrong dtype/shape/device or bad scalars.
+    """
+    check_tensor("counter", counter, dtype=torch.int64, shape=())
+    dev = counter.device
+    check_tensor("out", out, dtype=torch.float32, ndim=1, device=dev)
+    check_tensor("beta", beta, dtype=torch.float32, shape=(), device=dev)
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be an int >= 0, got {seed!r}")
+    if isinstance(anneal_steps, bool) or not isinstance(anneal_steps, int) or anneal_steps < 1:
+        raise ValueError(f"anneal_steps must be an int >= 1, got {anneal_steps!r}")
+    n = out.shape[0]
+    _batch_uniforms_kernel[(max(2, triton.cdiv(n, _BLOCK)),)](
+        counter, out, beta, seed, n, float(beta_start), float(beta_end), float(anneal_steps), BLOCK=_BLOCK)
+
+
+def gather_transitions(idx: torch.Tensor, action_src: torch.Tensor, reward_src: torch.Tensor,
+                       term_src: torch.Tensor, action_out: torch.Tensor, reward_out: torch.Tensor,
+                       term_out: torch.Tensor) -> None:
+    """action_out[b] = action_src[idx[b]] (B, D) int64; reward_out, term_out (B,) float32 likewise; one launch.
+
+    idx: (B,) int64 slots in [0, C) (not bounds-checked on the device); *_src: replay storage (C, D) / (C,).
+    Raises ValueError for wrong dtype/shape/device/contiguity.
+    """
+    check_tensor("idx", idx, dtype=torch.int64, ndim=1)
+    dev, n = idx.device, idx.shape[0]
+    check_tensor("action_src", action_src, dtype=torch.int64, ndim=2, device=dev)
+    cap, branches = action_src.shape
+    for name, t, dtype, shape in (("reward_src", reward_src, torch.float32, (cap,)),
+                                  ("term_src", term_src, torch.float32, (cap,)),
+                                  ("action_out", action_out, torch.int64, (n, branches)),
+                                  ("reward_out", reward_out, torch.float32, (n,)),
+                                  ("term_out", term_out, torch.float32, (n,))):
+        check_tensor(name, t, dtype=dtype, shape=shape, device=dev)
+    block = 256
+    _gather_transitions_kernel[(max(2, triton.cdiv(n, block)),)](
+        idx, action_src, reward_src, term_src, action_out, reward_out, term_out, n, D=branches, BLOCK=block,
+        BLOCK_D=triton.next_power_of_2(branches))
+
+
+def uniforms_reference(step: int, beta_start: float, beta_end: float, anneal_steps: int) -> float:
+    """The beta `batch_uniforms` writes at step counter `step` (python float)."""
+    return beta_start + (beta_end - beta_start) * min(1.0, step / anneal_steps)
+
+
+def gather_reference(idx, action_src, reward_src, term_src):
+    """Plain-torch (action_src[idx], reward_src[idx], term_src[idx])."""
+    return action_src[idx], reward_src[idx], term_src[idx]

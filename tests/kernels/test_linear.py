@@ -1,0 +1,151 @@
+"""kernels/linear.py and kernels/heads.py against plain-torch float64 references (autograd for the gradients).
+
+Fresh random inputs (never zeros), odd sizes, outputs poisoned (NaN) before each launch. Tolerances: on the CPU
+interpreter every dot is a float32 matmul, so all results are within rtol 1e-4 / atol 1e-4 of float64. On the GPU
+the forward is TF32 (checked: relative error vs float64 between 1e-5 and 5e-3) and the backward split-precision
+FP32 (checked: relative error <= 1e-5 of float64 given the same forward activations and dY, where a TF32 backward
+would be ~1e-3).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.heads import heads_backward, heads_forward, heads_reference
+from kernels.linear import linear_backward_input, linear_backward_weight, linear_forward, linear_reference
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+CPU_TOL = dict(rtol=1e-4, atol=1e-4)
+# the forward runs on TF32 tensor cores on the GPU (10-bit mantissa): its tolerance there is TF32's
+FWD_TOL = CPU_TOL if DEVICE == "cpu" else dict(rtol=1e-2, atol=1e-2)
+
+
+def _rand(*shape, gen, scale=1.0):
+    return (torch.randn(*shape, generator=gen, dtype=torch.float64) * scale)
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+def _layer(gen, n, k, gain_group):
+    groups = -(-n // gain_group)
+    return _rand(n, k, gen=gen, scale=k ** -0.5), _rand(n, gen=gen, scale=0.1), 1.0 + _rand(groups, gen=gen,
+                                                                                              scale=0.2)
+
+
+@pytest.mark.parametrize("m,n,k,gain_group,relu,gather", [(37, 20, 13, 20, True, False), (200, 48, 40, 16, False, True),
+                                                           (130, 96, 70, 32, True, True)])
+def test_linear_forward_and_backward_match_float64(m, n, k, gain_group, relu, gather):
+    gen = torch.Generator().manual_seed(m + n)
+    w, b, g = _layer(gen, n, k, gain_group)
+    src = _rand(m + 11, k, gen=gen)
+    rows = torch.randperm(m + 11, generator=gen)[:m] if gather else None
+    x = src[rows] if gather else src[:m]
+    dev = lambda t: t.float().to(DEVICE)  # noqa: E731
+    y = torch.full((m, n), float("nan"), device=DEVICE)
+    linear_forward(dev(src), dev(w), dev(b), dev(g), y, gain_group, relu,
+                   rows=None if rows is None else rows.to(DEVICE))
+    ref = linear_reference(x, w, b, g, gain_group, relu)
+    torch.testing.assert_close(y.cpu().double(), ref, **FWD_TOL)
+
+    dy = _rand(m, n, gen=gen)
+    # as in the network: dy is the pre-activation gradient and x a ReLU output (mask the reference accordingly)
+    xr = torch.relu(x)
+    dx = torch.full((m, k), float("nan"), device=DEVICE)
+    linear_backward_input(dev(dy), dev(w), dev(g), dev(xr), dx, gain_group)
+    dx_ref = ((dy * g.repeat_interleave(gain_group)[:n]) @ w) * (xr > 0)
+    torch.testing.assert_close(dx.cpu().double(), dx_ref, **CPU_TOL)
+
+    # weight gradients: dy taken as the pre-activation gradient (what the network's backward passes in)
+    dw, db, dg = (torch.zeros_like(dev(t)) for t in (w, b, g))
+    w2, b2, g2 = (t.clone().requires_grad_(True) for t in (w, b, g))
+    linear_reference(x, w2, b2, g2, gain_group, relu=False).backward(dy)
+    linear_backward_weight(dev(dy), dev(src) if gather else dev(x), dev(w), dev(g), dw, db, dg, gain_group,
+                           rows=None if rows is None else rows.to(DEVICE))
+    torch.testing.assert_close(dw.cpu().double(), w2.grad, **CPU_TOL)
+    torch.testing.assert_close(db.cpu().double(), b2.grad, **CPU_TOL)
+    torch.testing.assert_close(dg.cpu().double(), g2.grad, rtol=1e-4, atol=1e-3)
+
+
+def test_two_nets_in_one_launch_use_each_buffer():
+    gen = torch.Generator().manual_seed(5)
+    n, k, m = 24, 17, 45
+    bufs = []
+    for _ in range(2):
+        w, b, g = _layer(gen, n, k, n)
+        bufs.append(torch.cat([w.flatten(), b, g]))
+    flat = torch.cat(bufs).float().to(DEVICE)
+    p = bufs[0].numel()
+    w0, b0, g0 = flat[:n * k].view(n, k), flat[n * k:n * k + n], flat[n * k + n:p]
+    x = _rand(m, k, gen=gen)
+    y = torch.full((2, m, n), float("nan"), device=DEVICE)
+    linear_forward(x.float().to(DEVICE), w0, b0, g0, y, n, True, nets=2, p_zstride=p, ddqn=True)
+    for z in range(2):
+        bz = bufs[z]
+        ref = linear_reference(x, bz[:n * k].view(n, k), bz[n * k:n * k + n], bz[n * k + n:], n, True)
+        torch.testing.assert_close(y[z].cpu().double(), ref, **FWD_TOL)
+
+
+@pytest.mark.parametrize("m,branches,actions,hidden", [(50, 3, 4, 20), (140, 1, 2, 32)])
+def test_heads_forward_and_backward_match_float64(m, branches, actions, hidden):
+    gen = torch.Generator().manual_seed(m)
+    j = 1 + branches * actions
+    h = torch.relu(_rand(m, (1 + branches) * hidden, gen=gen))
+    w, b, g = _rand(j, hidden, gen=gen, scale=hidden ** -0.5), _rand(j, gen=gen), 1 + _rand(1 + branches, gen=gen,
+                                                                                               scale=0.2)
+    dev = lambda t: t.float().to(DEVICE)  # noqa: E731
+    q = torch.full((m, branches * actions), float("nan"), device=DEVICE)
+    heads_forward(dev(h), dev(w), dev(b), dev(g), q, branches)
+    h_, w_, b_, g_ = (t.clone().requires_grad_(True) for t in (h, w, b, g))
+    ref = heads_reference(h_, w_, b_, g_, branches)
+    torch.testing.assert_close(q.cpu().double().view(m, branches, actions), ref.detach(), **FWD_TOL)
+    dq = _rand(m, branches, actions, gen=gen)
+    ref.backward(dq)
+    dh = torch.full_like(dev(h), float("nan"))
+    dw, db, dg = (torch.zeros_like(dev(t)) for t in (w, b, g))
+    heads_backward(dev(h), dev(dq).view(m, -1), dev(w), dev(g), dh, dw, db, dg, branches)
+    torch.testing.assert_close(dh.cpu().double(), h_.grad * (h > 0), **CPU_TOL)
+    torch.testing.assert_close(dw.cpu().double(), w_.grad, **CPU_TOL)
+    torch.testing.assert_close(db.cpu().double(), b_.grad, **CPU_TOL)
+    torch.testing.assert_close(dg.cpu().double(), g_.grad, rtol=1e-4, atol=1e-3)
+
+
+def test_launchers_reject_bad_inputs():
+    w = torch.randn(8, 16, device=DEVICE)
+    b, g = torch.randn(8, device=DEVICE), torch.ones(1, device=DEVICE)
+    y = torch.empty(4, 8, device=DEVICE)
+    with pytest.raises(ValueError, match="x must be"):
+        linear_forward(torch.randn(4, 15, device=DEVICE), w, b, g, y, 8, True)
+    with pytest.raises(ValueError, match="g must have shape"):
+        linear_forward(torch.randn(4, 16, device=DEVICE), w, b, torch.ones(2, device=DEVICE), y, 8, True)
+    with pytest.raises(ValueError, match="b must have dtype"):
+        linear_forward(torch.randn(4, 16, device=DEVICE), w, b.double(), g, y, 8, True)
+    with pytest.raises(ValueError, match="w_out must be"):
+        heads_forward(torch.randn(4, 32, device=DEVICE), torch.randn(6, 16, device=DEVICE),
+                      torch.randn(6, device=DEVICE), torch.ones(2, device=DEVICE), torch.empty(4, 5, device=DEVICE), 4)
+
+
+@pytest.mark.gpu
+def test_precision_placement_on_gpu():
+    """Forward TF32 (error ~1e-3 vs float64), backward FP32-accurate (<= 1e-5), at seed-scale layer 2 shapes."""
+    gen = torch.Generator().manual_seed(0)
+    m, n, k = 8192, 256, 512
+    w, b, g = _layer(gen, n, k, n)
+    x = torch.relu(_rand(m, k, gen=gen))
+    dev = lambda t: t.float().cuda()  # noqa: E731
+    y = torch.empty(m, n, device="cuda")
+    linear_forward(dev(x), dev(w), dev(b), dev(g), y, n, False)
+    xf, wf, bf, gf = (dev(t).double() for t in (x, w, b, g))  # the float32-rounded inputs, exactly
+    fwd_err = _rel(y, linear_reference(xf, wf, bf, gf, n, False))
+    assert 1e-5 < fwd_err < 5e-3, f"forward relative error {fwd_err:.2e}: not TF32"
+    dy = _rand(m, n, gen=gen)
+    dx = torch.empty(m, k, device="cuda")
+    linear_backward_input(dev(dy), dev(w), dev(g), dev(x), dx, n)
+    dyf = dev(dy).double()
+    dx_err = _rel(dx, ((dyf * gf) @ wf) * (xf > 0))
+    dw, db, dg = torch.zeros(n, k, device="cuda"), torch.zeros(n, device="cuda"), torch.zeros(1, device="cuda")
+    linear_backward_weight(dev(dy), dev(x), dev(w), dev(g), dw, db, dg, n)
+    dw_err = _rel(dw, gf * (dyf.T @ xf))
+    assert dx_err <= 1e-5 and dw_err <= 1e-5, f"backward relative errors dx {dx_err:.2e}, dw {dw_err:.2e}"

@@ -1,0 +1,181 @@
+"""`hotloop bench` (trainer/bench.py, the CLI subcommand): the roofline floor by hand, the table on the CPU (eager
+measured, captured variants skipped), files written and never overwritten, bad input exits 2."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pandas as pd
+import pytest
+import torch
+
+from guards.guard import guard_steps
+from trainer.bench import (BENCH_COLUMNS, VARIANTS, expand_variants, guard_summary, roofline_counts,
+                           roofline_floor_us, run_bench)
+from trainer.bench_variants import build_eager
+from trainer.cli import main
+from trainer.config import preset
+from trainer.network import BranchingDuelingQNet
+
+CPU = torch.device("cpu")
+
+
+def _cfg(**kw):
+    return preset("cartpole", **{"batch_size": 16, "replay_capacity": 256, "trunk_hidden": (16,),
+                                 "head_hidden": 8, **kw})
+
+
+def test_roofline_by_hand_on_a_tiny_config():
+    # obs 3, trunk (4,), head 2, one branch of 2 actions, B = 5.
+    # Layers (in, out): trunk 3x4, value 4x2 and 2x1, branch 4x2 and 2x2 -> S = 12 + 8 + 2 + 8 + 4 = 34.
+    cfg = preset("cartpole", batch_size=5, replay_capacity=8, trunk_hidden=(4,), head_hidden=2)
+    c = roofline_counts(cfg, 3, (2,))
+    assert c["weights"] == 34
+    # P = weights 34 + biases (4 + 2 + 1 + 2 + 2 = 11) + one spectral-norm gain per matrix (5) = 50
+    assert c["params"] == 50 == sum(p.numel() for p in BranchingDuelingQNet(3, (2,), (4,), 2).parameters())
+    assert c["flops_fwd"] == 3 * 2 * 5 * 34 == 1020  # three forwards
+    assert c["flops_bwd"] == 2 * 5 * (2 * 34 - 12) == 560  # dX and dW per layer, no dX for the 3x4 input layer
+    # bytes: batch 2*5*3*4 + 5*1*8 + 3*5*4 = 220; activations 2*5*11*4 = 440; params (3 + 1 + 7)*50*4 = 2200;
+    # spectral norm 34*4 = 136
+    assert c["bytes"] == 220 + 440 + 2200 + 136 == 2996
+    # 1e-6 TFLOP/s = 1 FLOP/us, 1e-3 GB/s = 1 byte/us
+    assert roofline_floor_us(cfg, 3, (2,), 1e-6, 1e-6, 1e-3) == pytest.approx(2996.0)  # byte-bound
+    assert roofline_floor_us(cfg, 3, (2,), 1e-6, 0.5e-6, 1.0) == pytest.approx(1020 + 1120)  # FLOP-bound
+    no_sn = roofline_counts(dataclasses.replace(cfg, spectral_norm=False), 3, (2,))
+    assert no_sn["params"] == 45 and no_sn["bytes"] == 220 + 440 + 11 * 45 * 4
+
+
+def test_roofline_at_seed_scale_is_flop_bound_near_70_us():
+    cfg = preset("seed-scale")
+    floor = roofline_floor_us(cfg, 64, (4, 4, 4))
+    assert 60 < floor < 80
+    assert roofline_counts(cfg, 64, (4, 4, 4))["weights"] == 246_800
+
+
+@pytest.mark.parametrize("kw,match", [({"peak_gbs": 0}, "peak_gbs"), ({"peak_tflops_fwd": float("nan")},
+                                      "peak_tflops_fwd"), ({"peak_tflops_bwd": -1.0}, "peak_tflops_bwd")])
+def test_roofline_bad_peaks(kw, match):
+    with pytest.raises(ValueError, match=match):
+        roofline_floor_us(_cfg(), 4, (2,), **kw)
+
+
+def test_run_bench_on_cpu_measures_eager_and_skips_the_graph(tmp_path, capsys):
+    out = tmp_path / "bench"
+    df = run_bench(_cfg(), CPU, ["eager", "graph-fp32"], steps=5, warmup=1, out_dir=out)
+    assert list(df.columns) == BENCH_COLUMNS and list(df["variant"]) == ["eager", "graph-fp32"]
+    eager, graph = df.iloc[0], df.iloc[1]
+    assert math.isfinite(eager["us_per_step_p50"]) and eager["us_per_step_p50"] > 0
+    assert eager["us_per_step_p20"] <= eager["us_per_step_p50"] <= eager["us_per_step_p80"]
+    assert eager["steps"] == 5 and eager["setup_kind"] == "none" and eager["precision"] == "fp32"
+    assert math.isnan(eager["kernels_per_step"]) and math.isnan(eager["ratio_to_hotloop"])
+    assert graph[["us_per_step_p20", "us_per_step_p50", "us_per_step_p80", "setup_s"]].isna().all()
+    assert "needs CUDA" in graph["note"] and graph["steps"] == 0 and graph["precision"] == "fp32"
+    assert (df["gpu"] == "cpu").all() and (df["roofline_floor_us"] > 0).all() and df["commit"].str.len().gt(0).all()
+    csv = pd.read_csv(out / "bench.csv")
+    assert list(csv.columns) == BENCH_COLUMNS and len(csv) == 2
+    md = (out / "bench.md").read_text()
+    assert all(c in md.splitlines()[0] for c in BENCH_COLUMNS)
+    assert "eager" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="already holds bench.csv"):
+        run_bench(_cfg(), CPU, ["eager"], steps=1, out_dir=out)
+
+
+def test_a_failing_variant_is_a_row_and_ratio_to_hotloop_uses_the_hotloop_row(monkeypatch):
+    def broken(cfg, device):
+        raise KeyError("boom")
+
+    def fake_hotloop(cfg, device):
+        return build_eager(cfg, device)._replace(name="hotloop", precision="split")
+
+    def slow_eager(cfg, device):
+        v = build_eager(cfg, device)
+        return v._replace(step=lambda: (v.step(), v.step()))
+
+    df = run_bench(_cfg(), CPU, ["broken", "slow", "hotloop"], steps=3, warmup=0,
+                   extra_variants={"broken": broken, "hotloop": fake_hotloop, "slow": slow_eager})
+    broken_row, slow, hot = (df.set_index("variant").loc[n] for n in ("broken", "slow", "hotloop"))
+    assert "KeyError" in broken_row["note"] and "boom" in broken_row["note"] and math.isnan(broken_row["setup_s"])
+    assert hot["ratio_to_hotloop"] == 1.0 and hot["precision"] == "split"
+    assert slow["ratio_to_hotloop"] == pytest.approx(slow["us_per_step_p50"] / hot["us_per_step_p50"])
+
+
+def test_missing_hotloop_builder_is_a_row_note(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "trainer.step", None)  # import trainer.step raises ImportError
+    df = run_bench(_cfg(), CPU, ["hotloop"], steps=1, warmup=0)
+    assert "build_hotloop_variant is not available" in df.loc[0, "note"] and df.loc[0, "steps"] == 0
+
+
+def test_expand_variants():
+    assert expand_variants("all") == list(VARIANTS)
+    assert expand_variants("graph,eager,graph-fp32") == ["graph-fp32", "graph-tf32", "eager"]
+    assert expand_variants(["compiled"]) == ["compiled-split", "compiled-tf32"]
+    assert expand_variants("mine,eager", {"mine": build_eager}) == ["mine", "eager"]
+    for bad in ("eagr", "", "eager,,graph"):
+        with pytest.raises(ValueError, match="valid variants: eager, graph-fp32"):
+            expand_variants(bad)
+
+
+@pytest.mark.parametrize("kw,match", [({"steps": 0}, "steps"), ({"warmup": -1}, "warmup"),
+                                      ({"variants": ["nope"]}, "unknown variant")])
+def test_run_bench_bad_input(kw, match):
+    args = {"variants": ["eager"], "steps": 1, "warmup": 0, **kw}
+    with pytest.raises(ValueError, match=match):
+        run_bench(_cfg(), CPU, **args)
+
+
+def test_guard_summary_reads_the_kernels_column():
+    x = torch.randn(8, 8)
+    report = guard_steps(lambda: x @ x, steps=2, warmup=0, step_range="bench_step")
+    kernels, note = guard_summary(report, steps=2)
+    if not report.cuda:
+        assert math.isnan(kernels) and note == ""
+        report = dataclasses.replace(report, cuda=True, gemms=pd.DataFrame(
+            {"phase": ["", "", ""], "precision": ["tf32", "fp32", "gemm"], "name": ["a", "b", "c"],
+             "kernels": [6, 4, 2]}))
+        kernels, note = guard_summary(report, steps=2)
+    assert kernels == report.medians["kernels"]
+    if not torch.cuda.is_available():
+        assert note == "gemms/step tf32=3 fp32=2 other=1"
+
+
+def test_cli_bench_writes_once_and_never_overwrites(tmp_path, capsys):
+    out = tmp_path / "b"
+    argv = ["bench", "--preset", "cartpole", "--set", "batch_size=32", "--steps", "3", "--warmup", "1",
+            "--variants", "eager", "--out", str(out), "--device", "cpu"]
+    assert main(argv) == 0
+    first = (out / "bench.csv").read_text()
+    assert list(pd.read_csv(out / "bench.csv").columns) == BENCH_COLUMNS and (out / "bench.md").exists()
+    assert "bench folder" in capsys.readouterr().out
+    assert main(argv) == 2
+    assert "already holds bench.csv" in capsys.readouterr().err
+    assert (out / "bench.csv").read_text() == first
+
+
+def test_cli_bench_bad_input_exits_2_naming_the_valid_variants(tmp_path, capsys):
+    assert main(["bench", "--preset", "cartpole", "--variants", "eager,warp", "--out", str(tmp_path / "x"),
+                 "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "'warp'" in err and all(name in err for name in VARIANTS)
+    assert main(["bench", "--preset", "cartpole", "--steps", "0", "--device", "cpu"]) == 2
+    assert "--steps must be >= 1" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
+def test_cli_bench_help_lists_every_variant(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "--help"])
+    assert exc.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert all(name in out for name in VARIANTS) and "--variants" in out and "seed-scale" in out
+
+
+@pytest.mark.gpu
+def test_run_bench_on_the_gpu_measures_every_captured_variant(tmp_path):
+    df = run_bench(_cfg(batch_size=64, replay_capacity=4096), torch.device("cuda"),
+                   ["eager", "graph-fp32", "graph-tf32"], steps=10, warmup=2, out_dir=tmp_path)
+    assert df[["us_per_step_p50", "kernels_per_step", "setup_s"]].notna().all().all(), df["note"].tolist()
+    assert (df["kernels_per_step"] > 10).all() and df["note"].str.contains("gemms/step").all()
+    assert "gemms/step tf32=0 " in df.set_index("variant").loc["graph-fp32", "note"]  # no TF32 GEMM under FP32

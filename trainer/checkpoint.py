@@ -1,0 +1,163 @@
+"""Atomic checkpoints of named tensors + plain JSON metadata, loaded without unpickling arbitrary objects.
+
+File layout: `torch.save` of {"format": "hotloop-checkpoint", "version": 1, "tensors": {name: CPU tensor},
+"meta": JSON-compatible dict}. Saving writes a temp file in the destination's directory, fsyncs it and renames it
+over the destination (`os.replace`, atomic on POSIX), so a crash leaves either the old or the new checkpoint, never
+a torn one. Loading uses `torch.load(weights_only=True)`, whose restricted unpickler refuses any global that is not
+a tensor/storage/plain container, so a hostile file cannot run code. Sources: the write-temp/fsync/rename pattern
+(POSIX rename(2); Python `os.replace`), torch.serialization's weights_only unpickler.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+
+FORMAT, VERSION = "hotloop-checkpoint", 1
+MetaValue = int | float | str | bool | list | dict | None
+
+
+def save_checkpoint(path: str | os.PathLike, tensors: Mapping[str, torch.Tensor],
+                    meta: Mapping[str, MetaValue]) -> Path:
+    """Write `tensors` (str name -> tensor, any dtype/shape/device; stored detached, as compact CPU copies) and
+    `meta` (str key -> JSON-serializable value; stored as its JSON round trip, so tuples come back as lists) to
+    `path` atomically; returns `path` as a Path. The temp file (`.<name>.*.tmp`, mode 0600 from mkstemp) lives in
+    the same directory; on any error it is removed and an existing file at `path` is left untouched.
+    Raises ValueError for a non-str name, a non-tensor value, a non-str or non-JSON-serializable meta key/value
+    (naming the key), a missing parent directory or a `path` that is a directory; OSError from the file system."""
+    path = Path(path)
+    if not isinstance(tensors, Mapping):
+        raise ValueError(f"tensors must be a mapping of name -> tensor, got {type(tensors).__name__}")
+    if not isinstance(meta, Mapping):
+        raise ValueError(f"meta must be a mapping of key -> JSON value, got {type(meta).__name__}")
+    for name, t in tensors.items():
+        if not isinstance(name, str):
+            raise ValueError(f"tensors: names must be str, got {name!r} ({type(name).__name__})")
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"tensors[{name!r}] must be a torch.Tensor, got {type(t).__name__}")
+    plain_meta = {}
+    for key, value in meta.items():
+        if not isinstance(key, str):
+            raise ValueError(f"meta: keys must be str, got {key!r} ({type(key).__name__})")
+        try:
+            plain_meta[key] = json.loads(json.dumps(value))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"meta[{key!r}] is not JSON-serializable: {exc}") from exc
+    if not path.parent.is_dir():
+        raise ValueError(f"checkpoint {path}: directory {path.parent} does not exist")
+    if path.is_dir():
+        raise ValueError(f"checkpoint {path} is a directory")
+    payload = {"format": FORMAT, "version": VERSION, "meta": plain_meta,
+               "tensors": {name: _host_copy(t) for name, t in tensors.items()}}
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(payload, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    _fsync_dir(path.parent)
+    return path
+
+
+def load_checkpoint(path: str | os.PathLike, device: torch.device | str | None = None
+                    ) -> tuple[dict[str, torch.Tensor], dict]:
+    """Read a checkpoint written by save_checkpoint: (tensors on `device`, default cpu; meta dict of JSON values).
+    Uses torch.load(weights_only=True): a file that would need any other global (a custom class, a __reduce__
+    payload) is refused before it is built. Raises ValueError naming the path for a missing file, content torch
+    cannot read (truncated, corrupt, or not a torch file; the torch error is chained), a file that is not a
+    hotloop checkpoint of this version, or a device that is not cpu or an available cuda; PermissionError passes
+    through. Corruption inside tensor data bytes is not detected (no checksum)."""
+    path = Path(path)
+    device = torch.device("cpu" if device is None else device)
+    if device.type not in ("cpu", "cuda") or (device.type == "cuda" and not torch.cuda.is_available()):
+        raise ValueError(f"device {device} must be cpu or an available cuda device")
+    if not path.is_file():
+        raise ValueError(f"checkpoint {path}: no such file")
+    try:
+        obj = torch.load(path, map_location=device, weights_only=True)
+    except PermissionError:
+        raise
+    except Exception as exc:  # corrupt bytes surface as many types: RuntimeError, UnpicklingError, EOFError, OSError..
+        raise ValueError(f"checkpoint {path} cannot be read ({type(exc).__name__}: {exc})") from exc
+    if not isinstance(obj, dict) or obj.get("format") != FORMAT:
+        raise ValueError(f"checkpoint {path} is not a {FORMAT} file (format key missing or wrong)")
+    if obj.get("version") != VERSION:
+        raise ValueError(f"checkpoint {path} has version {obj.get('version')!r}, this code reads {VERSION}")
+    tensors, meta = obj.get("tensors"), obj.get("meta")
+    if (not isinstance(tensors, dict) or not isinstance(meta, dict)
+            or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in tensors.items())):
+        raise ValueError(f"checkpoint {path} is malformed: 'tensors' must map str -> tensor and 'meta' be a dict")
+    return tensors, meta
+
+
+def rng_state(device: torch.device | str) -> dict[str, torch.Tensor]:
+    """The global RNG states as CPU uint8 tensors: {"cpu": torch.get_rng_state()} plus, when `device` is CUDA,
+    "cuda": torch.cuda.get_rng_state(device). Not for the hot loop (the CUDA state is read on the host)."""
+    device = torch.device(device)
+    state = {"cpu": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: Mapping[str, torch.Tensor], device: torch.device | str) -> None:
+    """Restore global RNG states taken by rng_state (tensors on any device; copied to CPU). Raises ValueError when
+    a needed key ("cpu", and "cuda" for a CUDA device) is missing or not a uint8 tensor."""
+    device = torch.device(device)
+    keys = ("cpu", "cuda") if device.type == "cuda" else ("cpu",)
+    for key in keys:
+        t = state.get(key) if isinstance(state, Mapping) else None
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.uint8:
+            raise ValueError(f"state[{key!r}] must be a uint8 tensor from rng_state, got {t!r:.60}")
+    torch.set_rng_state(state["cpu"].to("cpu"))
+    if device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"].to("cpu"), device)
+
+
+def generator_state(g: torch.Generator) -> torch.Tensor:
+    """State of a torch.Generator (CPU or CUDA) as a CPU uint8 tensor (g.get_state())."""
+    if not isinstance(g, torch.Generator):
+        raise ValueError(f"g must be a torch.Generator, got {type(g).__name__}")
+    return g.get_state()
+
+
+def set_generator_state(g: torch.Generator, state: torch.Tensor) -> None:
+    """Restore a generator_state (uint8 tensor, any device; copied to CPU) into `g` (g.set_state). Raises
+    ValueError for a non-generator or a non-uint8 state; RuntimeError from torch for a state of the wrong kind."""
+    if not isinstance(g, torch.Generator):
+        raise ValueError(f"g must be a torch.Generator, got {type(g).__name__}")
+    if not isinstance(state, torch.Tensor) or state.dtype != torch.uint8:
+        raise ValueError(f"state must be a uint8 tensor from generator_state, got {state!r:.60}")
+    g.set_state(state.to("cpu"))
+
+
+def _host_copy(t: torch.Tensor) -> torch.Tensor:
+    """A detached CPU copy owning a storage of its own size (so saving a view does not save its whole base)."""
+    t = t.detach()
+    return t.clone() if t.device.type == "cpu" else t.cpu()
+
+
+def _fsync_dir(directory: Path) -> None:
+    """fsync the directory so the rename itself is durable (POSIX); skipped where directories cannot be opened."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -1,0 +1,162 @@
+"""The branching dueling Q-network with every parameter a view of one flat fp32 buffer (hotloop's network).
+
+Same architecture as trainer/network.py's BranchingDuelingQNet (shared ReLU trunk, value head and one advantage
+branch per action dimension, each with one hidden layer; Wang et al. 2016, Tavakoli et al. 2018), with spectral
+norm in projection form (Miyato et al. 2018: each weight matrix is kept at sigma = 1 by the fused in-place kernel
+after every optimizer step) and a learned scalar gain per matrix (sigma-reparam, Zhai et al. 2023).
+
+Layout of the buffer (`FlatLayout`, P floats): per trunk layer i its W_i (t_i, t_{i-1}), b_i, g_i (1,); then the
+value head's and every branch's hidden layer stacked as ONE layer W_h ((1 + D) H, t_last) (rows [0, H) value,
+[(1 + d) H, (2 + d) H) branch d), b_h, g_h (1 + D,); then the output layer W_out (1 + D A, H) (row 0 value, rows
+1 + d A .. branch d), b_out, g_out (1 + D,). The 10 weight matrices of the seed-scale net (2 trunk, 4 hidden,
+4 output) are the spectral-norm table's entries; stacking the hidden layers makes one GEMM of them.
+All branches must have the same size A (the fused TD loss works on (B, D, A)).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kernels.heads import heads_forward, heads_reference
+from kernels.linear import linear_forward, linear_reference
+
+
+@dataclass(frozen=True)
+class LayerSlots:
+    """One linear layer's place in the flat buffer: weight (rows, cols) at w_offset, bias at b_offset, gains
+    (rows // gain_group of them) at g_offset; relu: whether a ReLU follows."""
+
+    w_offset: int
+    rows: int
+    cols: int
+    b_offset: int
+    g_offset: int
+    gain_group: int
+    relu: bool
+
+    def views(self, buf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(W (rows, cols), b (rows,), g (groups,)) views of the 1-D buffer `buf` (parameters or gradients)."""
+        n = self.rows * self.cols
+        groups = self.rows // self.gain_group
+        return (buf[self.w_offset:self.w_offset + n].view(self.rows, self.cols),
+                buf[self.b_offset:self.b_offset + self.rows], buf[self.g_offset:self.g_offset + groups])
+
+
+class FlatLayout:
+    """Offsets of every parameter of the network in one flat buffer.
+
+    Args: obs_dim; action_nvec (D equal branch sizes A); trunk_hidden widths; head_hidden H.
+    Attributes: layers (trunk layers, then the stacked hidden layer; `LayerSlots`), out (the output layer's
+    offsets; its 1 + D gains are read with `out_views`, not `LayerSlots.views`), numel (P), branches (D),
+    actions (A), head_hidden (H), obs_dim.
+    Raises ValueError for empty/non-positive sizes or unequal branch sizes.
+    """
+
+    def __init__(self, obs_dim: int, action_nvec: tuple[int, ...], trunk_hidden: tuple[int, ...], head_hidden: int):
+        if obs_dim < 1 or not trunk_hidden or min(trunk_hidden) < 1 or head_hidden < 1 or not action_nvec \
+                or min(action_nvec) < 1:
+            raise ValueError(f"FlatLayout: bad sizes obs_dim={obs_dim}, action_nvec={action_nvec}, "
+                             f"trunk_hidden={trunk_hidden}, head_hidden={head_hidden}")
+        if len(set(action_nvec)) != 1:
+            raise ValueError(f"FlatLayout: every action branch must have the same size, got {action_nvec}")
+        self.obs_dim, self.branches, self.actions = obs_dim, len(action_nvec), action_nvec[0]
+        self.head_hidden = head_hidden
+        pos = 0
+
+        def slot(rows: int, cols: int, gain_group: int, relu: bool) -> LayerSlots:
+            nonlocal pos
+            w, b, g = pos, pos + rows * cols, pos + rows * cols + rows
+            pos = g + rows // gain_group
+            return LayerSlots(w, rows, cols, b, g, gain_group, relu)
+
+        widths = (obs_dim, *trunk_hidden)
+        self.layers = [slot(o, i, o, True) for i, o in zip(widths, widths[1:])]
+        d = self.branches
+        self.layers.append(slot((1 + d) * head_hidden, widths[-1], head_hidden, True))
+        out_rows = 1 + d * self.actions
+        w, b = pos, pos + out_rows * head_hidden
+        self.out = LayerSlots(w, out_rows, head_hidden, b, b + out_rows, 1, False)
+        self.numel = b + out_rows + 1 + d
+
+    def out_views(self, buf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(W_out (1 + D A, H), b_out (1 + D A,), g_out (1 + D,)) views of `buf`."""
+        o = self.out
+        return (buf[o.w_offset:o.b_offset].view(o.rows, o.cols), buf[o.b_offset:o.g_offset],
+                buf[o.g_offset:o.g_offset + 1 + self.branches])
+
+    def sn_matrices(self) -> tuple[list[tuple[int, int]], list[int]]:
+        """(shapes, offsets) of every weight matrix for `kernels.spectral_norm.SpectralNormTable`: the trunk
+        matrices, each (H, t_last) block of the stacked hidden layer, the value row (1, H) and each branch's (A, H)
+        output block."""
+        shapes, offsets = [], []
+        for lay in self.layers[:-1]:
+            shapes.append((lay.rows, lay.cols))
+            offsets.append(lay.w_offset)
+        hid, h = self.layers[-1], self.head_hidden
+        for blk in range(1 + self.branches):
+            shapes.append((h, hid.cols))
+            offsets.append(hid.w_offset + blk * h * hid.cols)
+        shapes.append((1, h))
+        offsets.append(self.out.w_offset)
+        for d in range(self.branches):
+            shapes.append((self.actions, h))
+            offsets.append(self.out.w_offset + (1 + d * self.actions) * h)
+        return shapes, offsets
+
+    def init_params(self, generator: torch.Generator) -> torch.Tensor:
+        """A fresh (P,) float32 CPU buffer: weights and biases U(-1/sqrt(fan_in), 1/sqrt(fan_in)) as nn.Linear's
+        default (kaiming_uniform with a = sqrt(5) gives the same bound for weights), gains 1."""
+        buf = torch.empty(self.numel)
+        for w, b, g in [lay.views(buf) for lay in self.layers] + [self.out_views(buf)]:
+            bound = w.shape[1] ** -0.5
+            w.uniform_(-bound, bound, generator=generator)
+            b.uniform_(-bound, bound, generator=generator)
+            g.fill_(1.0)
+        return buf
+
+
+def forward_reference(layout: FlatLayout, buf: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
+    """Plain-torch Q (B, D, A) of the net whose parameters are `buf` (1-D, any float dtype; autograd flows into
+    it), for obs (B, obs_dim) of the same dtype."""
+    h = obs
+    for lay in layout.layers:
+        w, b, g = lay.views(buf)
+        h = linear_reference(h, w, b, g, lay.gain_group, lay.relu)
+    w_out, b_out, g_out = layout.out_views(buf)
+    return heads_reference(h, w_out, b_out, g_out, layout.branches)
+
+
+class FlatForward:
+    """Forward-only evaluation of the flat net with the fused kernels (acting and evaluation), with its own
+    activation buffers per batch size.
+
+    `q(buf, obs)`: obs (N, obs_dim) float32 on buf's device -> Q (N, D, A) float32 (a buffer reused by the next
+    call with the same N). `greedy(buf, obs)`: argmax per branch, (N, D) int64.
+    """
+
+    def __init__(self, layout: FlatLayout, device: torch.device) -> None:
+        self.layout, self.device = layout, device
+        self._acts: dict[int, list[torch.Tensor]] = {}
+
+    def _buffers(self, n: int) -> list[torch.Tensor]:
+        if n not in self._acts:
+            lay = self.layout
+            self._acts[n] = [torch.empty(n, x.rows, device=self.device) for x in lay.layers] + \
+                [torch.empty(n, lay.branches * lay.actions, device=self.device)]
+        return self._acts[n]
+
+    def q(self, buf: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
+        lay = self.layout
+        bufs = self._buffers(obs.shape[0])
+        h = obs.float().contiguous()
+        for slots, out in zip(lay.layers, bufs):
+            w, b, g = slots.views(buf)
+            h = linear_forward(h, w, b, g, out, slots.gain_group, slots.relu)
+        w_out, b_out, g_out = lay.out_views(buf)
+        q = heads_forward(h, w_out, b_out, g_out, bufs[-1], lay.branches)
+        return q.view(obs.shape[0], lay.branches, lay.actions)
+
+    def greedy(self, buf: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
+        return self.q(buf, obs).argmax(dim=2)

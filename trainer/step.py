@@ -1,0 +1,292 @@
+"""hotloop's learner step: flat buffers, fused Triton kernels, two streams, replayed as one CUDA graph.
+
+One step, all on the device, no host read (the seed's hot loop; capture rules as tensordict's cudagraphs docstring:
+static buffers, warm-up on a side stream, then `torch.cuda.graph`):
+  sample      batch_uniforms (Philox keyed by the optimizer's device step count; also writes the annealed beta),
+              tree_sample (stratified proportional sampling + importance weights, 2 launches),
+              gather_transitions (actions, rewards, terminal flags; observations are read in place by the forward)
+  ddqn_forward  on a second stream, concurrent with the online forward: online and target net on s' in ONE launch
+              per layer (TF32)
+  forward     online net on s (TF32), activations kept for the backward
+  loss        fused Double-DQN TD loss: target, TD errors, loss, dLoss/dQ, new priorities, metrics
+  backward    one memset (the gradient buffer: the weight kernels accumulate with atomics), then the heads' and each
+              layer's input- and weight-gradient kernels (split-precision FP32)
+  optimizer   grad-norm + clip + Adam over the flat buffers, with the target update fused in (hard or Polyak, on
+              the device-side steps that are multiples of target_update_interval)
+  spectral_norm  all weight matrices projected to sigma = 1 in one launch
+  priority_update  sum-tree update with the new priorities
+Kernels per step: 1 + 2 + 1 + 4 + 4 + 1 + 1 + 6 (2 trunk layers) + 2 + 1 + 1 = 24 at seed scale.
+The target net therefore holds the parameters after Adam and before that step's spectral-norm projection (they
+differ by one step's change of sigma, O(lr)).
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import nullcontext
+
+import torch
+
+from kernels.fused_adam import FusedAdam
+from kernels.heads import heads_backward, heads_forward
+from kernels.linear import linear_backward_input, linear_backward_weight, linear_forward
+from kernels.replay_batch import batch_uniforms, gather_transitions
+from kernels.segment_tree import tree_sample, tree_update
+from kernels.spectral_norm import SpectralNormTable, spectral_norm_
+from kernels.td_loss import METRIC_NAMES, TDLossOutputs, TDLossWorkspace, td_loss_forward
+from profiles.ranges import phase_range
+from trainer.config import Config
+from trainer.flat_net import FlatForward, FlatLayout
+from trainer.replay import PrioritizedReplay
+
+METRICS = (*METRIC_NAMES, "grad_norm")
+"""Names of the device metric slots `HotLearner.metric_sources` returns, in order."""
+WARMUP_STEPS = 2
+"""Eager learner steps `capture` runs first on a side stream (they compile the kernels; they are real steps)."""
+SN_WARMUP_ITERATIONS = 15
+"""Power iterations of the initial spectral-norm projection (torch's parametrization also warms up with 15)."""
+
+
+def check_supported(cfg: Config, action_nvec: tuple[int, ...]) -> None:
+    """Raise ValueError if the hotloop learner cannot run `cfg` (it needs equal branch sizes and no diversity
+    term: the fused loss has no branch-feature term)."""
+    if len(set(action_nvec)) != 1:
+        raise ValueError(f"learner 'hotloop' needs action branches of equal size, got {action_nvec}")
+    if cfg.diversity_weight != 0:
+        raise ValueError("learner 'hotloop' has no branch-diversity term: set diversity_weight=0 or "
+                         "learner='reference'")
+
+
+class HotLearner:
+    """The optimized Double-DQN learner over a prioritized replay; `step()` replays the captured step.
+
+    Args:
+        cfg: the run's Config (sizes, gamma, lr, loss, clip, tau, target_update_interval, PER alpha/beta/eps, CQL).
+        obs_dim, action_nvec: the env's shapes (branches of equal size).
+        device: a CUDA device, or the CPU under TRITON_INTERPRET=1 (tests; no graph, no second stream).
+        replay: the PrioritizedReplay the env loop fills (its storage and sum tree are read and written in place).
+    Attributes: layout (FlatLayout), nets (2, P) float32 (row 0 = params_buf, row 1 = target_buf), params, target,
+        grads (P,) float32 (grad_buf), adam (FusedAdam), sn_table / sn_u / sn_v, steps (host count of steps run),
+        graph (CUDAGraph or None), warmup_s (kernel compilation + warm-up steps) and capture_s (seconds).
+    Raises ValueError for an unsupported config (`check_supported`) or a replay on another device.
+    """
+
+    def __init__(self, cfg: Config, obs_dim: int, action_nvec: tuple[int, ...], device: torch.device,
+                 replay: PrioritizedReplay) -> None:
+        check_supported(cfg, action_nvec)
+        if replay.device != torch.empty(0, device=device).device:
+            raise ValueError(f"replay is on {replay.device}, the learner on {device}")
+        self.cfg, self.device, self.replay = cfg, device, replay
+        lay = self.layout = FlatLayout(obs_dim, tuple(action_nvec), cfg.trunk_hidden, cfg.head_hidden)
+        gen = torch.Generator().manual_seed(cfg.seed)
+        self.nets = torch.empty(2, lay.numel, device=device)
+        self.params, self.target = self.nets[0], self.nets[1]
+        self.params.copy_(lay.init_params(gen))
+        self.grads = torch.zeros(lay.numel, device=device)
+        shapes, offsets = lay.sn_matrices()
+        # >= 132 row slabs per stage on the GPU (one per SM); few on the CPU interpreter, where programs run serially
+        self.sn_table = SpectralNormTable.from_shapes(shapes, device, offsets,
+                                                      min_slabs=132 if device.type == "cuda" else 8)
+        self.sn_u, self.sn_v = self.sn_table.new_vectors(gen)
+        if cfg.spectral_norm:
+            spectral_norm_(self.params, self.sn_table, self.sn_u, self.sn_v, SN_WARMUP_ITERATIONS)
+        self.target.copy_(self.params)
+        self.adam = FusedAdam(lay.numel, device, lr=cfg.lr, eps=cfg.adam_eps, weight_decay=cfg.weight_decay,
+                              max_grad_norm=cfg.max_grad_norm)
+        b, d, a = cfg.batch_size, lay.branches, lay.actions
+
+        def new(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+            return torch.empty(*shape, dtype=dtype, device=device)
+
+        self.uniforms, self.beta, self.weights = new(b), new(()), new(b)
+        self.idx, self.action = new(b, dtype=torch.int64), new(b, d, dtype=torch.int64)
+        self.reward, self.terminated = new(b), new(b)
+        self.acts = [new(b, x.rows) for x in lay.layers]            # online activations, kept for the backward
+        self.ddqn_acts = [new(2, b, x.rows) for x in lay.layers]    # online + target on s'
+        self.q, self.q_next = new(b, d * a), new(2, b, d * a)
+        self.dz = [new(b, x.rows) for x in lay.layers]              # pre-activation gradients
+        self.td = TDLossOutputs.empty(b, d, a, device)
+        self.td_ws = TDLossWorkspace.create(b, device)
+        self.side = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self.acting = FlatForward(lay, device)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.capture_s = self.warmup_s = float("nan")
+        self.steps = 0
+
+    def _sample(self) -> None:
+        cfg, rp = self.cfg, self.replay
+        with phase_range("sample"):
+            batch_uniforms(self.adam.step_count, self.uniforms, self.beta, cfg.seed, cfg.per_beta_start,
+                           cfg.per_beta_end, max(1, cfg.epochs * cfg.learner_steps_per_epoch))
+            tree_sample(rp.tree.nodes, rp.capacity, rp.capacity, cfg.batch_size, self.uniforms, self.beta, self.idx,
+                        self.weights)
+            gather_transitions(self.idx, rp.action, rp.reward, rp.terminated, self.action, self.reward,
+                               self.terminated)
+
+    def _forward(self, obs: torch.Tensor, acts: list[torch.Tensor], q: torch.Tensor, nets: int) -> None:
+        """Forward of `nets` networks (1: online on s; 2: online and target on s') from replay rows self.idx."""
+        lay, b, p = self.layout, self.cfg.batch_size, self.layout.numel
+        x, rows, x_zstride = obs, self.idx, 0
+        for slots, y in zip(lay.layers, acts):
+            w, bias, g = slots.views(self.params)
+            linear_forward(x, w, bias, g, y, slots.gain_group, slots.relu, rows=rows, nets=nets, p_zstride=p,
+                           x_zstride=x_zstride, ddqn=nets == 2)
+            x, rows, x_zstride = y.view(-1, slots.rows), None, b * slots.rows
+        w_out, b_out, g_out = lay.out_views(self.params)
+        heads_forward(acts[-1], w_out, b_out, g_out, q, lay.branches, nets=nets, p_zstride=p, ddqn=nets == 2)
+
+    def _backward(self) -> None:
+        lay, params, grads = self.layout, self.params, self.grads
+        grads.zero_()
+        w_out, _, g_out = lay.out_views(params)
+        dw_out, db_out, dg_out = lay.out_views(grads)
+        heads_backward(self.acts[-1], self.td.grad.view(self.cfg.batch_size, -1), w_out, g_out, self.dz[-1], dw_out,
+                       db_out, dg_out, lay.branches)
+        for i in reversed(range(len(lay.layers))):
+            slots = lay.layers[i]
+            w, _, g = slots.views(params)
+            dw, db, dg = slots.views(grads)
+            x = self.replay.obs if i == 0 else self.acts[i - 1]
+            linear_backward_weight(self.dz[i], x, w, g, dw, db, dg, slots.gain_group,
+                                   rows=self.idx if i == 0 else None)
+            if i > 0:
+                linear_backward_input(self.dz[i], w, g, self.acts[i - 1], self.dz[i - 1], slots.gain_group)
+
+    def _body(self) -> None:
+        cfg, rp, lay = self.cfg, self.replay, self.layout
+        self._sample()
+        main = torch.cuda.current_stream(self.device) if self.side is not None else None
+        if self.side is not None:
+            self.side.wait_stream(main)
+        with torch.cuda.stream(self.side) if self.side is not None else nullcontext(), phase_range("ddqn_forward"):
+            self._forward(rp.next_obs, self.ddqn_acts, self.q_next, nets=2)
+        with phase_range("forward"):
+            self._forward(rp.obs, self.acts, self.q, nets=1)
+        if self.side is not None:
+            main.wait_stream(self.side)
+        b, d, a = cfg.batch_size, lay.branches, lay.actions
+        with phase_range("loss"):
+            td_loss_forward(self.q.view(b, d, a), self.q_next[0].view(b, d, a), self.q_next[1].view(b, d, a),
+                            self.action, self.reward, self.terminated, self.weights, cfg.gamma, cfg.loss,
+                            cfg.huber_delta, cfg.cql_weight, cfg.per_eps, cfg.per_alpha, out=self.td,
+                            workspace=self.td_ws)
+        with phase_range("backward"):
+            self._backward()
+        with phase_range("optimizer"):
+            self.adam.step(self.params, self.grads, self.target, tau=cfg.tau,
+                           target_every=cfg.target_update_interval)
+        if cfg.spectral_norm:
+            with phase_range("spectral_norm"):
+                spectral_norm_(self.params, self.sn_table, self.sn_u, self.sn_v, cfg.sn_power_iterations)
+        with phase_range("priority_update"):
+            tree_update(rp.tree.nodes, self.idx, self.td.priorities, rp.capacity, rp.tree.max_value,
+                        rp.tree.bad_priority_count)
+
+    def capture(self) -> float:
+        """Run WARMUP_STEPS eager steps on a side stream (compiling every kernel: their wall seconds go to
+        warmup_s), then capture one step into a CUDA graph; returns (and keeps in capture_s) the capture's
+        seconds. CUDA only (RuntimeError else).
+        The replay must hold at least one transition (sampling from an empty tree reads garbage)."""
+        if self.device.type != "cuda":
+            raise RuntimeError("HotLearner.capture needs a CUDA device")
+        start = time.perf_counter()
+        warm = torch.cuda.Stream(self.device)
+        warm.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(warm):
+            for _ in range(WARMUP_STEPS):
+                self._body()
+                self.steps += 1
+        torch.cuda.current_stream(self.device).wait_stream(warm)
+        torch.cuda.synchronize(self.device)
+        self.warmup_s = time.perf_counter() - start
+        start = time.perf_counter()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self._body()
+        self.graph = graph
+        torch.cuda.synchronize(self.device)  # once, at capture time (outside the hot loop)
+        self.capture_s = time.perf_counter() - start
+        return self.capture_s
+
+    def step(self) -> None:
+        """One learner step: a graph replay once `capture` ran, else the same kernels launched eagerly."""
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            self._body()
+        self.steps += 1
+
+    def metric_sources(self) -> list[torch.Tensor]:
+        """Device tensors holding the last step's metrics, named by METRICS: the TD loss's metric slots (5,) and
+        the pre-clip grad norm (); overwritten by every step (publish them with trainer.readback)."""
+        return [self.td.metrics, self.adam.grad_norm]
+
+    @torch.no_grad()
+    def greedy(self, obs: torch.Tensor) -> torch.Tensor:
+        """argmax_a Q_d(obs, a) of the online net per branch: (N, D) int64 for obs (N, obs_dim); eager kernels."""
+        return self.acting.greedy(self.params, obs)
+
+    @torch.no_grad()
+    def act(self, obs: torch.Tensor, epsilon: float, generator: torch.Generator) -> torch.Tensor:
+        """Epsilon-greedy actions (N, D) int64, as DQNLearner.act."""
+        n, d, a = obs.shape[0], self.layout.branches, self.layout.actions
+        rand = torch.randint(0, a, (n, d), device=obs.device, generator=generator)
+        explore = torch.rand(n, 1, device=obs.device, generator=generator) < epsilon
+        return torch.where(explore, rand, self.greedy(obs))
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Copies of everything the learner carries from step to step (flat nets, Adam, spectral-norm vectors)."""
+        return {"nets": self.nets.clone(), "sn_u": self.sn_u.clone(), "sn_v": self.sn_v.clone(),
+                **{f"adam.{k}": v for k, v in self.adam.state_dict().items()}}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Copy `state` (from state_dict) in place, keeping every address (a captured graph stays valid).
+        Raises ValueError for missing keys or wrong shapes."""
+        for key, t in (("nets", self.nets), ("sn_u", self.sn_u), ("sn_v", self.sn_v)):
+            if key not in state or tuple(state[key].shape) != tuple(t.shape):
+                raise ValueError(f"learner state: {key!r} missing or not of shape {tuple(t.shape)}")
+            t.copy_(state[key])
+        self.adam.load_state_dict({k[5:]: v for k, v in state.items() if k.startswith("adam.")})
+
+
+def build_hotloop_variant(cfg: Config, device: torch.device):
+    """The `hotloop` row of `hotloop bench`: a HotLearner over a kernel-backed PrioritizedReplay holding
+    min(capacity, 4 * batch_size) random transitions (priorities from |N(0, 1)| TD errors, as the other rows'
+    replay), captured (setup_s = warm-up + capture seconds); `step` replays the graph.
+    Returns a trainer.bench_variants.Variant. Raises RuntimeError without CUDA, ValueError for an unsupported cfg."""
+    from trainer.bench_variants import Variant, env_shapes
+
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise RuntimeError("hotloop: needs CUDA (the step is a captured CUDA graph)")
+    obs_dim, nvec = env_shapes(cfg)
+    replay = PrioritizedReplay(cfg.replay_capacity, obs_dim, len(nvec), alpha=cfg.per_alpha, eps=cfg.per_eps,
+                               device=device, use_kernels=True)
+    n = min(cfg.replay_capacity, 4 * cfg.batch_size)
+    gen = torch.Generator(device=device).manual_seed(cfg.seed)
+    action = torch.randint(0, nvec[0], (n, len(nvec)), device=device, generator=gen)
+    replay.add(torch.randn(n, obs_dim, device=device, generator=gen), action,
+               torch.randn(n, device=device, generator=gen), torch.randn(n, obs_dim, device=device, generator=gen),
+               torch.rand(n, device=device, generator=gen) < 0.05)
+    replay.update_priorities(torch.arange(n, device=device), torch.randn(n, device=device, generator=gen))
+    learner = HotLearner(cfg, obs_dim, nvec, device, replay)
+    capture_s = learner.capture()
+    return Variant("hotloop", learner.step, capture_s, "capture", "split",
+                   f"compile+warm-up {learner.warmup_s:.1f} s before the capture; flat buffers, fused Triton "
+                   "kernels, DDQN forward on a 2nd stream, one CUDA graph; TF32 forward, "
+                   "3xTF32 (FP32-accurate) backward; target update fused into Adam")
+
+
+PHASE_RULES = {
+    r"_batch_uniforms|_tree_sample|_tree_weights|_gather_transitions": "sample",
+    r"_fwd_ddqn_|_heads_ddqn_": "ddqn_forward",
+    r"_fwd_online_|_heads_online_": "forward",
+    r"_td_loss": "loss",
+    r"_bwd_|FillFunctor": "backward",
+    r"_grad_sumsq|_clip_adam": "optimizer",
+    r"_spectral_norm_kernel": "spectral_norm",
+    r"_tree_update": "priority_update",
+}
+"""Kernel-name regex -> phase of HotLearner's kernels, for guards.step_metrics (a graph replay carries no
+record_function ranges, so its kernels are assigned to phases by name; the gradient buffer's zero_() is the
+backward's one memset, a FillFunctor kernel)."""
