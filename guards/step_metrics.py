@@ -295,7 +295,9 @@ def _evidence(df: pd.DataFrame, ev: pd.DataFrame, phase: pd.Series, precision: p
 
     fwd, bwd = ev["fwd_gemms"].eq(1), ev["bwd_gemms"].eq(1)
     bad = ev["fwd_gemms_not_tf32"].eq(1) | ev["bwd_gemms_tf32"].eq(1)
-    gemm_label = pd.Series(np.where(bad, "FAIL ", ""), index=df.index) + phase + ": " + precision + " " + df["name"]
+    # astype(str) everywhere: with pandas 3's Arrow strings an empty object Series would be a null-typed array
+    gemm_label = (pd.Series(np.where(bad, "FAIL ", ""), index=df.index).astype(str) + phase.astype(str) + ": "
+                  + precision.astype(str) + " " + df["name"].astype(str))
     ddqn = df["kind"].eq("kernel") & phase.isin([roles.ddqn_forward, roles.online_forward])
     return {
         "no stream sync": named(ev["stream_sync_calls"].gt(0)),
@@ -305,7 +307,8 @@ def _evidence(df: pd.DataFrame, ev: pd.DataFrame, phase: pd.Series, precision: p
         "no single-block kernels": named(ev["kernels_grid1"].gt(0)),
         "memsets only where needed": named(ev["memsets"].gt(0)),
         "TF32 forward only": named(bad, gemm_label) + named((fwd | bwd) & ~bad, gemm_label),
-        "DDQN overlapped": named(ddqn, phase + " stream " + df["stream"].astype(str) + ": " + df["name"]),
+        "DDQN overlapped": named(ddqn, phase.astype(str) + " stream " + df["stream"].astype(str) + ": "
+                                 + df["name"].astype(str)),
     }
 
 

@@ -126,10 +126,10 @@ def _bwd_dw_fp32split_gemm_kernel(dy_ptr, x_ptr, idx_ptr, w_ptr, g_ptr, dw_ptr, 
             rows = tl.load(idx_ptr + offs_m, mask=mask_m, other=0)
         else:
             rows = offs_m.to(tl.int64)
-        dyt = tl.load(dy_ptr + offs_n[:, None] + offs_m[None, :] * N, mask=mask_n[:, None] & mask_m[None, :],
-                      other=0.0)
         x = tl.load(x_ptr + rows[:, None] * stride_xm + offs_k[None, :], mask=mask_m[:, None] & mask_k[None, :],
                     other=0.0)
+        dyt = tl.load(dy_ptr + offs_n[:, None] + offs_m[None, :] * N, mask=mask_n[:, None] & mask_m[None, :],
+                      other=0.0)
         acc = tl.dot(dyt, x, acc, input_precision="tf32x3")
         dbias += tl.sum(dyt, axis=1)
     mask = mask_n[:, None] & mask_k[None, :]

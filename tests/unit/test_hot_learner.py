@@ -2,8 +2,11 @@
 
 CPU: the kernels run in the Triton interpreter (eager, no graph). GPU: graph replay vs eager over 50 steps.
 Tolerances: one step's gradient within 1e-6 (relative to its largest entry) of a float64 autograd reference on the
-CPU (float32 arithmetic). Graph vs eager on the GPU: the split-K weight kernels add with fp32 atomics, whose order
-differs run to run, so the two runs drift apart by rounding: parameters within 1e-4 relative after 50 steps.
+CPU (float32 arithmetic), 2e-3 on the GPU (the forward runs in TF32: ~1e-3 relative). Repeated runs on the GPU are
+not bitwise equal: the weight-gradient kernels add with fp32 atomics in a varying order (~1e-7 relative), and Adam
+divides each entry by its own running RMS, so an entry whose gradient is at rounding level can step by up to lr
+either way. Hence: gradients of one step compared at 1e-5 relative; graph replay vs eager after 50 steps must
+differ no more than two eager runs differ from each other (x3, + 1e-6).
 """
 
 from __future__ import annotations
@@ -18,6 +21,9 @@ from trainer.replay import PrioritizedReplay
 from trainer.step import HotLearner
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+GPU = DEVICE.type == "cuda"
+GRAD_TOL = 2e-3 if GPU else 1e-6          # one step's gradient vs float64 (TF32 forward on the GPU)
+FWD_TOL = dict(rtol=1e-2, atol=1e-2) if GPU else dict(rtol=1e-4, atol=1e-4)
 
 
 def _setup(device=DEVICE, seed=0, **overrides):
@@ -52,7 +58,7 @@ def test_one_step_matches_float64_autograd_reference():
     ref.objective.backward()
     assert abs(float(hot.td.objective) - float(ref.objective.detach())) < 1e-5 * max(1.0, abs(float(ref.objective.detach())))
     err = float((hot.grads.cpu().double() - w.grad).abs().max() / w.grad.abs().max())
-    assert err < 1e-6, f"gradient relative error {err:.2e}"
+    assert err < GRAD_TOL, f"gradient relative error {err:.2e}"
     # the optimizer moved the parameters and the spectral-norm projection brought every matrix back to sigma ~ 1
     assert not torch.equal(hot.params.double().cpu(), p0)
     shapes, offsets = hot.layout.sn_matrices()
@@ -73,7 +79,11 @@ def test_layer_views_alias_the_flat_buffer():
     after = hot.acting.q(hot.params, obs)
     assert not torch.allclose(before, after)
     torch.testing.assert_close(after.cpu().double(), forward_reference(lay, hot.params.cpu().double(),
-                                                                       obs.cpu().double()), rtol=1e-4, atol=1e-4)
+                                                                       obs.cpu().double()), **FWD_TOL)
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max() / b.abs().max())
 
 
 def test_layout_counts_the_seed_scale_parameters():
@@ -97,7 +107,8 @@ def test_state_dict_round_trip_resumes_identically():
     for k, v in b.state_dict().items():
         assert torch.equal(v, state[k]), k
     b.step()
-    torch.testing.assert_close(b.nets, a.nets, rtol=1e-5, atol=1e-6)
+    assert _rel(b.grads, a.grads) < 1e-5
+    torch.testing.assert_close(b.nets, a.nets, rtol=0, atol=2 * a.cfg.lr if GPU else 1e-6)
     with pytest.raises(ValueError, match="nets"):
         b.load_state_dict({**state, "nets": state["nets"][:, :10]})
 
@@ -112,16 +123,22 @@ def test_unsupported_configs_are_refused():
 
 @pytest.mark.gpu
 def test_graph_replay_matches_eager_steps():
-    """50 graph replays vs 50 eager steps from the same state (both after the capture's warm-up steps)."""
-    _, _, eager = _setup(batch_size=1024, replay_capacity=4096, trunk_hidden=(128, 64), head_hidden=32)
-    _, _, graph = _setup(batch_size=1024, replay_capacity=4096, trunk_hidden=(128, 64), head_hidden=32)
+    """50 graph replays vs 50 eager steps from the same state (both after the capture's warm-up steps), with a
+    second eager run as the noise floor."""
+    sizes = dict(batch_size=1024, replay_capacity=4096, trunk_hidden=(128, 64), head_hidden=32)
+    runs = [_setup(**sizes)[2] for _ in range(3)]
+    graph, eager, eager2 = runs
     graph.capture()
-    for _ in range(2):  # the capture's warm-up steps
-        eager.step()
-    for _ in range(50):
-        eager.step()
-        graph.step()
+    for learner in (eager, eager2):
+        for _ in range(2):  # the capture's warm-up steps
+            learner.step()
+    for k in range(50):
+        for learner in runs:
+            learner.step()
+        if k == 0:
+            torch.cuda.synchronize()
+            assert _rel(graph.grads, eager.grads) < 1e-5
     torch.cuda.synchronize()
-    err = float((graph.nets - eager.nets).abs().max() / eager.nets.abs().max())
-    assert err < 1e-4, f"graph vs eager relative difference {err:.2e}"
-    assert not torch.equal(graph.nets[0], graph.nets[1]) or graph.cfg.target_update_interval == 1
+    floor, diff = _rel(eager2.nets, eager.nets), _rel(graph.nets, eager.nets)
+    assert diff <= 3 * floor + 1e-6, f"graph vs eager {diff:.2e}, eager vs eager {floor:.2e}"
+    assert int(graph.adam.step_count) == int(eager.adam.step_count) == 52
