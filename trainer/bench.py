@@ -170,8 +170,10 @@ def roofline_floor_us(cfg: Config, obs_dim: int, action_nvec: tuple[int, ...], p
 
 
 def commit_id() -> str:
-    """`git rev-parse --short HEAD` of this repository, else the HOTLOOP_COMMIT environment variable, else
-    "unknown"."""
+    """The HOTLOOP_COMMIT environment variable when set (a device copy of the working tree may carry a stale
+    .git), else `git rev-parse --short HEAD` of this repository, else "unknown"."""
+    if os.environ.get("HOTLOOP_COMMIT"):
+        return os.environ["HOTLOOP_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
                              cwd=Path(__file__).resolve().parents[1])
@@ -179,7 +181,7 @@ def commit_id() -> str:
             return out.stdout.strip()
     except (OSError, subprocess.SubprocessError):
         pass
-    return os.environ.get("HOTLOOP_COMMIT") or "unknown"
+    return "unknown"
 
 
 def time_steps(step: Callable[[], object], steps: int, device: torch.device) -> list[float]:

@@ -179,3 +179,12 @@ def test_run_bench_on_the_gpu_measures_every_captured_variant(tmp_path):
     assert df[["us_per_step_p50", "kernels_per_step", "setup_s"]].notna().all().all(), df["note"].tolist()
     assert (df["kernels_per_step"] > 10).all() and df["note"].str.contains("gemms/step").all()
     assert "gemms/step tf32=0 " in df.set_index("variant").loc["graph-fp32", "note"]  # no TF32 GEMM under FP32
+
+
+def test_commit_id_prefers_the_environment(monkeypatch):
+    from trainer.bench import commit_id
+
+    monkeypatch.setenv("HOTLOOP_COMMIT", "abc1234")
+    assert commit_id() == "abc1234"
+    monkeypatch.delenv("HOTLOOP_COMMIT")
+    assert commit_id() != "abc1234"

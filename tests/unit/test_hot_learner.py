@@ -142,3 +142,30 @@ def test_graph_replay_matches_eager_steps():
     floor, diff = _rel(eager2.nets, eager.nets), _rel(graph.nets, eager.nets)
     assert diff <= 3 * floor + 1e-6, f"graph vs eager {diff:.2e}, eager vs eager {floor:.2e}"
     assert int(graph.adam.step_count) == int(eager.adam.step_count) == 52
+
+
+def test_phase_rules_and_precisions_of_the_hot_kernels():
+    """The kernel names of one replayed hot step (read from an H200 trace, commit f876b02) get the right phase and
+    GEMM precision class, which is how the gate judges a graph replay (no record_function ranges inside it)."""
+    import pandas as pd
+
+    from guards.step_metrics import gemm_precision, kernel_phases
+    from trainer.step import PHASE_RULES
+
+    expected = {
+        "_batch_uniforms_kernel": ("sample", ""), "_tree_sample_kernel": ("sample", ""),
+        "_tree_weights_kernel": ("sample", ""), "_gather_transitions_kernel": ("sample", ""),
+        "_fwd_ddqn_tf32_gemm_kernel": ("ddqn_forward", "tf32"), "_heads_ddqn_tf32_kernel": ("ddqn_forward", "tf32"),
+        "_fwd_online_tf32_gemm_kernel": ("forward", "tf32"), "_heads_online_tf32_kernel": ("forward", "tf32"),
+        "_td_loss_kernel": ("loss", ""),
+        "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, std::array<char*, 1ul> >"
+        "(int, at::native::FillFunctor<float>, std::array<char*, 1ul>)": ("backward", ""),
+        "_heads_bwd_fp32split_kernel": ("backward", ""),
+        "_bwd_dx_fp32split_gemm_kernel": ("backward", "fp32"), "_bwd_dw_fp32split_gemm_kernel": ("backward", "fp32"),
+        "_grad_sumsq_kernel": ("optimizer", ""), "_clip_adam_kernel": ("optimizer", ""),
+        "_spectral_norm_kernel": ("spectral_norm", ""), "_tree_update_kernel": ("priority_update", ""),
+    }
+    df = pd.DataFrame({"name": list(expected), "kind": "kernel", "start_us": 0.0, "dur_us": 1.0, "pid": 0, "tid": 7})
+    phases = kernel_phases(df, PHASE_RULES)
+    assert dict(zip(df["name"], phases)) == {name: phase for name, (phase, _) in expected.items()}
+    assert {name: gemm_precision(name) for name in expected} == {name: p for name, (_, p) in expected.items()}
