@@ -19,6 +19,8 @@ import pandas as pd
 import torch
 
 from guards.baselines import baseline_path, compare, load_baseline, write_baseline
+from guards.faults import check_request
+from guards.faults import inject as inject_fault
 from guards.guard import GuardReport, guard_steps
 from profiles.epoch_table import format_table, write_table
 from trainer.config import Config
@@ -37,7 +39,7 @@ def default_baseline() -> Path | None:
 
 def run_gate(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress: bool = True, guard_steps_n: int = 20,
              guard_warmup: int = 3, repeats: int = 1, baseline: Path | None = None,
-             update_baseline: bool = False) -> int:
+             update_baseline: bool = False, inject: str | None = None) -> int:
     """Run the gate; prints the per-epoch table and the criteria verdicts, writes under `run_dir` epochs.csv/.md,
     criteria.csv/.md/.json (the verdicts) and guard.json (the first repeat's per-step counts, hook hits, GEMMs).
 
@@ -45,9 +47,16 @@ def run_gate(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress: bo
     if it fails in any repeat. With a `baseline` file (guards.baselines), the repeats' per-step medians are compared
     with it (baseline.csv/.md, verdict per metric) and any FAIL fails the gate; with `update_baseline` the repeats
     are written as the new baseline instead (deliberately, never implicitly).
-    Returns the exit code (0 pass, 1 a criterion or a baseline comparison failed)."""
+    `inject`: a guards.faults fault name, injected after the epochs and before the guarded steps (mutation test
+    of the gate: it must then FAIL that fault's criterion); never together with update_baseline.
+    Returns the exit code (0 pass, 1 a criterion or a baseline comparison failed). Raises ValueError for an
+    unknown fault or inject together with update_baseline (the CLI turns it into exit 2)."""
+    check_request(inject, update_baseline)
 
     def guard(trainer: Trainer) -> list[GuardReport]:
+        if inject is not None:
+            fault = inject_fault(trainer, inject)
+            print(f"\ninjected fault {fault.name!r}: {fault.what}; expect FAIL of {fault.criterion!r}")
         hot = trainer.learner_kind == "hotloop"
         step, phases = (trainer.learner_step, PHASE_RULES) if hot else (trainer.train_step, None)
         return [guard_steps(step, steps=guard_steps_n, warmup=guard_warmup, step_range=GUARD_STEP_RANGE,

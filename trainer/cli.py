@@ -28,7 +28,7 @@ def _config_epilog() -> str:
 
 
 def _add_run_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--preset", default="cartpole", choices=sorted(PRESETS), help="named configuration")
+    p.add_argument("--preset", choices=sorted(PRESETS), help="named configuration (default cartpole)")
     p.add_argument("--epochs", type=int, help="override the preset's number of epochs")
     p.add_argument("--device", help="cpu, cuda, cuda:N or auto (default: the preset's, auto)")
     p.add_argument("--seed", type=int, help="override the preset's seed")
@@ -51,6 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train", help="train a preset and write its per-epoch table", epilog=_config_epilog(),
                            formatter_class=fmt, description="Train a preset; print and write the per-epoch table.")
     _add_run_args(train)
+    train.add_argument("--resume", type=Path, metavar="RUN_DIR",
+                       help="continue the run in RUN_DIR from its last checkpoint (RUN_DIR/checkpoint.pt, written "
+                            "after every epoch), with its config.json; --epochs N extends it to N epochs; "
+                            "--preset, --config, --set, --seed, --device and --out cannot be given with it")
     gate = sub.add_parser("gate", help="run a preset under the guards; print per-epoch and criteria tables",
                           epilog=_config_epilog(), formatter_class=fmt,
                           description="Run a preset under the per-epoch timer and hang watchdog; print the "
@@ -67,6 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
                            "when it exists)")
     gate.add_argument("--update-baseline", action="store_true",
                       help="write this run's repeats as the baseline instead of comparing")
+    gate.add_argument("--inject", metavar="FAULT",
+                      help="inject a fault before the guarded steps (a mutation test of the gate: it must then "
+                           "fail that fault's criterion): item, event_sync, device_sync, pageable_copy, d2d_copy, "
+                           "grid1, sn_split, ddqn_serial, fwd_fp32, bwd_tf32 (guards/faults.py)")
     _add_bench_parser(sub, fmt)
     add_inspect_parser(sub)
     add_report_parser(sub)
@@ -102,7 +110,7 @@ def _add_bench_parser(sub: argparse._SubParsersAction, fmt: type[argparse.HelpFo
 
 def config_from_args(args: argparse.Namespace) -> Config:
     """The Config an invocation asks for; raises ValueError on any bad value."""
-    base = Config.load(args.config).to_dict() if args.config else preset(args.preset).to_dict()
+    base = Config.load(args.config).to_dict() if args.config else preset(args.preset or "cartpole").to_dict()
     for text in args.overrides:
         key, value = parse_override(text)
         base[key] = value
@@ -130,6 +138,9 @@ def check_gate_args(args: argparse.Namespace) -> None:
     from guards.baselines import load_baseline
     from guards.gate import default_baseline
 
+    from guards.faults import check_request
+
+    check_request(args.inject, args.update_baseline)
     if args.guard_steps < 1 or args.guard_warmup < 0 or args.repeats < 1:
         raise ValueError(f"--guard-steps and --repeats must be >= 1 and --guard-warmup >= 0, got "
                          f"{args.guard_steps}, {args.repeats}, {args.guard_warmup}")
@@ -158,13 +169,48 @@ def check_bench_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--steps must be >= 1 and --warmup >= 0, got {args.steps} and {args.warmup}")
 
 
+def check_resume_args(args: argparse.Namespace) -> None:
+    """`train --resume RUN_DIR`: no option that changes the config or the folder may come with it; points
+    args.config at RUN_DIR/config.json. ValueError naming the conflicting options or a missing folder."""
+    given = [name for name, value in (("--preset", args.preset), ("--config", args.config),
+                                      ("--set", args.overrides), ("--seed", args.seed), ("--device", args.device),
+                                      ("--out", args.out)) if value not in (None, [])]
+    if given:
+        raise ValueError(f"--resume continues the run with its own config.json and folder: {', '.join(given)} "
+                         f"cannot be given with it (--epochs N extends the run)")
+    if not args.resume.is_dir():
+        raise ValueError(f"--resume {args.resume}: no such run folder")
+    args.config = args.resume / "config.json"
+
+
+def prepare_resume(args: argparse.Namespace, cfg: Config) -> Path:
+    """Read RUN_DIR's checkpoint and per-epoch table into args.resume_point and check them against `cfg`
+    (trainer.resume.read_resume_point) and that epochs are left to run; writes nothing. ValueError naming the
+    problem."""
+    from trainer.resume import read_resume_point
+
+    try:
+        point = read_resume_point(args.resume, cfg)
+    except ValueError as exc:
+        raise ValueError(f"--resume {args.resume}: {exc}") from exc
+    if cfg.epochs <= point.epoch:
+        raise ValueError(f"--resume {args.resume}: the run has finished {point.epoch} of its {cfg.epochs} epochs; "
+                         f"pass --epochs N (N > {point.epoch}) to extend it")
+    args.resume_point = point
+    return args.resume
+
+
 def prepare_run(args: argparse.Namespace) -> tuple[Config, Path]:
     """Validate everything an invocation of train/gate/bench asks for, then create its run folder (bench: --out
-    may exist unless it holds bench.csv/bench.md; train/gate: it must be new or empty).
+    may exist unless it holds bench.csv/bench.md; train/gate: it must be new or empty; train --resume: the run
+    folder, with its checkpoint read into args.resume_point).
     Raises ValueError (bad input, exit 2) naming what was wrong; nothing is written before every check passed."""
     from profiles.epoch_table import new_run_dir
     from trainer.loop import resolve_device
 
+    resume = getattr(args, "resume", None)
+    if resume is not None:
+        check_resume_args(args)
     cfg = config_from_args(args)
     if args.command == "bench":
         check_bench_args(args)
@@ -174,6 +220,8 @@ def prepare_run(args: argparse.Namespace) -> tuple[Config, Path]:
         check_gate_args(args)
     resolve_device(cfg.device)
     check_env(cfg)
+    if resume is not None:
+        return cfg, prepare_resume(args, cfg)
     if args.command == "bench":
         if args.out:
             from trainer.bench import check_out_dir
@@ -215,15 +263,20 @@ def main(argv: list[str] | None = None) -> int:
             from guards.gate import run_gate
 
             return run_gate(cfg, run_dir, args.epoch_timeout, not args.no_progress, args.guard_steps,
-                            args.guard_warmup, args.repeats, args.baseline, args.update_baseline)
+                            args.guard_warmup, args.repeats, args.baseline, args.update_baseline, args.inject)
         from profiles.epoch_table import format_table
         from trainer.run import run_training
 
-        table, _ = run_training(cfg, run_dir, args.epoch_timeout, not args.no_progress)
+        table, _ = run_training(cfg, run_dir, args.epoch_timeout, not args.no_progress,
+                                resume=args.resume_point if args.resume is not None else False)
         print("\nPer-epoch table\n" + format_table(table) + f"\n\nrun folder: {run_dir}")
         return 0
     except KeyboardInterrupt:
-        print(f"\nhotloop {args.command}: interrupted; the finished epochs are in {run_dir}", file=sys.stderr)
+        from trainer.resume import CHECKPOINT_FILE
+
+        hint = (f"; continue with: hotloop train --resume {run_dir}"
+                if args.command == "train" and (run_dir / CHECKPOINT_FILE).exists() else "")
+        print(f"\nhotloop {args.command}: interrupted; the finished epochs are in {run_dir}{hint}", file=sys.stderr)
         return 130
 
 

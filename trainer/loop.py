@@ -21,6 +21,7 @@ from trainer.episodes import EpisodeReturns
 from trainer.learner import DQNLearner
 from trainer.readback import AsyncReadback
 from trainer.replay import PrioritizedReplay
+from trainer.resume import restore_trainer, trainer_state
 from trainer.schedules import LinearSchedule
 from trainer.step import METRICS, HotLearner
 
@@ -38,6 +39,13 @@ def resolve_device(name: str) -> torch.device:
     if device.type not in ("cpu", "cuda"):
         raise ValueError(f"device {name!r}: hotloop runs on cpu or cuda")
     return device
+
+
+def learner_kind(cfg: Config, device: torch.device) -> str:
+    """The learner a Trainer builds: cfg.learner, or for `auto` hotloop on cuda and reference elsewhere."""
+    if cfg.learner != "auto":
+        return cfg.learner
+    return "hotloop" if device.type == "cuda" else "reference"
 
 
 @dataclass
@@ -73,6 +81,8 @@ class Trainer:
             "evaluate") as the loop enters it (each phase is also an NVTX range, and every learner step a "step"
             range, via profiles.ranges.phase_range); the hang watchdog uses it to report where a hang happened.
         on_progress: called with (learner steps done in this epoch, learner steps per epoch) every few steps.
+    Counters (host ints): env_steps (transitions), learner_steps, epochs_done (set by run_epoch and restore).
+    Checkpoint / resume: checkpoint_state and restore (trainer.resume).
     Raises ValueError for an unusable device or env name.
     """
 
@@ -89,8 +99,7 @@ class Trainer:
         self.replay = PrioritizedReplay(cfg.replay_capacity, self.env.obs_dim, len(self.env.action_nvec),
                                         alpha=cfg.per_alpha, eps=cfg.per_eps, device=self.device,
                                         generator=self.generator)
-        self.learner_kind = cfg.learner if cfg.learner != "auto" else (
-            "hotloop" if self.device.type == "cuda" else "reference")
+        self.learner_kind = learner_kind(cfg, self.device)
         if self.learner_kind == "hotloop":
             self.learner = HotLearner(cfg, self.env.obs_dim, self.env.action_nvec, self.device, self.replay)
             self.readback = AsyncReadback(METRICS, self.device)
@@ -107,6 +116,7 @@ class Trainer:
         self.beta = LinearSchedule(cfg.per_beta_start, cfg.per_beta_end, cfg.epochs * cfg.learner_steps_per_epoch)
         self.env_steps = 0
         self.learner_steps = 0
+        self.epochs_done = 0
 
     def env_step(self) -> None:
         """One vectorized env step with epsilon-greedy actions; its transitions go into the replay."""
@@ -128,7 +138,7 @@ class Trainer:
         """Sample, update, re-prioritize; returns the stacked detached (loss, q_mean, grad_norm), or None for the
         hotloop learner, whose metrics go through the non-blocking readback every `log_interval` steps."""
         if isinstance(self.learner, HotLearner):
-            if self.learner.graph is None and self.device.type == "cuda":
+            if self.learner.graph is None and self.learner.use_graph:
                 with self.phase("capture"):
                     self.learner.capture()
             with self.phase("update"):
@@ -187,6 +197,7 @@ class Trainer:
         with self.phase("evaluate"):
             eval_return = self.evaluate(seed=self.cfg.seed * 100_003 + epoch)
         env_steps = self.env_steps - start_env
+        self.epochs_done = epoch
         return EpochStats(epoch=epoch, learner_steps=cfg.learner_steps_per_epoch, env_steps=env_steps,
                           wall_s=wall, learner_steps_per_s=cfg.learner_steps_per_epoch / wall,
                           env_steps_per_s=env_steps / wall, loss=loss, q_mean=q_mean, grad_norm=grad_norm,
@@ -213,6 +224,19 @@ class Trainer:
         return float(total.mean())
 
     def epochs(self) -> Iterator[EpochStats]:
-        """Run all `cfg.epochs` epochs, yielding each one's stats as it finishes."""
-        for epoch in range(1, self.cfg.epochs + 1):
+        """Run the epochs after `epochs_done` up to `cfg.epochs`, yielding each one's stats as it finishes."""
+        for epoch in range(self.epochs_done + 1, self.cfg.epochs + 1):
             yield self.run_epoch(epoch)
+
+    def checkpoint_state(self) -> tuple[dict[str, torch.Tensor], dict]:
+        """(tensors, meta) to save with trainer.checkpoint.save_checkpoint: learner, optimizer, replay storage and
+        tree, finished-episode returns, RNG states, counters, config (trainer.resume.trainer_state). Some tensors
+        are the live ones: save or clone them before the trainer runs again."""
+        return trainer_state(self)
+
+    def restore(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
+        """Load a `checkpoint_state` in place (trainer.resume.restore_trainer). The env is not restored: it is
+        reset with seed cfg.seed + 7919 * epoch (its episodes in progress are lost; their running returns restart
+        at 0). Raises ValueError naming what does not match (config fields that change shapes, learner kind,
+        device type, missing keys) before anything is changed."""
+        restore_trainer(self, tensors, meta)

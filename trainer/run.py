@@ -17,8 +17,10 @@ from profiles.epoch_timer import EpochTimer
 from profiles.plots import plot_epochs
 from profiles.ranges import phase_range
 from profiles.telemetry import NvmlTelemetry
+from trainer.checkpoint import save_checkpoint
 from trainer.config import Config
 from trainer.loop import Trainer
+from trainer.resume import CHECKPOINT_FILE, ResumePoint, read_resume_point
 
 
 SETUP_LIMIT_S = 300.0
@@ -26,13 +28,19 @@ SETUP_LIMIT_S = 300.0
 
 
 def run_training(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress: bool = True,
-                 after_epochs: Callable[[Trainer], object] | None = None) -> tuple[pd.DataFrame, object]:
+                 after_epochs: Callable[[Trainer], object] | None = None,
+                 resume: bool | ResumePoint = False) -> tuple[pd.DataFrame, object]:
     """Train `cfg.epochs` epochs; each epoch must finish within `epoch_limit_s` seconds (the setup within
     max(epoch_limit_s, SETUP_LIMIT_S)) or the process exits 3 with every thread's stack.
 
     Writes run_dir/config.json at the start, run_dir/epochs.csv + epochs.md after every epoch (so a killed
-    run keeps its finished epochs) and run_dir/epochs.png (profiles.plots.plot_epochs) at the end. A one-line
-    summary per epoch and a progress bar go to stderr. Each epoch runs inside a `phase_range("epoch")`.
+    run keeps its finished epochs), then run_dir/checkpoint.pt (trainer.resume: atomic, outside the timed epoch,
+    under the watchdog armed as "checkpoint N"), and run_dir/epochs.png (profiles.plots.plot_epochs) at the end.
+    A one-line summary per epoch and a progress bar go to stderr. Each epoch runs inside a `phase_range("epoch")`.
+    resume: True reads run_dir's checkpoint and table (trainer.resume.read_resume_point, checked against `cfg`;
+    ValueError before anything is written), a ResumePoint is used as read (the CLI reads it to validate the
+    invocation); the trainer is restored (its env reset) and runs the epochs after the checkpoint's up to
+    cfg.epochs, the table keeping the earlier rows. Killing the process loses at most the epoch in progress.
     Returns the per-epoch DataFrame: profiles.epoch_table.EPOCH_COLUMNS first, then gpu_ms_per_step (CUDA events
     from the epoch's start to the loop's "readback" phase; NaN off CUDA), kernels_per_step and syncs_per_step
     (NaN: no guard counts them here), the NVML telemetry sampled after the epoch (NaN without NVML / on CPU);
@@ -40,8 +48,9 @@ def run_training(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress
     watchdog (armed as "after epochs", `epoch_limit_s` long): the gate guards steady-state steps there.
     """
     console = Console(stderr=True, soft_wrap=True)
+    point = resume if isinstance(resume, ResumePoint) else read_resume_point(run_dir, cfg) if resume else None
     cfg.save(run_dir / "config.json")
-    rows: list[dict] = []
+    rows: list[dict] = list(point.rows) if point is not None else []
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TimeElapsedColumn(), console=console, transient=True,
                         disable=not show_progress or not sys.stderr.isatty())
@@ -55,10 +64,13 @@ def run_training(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress
 
         trainer = Trainer(cfg, on_phase=on_phase,
                           on_progress=lambda done, total: progress.update(task, completed=done))
+        if point is not None:
+            trainer.restore(point.tensors, point.meta)
         timer, telemetry = EpochTimer(trainer.device), NvmlTelemetry(trainer.device)
         console.print(f"hotloop: env={cfg.env} device={trainer.device} epochs={cfg.epochs} "
-                      f"learner_steps_per_epoch={cfg.learner_steps_per_epoch} run_dir={run_dir}")
-        for epoch in range(1, cfg.epochs + 1):
+                      f"learner_steps_per_epoch={cfg.learner_steps_per_epoch} run_dir={run_dir}"
+                      + (f" (resumed after epoch {trainer.epochs_done})" if point is not None else ""))
+        for epoch in range(trainer.epochs_done + 1, cfg.epochs + 1):
             watchdog.arm(f"epoch {epoch}")
             progress.update(task, description=f"epoch {epoch}/{cfg.epochs}", completed=0)
             with phase_range("epoch"):
@@ -70,6 +82,9 @@ def run_training(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress
                          "syncs_per_step": math.nan, **telemetry.sample()})
             watchdog.disarm()
             write_table(epoch_frame(rows), run_dir, "epochs")
+            watchdog.arm(f"checkpoint {epoch}")
+            save_checkpoint(run_dir / CHECKPOINT_FILE, *trainer.checkpoint_state())
+            watchdog.disarm()
             console.print(f"epoch {epoch}: {stats.wall_s:.1f} s, {stats.learner_steps_per_s:.0f} learner steps/s, "
                           f"loss {stats.loss:.4g}, mean_return_100 {stats.mean_return_100:.1f}, "
                           f"eval_return {stats.eval_return:.1f}, "

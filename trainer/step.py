@@ -67,7 +67,9 @@ class HotLearner:
         replay: the PrioritizedReplay the env loop fills (its storage and sum tree are read and written in place).
     Attributes: layout (FlatLayout), nets (2, P) float32 (row 0 = params_buf, row 1 = target_buf), params, target,
         grads (P,) float32 (grad_buf), adam (FusedAdam), sn_table / sn_u / sn_v, steps (host count of steps run),
-        graph (CUDAGraph or None), warmup_s (kernel compilation + warm-up steps) and capture_s (seconds).
+        graph (CUDAGraph or None), use_graph (True on CUDA: the trainer captures before the first step),
+        warmup_s (kernel compilation + warm-up steps) and capture_s (seconds); linear_forward,
+        linear_backward_input, spectral_norm: the launch functions the step calls (guards/faults.py swaps them).
     Raises ValueError for an unsupported config (`check_supported`) or a replay on another device.
     """
 
@@ -110,6 +112,11 @@ class HotLearner:
         self.side = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.acting = FlatForward(lay, device)
         self.graph: torch.cuda.CUDAGraph | None = None
+        self.use_graph = device.type == "cuda"
+        # the step's launch points, instance attributes so that guards/faults.py can swap one for a faulty variant
+        self.linear_forward, self.linear_backward_input = linear_forward, linear_backward_input
+        self.spectral_norm = lambda: spectral_norm_(self.params, self.sn_table, self.sn_u, self.sn_v,
+                                                    cfg.sn_power_iterations)
         self.capture_s = self.warmup_s = float("nan")
         self.steps = 0
 
@@ -129,7 +136,7 @@ class HotLearner:
         x, rows, x_zstride = obs, self.idx, 0
         for slots, y in zip(lay.layers, acts):
             w, bias, g = slots.views(self.params)
-            linear_forward(x, w, bias, g, y, slots.gain_group, slots.relu, rows=rows, nets=nets, p_zstride=p,
+            self.linear_forward(x, w, bias, g, y, slots.gain_group, slots.relu, rows=rows, nets=nets, p_zstride=p,
                            x_zstride=x_zstride, ddqn=nets == 2)
             x, rows, x_zstride = y.view(-1, slots.rows), None, b * slots.rows
         w_out, b_out, g_out = lay.out_views(self.params)
@@ -150,7 +157,7 @@ class HotLearner:
             linear_backward_weight(self.dz[i], x, w, g, dw, db, dg, slots.gain_group,
                                    rows=self.idx if i == 0 else None)
             if i > 0:
-                linear_backward_input(self.dz[i], w, g, self.acts[i - 1], self.dz[i - 1], slots.gain_group)
+                self.linear_backward_input(self.dz[i], w, g, self.acts[i - 1], self.dz[i - 1], slots.gain_group)
 
     def _body(self) -> None:
         cfg, rp, lay = self.cfg, self.replay, self.layout
@@ -177,7 +184,7 @@ class HotLearner:
                            target_every=cfg.target_update_interval)
         if cfg.spectral_norm:
             with phase_range("spectral_norm"):
-                spectral_norm_(self.params, self.sn_table, self.sn_u, self.sn_v, cfg.sn_power_iterations)
+                self.spectral_norm()
         with phase_range("priority_update"):
             tree_update(rp.tree.nodes, self.idx, self.td.priorities, rp.capacity, rp.tree.max_value,
                         rp.tree.bad_priority_count)

@@ -1,0 +1,189 @@
+"""Faults the gate must catch, injected into a running Trainer: mutation tests of the guards on the real hot path.
+
+`inject(trainer, name)` changes the step the gate guards (`Trainer.learner_step` with the hotloop learner,
+`Trainer.train_step` with the reference one) so that it commits one regression of ../shared/DESIGN.md's table;
+`hotloop gate --inject NAME` then has to FAIL the fault's criterion (`FAULTS[name].criterion`). Each fault keeps
+the step's math; it changes only what the criteria watch (a host read, a copy, a launch shape, a precision, a
+stream). Two kinds:
+- wrappers (item, event_sync, device_sync, pageable_copy, d2d_copy, grid1): the original step, then one extra
+  operation;
+- learner changes (sn_split, ddqn_serial, fwd_fp32, bwd_tf32; hotloop learner only): a launch function of the
+  HotLearner is swapped (its `linear_forward`, `linear_backward_input`, `spectral_norm` attributes) or its second
+  stream dropped, and the CUDA graph is dropped so the next step re-captures it. fwd_fp32 / bwd_tf32 put cuBLAS
+  GEMMs in place of the Triton ones; cuBLAS kernel names carry no phase, so these two run the step eagerly (no
+  graph), where its record_function ranges name the phases.
+Source of the idea: mutation testing of a guard (../shared/CONVENTIONS.md item 8); the fault list is issue 5's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+
+from kernels.linear import linear_forward
+from kernels.spectral_norm import SpectralNormTable, spectral_norm_
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One injectable regression: its name, the criterion that must FAIL, and what it does."""
+
+    name: str
+    criterion: str
+    what: str
+    hot_only: bool
+
+
+FAULTS: dict[str, Fault] = {f.name: f for f in (
+    Fault("item", "no stream sync", "loss.item() after every step", False),
+    Fault("event_sync", "no event sync", "record an event and Event.synchronize() after every step", False),
+    Fault("device_sync", "no event sync", "torch.cuda.synchronize() after every step", False),
+    Fault("pageable_copy", "no event sync", "a non_blocking copy of the parameters into pageable host memory", False),
+    Fault("d2d_copy", "no D2D weight sync", "a device-to-device copy of the parameters every step", False),
+    Fault("grid1", "no single-block kernels", "a one-element add (a grid (1,1,1) kernel) every step", False),
+    Fault("sn_split", "spectral norm fused", "spectral norm launched once per weight matrix", True),
+    Fault("ddqn_serial", "DDQN overlapped", "the Double-DQN forward on the main stream, after the online one", True),
+    Fault("fwd_fp32", "TF32 forward only", "the online forward's GEMMs in IEEE FP32 (cuBLAS, TF32 off)", True),
+    Fault("bwd_tf32", "TF32 forward only", "the backward's input-gradient GEMMs in TF32 (cuBLAS)", True),
+)}
+
+
+def check_request(name: str | None, update_baseline: bool = False) -> None:
+    """Raise ValueError for a fault `name` that is not in FAULTS, or any fault with update_baseline (a faulty run
+    must never become a baseline). None (no fault) passes."""
+    if name is not None and name not in FAULTS:
+        raise ValueError(f"--inject: unknown fault {name!r}; choose one of {sorted(FAULTS)}")
+    if name is not None and update_baseline:
+        raise ValueError("--inject cannot be combined with --update-baseline (a faulty run is no baseline)")
+
+
+def inject(trainer, name: str) -> Fault:
+    """Inject fault `name` into `trainer` (a trainer.loop.Trainer on CUDA) before its guarded steps; returns it.
+
+    Raises ValueError for an unknown name (listing the valid ones), a learner fault with the reference learner,
+    or a trainer not on CUDA (the faults are GPU regressions: a CPU run has no trace criteria to fail).
+    """
+    if name not in FAULTS:
+        raise ValueError(f"unknown fault {name!r}; choose one of {sorted(FAULTS)}")
+    fault = FAULTS[name]
+    hot = trainer.learner_kind == "hotloop"
+    if fault.hot_only and not hot:
+        raise ValueError(f"fault {name!r} changes the hotloop learner; this trainer uses the "
+                         f"{trainer.learner_kind!r} learner")
+    if trainer.device.type != "cuda":
+        raise ValueError(f"fault {name!r} needs a CUDA trainer (got {trainer.device})")
+    if fault.hot_only:
+        _LEARNER_FAULTS[name](trainer.learner)
+        return fault
+    attr = "learner_step" if hot else "train_step"
+    step = getattr(trainer, attr)
+    extra = _wrapper_fault(name, trainer)
+
+    def faulty_step():
+        out = step()
+        extra()
+        return out
+
+    setattr(trainer, attr, faulty_step)
+    return fault
+
+
+def _wrapper_fault(name: str, trainer) -> Callable[[], object]:
+    device = trainer.device
+    params = trainer.learner.params if trainer.learner_kind == "hotloop" else \
+        next(trainer.learner.online.parameters()).detach()
+    if name == "item":
+        return lambda: params.sum().item()
+    if name == "event_sync":
+        def event_sync() -> None:
+            event = torch.cuda.Event()
+            event.record()
+            event.synchronize()
+        return event_sync
+    if name == "device_sync":
+        return lambda: torch.cuda.synchronize(device)
+    if name == "pageable_copy":
+        host = torch.empty(params.shape, dtype=params.dtype)  # not pinned
+        return lambda: host.copy_(params, non_blocking=True)
+    if name == "d2d_copy":
+        spare = torch.empty_like(params)
+        return lambda: spare.copy_(params)
+    one = torch.zeros(1, device=device)  # grid1
+    return lambda: one.add_(1.0)
+
+
+@contextmanager
+def tf32_matmuls(enabled: bool) -> Iterator[None]:
+    """cuBLAS TF32 for FP32 matmuls on (True) or off inside the block; restored after."""
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
+
+
+def _scaled(t: torch.Tensor, g: torch.Tensor, gain_group: int) -> torch.Tensor:
+    """t (M, N) times the gain of each column's group (N = groups * gain_group), by broadcasting (no tiny kernel)."""
+    m, n = t.shape
+    return (t.view(m, n // gain_group, gain_group) * g.view(1, -1, 1)).view(m, n)
+
+
+def _fwd_fp32(learner) -> None:
+    def forward(x, w, b, g, y, gain_group, relu, *, rows=None, nets=1, p_zstride=0, x_zstride=0, ddqn=False):
+        if nets != 1:  # the Double-DQN forward keeps its kernels
+            return linear_forward(x, w, b, g, y, gain_group, relu, rows=rows, nets=nets, p_zstride=p_zstride,
+                                  x_zstride=x_zstride, ddqn=ddqn)
+        inp = x.index_select(0, rows) if rows is not None else x[:y.shape[0]]
+        with tf32_matmuls(False):
+            torch.mm(inp, w.t(), out=y)
+        y.copy_(_scaled(y, g, gain_group) + b)
+        return y.relu_() if relu else y
+
+    learner.linear_forward = forward
+    _eager(learner)
+
+
+def _bwd_tf32(learner) -> None:
+    def input_grad(dy, w, g, x, dx, gain_group):
+        with tf32_matmuls(True):
+            torch.mm(_scaled(dy, g, gain_group), w, out=dx)
+        return dx.mul_(x > 0)
+
+    learner.linear_backward_input = input_grad
+    _eager(learner)
+
+
+def _sn_split(learner) -> None:
+    table = learner.sn_table
+    rows = [r for r, _ in table.shapes]
+    cols = [c for _, c in table.shapes]
+    us, vs = learner.sn_u.split(rows), learner.sn_v.split(cols)
+    tables = [SpectralNormTable.from_shapes([shape], learner.device, [offset])
+              for shape, offset in zip(table.shapes, table.offsets)]
+    iters = learner.cfg.sn_power_iterations
+
+    def per_matrix() -> None:
+        for t, u, v in zip(tables, us, vs):
+            spectral_norm_(learner.params, t, u, v, iters)
+
+    learner.spectral_norm = per_matrix
+    learner.graph = None
+
+
+def _ddqn_serial(learner) -> None:
+    learner.side = None
+    learner.graph = None
+
+
+def _eager(learner) -> None:
+    learner.graph = None
+    learner.use_graph = False
+
+
+_LEARNER_FAULTS: dict[str, Callable[[object], None]] = {
+    "sn_split": _sn_split, "ddqn_serial": _ddqn_serial, "fwd_fp32": _fwd_fp32, "bwd_tf32": _bwd_tf32}

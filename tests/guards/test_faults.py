@@ -1,0 +1,89 @@
+"""guards/faults.py: each learner fault keeps the step's math (CPU, Triton interpreter), bad requests are refused,
+and on a GPU each injected fault fails exactly the criterion it names while the clean step passes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from guards.faults import _LEARNER_FAULTS, FAULTS, inject
+from trainer.config import preset
+from trainer.replay import PrioritizedReplay
+from trainer.step import HotLearner
+
+
+def _learner(device="cpu"):
+    cfg = preset("seed-scale", batch_size=32, trunk_hidden=(24, 16), head_hidden=16, obs_dim=12,
+                 action_nvec=(3, 3), replay_capacity=300, seed=4)
+    rp = PrioritizedReplay(cfg.replay_capacity, cfg.obs_dim, 2, alpha=cfg.per_alpha, eps=cfg.per_eps, device=device,
+                           use_kernels=True)
+    g = torch.Generator().manual_seed(4)
+    n = 200
+    rp.add(torch.randn(n, 12, generator=g).to(device), torch.randint(0, 3, (n, 2), generator=g).to(device),
+           torch.randn(n, generator=g).to(device), torch.randn(n, 12, generator=g).to(device),
+           (torch.rand(n, generator=g) < 0.1).to(device))
+    return HotLearner(cfg, 12, (3, 3), torch.device(device), rp)
+
+
+@pytest.mark.parametrize("name", ["sn_split", "fwd_fp32", "bwd_tf32", "ddqn_serial"])
+def test_learner_faults_keep_the_math(name):
+    clean, faulty = _learner(), _learner()
+    _LEARNER_FAULTS[name](faulty)
+    if name in ("fwd_fp32", "bwd_tf32"):
+        assert faulty.use_graph is False
+    for _ in range(2):
+        clean.step()
+        faulty.step()
+    torch.testing.assert_close(faulty.nets, clean.nets, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(faulty.grads, clean.grads, rtol=1e-4, atol=1e-5)
+
+
+class _FakeTrainer:
+    def __init__(self, kind="hotloop", device="cpu"):
+        self.learner_kind, self.device = kind, torch.device(device)
+
+
+def test_bad_requests_are_refused():
+    with pytest.raises(ValueError, match="unknown fault 'nope'.*item"):
+        inject(_FakeTrainer(), "nope")
+    with pytest.raises(ValueError, match="reference"):
+        inject(_FakeTrainer("reference"), "sn_split")
+    with pytest.raises(ValueError, match="needs a CUDA trainer"):
+        inject(_FakeTrainer(), "item")
+    assert {f.criterion for f in FAULTS.values()} >= {"no stream sync", "no event sync", "no D2D weight sync",
+                                                      "spectral norm fused", "no single-block kernels",
+                                                      "TF32 forward only", "DDQN overlapped"}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", [None, *FAULTS])
+def test_each_fault_fails_its_criterion_on_the_gpu(name):
+    from guards.guard import guard_steps
+    from trainer.loop import Trainer
+    from trainer.step import PHASE_RULES
+
+    cfg = preset("seed-scale", batch_size=2048, replay_capacity=8192, num_envs=256, learning_starts=2048,
+                 learner_steps_per_epoch=5, eval_episodes=0, device="cuda")
+    trainer = Trainer(cfg)
+    for _ in range(3):
+        trainer.train_step()
+    if name is not None:
+        inject(trainer, name)
+    report = guard_steps(trainer.learner_step, steps=5, warmup=3, step_range="guard_step", phases=PHASE_RULES)
+    failed = set(report.failed)
+    if name is None:
+        assert not failed, report
+    else:
+        assert FAULTS[name].criterion in failed, report
+
+
+def test_gate_cli_refuses_bad_fault_requests_before_training(tmp_path, capsys):
+    from trainer.cli import main
+
+    out = tmp_path / "run"
+    assert main(["gate", "--inject", "nope", "--device", "cpu", "--out", str(out)]) == 2
+    assert "unknown fault 'nope'" in capsys.readouterr().err
+    assert main(["gate", "--inject", "item", "--update-baseline", "--baseline", str(tmp_path / "b.json"),
+                 "--device", "cpu", "--out", str(out)]) == 2
+    assert "update-baseline" in capsys.readouterr().err
+    assert not out.exists() or not any(out.iterdir())

@@ -1,0 +1,211 @@
+"""Checkpoint / resume: the round trip restores identical buffers, the continuation is deterministic, the CLI's
+`train --resume`, and a run killed mid-epoch loses at most that epoch."""
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+
+from trainer.checkpoint import load_checkpoint, save_checkpoint
+from trainer.cli import main
+from trainer.config import preset
+from trainer.envs import make_env
+from trainer.loop import Trainer
+from trainer.resume import CHECKPOINT_FILE, ENV_RESEED
+from trainer.run import run_training
+
+TINY = dict(device="cpu", learner="reference", epochs=3, learner_steps_per_epoch=20, learning_starts=64,
+            batch_size=16, eval_episodes=2, replay_capacity=500, trunk_hidden=(16,), head_hidden=8)
+TINY_SET = [arg for k, v in TINY.items() if k not in ("device", "epochs")
+            for arg in ("--set", f"{k}={list(v) if isinstance(v, tuple) else v}")]
+
+
+def _trained(epochs: int, **overrides) -> Trainer:
+    trainer = Trainer(preset("cartpole", **{**TINY, **overrides}))
+    for epoch in range(1, epochs + 1):
+        trainer.run_epoch(epoch)
+    return trainer
+
+
+def _snapshot(trainer: Trainer) -> tuple[dict[str, torch.Tensor], dict]:
+    tensors, meta = trainer.checkpoint_state()
+    return {k: v.clone() for k, v in tensors.items()}, meta
+
+
+def _assert_same_state(trainer: Trainer, tensors: dict[str, torch.Tensor], meta: dict) -> None:
+    _assert_equal(trainer.checkpoint_state(), (tensors, meta))
+
+
+def _assert_equal(state: tuple[dict[str, torch.Tensor], dict], expected: tuple[dict[str, torch.Tensor], dict]) -> None:
+    (got, got_meta), (tensors, meta) = state, expected
+    assert sorted(got) == sorted(tensors)
+    different = [k for k in tensors if not torch.equal(got[k], tensors[k].to(got[k].device))]
+    assert not different, different
+    assert json.loads(json.dumps(got_meta)) == json.loads(json.dumps(meta))
+
+
+def test_round_trip_restores_identical_buffers():
+    a = _trained(2)
+    tensors, meta = _snapshot(a)
+    kinds = {name.split(".")[0] + ("." + name.split(".")[1] if name.startswith("learner.") else "") for name in tensors}
+    assert kinds >= {"learner.online", "learner.target", "learner.opt", "replay", "returns", "rng", "generator"}
+    assert {"replay.tree.nodes", "replay.obs", "returns.ring", "rng.cpu", "learner.opt.state.0.exp_avg"} <= set(tensors)
+    assert meta["epoch"] == 2 and meta["learner_steps"] == 40 and meta["learner_updates"] == 40
+    assert meta["env_steps"] == a.env_steps and meta["replay"]["size"] == a.replay.size == 64 + 2 * 20 * 8
+    b = Trainer(preset("cartpole", **TINY))
+    addresses = [b.replay.obs.data_ptr(), b.replay.tree.nodes.data_ptr(), b.returns.ring.data_ptr(),
+                 *(p.data_ptr() for p in b.learner.online.parameters())]
+    torch.rand(7)  # training draws no global random numbers: move the global RNG so that restore must set it
+    b.restore(tensors, meta)
+    _assert_same_state(b, tensors, meta)
+    assert (b.epochs_done, b.env_steps, b.learner_steps, b.learner.steps) == (2, a.env_steps, 40, 40)
+    assert (b.replay.pos, b.replay.size) == (a.replay.pos, a.replay.size)
+    assert addresses == [b.replay.obs.data_ptr(), b.replay.tree.nodes.data_ptr(), b.returns.ring.data_ptr(),
+                         *(p.data_ptr() for p in b.learner.online.parameters())]
+    # The env is reset (not restored): running returns restart at 0, obs from the documented seed.
+    assert not b.returns.running.any()
+    assert torch.equal(b.obs, make_env("cartpole", b.cfg.num_envs, "cpu").reset(seed=b.cfg.seed + ENV_RESEED * 2))
+    # The trainer owns its state: changing the checkpoint's tensors afterwards changes nothing.
+    tensors["learner.opt.state.0.exp_avg"].add_(1.0)
+    own = b.learner.optimizer.state_dict()["state"][0]["exp_avg"]
+    assert not torch.equal(own, tensors["learner.opt.state.0.exp_avg"])
+
+
+def test_resumed_run_continues_exactly_from_the_checkpoint(tmp_path):
+    a = _trained(2)
+    a_state = _snapshot(a)
+    b = _trained(2)
+    save_checkpoint(tmp_path / CHECKPOINT_FILE, *b.checkpoint_state())
+    c = Trainer(preset("cartpole", **TINY))
+    c.restore(*load_checkpoint(tmp_path / CHECKPOINT_FILE))
+    _assert_same_state(c, *a_state)  # everything after a disk round trip equals the uninterrupted run's state
+    # Epoch 3 of the resumed run equals that of the uninterrupted run given the same env reset.
+    a.obs = a.env.reset(seed=a.cfg.seed + ENV_RESEED * 2)
+    a.returns.running.zero_()
+    stats_a, stats_c = a.run_epoch(3), c.run_epoch(3)
+    assert stats_c.epoch == 3 and c.learner_steps == 60 and c.epochs_done == 3
+    assert (stats_a.loss, stats_a.episodes, stats_a.eval_return) == (stats_c.loss, stats_c.episodes,
+                                                                      stats_c.eval_return)
+    _assert_same_state(c, *_snapshot(a))
+
+
+@pytest.mark.parametrize("change,match", [
+    (dict(trunk_hidden=(32,)), "trunk_hidden"),
+    (dict(replay_capacity=600), "replay_capacity"),
+    (dict(num_envs=4), "num_envs"),
+    (dict(env="synthetic", num_envs=8), "env"),
+])
+def test_restore_rejects_a_mismatch_by_name_and_changes_nothing(change, match):
+    tensors, meta = _snapshot(_trained(1))
+    other = Trainer(preset("cartpole", **{**TINY, **change}))
+    before = _snapshot(other)
+    with pytest.raises(ValueError, match=match):
+        other.restore(tensors, meta)
+    _assert_same_state(other, *before)
+
+
+def test_restore_rejects_missing_and_misshapen_tensors():
+    tensors, meta = _snapshot(_trained(1))
+    fresh = Trainer(preset("cartpole", **TINY))
+    with pytest.raises(ValueError, match="missing \\['replay.tree.nodes'\\]"):
+        fresh.restore({k: v for k, v in tensors.items() if k != "replay.tree.nodes"}, meta)
+    with pytest.raises(ValueError, match="'returns.ring'"):
+        fresh.restore({**tensors, "returns.ring": tensors["returns.ring"][:-1]}, meta)
+    with pytest.raises(ValueError, match="not a trainer checkpoint"):
+        fresh.restore(tensors, {**meta, "format": "other"})
+    with pytest.raises(ValueError, match="checkpoint is of a 'hotloop' learner, this run builds a 'reference' one"):
+        fresh.restore(tensors, {**meta, "learner": "hotloop"})
+    with pytest.raises(ValueError, match="taken on cuda, this run is on cpu"):
+        fresh.restore(tensors, {**meta, "device_type": "cuda"})
+    with pytest.raises(ValueError, match="replay"):
+        fresh.restore(tensors, {**meta, "replay": {**meta["replay"], "pos": 10**6}})
+    assert fresh.learner_steps == 0 and fresh.replay.size == 0
+    # A config field that changes no shape (epochs: the run is extended) may differ.
+    longer = Trainer(preset("cartpole", **{**TINY, "epochs": 5}))
+    longer.restore(tensors, meta)
+    assert longer.epochs_done == 1 and next(longer.epochs()).epoch == 2
+
+
+def test_cli_train_resume_extends_a_run(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", "--preset", "cartpole", *TINY_SET, "--epochs", "2", "--out", str(out), "--device", "cpu",
+                 "--no-progress"]) == 0
+    first = pd.read_csv(out / "epochs.csv")
+    assert load_checkpoint(out / CHECKPOINT_FILE)[1]["epoch"] == 2
+    assert main(["train", "--resume", str(out), "--epochs", "3", "--no-progress"]) == 0
+    table = pd.read_csv(out / "epochs.csv")
+    assert table.epoch.tolist() == [1, 2, 3]
+    pd.testing.assert_frame_equal(table.iloc[:2].reset_index(drop=True), first)
+    assert load_checkpoint(out / CHECKPOINT_FILE)[1]["epoch"] == 3
+    assert json.loads((out / "config.json").read_text())["epochs"] == 3
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint.pt", "config.json", "epochs.csv", "epochs.md",
+                                                     "epochs.png"]  # no temp file left
+    capsys.readouterr()
+    # Nothing left to run: a named error, exit 2.
+    assert main(["train", "--resume", str(out), "--no-progress"]) == 2
+    assert "finished 3 of its 3 epochs" in capsys.readouterr().err
+
+
+def test_cli_resume_bad_input_exits_2_and_writes_nothing(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", *TINY_SET, "--epochs", "1", "--out", str(out), "--device", "cpu", "--no-progress"]) == 0
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "config.json").write_text((out / "config.json").read_text())
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for name in ("config.json", "epochs.csv"):
+        (broken / name).write_text((out / name).read_text())
+    (broken / CHECKPOINT_FILE).write_bytes((out / CHECKPOINT_FILE).read_bytes()[:100])
+    cases = [(["--resume", str(bare), "--epochs", "2"], f"{bare / CHECKPOINT_FILE}: no such file"),
+             (["--resume", str(broken), "--epochs", "2"], "cannot be read"),
+             (["--resume", str(out), "--preset", "cartpole"], "--preset cannot be given with it"),
+             (["--resume", str(out), "--set", "lr=0.1", "--out", str(out)], "--set, --out cannot be given"),
+             (["--resume", str(tmp_path / "nope")], "no such run folder")]
+    for argv, match in cases:
+        listing = {p: p.stat().st_mtime_ns for d in (out, bare, broken) for p in d.iterdir()}
+        assert main(["train", *argv, "--no-progress"]) == 2, argv
+        assert match in capsys.readouterr().err, argv
+        assert listing == {p: p.stat().st_mtime_ns for d in (out, bare, broken) for p in d.iterdir()}
+
+
+def test_a_run_killed_mid_epoch_loses_at_most_that_epoch(tmp_path, monkeypatch):
+    cfg = preset("cartpole", **TINY)
+    clean = Trainer.run_epoch
+
+    def dies_in_epoch_3(self, epoch):
+        if epoch == 3:
+            self.train_step()  # part of the epoch ran (state changed), then the process "dies"
+            raise RuntimeError("killed")
+        return clean(self, epoch)
+
+    monkeypatch.setattr(Trainer, "run_epoch", dies_in_epoch_3)
+    with pytest.raises(RuntimeError, match="killed"):
+        run_training(cfg, tmp_path, 60.0, show_progress=False)
+    tensors, meta = load_checkpoint(tmp_path / CHECKPOINT_FILE)
+    assert (meta["epoch"], meta["learner_steps"]) == (2, 40)
+    _assert_equal((tensors, meta), _snapshot(_trained(2)))  # the epoch-2 state, untouched by the dying epoch 3
+    assert pd.read_csv(tmp_path / "epochs.csv").epoch.tolist() == [1, 2]
+    monkeypatch.setattr(Trainer, "run_epoch", clean)
+    table, _ = run_training(cfg, tmp_path, 60.0, show_progress=False, resume=True)
+    assert table.epoch.tolist() == [1, 2, 3] and table.learner_steps.tolist() == [20, 20, 20]
+    assert load_checkpoint(tmp_path / CHECKPOINT_FILE)[1]["learner_steps"] == 60
+
+
+def test_hotloop_learner_round_trip():
+    # Triton interpreter on CPU (tests/conftest.py): the tiniest sizes.
+    hot = dict(learner="hotloop", trunk_hidden=(16,), head_hidden=16, batch_size=16, learner_steps_per_epoch=2,
+               learning_starts=32, num_envs=4, eval_episodes=0, replay_capacity=128, log_interval=1)
+    a = _trained(2, **hot)
+    tensors, meta = _snapshot(a)
+    assert {"learner.nets", "learner.sn_u", "learner.adam.exp_avg", "learner.adam.step"} <= set(tensors)
+    assert meta["learner"] == "hotloop" and int(tensors["learner.adam.step"]) == 4
+    b = Trainer(preset("cartpole", **{**TINY, **hot}))
+    addresses = [b.learner.nets.data_ptr(), b.learner.adam.exp_avg.data_ptr(), b.learner.sn_u.data_ptr(),
+                 b.replay.tree.nodes.data_ptr()]
+    b.restore(tensors, meta)
+    _assert_same_state(b, tensors, meta)
+    assert addresses == [b.learner.nets.data_ptr(), b.learner.adam.exp_avg.data_ptr(), b.learner.sn_u.data_ptr(),
+                         b.replay.tree.nodes.data_ptr()]
+    assert (b.learner_steps, b.learner.steps, b.epochs_done) == (4, 4, 2)

@@ -1,0 +1,234 @@
+"""Checkpoint / resume of a Trainer: what its checkpoint holds, restoring it in place, and reading a run folder's.
+
+`run_training` writes <run folder>/checkpoint.pt (CHECKPOINT_FILE) after every epoch with
+trainer.checkpoint.save_checkpoint (atomic: temp file + rename; loaded with torch.load(weights_only=True), so loading
+never unpickles arbitrary objects). Killing the process loses at most the epoch in progress.
+
+Tensors (name: what):
+  learner.*        reference learner: learner.online.<key> and learner.target.<key> (the nets' state_dicts, with the
+                   spectral norms' power-iteration vectors), learner.opt.state.<i>.<key> (Adam's state of parameter i;
+                   its param_groups go to meta["optimizer"]); hotloop learner: learner.<key> for every key of
+                   HotLearner.state_dict() (flat nets, Adam, spectral-norm vectors)
+  replay.*         PrioritizedReplay.state_dict()'s tensors: storage, tree.nodes, tree.max_value,
+                   tree.bad_priority_count
+  returns.ring, returns.finished   EpisodeReturns' finished-episode ring and count
+  rng.cpu, rng.cuda (CUDA only), generator   the global RNG states and the trainer's generator
+Meta: format, epoch (epochs finished), env_steps, learner_steps, learner_updates (the learner's own step count; the
+hotloop learner's includes its capture warm-up steps), learner (kind), device_type, replay {pos, size, alpha, eps},
+optimizer {param_groups, scalars} (reference learner), config (cfg.to_dict(), checked by `check_compatible`).
+
+Not in it: the env, whose episodes in progress are lost: `restore_trainer` resets it with seed
+cfg.seed + ENV_RESEED * epoch and the running returns restart at 0 (an uninterrupted run and a resumed one therefore
+differ from the resumed epoch on); the eval env (reset with a fixed seed every epoch anyway); the metric readback.
+The epsilon and PER-beta schedules are functions of the restored counters (and of cfg.epochs, which a resume may
+extend).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
+
+import pandas as pd
+import torch
+
+from trainer.checkpoint import generator_state, load_checkpoint, rng_state, set_generator_state, set_rng_state
+from trainer.config import Config
+from trainer.step import HotLearner
+
+if TYPE_CHECKING:
+    from trainer.loop import Trainer
+
+CHECKPOINT_FILE = "checkpoint.pt"
+"""The checkpoint's name in a run folder."""
+STATE_FORMAT = "hotloop-trainer"
+"""meta["format"] of a trainer checkpoint."""
+ENV_RESEED = 7919
+"""After a restore the env is reset with seed cfg.seed + ENV_RESEED * (epochs finished)."""
+STATE_FIELDS = ("env", "num_envs", "trunk_hidden", "head_hidden", "spectral_norm", "replay_capacity", "per_alpha",
+                "per_eps")
+"""Config fields the saved state's shapes (or the replay's priorities) depend on; a restore needs them equal.
+`synthetic` env: obs_dim and action_nvec too."""
+_META_TYPES = {"epoch": int, "env_steps": int, "learner_steps": int, "learner_updates": int, "learner": str,
+               "device_type": str, "replay": dict, "config": dict}
+
+
+class ResumePoint(NamedTuple):
+    """A run folder's checkpoint, read by `read_resume_point`: tensors and meta as load_checkpoint returns them,
+    and the per-epoch table's rows of the epochs it holds (1..epoch)."""
+
+    tensors: dict[str, torch.Tensor]
+    meta: dict
+    rows: list[dict]
+
+    @property
+    def epoch(self) -> int:
+        """Epochs finished at the checkpoint."""
+        return self.meta["epoch"]
+
+
+def trainer_state(trainer: Trainer) -> tuple[dict[str, torch.Tensor], dict]:
+    """(tensors, meta) of `trainer` as described in the module docstring, for save_checkpoint. The tensors are the
+    live ones where the owners hand those out (replay storage, nets, returns): save or clone them before the
+    trainer runs again."""
+    learner_tensors, learner_meta = _learner_state(trainer.learner)
+    replay = trainer.replay.state_dict()
+    tensors = {f"learner.{k}": v for k, v in learner_tensors.items()}
+    tensors.update({f"replay.{k}": v for k, v in replay.items() if isinstance(v, torch.Tensor)})
+    tensors.update({"returns.ring": trainer.returns.ring, "returns.finished": trainer.returns.finished})
+    tensors.update({f"rng.{k}": v for k, v in rng_state(trainer.device).items()})
+    tensors["generator"] = generator_state(trainer.generator)
+    meta = {"format": STATE_FORMAT, "epoch": trainer.epochs_done, "env_steps": trainer.env_steps,
+            "learner_steps": trainer.learner_steps, "learner_updates": trainer.learner.steps,
+            "learner": trainer.learner_kind, "device_type": trainer.device.type,
+            "replay": {k: v for k, v in replay.items() if not isinstance(v, torch.Tensor)},
+            **learner_meta, "config": trainer.cfg.to_dict()}
+    return tensors, meta
+
+
+def _learner_state(learner) -> tuple[dict[str, torch.Tensor], dict]:
+    if isinstance(learner, HotLearner):
+        return learner.state_dict(), {}
+    tensors = {f"online.{k}": v for k, v in learner.online.state_dict().items()}
+    tensors.update({f"target.{k}": v for k, v in learner.target.state_dict().items()})
+    opt, scalars = learner.optimizer.state_dict(), {}
+    for i, state in opt["state"].items():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"opt.state.{i}.{key}"] = value
+            else:
+                scalars[f"{i}.{key}"] = value
+    return tensors, {"optimizer": {"param_groups": opt["param_groups"], "scalars": scalars}}
+
+
+def check_compatible(meta: dict, cfg: Config, device_type: str, learner_kind: str) -> None:
+    """Raise ValueError naming what does not match between a checkpoint's meta and a trainer built from `cfg` on a
+    `device_type` device with a `learner_kind` learner: not a trainer checkpoint, missing or mistyped meta, the
+    learner kind, the device type, or any STATE_FIELDS config field. Other fields (epochs, lr, ...) may differ."""
+    if meta.get("format") != STATE_FORMAT:
+        raise ValueError(f"not a trainer checkpoint (meta format {meta.get('format')!r}, expected {STATE_FORMAT!r})")
+    bad = [k for k, t in _META_TYPES.items()
+           if not isinstance(meta.get(k), t) or (t is int and isinstance(meta.get(k), bool))]
+    if bad:
+        raise ValueError(f"checkpoint meta lacks or mistypes {bad}")
+    if meta["learner"] != learner_kind:
+        raise ValueError(f"checkpoint is of a {meta['learner']!r} learner, this run builds a {learner_kind!r} one "
+                         f"(config.learner {cfg.learner!r} on {device_type})")
+    if meta["device_type"] != device_type:
+        raise ValueError(f"checkpoint was taken on {meta['device_type']}, this run is on {device_type}")
+    saved, now = meta["config"], cfg.to_dict()
+    fields = STATE_FIELDS + (("obs_dim", "action_nvec") if cfg.env == "synthetic" else ())
+    diff = [f"{f} (checkpoint {saved.get(f)!r}, config {now[f]!r})" for f in fields if saved.get(f) != now[f]]
+    if diff:
+        raise ValueError(f"checkpoint does not match this config: {'; '.join(diff)}")
+
+
+def restore_trainer(trainer: Trainer, tensors: dict[str, torch.Tensor], meta: dict) -> None:
+    """Load a `trainer_state` into `trainer` (tensors on any device). Everything is copied in place (tensor addresses
+    kept, so a captured CUDA graph stays valid), except the reference learner's Adam state, which
+    torch.optim.Adam.load_state_dict installs (its hyperparameters stay the config's). The counters are set, the
+    env is reset with seed cfg.seed + ENV_RESEED * epoch (trainer.obs) and the running returns restart at 0.
+    On CUDA, a hotloop learner's graph not yet captured is captured here, then the state is loaded again, so that
+    capture's warm-up steps (real updates) leave no trace. Raises ValueError naming what does not match
+    (`check_compatible`; missing, unexpected or misshapen tensors; replay pos/size) before anything is changed."""
+    check_compatible(meta, trainer.cfg, trainer.device.type, trainer.learner_kind)
+    own, _ = trainer_state(trainer)
+    is_opt = lambda name: name.startswith("learner.opt.state.")  # noqa: E731 (reference Adam: absent before step 1)
+    missing = sorted(k for k in own if not is_opt(k) and k not in tensors)
+    unexpected = sorted(k for k in tensors if not is_opt(k) and k not in own)
+    if missing or unexpected:
+        raise ValueError(f"checkpoint tensors do not match this trainer: missing {missing}, unexpected {unexpected}")
+    for name, t in own.items():
+        if not is_opt(name) and (tensors[name].shape != t.shape or tensors[name].dtype != t.dtype):
+            raise ValueError(f"checkpoint tensor {name!r} is {tensors[name].dtype} {tuple(tensors[name].shape)}, "
+                             f"this trainer's is {t.dtype} {tuple(t.shape)}")
+    opt_state = None if isinstance(trainer.learner, HotLearner) else _optimizer_state(trainer.learner, tensors, meta)
+    replay = {k[len("replay."):]: v for k, v in tensors.items() if k.startswith("replay.")}
+    replay.update(meta["replay"])
+    try:
+        trainer.replay.load_state_dict(replay)  # validates everything before it changes anything
+    except ValueError as exc:
+        raise ValueError(f"checkpoint replay: {exc}") from exc
+    _load_learner(trainer, tensors, meta, opt_state)
+    learner = trainer.learner
+    if (isinstance(learner, HotLearner) and learner.graph is None and learner.use_graph
+            and trainer.replay.size > 0):
+        with trainer.phase("capture"):
+            learner.capture()
+        trainer.replay.load_state_dict(replay)  # the warm-up steps re-prioritized the tree
+        _load_learner(trainer, tensors, meta, opt_state)
+    trainer.returns.ring.copy_(tensors["returns.ring"])
+    trainer.returns.finished.copy_(tensors["returns.finished"])
+    trainer.returns.running.zero_()
+    trainer.epochs_done, trainer.env_steps = meta["epoch"], meta["env_steps"]
+    trainer.learner_steps = meta["learner_steps"]
+    trainer.obs = trainer.env.reset(seed=trainer.cfg.seed + ENV_RESEED * meta["epoch"])
+    set_rng_state({k[len("rng."):]: v for k, v in tensors.items() if k.startswith("rng.")}, trainer.device)
+    set_generator_state(trainer.generator, tensors["generator"])
+
+
+def _optimizer_state(learner, tensors: dict[str, torch.Tensor], meta: dict) -> dict:
+    """The reference learner's Adam state_dict from the checkpoint (cloned tensors, the optimizer's own
+    param_groups); ValueError for a different parameter layout, a bad key or a misshapen moment."""
+    params = list(learner.online.parameters())
+    groups = learner.optimizer.state_dict()["param_groups"]
+    saved_groups = meta.get("optimizer", {}).get("param_groups")
+    if not isinstance(saved_groups, list) or [g.get("params") for g in saved_groups] != [g["params"] for g in groups]:
+        raise ValueError("checkpoint optimizer param_groups do not match this learner's parameters")
+    state: dict[int, dict] = {}
+    for name, value in tensors.items():
+        if not name.startswith("learner.opt.state."):
+            continue
+        index, _, key = name[len("learner.opt.state."):].partition(".")
+        if not index.isdigit() or int(index) >= len(params) or not key:
+            raise ValueError(f"checkpoint tensor {name!r} names no parameter of this learner")
+        if key != "step" and value.shape != params[int(index)].shape:
+            raise ValueError(f"checkpoint tensor {name!r} has shape {tuple(value.shape)}, the parameter "
+                             f"{tuple(params[int(index)].shape)}")
+        state.setdefault(int(index), {})[key] = value.clone()
+    for name, value in meta["optimizer"].get("scalars", {}).items():
+        index, _, key = name.partition(".")
+        state.setdefault(int(index), {})[key] = value
+    return {"state": state, "param_groups": groups}
+
+
+def _load_learner(trainer: Trainer, tensors: dict[str, torch.Tensor], meta: dict, opt_state: dict | None) -> None:
+    learner = trainer.learner
+    if isinstance(learner, HotLearner):
+        learner.load_state_dict({k[len("learner."):]: v for k, v in tensors.items() if k.startswith("learner.")})
+    else:
+        for prefix, net in (("learner.online.", learner.online), ("learner.target.", learner.target)):
+            net.load_state_dict({k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)})
+        learner.optimizer.load_state_dict(opt_state)
+    learner.steps = meta["learner_updates"]
+
+
+def read_resume_point(run_dir: str | Path, cfg: Config) -> ResumePoint:
+    """Read run_dir's checkpoint (on the CPU) and the rows of its epochs.csv up to the checkpoint's epoch (rows of a
+    later epoch, written before the process died ahead of that epoch's checkpoint, are dropped: that epoch runs
+    again), and `check_compatible` the checkpoint with a trainer built from `cfg` (device resolved as Trainer does).
+    Raises ValueError naming the file for a missing or unreadable checkpoint or table, a table without the
+    checkpoint's epochs 1..epoch, or a mismatch."""
+    from trainer.loop import learner_kind, resolve_device
+
+    run_dir = Path(run_dir)
+    tensors, meta = load_checkpoint(run_dir / CHECKPOINT_FILE)
+    device = resolve_device(cfg.device)
+    try:
+        check_compatible(meta, cfg, device.type, learner_kind(cfg, device))
+    except ValueError as exc:
+        raise ValueError(f"{run_dir / CHECKPOINT_FILE}: {exc}") from exc
+    table = run_dir / "epochs.csv"
+    try:
+        frame = pd.read_csv(table, dtype={"clocks_event_reasons": object})
+    except (OSError, ValueError, UnicodeDecodeError) as exc:  # pandas' parser and empty-file errors are ValueErrors
+        raise ValueError(f"{table} cannot be read ({exc}); resuming needs the run's per-epoch table") from exc
+    epoch = meta["epoch"]
+    if "epoch" not in frame.columns:
+        raise ValueError(f"{table} has no 'epoch' column")
+    frame = frame[frame["epoch"] <= epoch]
+    if frame["epoch"].tolist() != list(range(1, epoch + 1)):
+        raise ValueError(f"{table} holds epochs {frame['epoch'].tolist()}, the checkpoint 1..{epoch}")
+    if "clocks_event_reasons" in frame.columns:  # a text column: "" (no reason) reads back as NaN
+        frame["clocks_event_reasons"] = frame["clocks_event_reasons"].fillna("")
+    return ResumePoint(tensors, meta, frame.to_dict("records"))
