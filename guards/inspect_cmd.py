@@ -73,20 +73,23 @@ def run_inspect(args: argparse.Namespace) -> int:
         if not len(steps) and (args.step_range != "step" or args.domain):
             print(f"hotloop inspect: note: {path}: no step ranges named {args.step_range!r}"
                   + (f" in domain {args.domain!r}" if args.domain else "") + ": totals only", file=sys.stderr)
-        report[path] = {"totals": count_totals(df), "steps": _records(steps) if len(steps) else None}
+        report[path] = {"totals": count_totals(df), "steps": step_records(steps) if len(steps) else None}
         if not args.json:
-            print(_format_file(path, len(df), report[path]["totals"], steps))
+            print(format_file(path, len(df), report[path]["totals"], steps))
     if args.json:
         print(json.dumps({"files": report}, indent=2))
     return UNREADABLE_INPUT if failed else 0
 
 
-def _records(steps: pd.DataFrame) -> list[dict]:
+def step_records(steps: pd.DataFrame) -> list[dict]:
+    """Per-step counts as JSON-ready dicts (numpy scalars turned into Python numbers), one per step row."""
     return [{k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()}
             for row in steps.to_dict(orient="records")]
 
 
-def _format_file(path: str, n_events: int, totals: dict, steps: pd.DataFrame) -> str:
+def format_file(path: str, n_events: int, totals: dict, steps: pd.DataFrame) -> str:
+    """The text `hotloop inspect` prints for one trace: a header, the whole-file counts table (`totals` as
+    guards.trace_counts.count_totals returns it) and, when `steps` has rows, the per-step counts table."""
     rows = [(col, totals[col]) for col in COUNT_COLUMNS]
     rows += [(f"sync_calls {api}", n) for api, n in totals["sync_calls"].items()] or [("sync_calls", 0)]
     lines = [f"== {path} ({n_events} events)", format_table(pd.DataFrame(rows, columns=["count", "events"]))]

@@ -1,5 +1,5 @@
-"""The `hotloop` command line: `hotloop train`, `hotloop gate`, `hotloop bench`, `hotloop inspect` and
-`hotloop report`.
+"""The `hotloop` command line: `hotloop train`, `hotloop gate`, `hotloop bench`, `hotloop inspect`,
+`hotloop report` and `hotloop nsys`.
 
 Exit codes: 0 success/pass, 1 a criterion failed, 2 bad usage or input, 3 hang (watchdog).
 """
@@ -12,6 +12,7 @@ import textwrap
 from pathlib import Path
 
 from guards.inspect_cmd import add_inspect_parser, run_inspect
+from profiles.nsys_cmd import add_nsys_parser, run_nsys
 from profiles.report import add_report_parser, run_report
 from trainer.config import PRESETS, Config, field_docs, parse_override, preset
 
@@ -78,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bench_parser(sub, fmt)
     add_inspect_parser(sub)
     add_report_parser(sub)
+    add_nsys_parser(sub)
     return parser
 
 
@@ -246,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_inspect(args)
     if args.command == "report":
         return run_report(args)
+    if args.command == "nsys":
+        return run_nsys(args)
     try:
         cfg, run_dir = prepare_run(args)
     except ValueError as exc:
