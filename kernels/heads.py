@@ -60,6 +60,7 @@ def _heads_fwd_body(h_ptr, w_ptr, b_ptr, g_ptr, q_ptr, M, H, h_zstride, p_zstrid
              mask=mask_m[:, None] & (mask_j & (j >= 1))[None, :])
 
 
+# the same body under two names, for phase attribution by kernel name (see kernels/linear.py)
 @triton.jit
 def _heads_online_tf32_kernel(h_ptr, w_ptr, b_ptr, g_ptr, q_ptr, M, H, h_zstride, p_zstride, q_zstride,
                               D: tl.constexpr, A: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_J: tl.constexpr,

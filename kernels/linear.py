@@ -66,6 +66,8 @@ def _fwd_body(x_ptr, idx_ptr, w_ptr, b_ptr, g_ptr, y_ptr, M, N, K, stride_xm, x_
     tl.store(y_ptr + z * y_zstride + offs_m[:, None] * N + offs_n[None, :], y, mask=mask_m[:, None] & mask_n[None, :])
 
 
+# Two thin kernels over one body: the same code under two names, because a graph replay carries no ranges and the
+# guards assign its kernels to the "forward" / "ddqn_forward" phases by name (trainer/step.py PHASE_RULES).
 @triton.jit
 def _fwd_online_tf32_gemm_kernel(x_ptr, idx_ptr, w_ptr, b_ptr, g_ptr, y_ptr, M, N, K, stride_xm, x_zstride,
                                  p_zstride, y_zstride, gain_group, GATHER: tl.constexpr, RELU: tl.constexpr,
