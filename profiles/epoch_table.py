@@ -43,9 +43,10 @@ def epoch_frame(rows: Iterable[dict]) -> pd.DataFrame:
     return df[EPOCH_COLUMNS + optional + [c for c in df.columns if c not in EPOCH_COLUMNS + optional]]
 
 
-def new_run_dir(root: str | Path = "profiles/runs") -> Path:
-    """Create and return root/<UTC timestamp>/ (suffixed -2, -3, ... if it exists; never reuses a folder)."""
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+def new_run_dir(root: str | Path = "profiles/runs", prefix: str = "") -> Path:
+    """Create and return root/<prefix><UTC timestamp>/ (suffixed -2, -3, ... if it exists; never reuses a
+    folder)."""
+    stamp = prefix + datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     root = Path(root)
     path, n = root / stamp, 1
     while True:

@@ -38,15 +38,14 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from guards.inspect_cmd import format_file, step_records, read_trace
+from guards.inspect_cmd import format_file, read_trace, step_records
 from guards.trace_counts import count_per_step, count_totals
-from profiles.epoch_table import format_table
+from profiles.epoch_table import format_table, new_run_dir
 from profiles.trace_schema import TraceReadError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -252,19 +251,6 @@ def add_nsys_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
     return p
 
 
-def new_nsys_dir(root: str | Path = "profiles/runs") -> Path:
-    """Create and return root/nsys-<UTC timestamp>/ (suffixed -2, -3, ... if it exists; never reuses a folder)."""
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    path, n = Path(root) / f"nsys-{stamp}", 1
-    while True:
-        try:
-            path.mkdir(parents=True, exist_ok=False)
-            return path
-        except FileExistsError:
-            n += 1
-            path = Path(root) / f"nsys-{stamp}-{n}"
-
-
 def run_nsys(args: argparse.Namespace, search_roots: tuple[Path, ...] | list[Path] | None = None) -> int:
     """Run `hotloop nsys` for parsed `args` (cmd, out, step_range, domain); returns the exit code (module
     docstring). Errors go to stderr as `hotloop nsys: error: ...`; nothing is written before the usage checks
@@ -287,7 +273,7 @@ def run_nsys(args: argparse.Namespace, search_roots: tuple[Path, ...] | list[Pat
     try:
         if args.out is not None:
             args.out.mkdir(parents=True, exist_ok=True)
-        out = args.out or new_nsys_dir()
+        out = args.out or new_run_dir(prefix="nsys-")
     except OSError as exc:
         return error(f"cannot create the output folder {args.out or 'profiles/runs/'}: {exc.strerror or exc}",
                      USAGE_ERROR)
