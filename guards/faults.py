@@ -18,14 +18,13 @@ Source of the idea: mutation testing of a guard (../shared/CONVENTIONS.md item 8
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator
 
 import torch
 
 from kernels.linear import linear_forward
 from kernels.spectral_norm import SpectralNormTable, spectral_norm_
+from trainer.bench_variants import tf32_matmuls
 
 
 @dataclass(frozen=True)
@@ -114,17 +113,6 @@ def _wrapper_fault(name: str, trainer) -> Callable[[], object]:
         return lambda: spare.copy_(params)
     one = torch.zeros(1, device=device)  # grid1
     return lambda: one.add_(1.0)
-
-
-@contextmanager
-def tf32_matmuls(enabled: bool) -> Iterator[None]:
-    """cuBLAS TF32 for FP32 matmuls on (True) or off inside the block; restored after."""
-    before = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = enabled
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = before
 
 
 def _scaled(t: torch.Tensor, g: torch.Tensor, gain_group: int) -> torch.Tensor:
