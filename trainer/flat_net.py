@@ -128,6 +128,24 @@ def forward_reference(layout: FlatLayout, buf: torch.Tensor, obs: torch.Tensor) 
     return heads_reference(h, w_out, b_out, g_out, layout.branches)
 
 
+def flat_forward(layout: FlatLayout, buf: torch.Tensor, x: torch.Tensor, acts: list[torch.Tensor], q: torch.Tensor,
+                 *, rows: torch.Tensor | None = None, nets: int = 1, linear=linear_forward) -> torch.Tensor:
+    """Forward of `nets` networks (1, or 2: online and target in one launch per layer, the Double-DQN forward)
+    whose net-0 parameters are the 1-D float32 buffer `buf` (net 1's are `layout.numel` floats further), with the
+    fused kernels. x: (R, obs_dim) float32 input rows (with `rows` (M,) int64, row m is x[rows[m]], e.g. replay
+    storage); acts: one (M, width) or (nets, M, width) float32 output per layer of `layout.layers` (kept: the
+    backward reads them); q: (M, D * A) or (nets, M, D * A), returned. `linear`: the layer launcher
+    (kernels.linear.linear_forward or a drop-in of the same signature). Raises ValueError from the launchers."""
+    p, x_zstride = layout.numel, 0
+    for slots, y in zip(layout.layers, acts):
+        w, b, g = slots.views(buf)
+        linear(x, w, b, g, y, slots.gain_group, slots.relu, rows=rows, nets=nets, p_zstride=p, x_zstride=x_zstride,
+               ddqn=nets == 2)
+        x, rows, x_zstride = y.view(-1, slots.rows), None, y.shape[-2] * slots.rows
+    w_out, b_out, g_out = layout.out_views(buf)
+    return heads_forward(acts[-1], w_out, b_out, g_out, q, layout.branches, nets=nets, p_zstride=p, ddqn=nets == 2)
+
+
 class FlatForward:
     """Forward-only evaluation of the flat net with the fused kernels (acting and evaluation), with its own
     activation buffers per batch size.
@@ -150,12 +168,7 @@ class FlatForward:
     def q(self, buf: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
         lay = self.layout
         bufs = self._buffers(obs.shape[0])
-        h = obs.float().contiguous()
-        for slots, out in zip(lay.layers, bufs):
-            w, b, g = slots.views(buf)
-            h = linear_forward(h, w, b, g, out, slots.gain_group, slots.relu)
-        w_out, b_out, g_out = lay.out_views(buf)
-        q = heads_forward(h, w_out, b_out, g_out, bufs[-1], lay.branches)
+        q = flat_forward(lay, buf, obs.float().contiguous(), bufs[:-1], bufs[-1])
         return q.view(obs.shape[0], lay.branches, lay.actions)
 
     def greedy(self, buf: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:

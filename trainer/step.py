@@ -28,7 +28,7 @@ from contextlib import nullcontext
 import torch
 
 from kernels.fused_adam import FusedAdam
-from kernels.heads import heads_backward, heads_forward
+from kernels.heads import heads_backward
 from kernels.linear import linear_backward_input, linear_backward_weight, linear_forward
 from kernels.replay_batch import batch_uniforms, gather_transitions
 from kernels.segment_tree import tree_sample, tree_update
@@ -36,7 +36,7 @@ from kernels.spectral_norm import SpectralNormTable, spectral_norm_
 from kernels.td_loss import METRIC_NAMES, TDLossOutputs, TDLossWorkspace, td_loss_forward
 from profiles.ranges import phase_range
 from trainer.config import Config
-from trainer.flat_net import FlatForward, FlatLayout
+from trainer.flat_net import FlatForward, FlatLayout, flat_forward
 from trainer.replay import PrioritizedReplay
 
 METRICS = (*METRIC_NAMES, "grad_norm")
@@ -132,15 +132,7 @@ class HotLearner:
 
     def _forward(self, obs: torch.Tensor, acts: list[torch.Tensor], q: torch.Tensor, nets: int) -> None:
         """Forward of `nets` networks (1: online on s; 2: online and target on s') from replay rows self.idx."""
-        lay, b, p = self.layout, self.cfg.batch_size, self.layout.numel
-        x, rows, x_zstride = obs, self.idx, 0
-        for slots, y in zip(lay.layers, acts):
-            w, bias, g = slots.views(self.params)
-            self.linear_forward(x, w, bias, g, y, slots.gain_group, slots.relu, rows=rows, nets=nets, p_zstride=p,
-                           x_zstride=x_zstride, ddqn=nets == 2)
-            x, rows, x_zstride = y.view(-1, slots.rows), None, b * slots.rows
-        w_out, b_out, g_out = lay.out_views(self.params)
-        heads_forward(acts[-1], w_out, b_out, g_out, q, lay.branches, nets=nets, p_zstride=p, ddqn=nets == 2)
+        flat_forward(self.layout, self.params, obs, acts, q, rows=self.idx, nets=nets, linear=self.linear_forward)
 
     def _backward(self) -> None:
         lay, params, grads = self.layout, self.params, self.grads
