@@ -18,6 +18,17 @@ from trainer.losses import branch_diversity_term, chosen_q, cql_term, double_dqn
 from trainer.network import BranchingDuelingQNet
 
 
+def epsilon_greedy(greedy: torch.Tensor, action_nvec: torch.Tensor, epsilon: float,
+                   generator: torch.Generator) -> torch.Tensor:
+    """Epsilon-greedy actions (N, D) int64 from the greedy ones `greedy` (N, D) int64: with probability epsilon an
+    env takes a uniformly random action in every branch (branch d in [0, action_nvec[d])), else the greedy one.
+    action_nvec: (D,) int64 on greedy's device; generator: on that device. No host sync."""
+    n, d = greedy.shape
+    rand = (torch.rand(n, d, device=greedy.device, generator=generator) * action_nvec).long()
+    explore = torch.rand(n, 1, device=greedy.device, generator=generator) < epsilon
+    return torch.where(explore, rand, greedy)
+
+
 class UpdateMetrics(NamedTuple):
     """Detached 0-dim float32 device tensors from one learner step (td_abs is (B,): new priorities' input)."""
 
@@ -63,10 +74,7 @@ class DQNLearner:
     def act(self, obs: torch.Tensor, epsilon: float, generator: torch.Generator) -> torch.Tensor:
         """Epsilon-greedy actions (N, D) int64 for obs (N, obs_dim): with probability epsilon an env takes a
         uniformly random action in every branch, else the greedy one."""
-        n, nvec = obs.shape[0], self.action_nvec
-        rand = (torch.rand(n, len(nvec), device=obs.device, generator=generator) * nvec).long()
-        explore = torch.rand(n, 1, device=obs.device, generator=generator) < epsilon
-        return torch.where(explore, rand, self.greedy(obs))
+        return epsilon_greedy(self.greedy(obs), self.action_nvec, epsilon, generator)
 
     def update(self, obs: torch.Tensor, action: torch.Tensor, reward: torch.Tensor, next_obs: torch.Tensor,
                terminated: torch.Tensor, weights: torch.Tensor) -> UpdateMetrics:

@@ -37,6 +37,7 @@ from kernels.td_loss import METRIC_NAMES, TDLossOutputs, TDLossWorkspace, td_los
 from profiles.ranges import phase_range
 from trainer.config import Config
 from trainer.flat_net import FlatForward, FlatLayout, flat_forward
+from trainer.learner import epsilon_greedy
 from trainer.replay import PrioritizedReplay
 
 METRICS = (*METRIC_NAMES, "grad_norm")
@@ -111,6 +112,7 @@ class HotLearner:
         self.td_ws = TDLossWorkspace.create(b, device)
         self.side = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.acting = FlatForward(lay, device)
+        self.action_nvec = torch.tensor(action_nvec, device=device)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.use_graph = device.type == "cuda"
         # the step's launch points, instance attributes so that guards/faults.py can swap one for a faulty variant
@@ -227,11 +229,8 @@ class HotLearner:
 
     @torch.no_grad()
     def act(self, obs: torch.Tensor, epsilon: float, generator: torch.Generator) -> torch.Tensor:
-        """Epsilon-greedy actions (N, D) int64, as DQNLearner.act."""
-        n, d, a = obs.shape[0], self.layout.branches, self.layout.actions
-        rand = torch.randint(0, a, (n, d), device=obs.device, generator=generator)
-        explore = torch.rand(n, 1, device=obs.device, generator=generator) < epsilon
-        return torch.where(explore, rand, self.greedy(obs))
+        """Epsilon-greedy actions (N, D) int64 (trainer.learner.epsilon_greedy), as DQNLearner.act."""
+        return epsilon_greedy(self.greedy(obs), self.action_nvec, epsilon, generator)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Copies of everything the learner carries from step to step (flat nets, Adam, spectral-norm vectors)."""

@@ -41,3 +41,21 @@ def test_episode_returns_ring():
     assert r.mean() == pytest.approx((2 + 2 + 4 + 2) / 4)    # last four: drops the first finished
     r.update(ones, torch.tensor([True, True, True]))          # three returns of 1
     assert r.mean() == pytest.approx((2 + 1 + 1 + 1) / 4)
+
+
+def test_epsilon_greedy_mixes_greedy_and_uniform_actions():
+    import torch
+
+    from trainer.learner import epsilon_greedy
+
+    nvec = torch.tensor([2, 5, 3])
+    greedy = torch.stack([torch.full((4000,), v) for v in (1, 4, 0)], dim=1)
+    gen = torch.Generator().manual_seed(0)
+    assert torch.equal(epsilon_greedy(greedy, nvec, 0.0, gen), greedy)
+    rand = epsilon_greedy(greedy, nvec, 1.0, gen)
+    for d, n in enumerate(nvec.tolist()):
+        assert set(rand[:, d].tolist()) == set(range(n))  # every action of every branch, none out of range
+    half = epsilon_greedy(greedy, nvec, 0.5, gen)
+    explored = (half != greedy).any(dim=1).float().mean().item()
+    # an explored row differs from the greedy one with prob 1 - 1/(2*5*3)
+    assert abs(explored - 0.5 * (1 - 1 / 30)) < 0.03
