@@ -161,6 +161,17 @@ def env_shapes(cfg: Config) -> tuple[int, tuple[int, ...]]:
     return shapes
 
 
+def fill_random(replay: PrioritizedReplay, cfg: Config, action_nvec: tuple[int, ...]) -> None:
+    """Add min(capacity, FILL_BATCHES * batch_size) random transitions to `replay` (on its device, from the global
+    generator): obs/next_obs standard normal, uniform actions per branch of `action_nvec`, normal rewards, 5%
+    terminal; then set their priorities from |N(0, 1)| TD errors, so the sum tree is not uniform."""
+    n, dev = min(cfg.replay_capacity, FILL_BATCHES * cfg.batch_size), replay.device
+    action = (torch.rand(n, len(action_nvec), device=dev) * torch.tensor(action_nvec, device=dev)).long()
+    replay.add(torch.randn(n, replay.obs_dim, device=dev), action, torch.randn(n, device=dev),
+               torch.randn(n, replay.obs_dim, device=dev), torch.rand(n, device=dev) < 0.05)
+    replay.update_priorities(torch.arange(n, device=dev), torch.randn(n, device=dev))
+
+
 class BenchState:
     """Everything one bench learner step touches, built from a Config on one device.
 
@@ -172,10 +183,7 @@ class BenchState:
 
     Attributes:
         learner: a `DQNLearner` (online + target network, Adam); only its modules and optimizer are used.
-        replay: `PrioritizedReplay(cfg.replay_capacity, ..., use_kernels=False)` holding
-            min(capacity, FILL_BATCHES * batch_size) random transitions of the env's shapes (obs/next_obs standard
-            normal, uniform actions per branch, normal rewards, 5% terminal) whose priorities were then set from
-            |N(0, 1)| TD errors, so the sum tree is not uniform.
+        replay: `PrioritizedReplay(cfg.replay_capacity, ..., use_kernels=False)` filled by `fill_random`.
         obs_dim, action_nvec: the env's shapes. batch_size: cfg.batch_size. beta: cfg.per_beta_start (fixed).
     Seeds torch's global generators with cfg.seed; sampling draws from the global (default) generator of `device`.
     Raises ValueError from the Config/replay/env checks.
@@ -192,14 +200,7 @@ class BenchState:
         self.batch_size, self.beta = cfg.batch_size, float(cfg.per_beta_start)
         self.replay = PrioritizedReplay(cfg.replay_capacity, self.obs_dim, len(self.action_nvec), alpha=cfg.per_alpha,
                                         eps=cfg.per_eps, device=self.device, use_kernels=False)
-        self._fill(min(cfg.replay_capacity, FILL_BATCHES * cfg.batch_size))
-
-    def _fill(self, n: int) -> None:
-        dev, nvec = self.device, torch.tensor(self.action_nvec, device=self.device)
-        action = (torch.rand(n, len(self.action_nvec), device=dev) * nvec).long()
-        self.replay.add(torch.randn(n, self.obs_dim, device=dev), action, torch.randn(n, device=dev),
-                        torch.randn(n, self.obs_dim, device=dev), torch.rand(n, device=dev) < 0.05)
-        self.replay.update_priorities(torch.arange(n, device=dev), torch.randn(n, device=dev))
+        fill_random(self.replay, cfg, self.action_nvec)
 
     @property
     def online(self) -> BranchingDuelingQNet:

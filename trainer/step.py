@@ -248,11 +248,11 @@ class HotLearner:
 
 
 def build_hotloop_variant(cfg: Config, device: torch.device):
-    """The `hotloop` row of `hotloop bench`: a HotLearner over a kernel-backed PrioritizedReplay holding
-    min(capacity, 4 * batch_size) random transitions (priorities from |N(0, 1)| TD errors, as the other rows'
-    replay), captured (setup_s = warm-up + capture seconds); `step` replays the graph.
+    """The `hotloop` row of `hotloop bench`: a HotLearner over a kernel-backed PrioritizedReplay filled by
+    trainer.bench_variants.fill_random (as the other rows' replay), captured (setup_s = warm-up + capture
+    seconds); `step` replays the graph.
     Returns a trainer.bench_variants.Variant. Raises RuntimeError without CUDA, ValueError for an unsupported cfg."""
-    from trainer.bench_variants import Variant, env_shapes
+    from trainer.bench_variants import Variant, env_shapes, fill_random
 
     device = torch.device(device)
     if device.type != "cuda":
@@ -260,13 +260,8 @@ def build_hotloop_variant(cfg: Config, device: torch.device):
     obs_dim, nvec = env_shapes(cfg)
     replay = PrioritizedReplay(cfg.replay_capacity, obs_dim, len(nvec), alpha=cfg.per_alpha, eps=cfg.per_eps,
                                device=device, use_kernels=True)
-    n = min(cfg.replay_capacity, 4 * cfg.batch_size)
-    gen = torch.Generator(device=device).manual_seed(cfg.seed)
-    action = torch.randint(0, nvec[0], (n, len(nvec)), device=device, generator=gen)
-    replay.add(torch.randn(n, obs_dim, device=device, generator=gen), action,
-               torch.randn(n, device=device, generator=gen), torch.randn(n, obs_dim, device=device, generator=gen),
-               torch.rand(n, device=device, generator=gen) < 0.05)
-    replay.update_priorities(torch.arange(n, device=device), torch.randn(n, device=device, generator=gen))
+    torch.manual_seed(cfg.seed)  # as BenchState: the other rows' replay holds the same kind of random data
+    fill_random(replay, cfg, nvec)
     learner = HotLearner(cfg, obs_dim, nvec, device, replay)
     capture_s = learner.capture()
     return Variant("hotloop", learner.step, capture_s, "capture", "split",
