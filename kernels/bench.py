@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import subprocess
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pandas as pd
 import torch
+
+from profiles.provenance import commit_id
 
 MODULES = ("kernels.segment_tree", "kernels.spectral_norm", "kernels.fused_adam", "kernels.td_loss")
 
@@ -57,7 +58,7 @@ def run(reps: int, calls: int) -> pd.DataFrame:
     """Time every (kernel, reference) pair on the current CUDA device; returns the long-format table."""
     device = torch.device("cuda")
     gpu = torch.cuda.get_device_name(device)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = commit_id()
     date = datetime.now(timezone.utc).strftime("%Y-%m-%d")
     rows = []
     for module in MODULES:

@@ -20,8 +20,6 @@ from __future__ import annotations
 import functools
 import gc
 import math
-import os
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -32,6 +30,7 @@ from typing import NamedTuple
 import pandas as pd
 import torch
 
+from profiles.provenance import commit_id
 from trainer.bench_variants import Variant, build_compiled, build_eager, build_graph, env_shapes
 from trainer.config import Config
 
@@ -167,21 +166,6 @@ def roofline_floor_us(cfg: Config, obs_dim: int, action_nvec: tuple[int, ...], p
     flop_us = c["flops_fwd"] / (peak_tflops_fwd * 1e6) + c["flops_bwd"] / (peak_tflops_bwd * 1e6)
     byte_us = c["bytes"] / (peak_gbs * 1e3)
     return max(flop_us, byte_us)
-
-
-def commit_id() -> str:
-    """The HOTLOOP_COMMIT environment variable when set (a device copy of the working tree may carry a stale
-    .git), else `git rev-parse --short HEAD` of this repository, else "unknown"."""
-    if os.environ.get("HOTLOOP_COMMIT"):
-        return os.environ["HOTLOOP_COMMIT"]
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
-                             cwd=Path(__file__).resolve().parents[1])
-        if out.returncode == 0 and out.stdout.strip():
-            return out.stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return "unknown"
 
 
 def time_steps(step: Callable[[], object], steps: int, device: torch.device) -> list[float]:
