@@ -3,12 +3,14 @@
 A baseline file is `profiles/baselines/<gpu-name-slug>.json` (`baseline_path`; "NVIDIA H200" -> nvidia-h200.json),
 written deliberately by `write_baseline` (`hotloop gate --update-baseline`)::
 
-    {"schema": 1, "gpu": "NVIDIA H200",
+    {"schema": 1, "gpu": "NVIDIA H200", "config": {the run's Config fields},
      "metrics": {"gpu_span_us": {"kind": "timing", "values": [R values], "median": m, "spread": s}, ...}}
 
 `values` holds one value per repeat (R repeats of the guarded steps on that GPU; each value is that repeat's median
 over its K steps, `GuardReport.medians`); `median` and `spread` are written for readers and recomputed on load.
-NaN is stored as null.
+NaN is stored as null. "config" (optional) is the configuration the baseline was measured with: a run whose
+configuration differs in a field that shapes the guarded step (`config_mismatch`) is not compared with it (a
+CartPole baseline says nothing about a seed-scale step).
 
 Comparison (`compare`): a run is R' repeats of the same metrics.
 
@@ -55,6 +57,11 @@ SCHEMA = 1
 COMPARE_COLUMNS = ["metric", "kind", "statistic", "baseline", "run", "delta", "allowed", "spread", "rule",
                    "verdict"]
 _THRESHOLD = re.compile(r"^(?P<stat>[a-z]+):(?P<sign>[+-]?)(?P<amount>(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?)(?P<pct>%?)$")
+
+
+CONFIG_FIELDS_IGNORED = ("epochs", "seed", "device", "eval_episodes")
+"""Config fields a baseline may differ in from the run: they do not change what a guarded learner step launches
+(run length, random seed, the device's spelling such as cuda vs cuda:0, evaluation after the epochs)."""
 
 
 class BaselineError(ValueError):
@@ -120,16 +127,32 @@ def baseline_path(gpu_name: str, root: str | Path = "profiles/baselines") -> Pat
 
 @dataclass(frozen=True)
 class Baseline:
-    """A loaded baseline: `gpu` name and `metrics` {metric: [one value per repeat]} (NaN where not measured)."""
+    """A loaded baseline: `gpu` name, `metrics` {metric: [one value per repeat]} (NaN where not measured) and the
+    `config` it was measured with (a Config.to_dict(); None in a file written without one)."""
 
     gpu: str
     metrics: dict[str, list[float]]
+    config: dict | None = None
 
 
-def write_baseline(path: str | Path, metrics: Mapping[str, Sequence[float]], gpu: str = "") -> Path:
-    """Write `metrics` ({metric: R repeat values}) as a baseline file (format in the module docstring), creating
-    parent folders and replacing any previous file; returns the path. Raises ValueError for no metrics or a metric
-    without values or with a non-numeric value."""
+def config_mismatch(baseline: Baseline, config: Mapping) -> list[str]:
+    """The fields in which `config` (a run's Config.to_dict()) differs from the baseline's, outside
+    CONFIG_FIELDS_IGNORED, as "field: baseline B, run R" strings (sorted by field; a field missing on one side
+    shows as <missing>). Empty when they agree or the baseline records no config."""
+    if baseline.config is None:
+        return []
+    missing = "<missing>"
+    fields = sorted((set(baseline.config) | set(config)) - set(CONFIG_FIELDS_IGNORED))
+    return [f"{f}: baseline {baseline.config.get(f, missing)!r}, run {config.get(f, missing)!r}" for f in fields
+            if baseline.config.get(f, missing) != config.get(f, missing)]
+
+
+def write_baseline(path: str | Path, metrics: Mapping[str, Sequence[float]], gpu: str = "",
+                   config: Mapping | None = None) -> Path:
+    """Write `metrics` ({metric: R repeat values}) as a baseline file (format in the module docstring), with the
+    run's `config` (a JSON-ready Config.to_dict()) when given, creating parent folders and replacing any previous
+    file; returns the path. Raises ValueError for no metrics or a metric without values or with a non-numeric
+    value."""
     if not metrics:
         raise ValueError("write_baseline: no metrics")
     doc = {}
@@ -145,14 +168,15 @@ def write_baseline(path: str | Path, metrics: Mapping[str, Sequence[float]], gpu
                      "spread": _null(mad_spread(x))}
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"schema": SCHEMA, "gpu": gpu, "metrics": doc}, indent=2) + "\n")
+    head = {"schema": SCHEMA, "gpu": gpu} | ({"config": dict(config)} if config is not None else {})
+    path.write_text(json.dumps(head | {"metrics": doc}, indent=2) + "\n")
     return path
 
 
 def load_baseline(path: str | Path) -> Baseline:
     """Read a baseline file. Raises BaselineError (a ValueError) naming the file for: a missing or unreadable file,
-    invalid JSON (line and column), another schema version, or a metric whose "values" is not a non-empty list of
-    numbers or nulls."""
+    invalid JSON (line and column), another schema version, a "config" that is not an object, or a metric whose
+    "values" is not a non-empty list of numbers or nulls."""
     try:
         doc = json.loads(Path(path).read_text())
     except FileNotFoundError:
@@ -163,6 +187,9 @@ def load_baseline(path: str | Path) -> Baseline:
         raise BaselineError(path, f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA or not isinstance(doc.get("metrics"), dict):
         raise BaselineError(path, f'not a baseline: expected an object with "schema": {SCHEMA} and a "metrics" object')
+    config = doc.get("config")
+    if config is not None and not isinstance(config, dict):
+        raise BaselineError(path, '"config" must be an object (the Config fields the baseline was measured with)')
     metrics = {}
     for name, entry in doc["metrics"].items():
         values = entry.get("values") if isinstance(entry, dict) else None
@@ -170,7 +197,7 @@ def load_baseline(path: str | Path) -> Baseline:
                 and all(v is None or type(v) in (int, float) for v in values)):
             raise BaselineError(path, f"metric {name!r}: \"values\" must be a non-empty list of numbers or nulls")
         metrics[name] = [math.nan if v is None else float(v) for v in values]
-    return Baseline(str(doc.get("gpu", "")), metrics)
+    return Baseline(str(doc.get("gpu", "")), metrics, config)
 
 
 def compare(run_metrics: Mapping[str, Sequence[float]], baseline: Baseline, *,

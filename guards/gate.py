@@ -30,6 +30,8 @@ from trainer.step import PHASE_RULES
 
 GUARD_STEP_RANGE = "guard_step"
 """Range name around each guarded step (the trainer opens "step" ranges itself)."""
+TRACE_FILE = "trace.json.gz"
+"""The first repeat's Kineto trace in the gate's run folder (gzipped Chrome trace JSON)."""
 
 
 def default_baseline() -> Path | None:
@@ -41,7 +43,8 @@ def run_gate(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress: bo
              guard_warmup: int = 3, repeats: int = 1, baseline: Path | None = None,
              update_baseline: bool = False, inject: str | None = None) -> int:
     """Run the gate; prints the per-epoch table and the criteria verdicts, writes under `run_dir` epochs.csv/.md,
-    criteria.csv/.md/.json (the verdicts) and guard.json (the first repeat's per-step counts, hook hits, GEMMs).
+    criteria.csv/.md/.json (the verdicts), guard.json (the first repeat's per-step counts, hook hits, GEMMs) and
+    trace.json.gz (the first repeat's Kineto trace: `hotloop inspect` reads it, Perfetto shows it).
 
     The guarded window (`guard_steps_n` steps after `guard_warmup`) is repeated `repeats` times; a criterion fails
     if it fails in any repeat. With a `baseline` file (guards.baselines), the repeats' per-step medians are compared
@@ -60,7 +63,8 @@ def run_gate(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress: bo
         hot = trainer.learner_kind == "hotloop"
         step, phases = (trainer.learner_step, PHASE_RULES) if hot else (trainer.train_step, None)
         return [guard_steps(step, steps=guard_steps_n, warmup=guard_warmup, step_range=GUARD_STEP_RANGE,
-                            phases=phases) for _ in range(repeats)]
+                            phases=phases, trace_path=run_dir / TRACE_FILE if r == 0 else None)
+                for r in range(repeats)]
 
     epochs, reports = run_training(cfg, run_dir, epoch_limit_s, show_progress, after_epochs=guard)
     report = reports[0]
@@ -74,7 +78,7 @@ def run_gate(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress: bo
     write_table(verdicts, run_dir, "criteria")
     (run_dir / "criteria.json").write_text(json.dumps(verdicts.to_dict(orient="records"), indent=2) + "\n")
     report.to_json(run_dir / "guard.json")
-    regressions = _baseline_step(reports, baseline, update_baseline, run_dir)
+    regressions = _baseline_step(reports, baseline, update_baseline, run_dir, cfg.to_dict())
     print("\nPer-epoch table\n" + format_table(epochs))
     print(f"\nCriteria (../shared/DESIGN.md), {guard_steps_n} guarded steps after the epochs\n"
           + format_table(verdicts[["criterion", "measured", "limit", "verdict", "status", "source"]]))
@@ -91,14 +95,16 @@ def run_gate(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress: bo
     return 0
 
 
-def _baseline_step(reports: list[GuardReport], baseline: Path | None, update: bool, run_dir: Path) -> pd.DataFrame:
-    """Write or compare the baseline; returns the failing comparison rows (empty when none or no baseline)."""
+def _baseline_step(reports: list[GuardReport], baseline: Path | None, update: bool, run_dir: Path,
+                   config: dict) -> pd.DataFrame:
+    """Write (with `config`) or compare the baseline; returns the failing comparison rows (empty when none or no
+    baseline)."""
     if baseline is None:
         return pd.DataFrame()
     metrics = {m: [r.medians.get(m, float("nan")) for r in reports] for m in reports[0].medians}
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
     if update:
-        write_baseline(baseline, metrics, gpu=gpu)
+        write_baseline(baseline, metrics, gpu=gpu, config=config)
         print(f"\nbaseline written: {baseline} ({len(reports)} repeats, {len(metrics)} metrics)")
         return pd.DataFrame()
     table = compare(metrics, load_baseline(baseline))

@@ -2,9 +2,11 @@
 and print the guard counts of the recording, as `hotloop inspect` prints them, plus a table of NVTX ranges.
 
 Steps (`profile`):
-1. `nsys profile -t cuda,nvtx -s none --cpuctxsw=none -o /tmp/hotloop-nsys-XXXX/report --force-overwrite true CMD...`
-   (CUDA API + GPU activity and NVTX ranges only; no CPU sampling, no context-switch tracing). CMD's stdout and
-   stderr go to this process's.
+1. `nsys profile -t cuda,nvtx -s none --cpuctxsw=none --cuda-graph-trace=node -o /tmp/hotloop-nsys-XXXX/report
+   --force-overwrite true CMD...` (CUDA API + GPU activity and NVTX ranges only; no CPU sampling, no
+   context-switch tracing; every kernel of a replayed CUDA graph recorded as its own kernel row carrying the
+   cudaGraphLaunch's correlation id, where nsys's default `graph` level records a replay as one opaque span and the
+   guards could not count its kernels). CMD's stdout and stderr go to this process's.
 2. On the bundled route only (below): the raw `.qdstrm` is converted to `.nsys-rep` by Nsight's QdstrmImporter with
    `LD_LIBRARY_PATH=<repo>/.nsyslibs` prepended (the H200 lacks the libdw.so.1 / libelf.so.1 it needs).
 3. `nsys export --type sqlite -o OUT/report.sqlite <report>.nsys-rep`; the temporary folder in /tmp (the .qdstrm
@@ -23,7 +25,7 @@ one, is still exported, counted and written) or nsys / its importer / the export
 CMD, a non-empty --out, no nsys found, or an export without CUDA kernels (e.g. CMD launched none).
 
 Sources: ../shared/h200/NSIGHT.md (the bundled route, seen working on the H200 on 2026-11-29); the Nsight Systems
-User Guide, "Profiling from the CLI" (`nsys profile` switches -t/--trace, -s/--sample, --cpuctxsw, -o/--output,
+User Guide, "Profiling from the CLI" (`nsys profile` switches -t/--trace, -s/--sample, --cpuctxsw, --cuda-graph-trace, -o/--output,
 --force-overwrite; `nsys export` switches --type, -o/--output; https://docs.nvidia.com/nsight-systems/UserGuide/).
 """
 
@@ -54,7 +56,7 @@ NSIGHT_COMPUTE_ROOTS = (Path("/opt/nvidia/nsight-compute"),)
 BUNDLED_NSYS = Path("host/target-linux-x64/nsys")
 BUNDLED_IMPORTER = Path("host/linux-desktop-glibc_2_11_3-x64/QdstrmImporter")
 LIBS_DIR = ".nsyslibs"
-PROFILE_ARGS = ("profile", "-t", "cuda,nvtx", "-s", "none", "--cpuctxsw=none")
+PROFILE_ARGS = ("profile", "-t", "cuda,nvtx", "-s", "none", "--cpuctxsw=none", "--cuda-graph-trace=node")
 RANGE_COLUMNS = ["domain", "name", "count", "cpu_total_us", "cpu_median_us", "kernels", "gpu_kernel_us"]
 COMMAND_FAILED, USAGE_ERROR = 1, 2
 _API_KINDS = ("runtime", "driver")

@@ -135,9 +135,10 @@ def check_env(cfg: Config) -> None:
     getattr(env, "close", lambda: None)()
 
 
-def check_gate_args(args: argparse.Namespace) -> None:
-    """Gate-only options; resolves the default baseline. ValueError (naming the option) before any training."""
-    from guards.baselines import load_baseline
+def check_gate_args(args: argparse.Namespace, cfg: Config) -> None:
+    """Gate-only options; resolves the default baseline and checks that it was measured with `cfg`'s step
+    (guards.baselines.config_mismatch). ValueError (naming the option) before any training."""
+    from guards.baselines import config_mismatch, load_baseline
     from guards.gate import default_baseline
 
     from guards.faults import check_request
@@ -155,7 +156,11 @@ def check_gate_args(args: argparse.Namespace) -> None:
         if args.baseline.is_dir() or not parent.is_dir():
             raise ValueError(f"--baseline {args.baseline} cannot be written (a folder, or below a file)")
     elif args.baseline is not None:
-        load_baseline(args.baseline)  # a missing or broken baseline is bad input: fail before training
+        baseline = load_baseline(args.baseline)  # a missing or broken baseline is bad input: fail before training
+        if differ := config_mismatch(baseline, cfg.to_dict()):
+            raise ValueError(f"--baseline {args.baseline} was measured with another configuration ("
+                             f"{'; '.join(differ)}): run the gate with the baseline's preset and settings, pass "
+                             f"another --baseline, or rewrite this one with --update-baseline")
 
 
 def check_bench_args(args: argparse.Namespace) -> None:
@@ -219,7 +224,7 @@ def prepare_run(args: argparse.Namespace) -> tuple[Config, Path]:
     elif not args.epoch_timeout > 0:
         raise ValueError(f"--epoch-timeout must be > 0 seconds, got {args.epoch_timeout}")
     if args.command == "gate":
-        check_gate_args(args)
+        check_gate_args(args, cfg)
     resolve_device(cfg.device)
     check_env(cfg)
     if resume is not None:

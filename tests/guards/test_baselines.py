@@ -6,8 +6,9 @@ import json
 import numpy as np
 import pytest
 
-from guards.baselines import (MAD_TO_SIGMA, Baseline, BaselineError, baseline_path, compare, default_threshold,
-                              load_baseline, mad_spread, parse_threshold, write_baseline)
+from guards.baselines import (MAD_TO_SIGMA, Baseline, BaselineError, baseline_path, compare, config_mismatch,
+                              default_threshold, load_baseline, mad_spread, parse_threshold, write_baseline)
+from trainer.config import preset
 
 QUIET = [1000.0, 1001.0, 999.0, 1000.0, 1000.5]  # spread ~1.5 us: the 5% rule (50 us) governs
 NOISY = [1000.0, 1030.0, 970.0, 1000.0, 1060.0]  # spread 44.5 us: 3 x spread (133 us) governs
@@ -106,10 +107,26 @@ def test_write_and_load_round_trip(tmp_path):
     assert loaded.gpu == "NVIDIA H200" and loaded.metrics["gpu_span_us"] == NOISY
     assert np.isnan(loaded.metrics["ddqn_overlap_ratio"][0])
     assert set(compare(metrics, loaded)["verdict"]) == {"PASS"}  # a run equal to its baseline passes
+    assert loaded.config is None  # written without one: compared with any run
     with pytest.raises(ValueError, match="'kernels' has no values"):
         write_baseline(path, {"kernels": []})
     with pytest.raises(ValueError, match="no letters or digits"):
         baseline_path(" / ")
+
+
+def test_a_baseline_remembers_its_config_and_names_the_fields_a_run_differs_in(tmp_path):
+    measured = preset("cartpole", epochs=2, seed=1, device="cuda").to_dict()
+    path = write_baseline(tmp_path / "b.json", {"kernels": [24] * 3}, gpu="NVIDIA H200", config=measured)
+    loaded = load_baseline(path)
+    assert loaded.config == measured
+    # Run length, seed, device spelling and evaluation do not change the guarded step: no mismatch.
+    same_step = preset("cartpole", epochs=30, seed=7, device="cuda:0", eval_episodes=0).to_dict()
+    assert config_mismatch(loaded, same_step) == []
+    other = preset("seed-scale", device="cuda").to_dict()
+    differ = config_mismatch(loaded, other)
+    assert "batch_size: baseline 128, run 8192" in differ and "env: baseline 'cartpole', run 'synthetic'" in differ
+    assert not any(d.startswith(("epochs", "seed", "device", "eval_episodes")) for d in differ)
+    assert config_mismatch(Baseline("x", {}), other) == []  # no recorded config: nothing to check
 
 
 @pytest.mark.parametrize("text, problem", [
@@ -119,6 +136,7 @@ def test_write_and_load_round_trip(tmp_path):
     ('[1, 2]', "not a baseline"),
     ('{"schema": 1, "metrics": {"kernels": {"values": []}}}', "'kernels'"),
     ('{"schema": 1, "metrics": {"kernels": {"values": ["341"]}}}', "'kernels'"),
+    ('{"schema": 1, "config": [1], "metrics": {}}', '"config" must be an object'),
 ])
 def test_load_errors_name_the_file(tmp_path, text, problem):
     path = tmp_path / "nvidia-h200.json"

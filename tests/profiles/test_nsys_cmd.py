@@ -118,9 +118,9 @@ def test_profiles_exports_and_prints_the_counts_hotloop_inspect_prints(path_nsys
     ranges = pd.read_csv(out / "ranges.csv")
     assert ranges[["domain", "name", "count", "kernels"]].values.tolist() == [["hotloop", "step", 5, 10]]
     profile, export = _log(env)
-    assert profile["argv"] == ["profile", "-t", "cuda,nvtx", "-s", "none", "--cpuctxsw=none", "-o",
-                               profile["argv"][7], "--force-overwrite", "true", *HI]
-    base = Path(profile["argv"][7])
+    assert profile["argv"] == ["profile", "-t", "cuda,nvtx", "-s", "none", "--cpuctxsw=none",
+                               "--cuda-graph-trace=node", "-o", profile["argv"][8], "--force-overwrite", "true", *HI]
+    base = Path(profile["argv"][8])
     assert base.parent.parent == env / "tmp" and not base.parent.exists()  # raw report in tmp, then removed
     assert export["argv"] == ["export", "--type", "sqlite", "-o", report, str(base) + ".nsys-rep"]
     assert list((env / "tmp").iterdir()) == []
@@ -151,10 +151,10 @@ def test_bundled_route_when_nsys_is_not_on_path_runs_the_importer_with_nsyslibs(
     assert main(["nsys", "--out", str(out2), "--", *HI]) == 0
     calls = _log(env)[2:]
     assert [c["tool"] for c in calls] == ["nsys", "importer", "nsys"] and calls[0]["exe"] == str(nsys)
-    raw = calls[0]["argv"][7] + ".qdstrm"
+    raw = calls[0]["argv"][8] + ".qdstrm"
     assert calls[1]["argv"] == ["-i", raw]
     assert calls[1]["LD_LIBRARY_PATH"] == f"{env / 'repo' / '.nsyslibs'}{os.pathsep}/usr/local/lib"
-    assert calls[2]["argv"][-1] == calls[0]["argv"][7] + ".nsys-rep"
+    assert calls[2]["argv"][-1] == calls[0]["argv"][8] + ".nsys-rep"
     assert sorted(p.name for p in out2.iterdir()) == ["counts.json", "ranges.csv", "report.sqlite"]
     assert list((env / "tmp").iterdir()) == []
 

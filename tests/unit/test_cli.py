@@ -98,6 +98,9 @@ def test_gate_runs_and_writes_its_tables(tmp_path, capsys):
     assert all(verdicts[c]["verdict"] == "PASS" for c in measured)
     assert verdicts["no D2D weight sync"]["status"] == "not measured (no CUDA)"
     assert len(json.loads((out / "guard.json").read_text())["per_step"]) == 4
+    from guards.trace_counts import step_ranges
+    from profiles.kineto_reader import read_kineto
+    assert len(step_ranges(read_kineto(out / "trace.json.gz"), "guard_step")) == 4  # the kept trace, one repeat
     assert (out / "epochs.md").read_text().startswith("|")
     assert json.loads((out / "config.json").read_text())["learner_steps_per_epoch"] == 20
 
@@ -157,6 +160,18 @@ def test_gate_writes_then_compares_a_baseline(tmp_path, capsys):
     base.write_text(json.dumps(doc))
     assert main([*args, "--out", str(tmp_path / "c"), "--baseline", str(base)]) == 1
     assert "FAIL regression event_sync_hook_hits" in capsys.readouterr().out
+
+
+def test_gate_refuses_a_baseline_of_another_configuration_before_training(tmp_path, capsys):
+    base = tmp_path / "cpu.json"
+    args = ["gate", "--epochs", "1", "--device", "cpu", "--guard-steps", "2", *TINY]
+    assert main([*args, "--out", str(tmp_path / "a"), "--baseline", str(base), "--update-baseline"]) == 0
+    capsys.readouterr()
+    out = tmp_path / "b"
+    assert main([*args, "--set", "batch_size=64", "--out", str(out), "--baseline", str(base)]) == 2
+    err = capsys.readouterr().err
+    assert "was measured with another configuration (batch_size: baseline" in err and "run 64" in err
+    assert not out.exists()
 
 
 def test_gate_rejects_a_missing_baseline_before_training(tmp_path, capsys):
