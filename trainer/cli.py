@@ -69,7 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="repeats of the guarded window; the baseline compares their medians (default 1)")
     gate.add_argument("--baseline", type=Path, metavar="JSON",
                       help="baseline to compare with (default on CUDA: profiles/baselines/<gpu-name-slug>.json "
-                           "when it exists)")
+                           "when it exists and was measured with this configuration)")
+    gate.add_argument("--no-baseline", action="store_true",
+                      help="compare with no baseline (the criteria alone decide)")
     gate.add_argument("--update-baseline", action="store_true",
                       help="write this run's repeats as the baseline instead of comparing")
     gate.add_argument("--inject", metavar="FAULT",
@@ -136,8 +138,9 @@ def check_env(cfg: Config) -> None:
 
 
 def check_gate_args(args: argparse.Namespace, cfg: Config) -> None:
-    """Gate-only options; resolves the default baseline and checks that it was measured with `cfg`'s step
-    (guards.baselines.config_mismatch). ValueError (naming the option) before any training."""
+    """Gate-only options; resolves the baseline: --no-baseline -> none; an explicit --baseline must have been
+    measured with `cfg`'s step (guards.baselines.config_mismatch); the default one (profiles/baselines/<gpu>.json)
+    is dropped with a note on stderr when it was not. ValueError (naming the option) before any training."""
     from guards.baselines import config_mismatch, load_baseline
     from guards.gate import default_baseline
 
@@ -147,7 +150,12 @@ def check_gate_args(args: argparse.Namespace, cfg: Config) -> None:
     if args.guard_steps < 1 or args.guard_warmup < 0 or args.repeats < 1:
         raise ValueError(f"--guard-steps and --repeats must be >= 1 and --guard-warmup >= 0, got "
                          f"{args.guard_steps}, {args.repeats}, {args.guard_warmup}")
-    if args.baseline is None and (found := default_baseline()) and (found.exists() or args.update_baseline):
+    explicit = args.baseline is not None
+    if args.no_baseline:
+        if explicit or args.update_baseline:
+            raise ValueError("--no-baseline cannot be given with --baseline or --update-baseline")
+        return
+    if not explicit and (found := default_baseline()) and (found.exists() or args.update_baseline):
         args.baseline = found
     if args.update_baseline:
         if args.baseline is None:
@@ -157,7 +165,11 @@ def check_gate_args(args: argparse.Namespace, cfg: Config) -> None:
             raise ValueError(f"--baseline {args.baseline} cannot be written (a folder, or below a file)")
     elif args.baseline is not None:
         baseline = load_baseline(args.baseline)  # a missing or broken baseline is bad input: fail before training
-        if differ := config_mismatch(baseline, cfg.to_dict()):
+        if (differ := config_mismatch(baseline, cfg.to_dict())) and not explicit:
+            print(f"hotloop gate: note: not comparing with the default baseline {args.baseline}: it was measured "
+                  f"with another configuration ({'; '.join(differ)})", file=sys.stderr)
+            args.baseline = None
+        elif differ:
             raise ValueError(f"--baseline {args.baseline} was measured with another configuration ("
                              f"{'; '.join(differ)}): run the gate with the baseline's preset and settings, pass "
                              f"another --baseline, or rewrite this one with --update-baseline")

@@ -172,6 +172,25 @@ def test_gate_refuses_a_baseline_of_another_configuration_before_training(tmp_pa
     err = capsys.readouterr().err
     assert "was measured with another configuration (batch_size: baseline" in err and "run 64" in err
     assert not out.exists()
+    assert main([*args, "--no-baseline", "--baseline", str(base), "--out", str(out)]) == 2
+    assert "--no-baseline cannot be given with --baseline" in capsys.readouterr().err
+
+
+def test_the_default_baseline_of_another_configuration_is_skipped_with_a_note(tmp_path, capsys, monkeypatch):
+    import guards.gate
+
+    base = tmp_path / "gpu.json"
+    monkeypatch.setattr(guards.gate, "default_baseline", lambda: base)
+    args = ["gate", "--epochs", "1", "--device", "cpu", "--guard-steps", "2", *TINY]
+    assert main([*args, "--out", str(tmp_path / "a"), "--update-baseline"]) == 0 and base.exists()
+    capsys.readouterr()
+    assert main([*args, "--set", "batch_size=64", "--out", str(tmp_path / "b")]) == 0
+    captured = capsys.readouterr()
+    assert f"not comparing with the default baseline {base}" in captured.err and "batch_size" in captured.err
+    assert "Baseline comparison" not in captured.out and not (tmp_path / "b" / "baseline.csv").exists()
+    # The same configuration is compared (exit 0 or 1: this CPU's host timings are noisy against a 1-repeat baseline).
+    assert main([*args, "--out", str(tmp_path / "c")]) in (0, 1)
+    assert "Baseline comparison" in capsys.readouterr().out and (tmp_path / "c" / "baseline.csv").exists()
 
 
 def test_gate_rejects_a_missing_baseline_before_training(tmp_path, capsys):
