@@ -1,48 +1,63 @@
 #!/usr/bin/env bash
-# Batched H200 runs for the hotloop learner (device tool; each part fits one 10-minute call).
+# Batched H200 runs for the hotloop learner (device tool; the parts named run in order within one call).
 # Usage (repo root on the H200, .whl carried; .nsyslibs too for `nsys`):
-#   bash profiles/h200/device_run_hot.sh OUT_DIR PART COMMIT
-# PART: tests   pytest -m "not slow" on the GPU (incl. the fault tests of tests/guards/test_faults.py)
-#       gate    clean gate x5 repeats writing the H200 baseline, then one gate per injected fault (guards/faults.py)
-#       bench1  hotloop bench: eager, graph-fp32, graph-tf32, compiled-split, hotloop
-#       bench2  hotloop bench: compiled-tf32, hotloop (the compile alone takes ~6 minutes)
-#       ci      ci/gate.sh clean, then with HOTLOOP_GATE_ARGS='--inject item' (must exit 1)
-#       nsys    hotloop nsys around a short seed-scale training run (needs .nsyslibs)
-#       seed200 hotloop train --preset seed-scale --epochs 200
-# Everything goes to /tmp/r; OUT_DIR gets results.tgz (the device tool returns at most 8 files).
+#   bash profiles/h200/device_run_hot.sh OUT_DIR COMMIT PART...
+# PART: tests    pytest -m "not slow" on the GPU (incl. the fault tests of tests/guards/test_faults.py)
+#       gate     clean gate x5 repeats writing the H200 baseline, then one gate per injected fault (guards/faults.py)
+#       ranges   python -m profiles.ranges: the cost of one phase range
+#       ci       ci/gate.sh clean, then with HOTLOOP_GATE_ARGS='--inject item' (must exit 1)
+#       nsys     hotloop nsys around a short seed-scale training run, then the gate on the same configuration
+#                (its Kineto trace.json.gz): the Kineto-vs-Nsight cross-check's two traces (needs .nsyslibs)
+#       bench1   hotloop bench: eager, graph-fp32, graph-tf32, compiled-split, hotloop
+#       bench2   hotloop bench: compiled-tf32, hotloop (the compile alone takes ~6 minutes)
+#       seed200  hotloop train --preset seed-scale --epochs 200 (run folder in /dev/shm: 0.6 GB checkpoints)
+# Everything goes to /tmp/r; OUT_DIR gets results.tgz after every part (the device tool returns at most 8 files).
 set -u
-out=$1; part=$2; commit=${3:-unknown}
+out=$1; commit=$2; shift 2
 mkdir -p /tmp/r
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/dev/null
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HOTLOOP_COMMIT=$commit
 echo "commit $commit date $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
 hl() { python3 -m trainer.cli "$@"; }
-case $part in
-  tests)
-    timeout 560 python3 -m pytest -q -p no:cacheprovider -m "not slow" -rs --junitxml=/tmp/r/junit.xml > /tmp/r/pytest.log 2>&1
-    echo "pytest rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" /tmp/r/pytest.log | tail -n 25 ;;
-  gate)
-    timeout 200 hl gate --preset cartpole --device cuda --epochs 2 --repeats 5 --no-progress --out /tmp/r/gate_clean \
-      --update-baseline > /tmp/r/gate_clean.log 2>&1; echo "clean rc=$?"; tail -n 16 /tmp/r/gate_clean.log
-    for f in item event_sync device_sync pageable_copy d2d_copy grid1 sn_split ddqn_serial fwd_fp32 bwd_tf32; do
-      timeout 60 hl gate --preset cartpole --device cuda --epochs 1 --guard-steps 5 --no-progress --inject $f \
-        --out /tmp/r/gate_$f > /tmp/r/gate_$f.log 2>&1; echo "$f rc=$? $(grep -E '^FAIL' /tmp/r/gate_$f.log | tr '\n' ' ')"
-    done
-    cp profiles/baselines/*.json /tmp/r/ 2>/dev/null ;;
-  bench1) timeout 560 hl bench --preset seed-scale --variants eager,graph,compiled-split,hotloop --out /tmp/r/bench1 \
-            > /tmp/r/bench1.log 2>&1; echo "rc=$?"; tail -n 12 /tmp/r/bench1.log ;;
-  bench2) timeout 560 hl bench --preset seed-scale --variants compiled-tf32,hotloop --out /tmp/r/bench2 \
-            > /tmp/r/bench2.log 2>&1; echo "rc=$?"; tail -n 8 /tmp/r/bench2.log ;;
-  ci)
-    HOTLOOP_SKIP_INSTALL=1 HOTLOOP_EPOCHS=2 HOTLOOP_RUN_DIR=/tmp/r/ci_clean timeout 280 bash ci/gate.sh > /tmp/r/ci_clean.log 2>&1
-    echo "ci clean rc=$?"; tail -n 8 /tmp/r/ci_clean.log
-    HOTLOOP_SKIP_INSTALL=1 HOTLOOP_EPOCHS=1 HOTLOOP_RUN_DIR=/tmp/r/ci_item HOTLOOP_GATE_ARGS='--inject item' \
-      timeout 280 bash ci/gate.sh > /tmp/r/ci_item.log 2>&1; echo "ci item rc=$?"; tail -n 8 /tmp/r/ci_item.log ;;
-  nsys) timeout 560 hl nsys --out /tmp/r/nsys -- python3 -m trainer.cli train --preset seed-scale --device cuda \
-          --epochs 2 --set learner_steps_per_epoch=200 --no-progress --out /tmp/r/nsys_run > /tmp/r/nsys.log 2>&1
-        echo "rc=$?"; tail -n 30 /tmp/r/nsys.log ;;
-  seed200) timeout 570 hl train --preset seed-scale --device cuda --epochs 200 --seed 1 --no-progress \
-             --out /tmp/r/seed200 > /tmp/r/seed200.log 2>&1; echo "rc=$?"; tail -n 3 /tmp/r/seed200.log ;;
-  *) echo "unknown part $part"; exit 2 ;;
-esac
-(cd /tmp/r && tar czf "$out/results.tgz" --exclude='*.qdstrm' --exclude='checkpoint.pt' .)
+SEED_SMALL=(--preset seed-scale --device cuda --epochs 1 --set learner_steps_per_epoch=100 --no-progress)
+for part in "$@"; do
+  t0=$SECONDS
+  case $part in
+    tests)
+      timeout 300 python3 -m pytest -q -p no:cacheprovider -m "not slow" -rs --junitxml=/tmp/r/junit.xml \
+        > /tmp/r/pytest.log 2>&1
+      echo "pytest rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" /tmp/r/pytest.log | tail -n 25 ;;
+    gate)
+      timeout 200 hl gate --preset cartpole --device cuda --epochs 2 --repeats 5 --no-progress --out /tmp/r/gate_clean \
+        --update-baseline > /tmp/r/gate_clean.log 2>&1; echo "clean rc=$?"; tail -n 4 /tmp/r/gate_clean.log
+      for f in item event_sync device_sync pageable_copy d2d_copy grid1 sn_split ddqn_serial fwd_fp32 bwd_tf32; do
+        timeout 60 hl gate --preset cartpole --device cuda --epochs 1 --guard-steps 5 --no-progress --inject $f \
+          --out /tmp/r/gate_$f > /tmp/r/gate_$f.log 2>&1; echo "$f rc=$? $(grep -E '^FAIL' /tmp/r/gate_$f.log | tr '\n' ' ')"
+      done
+      cp profiles/baselines/*.json /tmp/r/ 2>/dev/null ;;
+    ranges) timeout 60 python3 -m profiles.ranges 2>&1 | tee /tmp/r/ranges.txt ;;
+    ci)
+      HOTLOOP_SKIP_INSTALL=1 HOTLOOP_EPOCHS=2 HOTLOOP_RUN_DIR=/tmp/r/ci_clean timeout 280 bash ci/gate.sh \
+        > /tmp/r/ci_clean.log 2>&1; echo "ci clean rc=$?"; tail -n 8 /tmp/r/ci_clean.log
+      HOTLOOP_SKIP_INSTALL=1 HOTLOOP_EPOCHS=1 HOTLOOP_RUN_DIR=/tmp/r/ci_item HOTLOOP_GATE_ARGS='--inject item' \
+        timeout 280 bash ci/gate.sh > /tmp/r/ci_item.log 2>&1; echo "ci item rc=$?"; tail -n 8 /tmp/r/ci_item.log ;;
+    nsys)
+      timeout 300 hl nsys --out /tmp/r/nsys -- python3 -m trainer.cli train "${SEED_SMALL[@]}" --out /tmp/r/nsys_run \
+        > /tmp/r/nsys.log 2>&1; echo "nsys rc=$?"; tail -n 40 /tmp/r/nsys.log
+      timeout 200 hl gate "${SEED_SMALL[@]}" --no-baseline --out /tmp/r/kineto_gate > /tmp/r/kineto_gate.log 2>&1
+      echo "kineto gate rc=$?"; tail -n 3 /tmp/r/kineto_gate.log ;;
+    bench1) timeout 560 hl bench --preset seed-scale --variants eager,graph,compiled-split,hotloop --out /tmp/r/bench1 \
+              > /tmp/r/bench1.log 2>&1; echo "rc=$?"; tail -n 12 /tmp/r/bench1.log ;;
+    bench2) timeout 560 hl bench --preset seed-scale --variants compiled-tf32,hotloop --out /tmp/r/bench2 \
+              > /tmp/r/bench2.log 2>&1; echo "rc=$?"; tail -n 8 /tmp/r/bench2.log ;;
+    seed200)
+      timeout 540 hl train --preset seed-scale --device cuda --epochs 200 --seed 1 --no-progress \
+        --out /dev/shm/seed200 > /tmp/r/seed200.log 2>&1; echo "rc=$?"; tail -n 3 /tmp/r/seed200.log
+      mkdir -p /tmp/r/seed200 && cp /dev/shm/seed200/*.{csv,md,json,png} /tmp/r/seed200/ 2>/dev/null ;;
+    *) echo "unknown part $part" ;;
+  esac
+  echo "== part $part took $((SECONDS - t0)) s"
+  # after every part, so that a call stopped by its time limit still returns what the finished parts wrote
+  (cd /tmp/r && tar czf "$out/results.tgz.tmp" --exclude='*.qdstrm' --exclude='checkpoint.pt' . \
+     && mv "$out/results.tgz.tmp" "$out/results.tgz")
+done
