@@ -63,7 +63,8 @@ def run_gate(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress: bo
         hot = trainer.learner_kind == "hotloop"
         step, phases = (trainer.learner_step, PHASE_RULES) if hot else (trainer.train_step, None)
         return [guard_steps(step, steps=guard_steps_n, warmup=guard_warmup, step_range=GUARD_STEP_RANGE,
-                            phases=phases, trace_path=run_dir / TRACE_FILE if r == 0 else None)
+                            phases=phases, trace_path=run_dir / TRACE_FILE if r == 0 else None,
+                            cuda=trainer.device.type == "cuda")
                 for r in range(repeats)]
 
     epochs, reports = run_training(cfg, run_dir, epoch_limit_s, show_progress, after_epochs=guard)

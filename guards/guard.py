@@ -114,20 +114,22 @@ class GuardReport:
 def guard_steps(step_fn: Callable[[], object], steps: int = 20, warmup: int = 3, *,
                 phases: Mapping[PhaseRule, str] | None = None, roles: PhaseRoles = PhaseRoles(),
                 gemm_registry: Mapping[str, str] | None = None, step_range: str = "step",
-                trace_path: str | Path | None = None) -> GuardReport:
+                trace_path: str | Path | None = None, cuda: bool | None = None) -> GuardReport:
     """Run `step_fn()` `warmup` times, then `steps` times profiled and hooked, and judge the criteria.
 
     `step_fn`: any zero-argument callable doing one training step (its result is ignored). `phases`, `roles`,
     `gemm_registry`: see `guards.step_metrics`. `step_range`: name of the record_function range put around each
     step; it must not be opened inside `step_fn` (hotloop's own trainer opens "step" ranges, profiles/ranges.py:
     guard it with e.g. step_range="guard_step"). `trace_path`: where to keep the Kineto trace (a temporary file that
-    is deleted if None). With CUDA, the device is synchronized after warm-up, outside the hooks.
+    is deleted if None). `cuda`: whether the step runs on a CUDA device, so that the CUDA side is profiled and the
+    trace criteria judged (default torch.cuda.is_available(); pass False for a CPU step on a GPU machine). With
+    CUDA, the device is synchronized after warm-up, outside the hooks.
     Raises ValueError for steps < 1 or warmup < 0, RuntimeError if the trace does not hold exactly `steps` step
     ranges (e.g. `step_fn` opened its own `step_range` ranges); exceptions of `step_fn` propagate (hooks restored).
     """
     if steps < 1 or warmup < 0:
         raise ValueError(f"need steps >= 1 and warmup >= 0, got steps={steps}, warmup={warmup}")
-    cuda = torch.cuda.is_available()
+    cuda = torch.cuda.is_available() if cuda is None else cuda
     for _ in range(warmup):
         step_fn()
     if cuda:

@@ -18,20 +18,21 @@ mkdir -p /tmp/r
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/dev/null
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HOTLOOP_COMMIT=$commit
 echo "commit $commit date $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
-hl() { python3 -m trainer.cli "$@"; }
+HL="python3 -m trainer.cli"  # unquoted below: `timeout` needs a program, not a shell function
 SEED_SMALL=(--preset seed-scale --device cuda --epochs 1 --set learner_steps_per_epoch=100 --no-progress)
 for part in "$@"; do
   t0=$SECONDS
   case $part in
     tests)
+      # PYTEST_SELECT (optional, shell words): test ids or paths instead of the whole suite
       timeout 300 python3 -m pytest -q -p no:cacheprovider -m "not slow" -rs --junitxml=/tmp/r/junit.xml \
-        > /tmp/r/pytest.log 2>&1
+        ${PYTEST_SELECT:-} > /tmp/r/pytest.log 2>&1
       echo "pytest rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" /tmp/r/pytest.log | tail -n 25 ;;
     gate)
-      timeout 200 hl gate --preset cartpole --device cuda --epochs 2 --repeats 5 --no-progress --out /tmp/r/gate_clean \
+      timeout 200 $HL gate --preset cartpole --device cuda --epochs 2 --repeats 5 --no-progress --out /tmp/r/gate_clean \
         --update-baseline > /tmp/r/gate_clean.log 2>&1; echo "clean rc=$?"; tail -n 4 /tmp/r/gate_clean.log
       for f in item event_sync device_sync pageable_copy d2d_copy grid1 sn_split ddqn_serial fwd_fp32 bwd_tf32; do
-        timeout 60 hl gate --preset cartpole --device cuda --epochs 1 --guard-steps 5 --no-progress --inject $f \
+        timeout 60 $HL gate --preset cartpole --device cuda --epochs 1 --guard-steps 5 --no-progress --inject $f \
           --out /tmp/r/gate_$f > /tmp/r/gate_$f.log 2>&1; echo "$f rc=$? $(grep -E '^FAIL' /tmp/r/gate_$f.log | tr '\n' ' ')"
       done
       cp profiles/baselines/*.json /tmp/r/ 2>/dev/null ;;
@@ -39,19 +40,21 @@ for part in "$@"; do
     ci)
       HOTLOOP_SKIP_INSTALL=1 HOTLOOP_EPOCHS=2 HOTLOOP_RUN_DIR=/tmp/r/ci_clean timeout 280 bash ci/gate.sh \
         > /tmp/r/ci_clean.log 2>&1; echo "ci clean rc=$?"; tail -n 8 /tmp/r/ci_clean.log
+      # the failing run's pytest step is narrowed to the smoke tests of one file: the gate is what must fail
       HOTLOOP_SKIP_INSTALL=1 HOTLOOP_EPOCHS=1 HOTLOOP_RUN_DIR=/tmp/r/ci_item HOTLOOP_GATE_ARGS='--inject item' \
+        HOTLOOP_PYTEST_ARGS='tests/unit/test_gpu_paths.py' \
         timeout 280 bash ci/gate.sh > /tmp/r/ci_item.log 2>&1; echo "ci item rc=$?"; tail -n 8 /tmp/r/ci_item.log ;;
     nsys)
-      timeout 300 hl nsys --out /tmp/r/nsys -- python3 -m trainer.cli train "${SEED_SMALL[@]}" --out /tmp/r/nsys_run \
+      timeout 300 $HL nsys --out /tmp/r/nsys -- python3 -m trainer.cli train "${SEED_SMALL[@]}" --out /tmp/r/nsys_run \
         > /tmp/r/nsys.log 2>&1; echo "nsys rc=$?"; tail -n 40 /tmp/r/nsys.log
-      timeout 200 hl gate "${SEED_SMALL[@]}" --no-baseline --out /tmp/r/kineto_gate > /tmp/r/kineto_gate.log 2>&1
+      timeout 200 $HL gate "${SEED_SMALL[@]}" --no-baseline --out /tmp/r/kineto_gate > /tmp/r/kineto_gate.log 2>&1
       echo "kineto gate rc=$?"; tail -n 3 /tmp/r/kineto_gate.log ;;
-    bench1) timeout 560 hl bench --preset seed-scale --variants eager,graph,compiled-split,hotloop --out /tmp/r/bench1 \
+    bench1) timeout 560 $HL bench --preset seed-scale --variants eager,graph,compiled-split,hotloop --out /tmp/r/bench1 \
               > /tmp/r/bench1.log 2>&1; echo "rc=$?"; tail -n 12 /tmp/r/bench1.log ;;
-    bench2) timeout 560 hl bench --preset seed-scale --variants compiled-tf32,hotloop --out /tmp/r/bench2 \
+    bench2) timeout 560 $HL bench --preset seed-scale --variants compiled-tf32,hotloop --out /tmp/r/bench2 \
               > /tmp/r/bench2.log 2>&1; echo "rc=$?"; tail -n 8 /tmp/r/bench2.log ;;
     seed200)
-      timeout 540 hl train --preset seed-scale --device cuda --epochs 200 --seed 1 --no-progress \
+      timeout 540 $HL train --preset seed-scale --device cuda --epochs 200 --seed 1 --no-progress \
         --out /dev/shm/seed200 > /tmp/r/seed200.log 2>&1; echo "rc=$?"; tail -n 3 /tmp/r/seed200.log
       mkdir -p /tmp/r/seed200 && cp /dev/shm/seed200/*.{csv,md,json,png} /tmp/r/seed200/ 2>/dev/null ;;
     *) echo "unknown part $part" ;;

@@ -1,4 +1,4 @@
-"""guards/faults.py: each learner fault keeps the step's math (CPU, Triton interpreter), bad requests are refused,
+"""guards/faults.py: each learner fault keeps the step's math (CUDA, else the Triton interpreter), bad requests are refused,
 and on a GPU each injected fault fails exactly the criterion it names while the clean step passes."""
 
 from __future__ import annotations
@@ -12,7 +12,10 @@ from trainer.replay import PrioritizedReplay
 from trainer.step import HotLearner
 
 
-def _learner(device="cpu"):
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _learner(device=DEVICE):
     cfg = preset("seed-scale", batch_size=32, trunk_hidden=(24, 16), head_hidden=16, obs_dim=12,
                  action_nvec=(3, 3), replay_capacity=300, seed=4)
     rp = PrioritizedReplay(cfg.replay_capacity, cfg.obs_dim, 2, alpha=cfg.per_alpha, eps=cfg.per_eps, device=device,
@@ -34,8 +37,12 @@ def test_learner_faults_keep_the_math(name):
     for _ in range(2):
         clean.step()
         faulty.step()
-    torch.testing.assert_close(faulty.nets, clean.nets, rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(faulty.grads, clean.grads, rtol=1e-4, atol=1e-5)
+    # The precision faults change the GEMMs' precision on a GPU (TF32 <-> FP32: ~1e-3 relative); on the CPU
+    # interpreter every dot is FP32, so all four faults must give the clean math there.
+    tol = dict(rtol=2e-2, atol=1e-3) if DEVICE == "cuda" and name in ("fwd_fp32", "bwd_tf32") else \
+        dict(rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(faulty.nets, clean.nets, **tol)
+    torch.testing.assert_close(faulty.grads, clean.grads, **tol)
 
 
 class _FakeTrainer:

@@ -118,8 +118,9 @@ def _replay_vs_uncaptured(v: Variant, **step_kw) -> tuple[list, list, list, list
     v.step()
     torch.cuda.synchronize()
     g_metrics, g_state = [m.clone() for m in v.step.metrics], _snapshot(state)
-    for t, s in zip(state.state_tensors(), snap):
-        t.copy_(s)
+    with torch.no_grad():  # the state holds leaf parameters that require grad
+        for t, s in zip(state.state_tensors(), snap):
+            t.copy_(s)
     torch.cuda.set_rng_state(rng)
     e_metrics = list(state.step(**step_kw))
     torch.cuda.synchronize()

@@ -194,9 +194,10 @@ def test_a_run_killed_mid_epoch_loses_at_most_that_epoch(tmp_path, monkeypatch):
 
 
 def test_hotloop_learner_round_trip():
-    # Triton interpreter on CPU (tests/conftest.py): the tiniest sizes.
+    # On CUDA when present, else the Triton interpreter on CPU (tests/conftest.py): the tiniest sizes.
     hot = dict(learner="hotloop", trunk_hidden=(16,), head_hidden=16, batch_size=16, learner_steps_per_epoch=2,
-               learning_starts=32, num_envs=4, eval_episodes=0, replay_capacity=128, log_interval=1)
+               learning_starts=32, num_envs=4, eval_episodes=0, replay_capacity=128, log_interval=1,
+               device="cuda" if torch.cuda.is_available() else "cpu")
     a = _trained(2, **hot)
     tensors, meta = _snapshot(a)
     assert {"learner.nets", "learner.sn_u", "learner.adam.exp_avg", "learner.adam.step"} <= set(tensors)
