@@ -33,6 +33,8 @@
 #                             paths narrow the run), e.g. '-m smoke tests/unit/test_config.py'
 #   HOTLOOP_GATE_ARGS=        more `hotloop gate` arguments, shell-quoted, e.g. '--epoch-timeout 600 --set seed=2'
 #   HOTLOOP_BASELINE=         the baseline path (default profiles/baselines/<gpu-name-slug>.json)
+#   HOTLOOP_COMMIT=           the commit named in the summary when GITHUB_SHA is not set (default: git rev-parse
+#                             HEAD; set it where the checkout's .git is not the tested tree's)
 #   HOTLOOP_CLI=              the command that runs the hotloop CLI, shell-quoted (default:
 #                             "$HOTLOOP_PYTHON -m trainer.cli", i.e. `hotloop` from this checkout; tests use a stub)
 #
@@ -164,7 +166,7 @@ run_logged() {
 }
 
 # --- what ran, where ---------------------------------------------------------------------------------------------
-commit=${GITHUB_SHA:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
+commit=${GITHUB_SHA:-${HOTLOOP_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}}
 info+=("commit=${commit:0:12}")
 gpu_name=""
 if [[ $device == cpu ]]; then

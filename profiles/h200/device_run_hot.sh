@@ -4,13 +4,16 @@
 #   bash profiles/h200/device_run_hot.sh OUT_DIR COMMIT PART...
 # PART: tests    pytest -m "not slow" on the GPU (incl. the fault tests of tests/guards/test_faults.py)
 #       gate     clean gate x5 repeats writing the H200 baseline, then one gate per injected fault (guards/faults.py)
+#       marks    pytest -m perf, then pytest -m smoke (JUnit XML each)
 #       ranges   python -m profiles.ranges: the cost of one phase range
 #       ci       ci/gate.sh clean, then with HOTLOOP_GATE_ARGS='--inject item' (must exit 1)
 #       nsys     hotloop nsys around a short seed-scale training run, then the gate on the same configuration
 #                (its Kineto trace.json.gz): the Kineto-vs-Nsight cross-check's two traces (needs .nsyslibs)
 #       bench1   hotloop bench: eager, graph-fp32, graph-tf32, compiled-split, hotloop
 #       bench2   hotloop bench: compiled-tf32, hotloop (the compile alone takes ~6 minutes)
-#       seed200  hotloop train --preset seed-scale --epochs 200 (run folder in /dev/shm: 0.6 GB checkpoints)
+#       seed200  hotloop train --preset seed-scale --epochs 200 (run folder in /dev/shm when it has room: the
+#                checkpoint is 0.6 GB per epoch)
+#       seed200&  the same in the background (the parts after it share the GPU with it); waited for at the end
 # Everything goes to /tmp/r; OUT_DIR gets results.tgz after every part (the device tool returns at most 8 files).
 set -u
 out=$1; commit=$2; shift 2
@@ -36,6 +39,11 @@ for part in "$@"; do
           --out /tmp/r/gate_$f > /tmp/r/gate_$f.log 2>&1; echo "$f rc=$? $(grep -E '^FAIL' /tmp/r/gate_$f.log | tr '\n' ' ')"
       done
       cp profiles/baselines/*.json /tmp/r/ 2>/dev/null ;;
+    marks)
+      for m in perf smoke; do
+        timeout 240 python3 -m pytest -q -p no:cacheprovider -m $m -rs --junitxml=/tmp/r/junit_$m.xml \
+          > /tmp/r/pytest_$m.log 2>&1; echo "pytest -m $m rc=$?"; tail -n 3 /tmp/r/pytest_$m.log
+      done ;;
     ranges) timeout 60 python3 -m profiles.ranges 2>&1 | tee /tmp/r/ranges.txt ;;
     ci)
       HOTLOOP_SKIP_INSTALL=1 HOTLOOP_EPOCHS=2 HOTLOOP_RUN_DIR=/tmp/r/ci_clean timeout 280 bash ci/gate.sh \
@@ -53,12 +61,18 @@ for part in "$@"; do
               > /tmp/r/bench1.log 2>&1; echo "rc=$?"; tail -n 12 /tmp/r/bench1.log ;;
     bench2) timeout 560 $HL bench --preset seed-scale --variants compiled-tf32,hotloop --out /tmp/r/bench2 \
               > /tmp/r/bench2.log 2>&1; echo "rc=$?"; tail -n 8 /tmp/r/bench2.log ;;
-    seed200)
-      timeout 540 $HL train --preset seed-scale --device cuda --epochs 200 --seed 1 --no-progress \
-        --out /dev/shm/seed200 > /tmp/r/seed200.log 2>&1; echo "rc=$?"; tail -n 3 /tmp/r/seed200.log
-      mkdir -p /tmp/r/seed200 && cp /dev/shm/seed200/*.{csv,md,json,png} /tmp/r/seed200/ 2>/dev/null ;;
+    seed200 | 'seed200&')
+      shm=/dev/shm; (( $(df -Pk /dev/shm | awk 'NR==2 {print $4}') > 4000000 )) || shm=/tmp
+      seed200() {
+        timeout 570 $HL train --preset seed-scale --device cuda --epochs 200 --seed 1 --no-progress \
+          --out $shm/seed200 > /tmp/r/seed200.log 2>&1; echo "seed200 rc=$? (run folder in $shm)"
+        tail -n 3 /tmp/r/seed200.log
+        mkdir -p /tmp/r/seed200 && cp $shm/seed200/*.{csv,md,json,png} /tmp/r/seed200/ 2>/dev/null
+      }
+      if [[ $part == seed200 ]]; then seed200; else seed200 & bg=$!; fi ;;
     *) echo "unknown part $part" ;;
   esac
+  if [[ -n ${bg:-} && $part == "${!#}" ]]; then wait "$bg"; fi  # the last part: wait for a background seed200
   echo "== part $part took $((SECONDS - t0)) s"
   # after every part, so that a call stopped by its time limit still returns what the finished parts wrote
   (cd /tmp/r && tar czf "$out/results.tgz.tmp" --exclude='*.qdstrm' --exclude='checkpoint.pt' . \

@@ -56,6 +56,7 @@ def test_the_lint_does_check_them(tmp_path):
     assert _lint(misspelt).returncode != 0
 
 
+@pytest.mark.smoke
 def test_the_two_workflow_copies_are_identical():
     assert WORKFLOWS[1].read_bytes() == WORKFLOWS[0].read_bytes(), \
         "edit ci/workflows/gpu-gate.yml, then copy it to .github/workflows/gpu-gate.yml"

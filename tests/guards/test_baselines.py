@@ -69,6 +69,7 @@ def test_higher_is_better_metrics_fail_on_a_drop():
     assert (verdict(df, "ddqn_overlap_ratio"), verdict(df, "learner_steps_per_s")) == ("FAIL", "PASS")
 
 
+@pytest.mark.smoke
 def test_structural_counts_compare_exactly():
     base = Baseline("x", {"kernels_grid1": [0.0] * 5, "kernels": [341.0] * 5, "stream_sync_calls": [0.0] * 5})
     df = compare({"kernels_grid1": [0.0, 1.0, 0.0], "kernels": [341.0] * 3, "stream_sync_calls": [0.0] * 3}, base)

@@ -50,6 +50,7 @@ class _FakeTrainer:
         self.learner_kind, self.device = kind, torch.device(device)
 
 
+@pytest.mark.smoke
 def test_bad_requests_are_refused():
     with pytest.raises(ValueError, match="unknown fault 'nope'.*item"):
         inject(_FakeTrainer(), "nope")

@@ -44,6 +44,7 @@ def stubs(monkeypatch):
     return calls
 
 
+@pytest.mark.smoke
 def test_sync_calls_are_recorded_with_call_site_and_step(stubs):
     before = snapshot()
     with SyncHooks() as hooks:

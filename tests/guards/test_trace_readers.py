@@ -69,6 +69,7 @@ def test_h200_probe_graph_replay_carries_a_memcpy128_kernel_and_a_fill_kernel():
     assert in_graph["stream"].nunique() == 1 and not in_graph["grid_x"].isna().any()
 
 
+@pytest.mark.smoke
 def test_nsys_five_step_ranges_each_launch_two_kernels_a_memset_and_a_device_sync():
     df = trace("h200/nsys_matmul_nvtx.sqlite")
     steps = count_per_step(df, "step", domain="hotloop")

@@ -116,6 +116,7 @@ def test_matches_clip_grad_norm_and_torch_adam(n, steps, weight_decay, tau, monk
         assert min(g[0] for g in grids) >= 132                            # every SM of an H100/H200 gets a block
 
 
+@pytest.mark.smoke
 def test_lr_tensor_is_read_every_step():
     lr = torch.tensor(LR, device=DEVICE)
     run = _Run(1000, seed=3, lr=lr)

@@ -69,6 +69,7 @@ def test_linear_forward_and_backward_match_float64(m, n, k, gain_group, relu, ga
     torch.testing.assert_close(dg.cpu().double(), g2.grad, rtol=1e-4, atol=1e-3)
 
 
+@pytest.mark.smoke
 def test_two_nets_in_one_launch_use_each_buffer():
     gen = torch.Generator().manual_seed(5)
     n, k, m = 24, 17, 45

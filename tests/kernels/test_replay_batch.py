@@ -25,6 +25,7 @@ def test_gather_matches_indexing(batch, branches, capacity):
         assert torch.equal(got, want)
 
 
+@pytest.mark.smoke
 def test_uniforms_depend_on_the_counter_only_and_beta_anneals():
     out = torch.full((3000,), float("nan"), device=DEVICE)
     beta = torch.full((), float("nan"), device=DEVICE)

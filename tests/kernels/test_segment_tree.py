@@ -122,6 +122,7 @@ def test_integer_priorities_keep_tree_exact_across_many_blocks(capacity: int, mo
     assert torch.equal(nodes.double()[1 : ref.num_leaves], _exact_sums(nodes)[1 : ref.num_leaves])
 
 
+@pytest.mark.smoke
 def test_sanitize_matches_reference_and_counts() -> None:
     ref = SumTree(5, DEV)
     nodes, max_value, bad = _state(ref)

@@ -69,6 +69,7 @@ def test_odd_shapes_match_reference(n_iter):
     assert_clean(table, buf)
 
 
+@pytest.mark.smoke
 def test_many_slabs_and_chunks_match_reference():
     # 8-row slabs, 64-column chunks, 8-slab reduction chunks: every loop of the kernel runs several times
     table, buf, u, v = setup(ODD, seed=1, min_slabs=32, tile=512)

@@ -89,6 +89,7 @@ def test_terminal_mixes_and_gamma_extremes(terminal_p, gamma):
         torch.testing.assert_close(res.target, inp["reward"])
 
 
+@pytest.mark.smoke
 def test_repeated_calls_have_no_stale_accumulators():
     """The default workspace's cached counter is reused: each launch leaves it at 0, for any grid size."""
     kw = dict(kind="huber", huber_delta=1.0, cql_weight=0.2, **SCALARS)

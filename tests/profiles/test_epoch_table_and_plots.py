@@ -33,6 +33,7 @@ def test_optional_columns_follow_epoch_columns_in_order_then_the_rest():
     assert list(epoch_frame([{c: 1 for c in EPOCH_COLUMNS}]).columns) == EPOCH_COLUMNS  # absent: not added
 
 
+@pytest.mark.smoke
 def test_epoch_timer_on_cpu_measures_host_ms_between_start_and_stop():
     timer = EpochTimer(torch.device("cpu"))
     assert not timer.uses_cuda_events

@@ -41,6 +41,7 @@ def calls(monkeypatch):
     return log
 
 
+@pytest.mark.smoke
 def test_nested_ranges_push_and_pop_in_order_with_phase_colors(calls):
     with phase_range("step"):
         with phase_range("forward"):

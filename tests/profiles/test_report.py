@@ -18,6 +18,7 @@ def make_run(path, wall_s, extra=None):
     return path
 
 
+@pytest.mark.smoke
 def test_report_prints_one_run_plain_and_markdown(tmp_path, capsys):
     run = make_run(tmp_path / "a", [2.0, 4.0])
     assert main(["report", str(run)]) == 0

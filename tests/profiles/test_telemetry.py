@@ -49,6 +49,7 @@ def fake_pynvml(prefix="nvmlClocksEventReason", reasons=0x4 | 0x20, fail=()):
                                      "hw_power_brake_slowdown"),
     (0x1 | 0x4000, "gpu_idle+other_0x4000"),
 ])
+@pytest.mark.smoke
 @pytest.mark.parametrize("prefix", ["nvmlClocksEventReason", "nvmlClocksThrottleReason"])
 def test_decode_reasons_from_either_constant_family(mask, names, prefix):
     assert decode_clocks_event_reasons(mask, fake_pynvml(prefix)) == names

@@ -26,6 +26,7 @@ def _cfg(**kw):
                                  "head_hidden": 8, **kw})
 
 
+@pytest.mark.smoke
 def test_roofline_by_hand_on_a_tiny_config():
     # obs 3, trunk (4,), head 2, one branch of 2 actions, B = 5.
     # Layers (in, out): trunk 3x4, value 4x2 and 2x1, branch 4x2 and 2x2 -> S = 12 + 8 + 2 + 8 + 4 = 34.

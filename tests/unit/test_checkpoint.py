@@ -47,6 +47,7 @@ def _assert_same(loaded: dict[str, torch.Tensor], expected: dict[str, torch.Tens
         assert type(got) is torch.Tensor and not got.requires_grad, name
 
 
+@pytest.mark.smoke
 def test_round_trip_tensors_and_meta(tmp_path):
     tensors = _tensors(0)
     path = save_checkpoint(tmp_path / "ck.pt", tensors, META)

@@ -118,6 +118,7 @@ def _rollout(vec, steps: int, seed: int) -> list[torch.Tensor]:
     return out
 
 
+@pytest.mark.smoke
 def test_cartpole_seeded_reproducibility():
     a = _rollout(CartPoleVec(16), 200, seed=7)
     b = _rollout(CartPoleVec(16), 200, seed=7)

@@ -67,6 +67,7 @@ def test_one_step_matches_float64_autograd_reference():
         assert abs(float(sigma) - 1.0) < 0.05, f"matrix at {o}: sigma {float(sigma):.3f}"
 
 
+@pytest.mark.smoke
 def test_layer_views_alias_the_flat_buffer():
     _, _, hot = _setup()
     lay = hot.layout

@@ -54,6 +54,7 @@ def _expected(base: float) -> dict[str, float]:
     return {name: base + 1.0 + i for i, name in enumerate(NAMES)}
 
 
+@pytest.mark.smoke
 def test_values_and_step_round_trip():
     rb = AsyncReadback(NAMES, torch.device("cpu"))
     assert rb.poll() is None and rb.latest is None

@@ -46,6 +46,7 @@ def _assert_slot_holds(replay: PrioritizedReplay, slot: int, data: dict[str, tor
     assert replay.terminated[slot].item() == float(data["terminated"][i])
 
 
+@pytest.mark.smoke
 def test_add_stores_transitions_and_new_items_get_max_priority() -> None:
     g = _gen(0)
     replay = PrioritizedReplay(8, OBS_DIM, BRANCHES)

@@ -1,0 +1,87 @@
+"""hotloop's pytest plugin: the `gpu`, `perf` and `smoke` markers, their skips without CUDA, and fixtures that run
+a training step under the guard (guards.guard.guard_steps) and judge its verdicts.
+
+Load it from a conftest.py (`pytest_plugins = ["guards.pytest_plugin"]`, as tests/conftest.py does) or per run
+(`pytest -p guards.pytest_plugin`). Then:
+
+- `@pytest.mark.gpu` / `@pytest.mark.perf` tests skip on a machine where torch.cuda.is_available() is False, with
+  that reason; `@pytest.mark.smoke` marks the fast end-to-end checks (`pytest -m smoke`, CPU and GPU).
+- fixture `guard`: `guard(step_fn, steps=20, warmup=3, **guard_steps_kwargs) -> GuardReport`, `step_fn` being any
+  zero-argument callable that does one training step (yours or hotloop's).
+- fixture `assert_criteria`: `assert_criteria(report, only=None)` fails the test listing every measured criterion
+  whose verdict is FAIL (criterion, measured, limit, evidence), or only those named in `only`.
+
+A perf test of your own step::
+
+    import pytest
+
+    @pytest.mark.perf
+    def test_my_step_keeps_the_criteria(guard, assert_criteria):
+        step = build_my_training_step()          # your code: returns a zero-argument callable
+        report = guard(step, steps=20, warmup=3)
+        assert_criteria(report, only=["no stream sync", "no single-block kernels"])
+
+hotloop's own perf tests (tests/perf/) run the gate's criteria this way on the hotloop learner.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import pytest
+import torch
+
+from guards.guard import GuardReport, guard_steps
+
+MARKERS = {
+    "gpu": "needs a CUDA GPU; skipped with the reason on a machine without one",
+    "perf": "measures the hot path's success criteria on a GPU (hotloop's guards); skipped without CUDA",
+    "smoke": "fast end-to-end checks of each part; run on CPU and on the GPU",
+}
+NO_CUDA_REASON = "needs a CUDA GPU: torch.cuda.is_available() is False on this machine"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name, doc in MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {doc}")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason=NO_CUDA_REASON)
+    for item in items:
+        if "gpu" in item.keywords or "perf" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def guard() -> Callable[..., GuardReport]:
+    """`guard(step_fn, steps=20, warmup=3, **kwargs)`: guards.guard.guard_steps, whose docstring says what it
+    measures and raises."""
+    return guard_steps
+
+
+def failing_rows(report: GuardReport, only: Iterable[str] | None = None) -> list[str]:
+    """One line per measured criterion of `report` whose verdict is FAIL ("criterion: measured M (limit L);
+    evidence"), restricted to the criteria named in `only` when given. Raises ValueError for a name in `only` that
+    is not a criterion of the report."""
+    v = report.verdicts
+    if only is not None:
+        only = list(only)
+        unknown = sorted(set(only) - set(v["criterion"]))
+        if unknown:
+            raise ValueError(f"not criteria of this report: {unknown}; known: {sorted(v['criterion'])}")
+        v = v[v["criterion"].isin(only)]
+    failed = v[v["verdict"].eq("FAIL")]
+    return [f"{r.criterion}: measured {r.measured} (limit {r.limit}); {r.evidence}" for r in failed.itertuples()]
+
+
+@pytest.fixture(scope="session")
+def assert_criteria() -> Callable[..., None]:
+    """`assert_criteria(report, only=None)`: pytest.fail listing `failing_rows(report, only)` when any."""
+    def check(report: GuardReport, only: Iterable[str] | None = None) -> None:
+        rows = failing_rows(report, only)
+        if rows:
+            pytest.fail("criteria failed:\n" + "\n".join(rows) + f"\n\nverdicts:\n{report}", pytrace=False)
+    return check

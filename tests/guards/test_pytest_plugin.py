@@ -1,0 +1,65 @@
+"""guards/pytest_plugin.py: the markers' skip without CUDA (in a child pytest run), and `assert_criteria` /
+`failing_rows` on a verdict table with an injected stream sync (a synthetic learner trace, so this runs on CPU)."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+import torch
+from test_step_metrics import learner_trace
+
+from guards.guard import GuardReport, evaluate, guard_steps
+from guards.pytest_plugin import NO_CUDA_REASON, failing_rows
+from guards.step_metrics import step_metrics
+from guards.sync_hooks import SyncHooks
+
+pytest_plugins = ["pytester"]
+
+
+def _report(fault=None) -> GuardReport:
+    metrics = step_metrics(learner_trace(fault=fault))
+    hits = SyncHooks().frame()
+    return GuardReport(evaluate(metrics, hits, cuda=True), metrics.per_step, metrics.medians, hits, metrics.gemms,
+                       True)
+
+
+@pytest.mark.smoke
+def test_assert_criteria_fails_naming_the_criterion_and_its_evidence(assert_criteria):
+    assert_criteria(_report())  # the clean trace passes
+    faulty = _report("stream sync")
+    rows = failing_rows(faulty)
+    assert len(rows) == 1 and rows[0].startswith("no stream sync: measured") and "cudaStreamSynchronize" in rows[0]
+    with pytest.raises(pytest.fail.Exception, match="criteria failed:\nno stream sync: measured"):
+        assert_criteria(faulty)
+    assert_criteria(faulty, only=["no single-block kernels"])  # only the named criteria are judged
+    with pytest.raises(ValueError, match="not criteria of this report: \\['no such row'\\]"):
+        failing_rows(faulty, only=["no such row"])
+
+
+def test_guard_fixture_is_guard_steps(guard):
+    assert guard is guard_steps
+
+
+def test_gpu_and_perf_tests_skip_with_the_reason_without_cuda(pytester):
+    if torch.cuda.is_available():
+        pytest.skip("checks the skip on a machine without CUDA")
+    pytester.makeconftest('pytest_plugins = ["guards.pytest_plugin"]')
+    pytester.makepyfile(textwrap.dedent("""
+        import pytest
+
+        @pytest.mark.gpu
+        def test_g():
+            raise AssertionError("must not run")
+
+        @pytest.mark.perf
+        def test_p(guard, assert_criteria):
+            raise AssertionError("must not run")
+
+        @pytest.mark.smoke
+        def test_s():
+            pass
+    """))
+    result = pytester.runpytest("-rs", "--strict-markers")
+    result.assert_outcomes(passed=1, skipped=2)
+    result.stdout.fnmatch_lines([f"*{NO_CUDA_REASON}*"])

@@ -1,0 +1,60 @@
+"""`pytest -m perf`: the gate's criteria (guards/criteria.py) as tests, on the hotloop learner's real step on a GPU.
+
+One module-scoped run: the configuration of this GPU's baseline (profiles/baselines/<gpu-name-slug>.json, written by
+`hotloop gate --update-baseline`) for one epoch, else the cartpole preset; then 20 guarded learner steps (graph
+replays) through the plugin's `guard` fixture, as `hotloop gate` guards them. Each criterion the guard measures is
+one test; the structural counts (syncs, kernels, grid (1,1,1), D2D copies, memsets, spectral-norm launches, GEMM
+precision) must equal the baseline's exactly. Timings are never asserted here: `hotloop gate` compares them with the
+baseline's noise-aware rule (guards/baselines.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from guards.baselines import baseline_path, compare, is_count, load_baseline
+from guards.criteria import CRITERIA
+from guards.gate import GUARD_STEP_RANGE
+from trainer.config import Config, preset
+from trainer.loop import Trainer
+from trainer.step import PHASE_RULES
+
+GUARDED = [c.name for c in CRITERIA if c.measured_by is None]
+"""Criteria a guarded window measures (the others are the watchdog's and pytest's own)."""
+
+
+def _baseline():
+    path = baseline_path(torch.cuda.get_device_name(0))
+    return (path, load_baseline(path)) if path.exists() else (path, None)
+
+
+@pytest.fixture(scope="module")
+def hot_report(guard):
+    path, base = _baseline()
+    cfg = Config.from_dict({**base.config, "epochs": 1}) if base is not None and base.config else \
+        preset("cartpole", device="cuda", epochs=1)
+    trainer = Trainer(cfg)
+    trainer.run_epoch(1)
+    assert trainer.learner_kind == "hotloop" and trainer.learner.graph is not None
+    return guard(trainer.learner_step, steps=20, warmup=3, step_range=GUARD_STEP_RANGE, phases=PHASE_RULES)
+
+
+@pytest.mark.perf
+@pytest.mark.parametrize("criterion", GUARDED)
+def test_gate_criterion_holds_on_the_hot_step(hot_report, assert_criteria, criterion):
+    row = hot_report.verdicts.set_index("criterion").loc[criterion]
+    assert row.status == "measured", f"{criterion}: {row.status}"  # a row not measured would pass vacuously
+    assert_criteria(hot_report, only=[criterion])
+
+
+@pytest.mark.perf
+def test_structural_counts_equal_this_gpus_baseline(hot_report):
+    path, base = _baseline()
+    if base is None:
+        pytest.skip(f"no baseline for this GPU at {path}: write one with `hotloop gate --update-baseline`")
+    counts = {m: [v] for m, v in hot_report.medians.items() if is_count(m)}
+    table = compare(counts, base)
+    table = table[table.kind.eq("count")]
+    assert len(table) >= 10 and not table.verdict.eq("FAIL").any(), \
+        table[table.verdict.eq("FAIL")].to_string(index=False)
