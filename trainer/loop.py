@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import torch
 
@@ -23,7 +23,7 @@ from trainer.readback import AsyncReadback
 from trainer.replay import PrioritizedReplay
 from trainer.resume import restore_trainer, trainer_state
 from trainer.schedules import LinearSchedule
-from trainer.step import METRICS, HotLearner
+from trainer.step import HotLearner
 
 
 def resolve_device(name: str) -> torch.device:
@@ -67,9 +67,15 @@ class EpochStats:
     epsilon: float
     metrics_step: int
     """learner step at which loss, q_mean and grad_norm were measured (hotloop: the last completed readback)"""
+    head_norms: dict[str, float] = field(default_factory=dict)
+    """hotloop learner with spectral norm: head_norm_<part> per head part, from the same readback
+    (HotLearner.head_norms); empty otherwise"""
 
     def as_row(self) -> dict[str, float | int]:
-        return asdict(self)
+        """The table row: every field, with `head_norms` spread into one column per head part."""
+        row = asdict(self)
+        head_norms = row.pop("head_norms")
+        return {**row, **head_norms}
 
 
 class Trainer:
@@ -102,7 +108,7 @@ class Trainer:
         self.learner_kind = learner_kind(cfg, self.device)
         if self.learner_kind == "hotloop":
             self.learner = HotLearner(cfg, self.env.obs_dim, self.env.action_nvec, self.device, self.replay)
-            self.readback = AsyncReadback(METRICS, self.device)
+            self.readback = AsyncReadback(self.learner.metric_names(), self.device)
         else:
             self.learner = DQNLearner(cfg, self.env.obs_dim, self.env.action_nvec, self.device)
         self.returns = EpisodeReturns(cfg.num_envs, self.device)
@@ -190,9 +196,11 @@ class Trainer:
                 values = reading.values if reading else {}
                 loss, q_mean, grad_norm = (values.get(k, float("nan")) for k in ("td_loss", "q_mean", "grad_norm"))
                 metrics_step = reading.step if reading else -1
+                head_norms = self.learner.head_norms(values)
             else:
                 loss, q_mean, grad_norm = (sums / cfg.learner_steps_per_epoch).tolist()
                 metrics_step = self.learner_steps
+                head_norms = {}
         wall = time.perf_counter() - start_wall
         with self.phase("evaluate"):
             eval_return = self.evaluate(seed=self.cfg.seed * 100_003 + epoch)
@@ -202,7 +210,8 @@ class Trainer:
                           wall_s=wall, learner_steps_per_s=cfg.learner_steps_per_epoch / wall,
                           env_steps_per_s=env_steps / wall, loss=loss, q_mean=q_mean, grad_norm=grad_norm,
                           mean_return_100=mean_return, eval_return=eval_return, episodes=self.returns.count(),
-                          epsilon=self.epsilon.value(self.env_steps), metrics_step=metrics_step)
+                          epsilon=self.epsilon.value(self.env_steps), metrics_step=metrics_step,
+                          head_norms=head_norms)
 
     @torch.no_grad()
     def evaluate(self, seed: int, max_steps: int = 10_000) -> float:

@@ -23,6 +23,7 @@ differ by one step's change of sigma, O(lr)).
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from contextlib import nullcontext
 
 import torch
@@ -217,10 +218,39 @@ class HotLearner:
             self._body()
         self.steps += 1
 
+    def head_keys(self) -> tuple[str, ...]:
+        """The dueling head's parts: "value", then "b0" ... "b{D-1}" (one per action branch)."""
+        return ("value", *(f"b{d}" for d in range(self.layout.branches)))
+
+    def metric_names(self) -> tuple[str, ...]:
+        """Names of the values `metric_sources` holds, in order: METRICS, then (with spectral norm on) the learned
+        gains of each head part's hidden matrix, gain_hidden_<key>, and output matrix, gain_out_<key>
+        (keys from `head_keys`)."""
+        if not self.cfg.spectral_norm:
+            return METRICS
+        keys = self.head_keys()
+        return (*METRICS, *(f"gain_hidden_{k}" for k in keys), *(f"gain_out_{k}" for k in keys))
+
     def metric_sources(self) -> list[torch.Tensor]:
-        """Device tensors holding the last step's metrics, named by METRICS: the TD loss's metric slots (5,) and
-        the pre-clip grad norm (); overwritten by every step (publish them with trainer.readback)."""
-        return [self.td.metrics, self.adam.grad_norm]
+        """Device tensors holding the last step's metrics, named by `metric_names`: the TD loss's metric slots (5,),
+        the pre-clip grad norm () and, with spectral norm on, the (1 + D,) hidden-layer and (1 + D,) output-layer
+        gain views of params_buf (no copy, no kernel); overwritten by every step (publish them with
+        trainer.readback)."""
+        if not self.cfg.spectral_norm:
+            return [self.td.metrics, self.adam.grad_norm]
+        return [self.td.metrics, self.adam.grad_norm, self.layout.layers[-1].views(self.params)[2],
+                self.layout.out_views(self.params)[2]]
+
+    def head_norms(self, values: Mapping[str, float]) -> dict[str, float]:
+        """Per head part, its norm head_norm_<key> = gain_hidden_<key> x gain_out_<key> from published `values`
+        (`metric_names`): every weight matrix is spectral-normalized to sigma = 1 and ReLU is 1-Lipschitz, so this
+        is the spectral-norm (Lipschitz) bound of the value head and of each advantage branch (Miyato et al. 2018;
+        Zhai et al. 2023 for the learned gain). Empty without spectral norm or when the gains are not in
+        `values`."""
+        keys = self.head_keys()
+        if not all(f"gain_hidden_{k}" in values and f"gain_out_{k}" in values for k in keys):
+            return {}
+        return {f"head_norm_{k}": values[f"gain_hidden_{k}"] * values[f"gain_out_{k}"] for k in keys}
 
     @torch.no_grad()
     def greedy(self, obs: torch.Tensor) -> torch.Tensor:

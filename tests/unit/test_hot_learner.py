@@ -170,3 +170,32 @@ def test_phase_rules_and_precisions_of_the_hot_kernels():
     phases = kernel_phases(df, PHASE_RULES)
     assert dict(zip(df["name"], phases)) == {name: phase for name, (phase, _) in expected.items()}
     assert {name: gemm_precision(name) for name in expected} == {name: p for name, (_, p) in expected.items()}
+
+
+def test_head_norms_are_the_published_gains_times_unit_spectral_norms():
+    _, _, hot = _setup()
+    lay, keys = hot.layout, hot.head_keys()
+    assert keys == ("value", "b0", "b1")
+    hid_w, _, hid_g = lay.layers[-1].views(hot.params)
+    out_w, _, out_g = lay.out_views(hot.params)
+    hid_g.copy_(torch.rand(3) + 0.5)  # fresh random gains, not the initial 1s
+    out_g.copy_(torch.rand(3) + 0.5)
+    for _ in range(30):  # the per-step power iteration converges over steps (persistent u, v), as in training
+        hot.spectral_norm()
+    sources = hot.metric_sources()
+    assert sources[2].data_ptr() == hid_g.data_ptr() and sources[3].data_ptr() == out_g.data_ptr()  # views
+    names = hot.metric_names()
+    assert names[-6:] == ("gain_hidden_value", "gain_hidden_b0", "gain_hidden_b1",
+                          "gain_out_value", "gain_out_b0", "gain_out_b1")
+    assert len(names) == sum(s.numel() for s in sources)
+    values = dict(zip(names, torch.cat([s.flatten() for s in sources]).tolist()))
+    norms = hot.head_norms(values)
+    h, a = lay.head_hidden, lay.actions
+    outs = [out_w[:1], *(out_w[1 + d * a:1 + (d + 1) * a] for d in range(2))]
+    for i, k in enumerate(keys):  # the spectral norm of each gained matrix, exactly (SVD), multiplied
+        exact = (hid_g[i] * torch.linalg.matrix_norm(hid_w[i * h:(i + 1) * h].double().cpu(), 2)
+                 * out_g[i] * torch.linalg.matrix_norm(outs[i].double().cpu(), 2))
+        assert norms[f"head_norm_{k}"] == pytest.approx(float(exact), rel=1e-3), k
+    assert hot.head_norms({}) == {}
+    _, _, plain = _setup(spectral_norm=False)
+    assert plain.metric_names() == plain.metric_names()[:6] and len(plain.metric_sources()) == 2

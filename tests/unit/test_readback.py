@@ -246,3 +246,28 @@ def test_poll_does_not_wait_for_slow_kernel_gpu():
     assert elapsed < 0.1
     assert hooks.hits == []
     assert rb.wait() == Reading(42, _expected(1000.0))
+
+
+def test_hotloop_epoch_row_carries_the_published_head_norms():
+    import math
+
+    from trainer.config import preset
+    from trainer.loop import Trainer
+
+    # On CUDA when present, else the Triton interpreter on CPU: the tiniest sizes; a readback after every step.
+    cfg = preset("cartpole", learner="hotloop", trunk_hidden=(16,), head_hidden=16, batch_size=16,
+                 learner_steps_per_epoch=3, learning_starts=32, num_envs=4, eval_episodes=0, replay_capacity=128,
+                 log_interval=1, device="cuda" if torch.cuda.is_available() else "cpu")
+    trainer = Trainer(cfg)
+    row = trainer.run_epoch(1).as_row()
+    assert "head_norms" not in row and {"head_norm_value", "head_norm_b0"} <= set(row)
+    assert all(math.isfinite(row[k]) and row[k] > 0 for k in ("head_norm_value", "head_norm_b0"))
+    trainer.readback.wait()  # test only: the newest publication, finished
+    newest = trainer.readback.latest
+    assert newest.step == trainer.learner.steps
+    lay, params = trainer.learner.layout, trainer.learner.params
+    gains = (lay.layers[-1].views(params)[2].double() * lay.out_views(params)[2].double()).tolist()
+    norms = trainer.learner.head_norms(newest.values)
+    assert [norms["head_norm_value"], norms["head_norm_b0"]] == pytest.approx(gains, rel=1e-6)
+    if row["metrics_step"] == newest.step:  # always on the CPU (synchronous copies); on a GPU when it had landed
+        assert [row["head_norm_value"], row["head_norm_b0"]] == pytest.approx(gains, rel=1e-6)
