@@ -11,6 +11,9 @@
 #                (its Kineto trace.json.gz): the Kineto-vs-Nsight cross-check's two traces (needs .nsyslibs)
 #       bench1   hotloop bench: eager, graph-fp32, graph-tf32, compiled-split, hotloop
 #       bench2   hotloop bench: compiled-tf32, hotloop (the compile alone takes ~6 minutes)
+#       cartpole_fast  the CPU sweep's best CartPole settings (profiles/cpu/cartpole_sweep_2026-11-29/): hotloop on
+#                the GPU, seeds 1-3 one after another, while the reference learner runs the same seeds on CPU cores
+#                8-15 (one core each, OMP_NUM_THREADS=1); wall time and steps to a mean return of 475 from epochs.csv
 #       seed200  hotloop train --preset seed-scale --epochs 200 (run folder in /dev/shm when it has room: the
 #                checkpoint is 0.6 GB per epoch)
 #       seed200&  the same in the background (the parts after it share the GPU with it); waited for at the end
@@ -57,6 +60,29 @@ for part in "$@"; do
         > /tmp/r/nsys.log 2>&1; echo "nsys rc=$?"; tail -n 40 /tmp/r/nsys.log
       timeout 200 $HL gate "${SEED_SMALL[@]}" --no-baseline --out /tmp/r/kineto_gate > /tmp/r/kineto_gate.log 2>&1
       echo "kineto gate rc=$?"; tail -n 3 /tmp/r/kineto_gate.log ;;
+    cartpole_fast)
+      FAST=(--preset cartpole --epochs 24 --set learner_steps_per_epoch=500 --set num_envs=64 --set lr=1e-3
+            --set spectral_norm=False --set tau=0.05 --set target_update_interval=1 --set eps_decay_fraction=0.1
+            --no-progress)
+      for s in 1 2 3; do
+        OMP_NUM_THREADS=1 taskset -c $((7 + s)) timeout 400 $HL train "${FAST[@]}" --device cpu --set learner=reference \
+          --seed $s --out /tmp/r/cpfast_ref_s$s > /tmp/r/cpfast_ref_s$s.log 2>&1 &
+      done
+      for s in 1 2 3; do
+        timeout 150 $HL train "${FAST[@]}" --device cuda --seed $s --out /tmp/r/cpfast_hot_s$s \
+          > /tmp/r/cpfast_hot_s$s.log 2>&1; echo "hotloop seed $s rc=$?"
+      done
+      wait
+      python3 - <<'PY'
+import glob, pandas as pd
+for f in sorted(glob.glob("/tmp/r/cpfast_*/epochs.csv")):
+    t = pd.read_csv(f); hit = t.index[t.mean_return_100 >= 475]
+    k = hit[0] if len(hit) else None
+    print(f.split("/")[3], "epochs", len(t), "max", round(t.mean_return_100.max(), 1), "last",
+          round(t.mean_return_100.iloc[-1], 1), "to475:", "never" if k is None else
+          f"{int(t.learner_steps[:k + 1].sum())} steps {int(t.env_steps[:k + 1].sum())} env {t.wall_s[:k + 1].sum():.1f} s")
+PY
+      ;;
     bench1) timeout 560 $HL bench --preset seed-scale --variants eager,graph,compiled-split,hotloop --out /tmp/r/bench1 \
               > /tmp/r/bench1.log 2>&1; echo "rc=$?"; tail -n 12 /tmp/r/bench1.log ;;
     bench2) timeout 560 $HL bench --preset seed-scale --variants compiled-tf32,hotloop --out /tmp/r/bench2 \
