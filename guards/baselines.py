@@ -135,16 +135,26 @@ class Baseline:
     config: dict | None = None
 
 
-def config_mismatch(baseline: Baseline, config: Mapping) -> list[str]:
+_UNKNOWN = object()  # config_mismatch: a field neither side nor the defaults give a value for
+
+
+def config_mismatch(baseline: Baseline, config: Mapping, defaults: Mapping | None = None) -> list[str]:
     """The fields in which `config` (a run's Config.to_dict()) differs from the baseline's, outside
-    CONFIG_FIELDS_IGNORED, as "field: baseline B, run R" strings (sorted by field; a field missing on one side
-    shows as <missing>). Empty when they agree or the baseline records no config."""
+    CONFIG_FIELDS_IGNORED, as "field: baseline B, run R" strings, sorted by field. Empty when they agree or the
+    baseline records no config.
+
+    Fields on one side only (a baseline written before a field existed, or after one was removed) are read as
+    that field's value in `defaults` (Config().to_dict(): what a run without the field did); a field with no
+    default to read is skipped, since nothing says what the run without it did."""
     if baseline.config is None:
         return []
-    missing = "<missing>"
-    fields = sorted((set(baseline.config) | set(config)) - set(CONFIG_FIELDS_IGNORED))
-    return [f"{f}: baseline {baseline.config.get(f, missing)!r}, run {config.get(f, missing)!r}" for f in fields
-            if baseline.config.get(f, missing) != config.get(f, missing)]
+    defaults = defaults or {}
+    out = []
+    for f in sorted((set(baseline.config) | set(config)) - set(CONFIG_FIELDS_IGNORED)):
+        sides = [side[f] if f in side else defaults.get(f, _UNKNOWN) for side in (baseline.config, config)]
+        if _UNKNOWN not in sides and sides[0] != sides[1]:
+            out.append(f"{f}: baseline {sides[0]!r}, run {sides[1]!r}")
+    return out
 
 
 def write_baseline(path: str | Path, metrics: Mapping[str, Sequence[float]], gpu: str = "",

@@ -165,7 +165,7 @@ def check_gate_args(args: argparse.Namespace, cfg: Config) -> None:
             raise ValueError(f"--baseline {args.baseline} cannot be written (a folder, or below a file)")
     elif args.baseline is not None:
         baseline = load_baseline(args.baseline)  # a missing or broken baseline is bad input: fail before training
-        if (differ := config_mismatch(baseline, cfg.to_dict())) and not explicit:
+        if (differ := config_mismatch(baseline, cfg.to_dict(), Config().to_dict())) and not explicit:
             print(f"hotloop gate: note: not comparing with the default baseline {args.baseline}: it was measured "
                   f"with another configuration ({'; '.join(differ)})", file=sys.stderr)
             args.baseline = None

@@ -128,6 +128,14 @@ def test_a_baseline_remembers_its_config_and_names_the_fields_a_run_differs_in(t
     assert "batch_size: baseline 128, run 8192" in differ and "env: baseline 'cartpole', run 'synthetic'" in differ
     assert not any(d.startswith(("epochs", "seed", "device", "eval_episodes")) for d in differ)
     assert config_mismatch(Baseline("x", {}), other) == []  # no recorded config: nothing to check
+    # A baseline written before a field existed: the field counts as its default on the baseline's side.
+    older = Baseline("x", {}, {k: v for k, v in measured.items() if k != "log_interval"})
+    defaults = preset("cartpole").to_dict()
+    assert config_mismatch(older, measured, defaults) == []
+    changed = {**measured, "log_interval": 7}
+    assert config_mismatch(older, changed, defaults) == ["log_interval: baseline 100, run 7"]
+    assert config_mismatch(older, changed) == []  # no default to read: skipped
+    assert config_mismatch(Baseline("x", {}, {**measured, "gone": 1}), measured, defaults) == []  # removed field
 
 
 @pytest.mark.parametrize("text, problem", [
