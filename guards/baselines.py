@@ -8,9 +8,10 @@ written deliberately by `write_baseline` (`hotloop gate --update-baseline`)::
 
 `values` holds one value per repeat (R repeats of the guarded steps on that GPU; each value is that repeat's median
 over its K steps, `GuardReport.medians`); `median` and `spread` are written for readers and recomputed on load.
-NaN is stored as null. "config" (optional) is the configuration the baseline was measured with: a run whose
-configuration differs in a field that shapes the guarded step (`config_mismatch`) is not compared with it (a
-CartPole baseline says nothing about a seed-scale step).
+NaN is stored as null. "config" (optional) is the configuration the baseline was measured with (device and
+learner resolved): a run whose configuration differs in a field that shapes the guarded step (`config_mismatch`,
+on the step identities guards.gate.step_identity builds) is not compared with it (a CartPole baseline says nothing
+about a seed-scale step, a GPU baseline nothing about a CPU run).
 
 Comparison (`compare`): a run is R' repeats of the same metrics.
 
@@ -59,9 +60,9 @@ COMPARE_COLUMNS = ["metric", "kind", "statistic", "baseline", "run", "delta", "a
 _THRESHOLD = re.compile(r"^(?P<stat>[a-z]+):(?P<sign>[+-]?)(?P<amount>(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?)(?P<pct>%?)$")
 
 
-CONFIG_FIELDS_IGNORED = ("epochs", "seed", "device", "eval_episodes")
+CONFIG_FIELDS_IGNORED = ("epochs", "seed", "eval_episodes")
 """Config fields a baseline may differ in from the run: they do not change what a guarded learner step launches
-(run length, random seed, the device's spelling such as cuda vs cuda:0, evaluation after the epochs)."""
+(run length, random seed, evaluation after the epochs)."""
 
 
 class BaselineError(ValueError):
@@ -138,20 +139,18 @@ class Baseline:
 _UNKNOWN = object()  # config_mismatch: a field neither side nor the defaults give a value for
 
 
-def config_mismatch(baseline: Baseline, config: Mapping, defaults: Mapping | None = None) -> list[str]:
-    """The fields in which `config` (a run's Config.to_dict()) differs from the baseline's, outside
-    CONFIG_FIELDS_IGNORED, as "field: baseline B, run R" strings, sorted by field. Empty when they agree or the
-    baseline records no config.
+def config_mismatch(baseline_config: Mapping, run_config: Mapping, defaults: Mapping | None = None) -> list[str]:
+    """The fields in which `run_config` differs from `baseline_config` (both Config.to_dict()-like, e.g. the step
+    identities of guards.gate.step_identity), outside CONFIG_FIELDS_IGNORED, as "field: baseline B, run R"
+    strings, sorted by field. Empty when they agree.
 
     Fields on one side only (a baseline written before a field existed, or after one was removed) are read as
     that field's value in `defaults` (Config().to_dict(): what a run without the field did); a field with no
     default to read is skipped, since nothing says what the run without it did."""
-    if baseline.config is None:
-        return []
     defaults = defaults or {}
     out = []
-    for f in sorted((set(baseline.config) | set(config)) - set(CONFIG_FIELDS_IGNORED)):
-        sides = [side[f] if f in side else defaults.get(f, _UNKNOWN) for side in (baseline.config, config)]
+    for f in sorted((set(baseline_config) | set(run_config)) - set(CONFIG_FIELDS_IGNORED)):
+        sides = [side[f] if f in side else defaults.get(f, _UNKNOWN) for side in (baseline_config, run_config)]
         if _UNKNOWN not in sides and sides[0] != sides[1]:
             out.append(f"{f}: baseline {sides[0]!r}, run {sides[1]!r}")
     return out

@@ -13,18 +13,19 @@ Exit codes: 0 every measured criterion passed, 1 a criterion failed, 2 bad usage
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
 import pandas as pd
 import torch
 
-from guards.baselines import baseline_path, compare, load_baseline, write_baseline
+from guards.baselines import Baseline, baseline_path, compare, config_mismatch, load_baseline, write_baseline
 from guards.faults import check_request
 from guards.faults import inject as inject_fault
 from guards.guard import GuardReport, guard_steps
 from profiles.epoch_table import format_table, write_table
 from trainer.config import Config
-from trainer.loop import Trainer
+from trainer.loop import Trainer, learner_kind, resolve_device
 from trainer.run import run_training
 from trainer.step import PHASE_RULES
 
@@ -34,9 +35,53 @@ TRACE_FILE = "trace.json.gz"
 """The first repeat's Kineto trace in the gate's run folder (gzipped Chrome trace JSON)."""
 
 
+BASELINES_DIR = Path(__file__).resolve().parents[1] / "profiles" / "baselines"
+"""The checkout's baselines folder, wherever the command is started from."""
+
+
 def default_baseline() -> Path | None:
-    """profiles/baselines/<gpu-name-slug>.json of this machine's CUDA device 0, or None without CUDA."""
-    return baseline_path(torch.cuda.get_device_name(0)) if torch.cuda.is_available() else None
+    """BASELINES_DIR/<gpu-name-slug>.json of this machine's CUDA device 0, or None without CUDA."""
+    return baseline_path(torch.cuda.get_device_name(0), BASELINES_DIR) if torch.cuda.is_available() else None
+
+
+def device_name(device: torch.device) -> str:
+    """The GPU's name (torch.cuda.get_device_name) for a CUDA device, "cpu" otherwise: a baseline's "gpu"."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+def run_config(cfg: Config) -> dict:
+    """The configuration a baseline records for a run of `cfg` on this machine: cfg.to_dict() with device and
+    learner resolved ("auto" -> what the run used: trainer.loop.resolve_device, learner_kind)."""
+    device = resolve_device(cfg.device)
+    return {**cfg.to_dict(), "device": str(device), "learner": learner_kind(cfg, device)}
+
+
+def step_identity(config: Mapping, gpu: str) -> dict:
+    """What shapes a guarded step, from a configuration dict (a baseline's "config", or `run_config`) and the GPU
+    name ("cpu" for a CPU run; "" = unknown, left out): the config with device reduced to its type (cpu / cuda;
+    "auto" resolved on this machine), learner "auto" resolved for that type (hotloop on cuda, reference elsewhere),
+    obs_dim and action_nvec dropped unless env is "synthetic" (other envs report their own shapes), plus "gpu"."""
+    ident = dict(config)
+    if "device" in ident:
+        ident["device"] = resolve_device("auto").type if ident["device"] == "auto" else \
+            torch.device(ident["device"]).type
+    if ident.get("learner") == "auto" and "device" in ident:
+        ident["learner"] = "hotloop" if ident["device"] == "cuda" else "reference"
+    if ident.get("env") != "synthetic":
+        ident.pop("obs_dim", None)
+        ident.pop("action_nvec", None)
+    return ident | ({"gpu": gpu} if gpu else {})
+
+
+def baseline_mismatch(baseline: Baseline, cfg: Config) -> list[str] | None:
+    """How a run of `cfg` on this machine differs from what `baseline` was measured with
+    (guards.baselines.config_mismatch of the two `step_identity`s, the GPU included); None when the baseline
+    records no configuration (a file written before baselines did), [] when they agree."""
+    if baseline.config is None:
+        return None
+    run = run_config(cfg)
+    return config_mismatch(step_identity(baseline.config, baseline.gpu),
+                           step_identity(run, device_name(torch.device(run["device"]))), Config().to_dict())
 
 
 def run_gate(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress: bool = True, guard_steps_n: int = 20,
@@ -79,12 +124,13 @@ def run_gate(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress: bo
     write_table(verdicts, run_dir, "criteria")
     (run_dir / "criteria.json").write_text(json.dumps(verdicts.to_dict(orient="records"), indent=2) + "\n")
     report.to_json(run_dir / "guard.json")
-    regressions = _baseline_step(reports, baseline, update_baseline, run_dir, cfg.to_dict())
+    regressions = _baseline_step(reports, baseline, update_baseline, run_dir, run_config(cfg))
     print("\nPer-epoch table\n" + format_table(epochs))
     print(f"\nCriteria (../shared/DESIGN.md), {guard_steps_n} guarded steps after the epochs\n"
           + format_table(verdicts[["criterion", "measured", "limit", "verdict", "status", "source"]]))
     failed = verdicts[verdicts.verdict == "FAIL"]
-    print(f"\nrun folder: {run_dir}")
+    print(f"\nrun folder: {run_dir} (its Kineto trace per step: hotloop inspect --step-range {GUARD_STEP_RANGE} "
+          f"{run_dir / TRACE_FILE})")
     if len(failed) or len(regressions):
         for _, row in failed.iterrows():
             print(f"FAIL {row.criterion}: measured {row.measured} (limit {row.limit}); {row.evidence}")
@@ -98,14 +144,13 @@ def run_gate(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress: bo
 
 def _baseline_step(reports: list[GuardReport], baseline: Path | None, update: bool, run_dir: Path,
                    config: dict) -> pd.DataFrame:
-    """Write (with `config`) or compare the baseline; returns the failing comparison rows (empty when none or no
+    """Write (with `config`, a `run_config`) or compare the baseline; returns the failing comparison rows (empty when none or no
     baseline)."""
     if baseline is None:
         return pd.DataFrame()
     metrics = {m: [r.medians.get(m, float("nan")) for r in reports] for m in reports[0].medians}
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
     if update:
-        write_baseline(baseline, metrics, gpu=gpu, config=config)
+        write_baseline(baseline, metrics, gpu=device_name(torch.device(config["device"])), config=config)
         print(f"\nbaseline written: {baseline} ({len(reports)} repeats, {len(metrics)} metrics)")
         return pd.DataFrame()
     table = compare(metrics, load_baseline(baseline))

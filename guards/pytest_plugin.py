@@ -9,7 +9,8 @@ Load it from a conftest.py (`pytest_plugins = ["guards.pytest_plugin"]`, as test
 - fixture `guard`: `guard(step_fn, steps=20, warmup=3, **guard_steps_kwargs) -> GuardReport`, `step_fn` being any
   zero-argument callable that does one training step (yours or hotloop's).
 - fixture `assert_criteria`: `assert_criteria(report, only=None)` fails the test listing every measured criterion
-  whose verdict is FAIL (criterion, measured, limit, evidence), or only those named in `only`.
+  whose verdict is FAIL (criterion, measured, limit, evidence); with `only`, just the criteria named, each of
+  which must also have been measured.
 
 A perf test of your own step::
 
@@ -51,7 +52,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     skip = pytest.mark.skip(reason=NO_CUDA_REASON)
     for item in items:
-        if "gpu" in item.keywords or "perf" in item.keywords:
+        if item.get_closest_marker("gpu") or item.get_closest_marker("perf"):  # markers, not keywords (a
+            # folder or a parametrize id named "gpu" is a keyword too)
             item.add_marker(skip)
 
 
@@ -64,17 +66,23 @@ def guard() -> Callable[..., GuardReport]:
 
 def failing_rows(report: GuardReport, only: Iterable[str] | None = None) -> list[str]:
     """One line per measured criterion of `report` whose verdict is FAIL ("criterion: measured M (limit L);
-    evidence"), restricted to the criteria named in `only` when given. Raises ValueError for a name in `only` that
-    is not a criterion of the report."""
+    evidence"). With `only` (criterion names; one name may be given as a str), just those, and each of them must
+    also have been measured: a named criterion the run could not measure (e.g. a GPU row on a CPU step) is a line
+    "criterion: not measured (<why>)" too, since a check that measured nothing proves nothing.
+    Raises ValueError for an empty `only` or a name in it that is not a criterion of the report."""
     v = report.verdicts
+    rows = []
     if only is not None:
-        only = list(only)
+        only = [only] if isinstance(only, str) else list(only)
+        if not only:
+            raise ValueError("only= names no criterion; leave it out to judge them all")
         unknown = sorted(set(only) - set(v["criterion"]))
         if unknown:
             raise ValueError(f"not criteria of this report: {unknown}; known: {sorted(v['criterion'])}")
         v = v[v["criterion"].isin(only)]
+        rows = [f"{r.criterion}: {r.status}" for r in v.itertuples() if r.status != "measured"]
     failed = v[v["verdict"].eq("FAIL")]
-    return [f"{r.criterion}: measured {r.measured} (limit {r.limit}); {r.evidence}" for r in failed.itertuples()]
+    return rows + [f"{r.criterion}: measured {r.measured} (limit {r.limit}); {r.evidence}" for r in failed.itertuples()]
 
 
 @pytest.fixture(scope="session")

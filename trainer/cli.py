@@ -139,10 +139,11 @@ def check_env(cfg: Config) -> None:
 
 def check_gate_args(args: argparse.Namespace, cfg: Config) -> None:
     """Gate-only options; resolves the baseline: --no-baseline -> none; an explicit --baseline must have been
-    measured with `cfg`'s step (guards.baselines.config_mismatch); the default one (profiles/baselines/<gpu>.json)
-    is dropped with a note on stderr when it was not. ValueError (naming the option) before any training."""
-    from guards.baselines import config_mismatch, load_baseline
-    from guards.gate import default_baseline
+    measured with `cfg`'s step on this GPU (guards.gate.baseline_mismatch); the default one
+    (profiles/baselines/<gpu>.json) is dropped with a note on stderr when it was not. ValueError (naming the
+    option) before any training."""
+    from guards.baselines import load_baseline
+    from guards.gate import baseline_mismatch, default_baseline
 
     from guards.faults import check_request
 
@@ -165,7 +166,11 @@ def check_gate_args(args: argparse.Namespace, cfg: Config) -> None:
             raise ValueError(f"--baseline {args.baseline} cannot be written (a folder, or below a file)")
     elif args.baseline is not None:
         baseline = load_baseline(args.baseline)  # a missing or broken baseline is bad input: fail before training
-        if (differ := config_mismatch(baseline, cfg.to_dict(), Config().to_dict())) and not explicit:
+        differ = baseline_mismatch(baseline, cfg)
+        if differ is None:
+            print(f"hotloop gate: note: the baseline {args.baseline} records no configuration: compared as it is "
+                  f"(rewrite it with --update-baseline to record one)", file=sys.stderr)
+        elif differ and not explicit:
             print(f"hotloop gate: note: not comparing with the default baseline {args.baseline}: it was measured "
                   f"with another configuration ({'; '.join(differ)})", file=sys.stderr)
             args.baseline = None

@@ -35,6 +35,12 @@ def test_assert_criteria_fails_naming_the_criterion_and_its_evidence(assert_crit
     assert_criteria(faulty, only=["no single-block kernels"])  # only the named criteria are judged
     with pytest.raises(ValueError, match="not criteria of this report: \\['no such row'\\]"):
         failing_rows(faulty, only=["no such row"])
+    with pytest.raises(ValueError, match="names no criterion"):
+        failing_rows(faulty, only=[])
+    assert failing_rows(faulty, only="no stream sync") == rows  # one name as a str
+    # A named criterion this run could not measure fails too: it would otherwise pass having measured nothing.
+    unmeasured = failing_rows(faulty, only=["epoch 1 without hang", "no single-block kernels"])
+    assert unmeasured == ["epoch 1 without hang: not measured here: guards.watchdog.HangWatchdog"]
 
 
 def test_guard_fixture_is_guard_steps(guard):
@@ -59,7 +65,11 @@ def test_gpu_and_perf_tests_skip_with_the_reason_without_cuda(pytester):
         @pytest.mark.smoke
         def test_s():
             pass
+
+        @pytest.mark.parametrize("device", ["cpu", "gpu"])  # "gpu" here is a keyword, not the marker: runs
+        def test_unmarked(device):
+            pass
     """))
     result = pytester.runpytest("-rs", "--strict-markers")
-    result.assert_outcomes(passed=1, skipped=2)
+    result.assert_outcomes(passed=3, skipped=2)
     result.stdout.fnmatch_lines([f"*{NO_CUDA_REASON}*"])

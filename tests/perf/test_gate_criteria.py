@@ -10,12 +10,13 @@ baseline's noise-aware rule (guards/baselines.py).
 
 from __future__ import annotations
 
-import pytest
-import torch
+import dataclasses
 
-from guards.baselines import baseline_path, compare, is_count, load_baseline
+import pytest
+
+from guards.baselines import compare, is_count, load_baseline
 from guards.criteria import CRITERIA
-from guards.gate import GUARD_STEP_RANGE
+from guards.gate import GUARD_STEP_RANGE, default_baseline
 from trainer.config import Config, preset
 from trainer.loop import Trainer
 from trainer.step import PHASE_RULES
@@ -25,15 +26,19 @@ GUARDED = [c.name for c in CRITERIA if c.measured_by is None]
 
 
 def _baseline():
-    path = baseline_path(torch.cuda.get_device_name(0))
+    path = default_baseline()
     return (path, load_baseline(path)) if path.exists() else (path, None)
 
 
 @pytest.fixture(scope="module")
 def hot_report(guard):
     path, base = _baseline()
-    cfg = Config.from_dict({**base.config, "epochs": 1}) if base is not None and base.config else \
-        preset("cartpole", device="cuda", epochs=1)
+    if base is not None and base.config:  # its fields this Config still has, on this GPU
+        known = {f.name for f in dataclasses.fields(Config)}
+        cfg = Config.from_dict({**{k: v for k, v in base.config.items() if k in known}, "epochs": 1,
+                                "device": "cuda"})
+    else:
+        cfg = preset("cartpole", device="cuda", epochs=1)
     trainer = Trainer(cfg)
     trainer.run_epoch(1)
     assert trainer.learner_kind == "hotloop" and trainer.learner.graph is not None

@@ -18,7 +18,7 @@ from kernels.td_loss import td_loss_reference
 from trainer.config import preset
 from trainer.flat_net import FlatLayout, forward_reference
 from trainer.replay import PrioritizedReplay
-from trainer.step import HotLearner
+from trainer.step import METRICS, HotLearner
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 GPU = DEVICE.type == "cuda"
@@ -198,4 +198,4 @@ def test_head_norms_are_the_published_gains_times_unit_spectral_norms():
         assert norms[f"head_norm_{k}"] == pytest.approx(float(exact), rel=1e-3), k
     assert hot.head_norms({}) == {}
     _, _, plain = _setup(spectral_norm=False)
-    assert plain.metric_names() == plain.metric_names()[:6] and len(plain.metric_sources()) == 2
+    assert plain.metric_names() == METRICS and len(plain.metric_sources()) == 2
