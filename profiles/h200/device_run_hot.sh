@@ -61,9 +61,9 @@ for part in "$@"; do
       timeout 200 $HL gate "${SEED_SMALL[@]}" --no-baseline --out /tmp/r/kineto_gate > /tmp/r/kineto_gate.log 2>&1
       echo "kineto gate rc=$?"; tail -n 3 /tmp/r/kineto_gate.log ;;
     cartpole_fast)
-      FAST=(--preset cartpole --epochs 24 --set learner_steps_per_epoch=500 --set num_envs=64 --set lr=1e-3
-            --set spectral_norm=False --set tau=0.05 --set target_update_interval=1 --set eps_decay_fraction=0.1
-            --no-progress)
+      FAST=(--preset cartpole --epochs 24 --set learner_steps_per_epoch=500 --set num_envs=64 --set lr=7e-4
+            --set spectral_norm=False --set tau=0.05 --set target_update_interval=1 --set max_grad_norm=1.0
+            --set eps_decay_fraction=0.1 --no-progress)
       for s in 1 2 3; do
         OMP_NUM_THREADS=1 taskset -c $((7 + s)) timeout 400 $HL train "${FAST[@]}" --device cpu --set learner=reference \
           --seed $s --out /tmp/r/cpfast_ref_s$s > /tmp/r/cpfast_ref_s$s.log 2>&1 &
