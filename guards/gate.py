@@ -24,7 +24,7 @@ from guards.faults import check_request
 from guards.faults import inject as inject_fault
 from guards.guard import GuardReport, guard_steps
 from profiles.epoch_table import format_table, write_table
-from trainer.config import Config
+from trainer.config import ENV_SHAPE_FIELDS, Config, env_shape_fields
 from trainer.loop import Trainer, learner_kind, resolve_device
 from trainer.run import run_training
 from trainer.step import PHASE_RULES
@@ -60,16 +60,15 @@ def step_identity(config: Mapping, gpu: str) -> dict:
     """What shapes a guarded step, from a configuration dict (a baseline's "config", or `run_config`) and the GPU
     name ("cpu" for a CPU run; "" = unknown, left out): the config with device reduced to its type (cpu / cuda;
     "auto" resolved on this machine), learner "auto" resolved for that type (hotloop on cuda, reference elsewhere),
-    obs_dim and action_nvec dropped unless env is "synthetic" (other envs report their own shapes), plus "gpu"."""
+    the ENV_SHAPE_FIELDS the env does not read dropped (trainer.config.env_shape_fields), plus "gpu"."""
     ident = dict(config)
     if "device" in ident:
         ident["device"] = resolve_device("auto").type if ident["device"] == "auto" else \
             torch.device(ident["device"]).type
     if ident.get("learner") == "auto" and "device" in ident:
         ident["learner"] = "hotloop" if ident["device"] == "cuda" else "reference"
-    if ident.get("env") != "synthetic":
-        ident.pop("obs_dim", None)
-        ident.pop("action_nvec", None)
+    for f in set(ENV_SHAPE_FIELDS) - set(env_shape_fields(ident.get("env"))):
+        ident.pop(f, None)
     return ident | ({"gpu": gpu} if gpu else {})
 
 

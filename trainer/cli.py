@@ -129,9 +129,8 @@ def check_env(cfg: Config) -> None:
     unknown name, a Gymnasium id that does not exist or has unsupported spaces), before any run folder exists."""
     from trainer.envs import make_env
 
-    shape = dict(obs_dim=cfg.obs_dim, action_nvec=cfg.action_nvec) if cfg.env == "synthetic" else {}
     try:
-        env = make_env(cfg.env, 1, "cpu", cfg.seed, **shape)
+        env = make_env(cfg.env, 1, "cpu", cfg.seed, **cfg.env_shape())
     except Exception as exc:  # third-party env constructors raise their own types (gymnasium.error.*)
         raise ValueError(f"config.env {cfg.env!r} cannot be used: {exc}") from exc
     getattr(env, "close", lambda: None)()

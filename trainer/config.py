@@ -102,6 +102,10 @@ class Config:
                 setattr(self, name, tuple(getattr(self, name)))
         validate(self)
 
+    def env_shape(self) -> dict[str, Any]:
+        """The shape keyword arguments trainer.envs.make_env takes from this config (`env_shape_fields`)."""
+        return {f: getattr(self, f) for f in env_shape_fields(self.env)}
+
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready dict (tuples become lists)."""
         return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
@@ -208,6 +212,15 @@ def field_docs() -> dict[str, str]:
         if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
             docs[node.target.id] = str(nxt.value.value)
     return docs
+
+
+ENV_SHAPE_FIELDS = ("obs_dim", "action_nvec")
+"""Config fields that only the `synthetic` env reads: every other env reports its own shapes."""
+
+
+def env_shape_fields(env: str) -> tuple[str, ...]:
+    """The Config fields that shape env `env` (a Config.env value): ENV_SHAPE_FIELDS for `synthetic`, none else."""
+    return ENV_SHAPE_FIELDS if env == "synthetic" else ()
 
 
 PRESETS: dict[str, dict[str, Any]] = {

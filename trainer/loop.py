@@ -100,8 +100,7 @@ class Trainer:
         self.on_progress = on_progress or (lambda done, total: None)
         torch.manual_seed(cfg.seed)
         self.generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
-        shape = dict(obs_dim=cfg.obs_dim, action_nvec=cfg.action_nvec) if cfg.env == "synthetic" else {}
-        self.env = make_env(cfg.env, cfg.num_envs, self.device, cfg.seed, **shape)
+        self.env = make_env(cfg.env, cfg.num_envs, self.device, cfg.seed, **cfg.env_shape())
         self.replay = PrioritizedReplay(cfg.replay_capacity, self.env.obs_dim, len(self.env.action_nvec),
                                         alpha=cfg.per_alpha, eps=cfg.per_eps, device=self.device,
                                         generator=self.generator)
@@ -112,7 +111,7 @@ class Trainer:
         else:
             self.learner = DQNLearner(cfg, self.env.obs_dim, self.env.action_nvec, self.device)
         self.returns = EpisodeReturns(cfg.num_envs, self.device)
-        self.eval_env = (make_env(cfg.env, cfg.eval_episodes, self.device, cfg.seed + 1, **shape)
+        self.eval_env = (make_env(cfg.env, cfg.eval_episodes, self.device, cfg.seed + 1, **cfg.env_shape())
                          if cfg.eval_episodes else None)
         self.obs = self.env.reset(seed=cfg.seed)
         per_update = cfg.env_steps_per_update * cfg.num_envs

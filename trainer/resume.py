@@ -33,7 +33,7 @@ import pandas as pd
 import torch
 
 from trainer.checkpoint import generator_state, load_checkpoint, rng_state, set_generator_state, set_rng_state
-from trainer.config import Config
+from trainer.config import Config, env_shape_fields
 from trainer.step import HotLearner
 
 if TYPE_CHECKING:
@@ -117,7 +117,7 @@ def check_compatible(meta: dict, cfg: Config, device_type: str, learner_kind: st
     if meta["device_type"] != device_type:
         raise ValueError(f"checkpoint was taken on {meta['device_type']}, this run is on {device_type}")
     saved, now = meta["config"], cfg.to_dict()
-    fields = STATE_FIELDS + (("obs_dim", "action_nvec") if cfg.env == "synthetic" else ())
+    fields = STATE_FIELDS + env_shape_fields(cfg.env)
     diff = [f"{f} (checkpoint {saved.get(f)!r}, config {now[f]!r})" for f in fields if saved.get(f) != now[f]]
     if diff:
         raise ValueError(f"checkpoint does not match this config: {'; '.join(diff)}")
