@@ -66,8 +66,7 @@ def inject(trainer, name: str) -> Fault:
     Raises ValueError for an unknown name (listing the valid ones), a learner fault with the reference learner,
     or a trainer not on CUDA (the faults are GPU regressions: a CPU run has no trace criteria to fail).
     """
-    if name not in FAULTS:
-        raise ValueError(f"unknown fault {name!r}; choose one of {sorted(FAULTS)}")
+    check_request(name)
     fault = FAULTS[name]
     hot = trainer.learner_kind == "hotloop"
     if fault.hot_only and not hot:
