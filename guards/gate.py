@@ -24,6 +24,7 @@ from guards.faults import check_request
 from guards.faults import inject as inject_fault
 from guards.guard import GuardReport, guard_steps
 from profiles.epoch_table import format_table, write_table
+from profiles.provenance import device_name
 from trainer.config import ENV_SHAPE_FIELDS, Config, env_shape_fields
 from trainer.loop import Trainer, learner_kind, resolve_device
 from trainer.run import run_training
@@ -42,11 +43,6 @@ BASELINES_DIR = Path(__file__).resolve().parents[1] / "profiles" / "baselines"
 def default_baseline() -> Path | None:
     """BASELINES_DIR/<gpu-name-slug>.json of this machine's CUDA device 0, or None without CUDA."""
     return baseline_path(torch.cuda.get_device_name(0), BASELINES_DIR) if torch.cuda.is_available() else None
-
-
-def device_name(device: torch.device) -> str:
-    """The GPU's name (torch.cuda.get_device_name) for a CUDA device, "cpu" otherwise: a baseline's "gpu"."""
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
 def run_config(cfg: Config) -> dict:

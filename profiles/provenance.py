@@ -1,11 +1,14 @@
 """Where a measurement came from: the commit id written next to every result under profiles/ (bench rows, kernel
-bench rows), so that a number can be traced to the code that produced it."""
+bench rows) and the device's name (bench rows, baselines), so that a number can be traced to the code and the
+hardware that produced it."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 from pathlib import Path
+
+import torch
 
 
 def commit_id() -> str:
@@ -21,3 +24,8 @@ def commit_id() -> str:
     except (OSError, subprocess.SubprocessError):
         pass
     return "unknown"
+
+
+def device_name(device: torch.device) -> str:
+    """The GPU's name (torch.cuda.get_device_name, e.g. "NVIDIA H200") for a CUDA device, "cpu" otherwise."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"

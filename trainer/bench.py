@@ -30,7 +30,7 @@ from typing import NamedTuple
 import pandas as pd
 import torch
 
-from profiles.provenance import commit_id
+from profiles.provenance import commit_id, device_name
 from trainer.bench_variants import Variant, build_compiled, build_eager, build_graph, env_shapes
 from trainer.config import Config
 
@@ -293,7 +293,7 @@ def run_bench(cfg: Config, device: torch.device | str, variants: list[str], step
     specs = {**VARIANTS, **{k: VariantSpec(b, "", "") for k, b in extra_variants.items()}}
     obs_dim, nvec = env_shapes(cfg)
     base = {"roofline_floor_us": roofline_floor_us(cfg, obs_dim, nvec),
-            "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "gpu": device_name(device),
             "commit": commit_id(), "date": datetime.now(timezone.utc).date().isoformat()}
     rows = []
     for name in names:
