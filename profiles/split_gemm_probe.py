@@ -1,0 +1,147 @@
+"""Probe: where the FP32-accurate backward GEMMs lose their time (operand layout and where the 3xTF32 split happens).
+
+At the hot learner's seed-scale shapes (batch 8192, trunk 512 -> 256) one generic Triton GEMM kernel runs each
+backward GEMM (dx = dY W, dW = dY^T X) and the forward (Y = X W^T) in several precisions:
+  tf32x3    tl.dot(input_precision="tf32x3") on fp32 operands (what kernels/linear.py does: the split in registers)
+  presplit  the operands split once outside the GEMM (hi = x rounded to TF32, lo = x - hi), three TF32 dots on
+            (hi, hi), (hi, lo), (lo, hi) read straight from memory (Ootomo & Yokota 2022, eq. 5)
+  tf32      one TF32 dot (the speed bound of one MMA, ~1e-3 error)
+  ieee      tl.dot(input_precision="ieee") (FP32 FMA, no tensor cores)
+and, for dW, with the operands also stored K-major (dY^T and X^T row-major), the layout Hopper's TF32 wgmma reads
+without a transpose. cuBLAS (torch.mm, IEEE FP32 and TF32) is timed beside them. Each row: the best of a few tile
+configs, median us over 30 launches (CUDA events), and the max error relative to max |C| against float64.
+Usage (GPU): python -m profiles.split_gemm_probe --out DIR  (writes split_gemm_probe.csv, prints a table).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import pandas as pd
+import torch
+import triton
+import triton.language as tl
+
+CONFIGS = [(128, 128, 32, 8, 3), (128, 64, 32, 4, 3), (128, 128, 32, 4, 3), (64, 128, 32, 4, 4), (128, 256, 32, 8, 3),
+           (64, 64, 32, 4, 4), (128, 64, 64, 4, 3)]
+
+
+@triton.jit
+def _probe_gemm_kernel(a_ptr, a_lo_ptr, b_ptr, b_lo_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn, k_per_split,
+                       MODE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    split = tl.program_id(2)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(split * k_per_split, split * k_per_split + k_per_split, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        a_off = offs_m[:, None] * sam + offs_k[None, :] * sak
+        b_off = offs_k[:, None] * sbk + offs_n[None, :] * sbn
+        a = tl.load(a_ptr + a_off)
+        b = tl.load(b_ptr + b_off)
+        if MODE == 0:
+            acc = tl.dot(a, b, acc, input_precision="tf32x3")
+        elif MODE == 1:
+            acc = tl.dot(a, tl.load(b_lo_ptr + b_off), acc, input_precision="tf32")
+            acc = tl.dot(tl.load(a_lo_ptr + a_off), b, acc, input_precision="tf32")
+            acc = tl.dot(a, b, acc, input_precision="tf32")
+        elif MODE == 2:
+            acc = tl.dot(a, b, acc, input_precision="tf32")
+        else:
+            acc = tl.dot(a, b, acc, input_precision="ieee")
+    c_off = offs_m[:, None] * N + offs_n[None, :]
+    if k_per_split == K:
+        tl.store(c_ptr + c_off, acc)
+    else:
+        tl.atomic_add(c_ptr + c_off, acc, sem="relaxed")
+
+
+MODES = {"tf32x3": 0, "presplit": 1, "tf32": 2, "ieee": 3}
+
+
+def split_tf32(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(hi, lo): hi = x rounded to TF32 (10 mantissa bits, round half away), lo = x - hi (exact in fp32)."""
+    hi = ((x.view(torch.int32) + 0x1000) & ~0x1FFF).view(torch.float32)
+    return hi, x - hi
+
+
+def _run(mode, a, b, c, m, n, k, splits, cfg, a_lo=None, b_lo=None):
+    bm, bn, bk, warps, stages = cfg
+    grid = (triton.cdiv(m, bm), triton.cdiv(n, bn), splits)
+    return lambda: (c.zero_() if splits > 1 else None, _probe_gemm_kernel[grid](
+        a, a_lo if a_lo is not None else a, b, b_lo if b_lo is not None else b, c, m, n, k, a.stride(0), a.stride(1),
+        b.stride(0), b.stride(1), k // splits, MODE=MODES[mode], BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+        num_warps=warps, num_stages=stages))
+
+
+def _time_us(fn, reps=30):
+    fn()
+    torch.cuda.synchronize()
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for s, e in ev:
+        s.record()
+        fn()
+        e.record()
+    torch.cuda.synchronize()
+    return float(torch.tensor([s.elapsed_time(e) for s, e in ev]).median()) * 1e3
+
+
+def cases(batch=8192, d_in=512, d_out=256):
+    """(name, A, B, splits) at the seed-scale trunk layer 2: A (M, K) and B (K, N) as strided views."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(batch, d_in, device="cuda", generator=g).relu_()      # layer input (ReLU output)
+    w = torch.randn(d_out, d_in, device="cuda", generator=g) / d_in ** 0.5
+    dy = torch.randn(batch, d_out, device="cuda", generator=g) * 1e-3
+    dyt, xt = dy.t().contiguous(), x.t().contiguous()
+    return [("fwd Y=XW^T", x, w.t(), 1), ("dx=dY W", dy, w, 1),
+            ("dW=dY^T X (natural)", dy.t(), x, 16), ("dW=dY^T X (K-major)", dyt, xt.t(), 16)]
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default=".")
+    args = p.parse_args(argv)
+    rows = []
+    for name, a, b, splits in cases():
+        m, k = a.shape
+        n = b.shape[1]
+        ref = a.double() @ b.double()
+        scale = ref.abs().max().item()
+        for mode in MODES:
+            a_lo = b_lo = None
+            aa, bb = a, b
+            if mode == "presplit":
+                aa, a_lo = split_tf32(a)
+                bb, b_lo = split_tf32(b)
+            best = None
+            for cfg in CONFIGS:
+                if m % cfg[0] or n % cfg[1] or (k // splits) % cfg[2]:
+                    continue
+                c = torch.full((m, n), float("nan"), device="cuda")
+                try:
+                    us = _time_us(_run(mode, aa, bb, c, m, n, k, splits, cfg, a_lo, b_lo))
+                except Exception as e:  # noqa: BLE001 (a config that does not compile: out of shared memory)
+                    print(name, mode, cfg, "failed:", type(e).__name__)
+                    continue
+                err = ((c.double() - ref).abs().max() / scale).item()
+                if best is None or us < best[0]:
+                    best = (us, err, cfg)
+            rows.append(dict(gemm=name, impl=f"triton {mode}", us=best[0], rel_err=best[1], config=str(best[2])))
+        for prec in ("ieee", "tf32"):
+            torch.backends.cuda.matmul.allow_tf32 = prec == "tf32"
+            c = torch.empty(m, n, device="cuda")
+            us = _time_us(lambda: torch.mm(a, b, out=c))
+            rows.append(dict(gemm=name, impl=f"cublas {prec}", us=us,
+                             rel_err=((c.double() - ref).abs().max() / scale).item(), config=""))
+        torch.backends.cuda.matmul.allow_tf32 = False
+    t = pd.DataFrame(rows)
+    os.makedirs(args.out, exist_ok=True)
+    t.to_csv(os.path.join(args.out, "split_gemm_probe.csv"), index=False)
+    print(t.to_markdown(index=False, floatfmt=".3g"))
+
+
+if __name__ == "__main__":
+    main()
