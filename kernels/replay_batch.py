@@ -6,7 +6,8 @@ terminal flags after it.
   1, 2, 3"; Triton's `tl.rand`), where t is a device-side step counter (the optimizer's step count), so eager runs
   and CUDA-graph replays draw the same numbers and nothing is read on the host. Program 0 also writes
   beta = beta_start + (beta_end - beta_start) * min(1, t / anneal_steps) (linear annealing, Schaul et al. 2016,
-  Sec. 3.4) into a 0-dim device tensor that `tree_sample` reads.
+  Sec. 3.4) into a 0-dim device tensor that `tree_sample` reads. The actor (trainer/actor.py) uses the same launch
+  for its acting and env uniforms and its linearly decayed epsilon (Mnih et al. 2015).
 - `gather_transitions`: action[b] = action_src[idx[b]], reward, terminated likewise, in one launch (the
   observations are not copied: the first forward layer reads them from replay storage by index).
 References: `uniforms_reference` (the beta formula; the Philox stream itself is Triton's) and `gather_reference`.
@@ -53,9 +54,11 @@ def _gather_transitions_kernel(idx_ptr, action_src, reward_src, term_src, action
 def batch_uniforms(counter: torch.Tensor, out: torch.Tensor, beta: torch.Tensor, seed: int, beta_start: float,
                    beta_end: float, anneal_steps: int) -> None:
     """Fill out (B,) float32 with Philox uniforms in [0, 1) keyed by (seed + counter, i), and beta (0-dim float32)
-    with the annealed exponent at step counter; one launch of max(2, ceil(B / 1024)) programs.
+    with beta_start + (beta_end - beta_start) * min(1, counter / anneal_steps); one launch of max(2, ceil(B / 1024))
+    programs.
 
-    counter: 0-dim int64 device tensor (read only). seed: python int >= 0. anneal_steps: int >= 1.
+    counter: 0-dim int64 device tensor (read only). seed: python int >= 0. anneal_steps: a number > 0 (int or
+    float: the actor's epsilon decays over a fractional count of vector steps).
     Raises ValueError for wrong dtype/shape/device or bad scalars.
     """
     check_tensor("counter", counter, dtype=torch.int64, shape=())
@@ -64,8 +67,8 @@ def batch_uniforms(counter: torch.Tensor, out: torch.Tensor, beta: torch.Tensor,
     check_tensor("beta", beta, dtype=torch.float32, shape=(), device=dev)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"seed must be an int >= 0, got {seed!r}")
-    if isinstance(anneal_steps, bool) or not isinstance(anneal_steps, int) or anneal_steps < 1:
-        raise ValueError(f"anneal_steps must be an int >= 1, got {anneal_steps!r}")
+    if isinstance(anneal_steps, bool) or not isinstance(anneal_steps, (int, float)) or not anneal_steps > 0:
+        raise ValueError(f"anneal_steps must be a number > 0, got {anneal_steps!r}")
     n = out.shape[0]
     _batch_uniforms_kernel[(max(2, triton.cdiv(n, _BLOCK)),)](
         counter, out, beta, seed, n, float(beta_start), float(beta_end), float(anneal_steps), BLOCK=_BLOCK)

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from profiles.ranges import phase_range
+from trainer.actor import DeviceActor, capturable
 from trainer.config import Config
 from trainer.envs import make_env
 from trainer.episodes import EpisodeReturns
@@ -88,6 +89,8 @@ class Trainer:
             range, via profiles.ranges.phase_range); the hang watchdog uses it to report where a hang happened.
         on_progress: called with (learner steps done in this epoch, learner steps per epoch) every few steps.
     Counters (host ints): env_steps (transitions), learner_steps, epochs_done (set by run_epoch and restore).
+    actor: the DeviceActor (trainer/actor.py) that runs the env steps with the hotloop learner and a capturable env,
+        else None. obs: (N, obs_dim), the observation to act on next (updated in place).
     Checkpoint / resume: checkpoint_state and restore (trainer.resume).
     Raises ValueError for an unusable device or env name.
     """
@@ -119,17 +122,29 @@ class Trainer:
         total_env = cfg.epochs * cfg.learner_steps_per_epoch * per_update + self.prefill_vec_steps * cfg.num_envs
         self.epsilon = LinearSchedule(cfg.eps_start, cfg.eps_end, cfg.eps_decay_fraction * total_env)
         self.beta = LinearSchedule(cfg.per_beta_start, cfg.per_beta_end, cfg.epochs * cfg.learner_steps_per_epoch)
+        self.actor = None
+        if isinstance(self.learner, HotLearner) and capturable(self.env):
+            self.actor = DeviceActor(self.learner, self.env, self.replay, self.returns, self.obs, cfg.seed,
+                                     cfg.eps_start, cfg.eps_end, self.epsilon.duration / cfg.num_envs)
         self.env_steps = 0
         self.learner_steps = 0
         self.epochs_done = 0
 
     def env_step(self) -> None:
-        """One vectorized env step with epsilon-greedy actions; its transitions go into the replay."""
+        """One vectorized env step with epsilon-greedy actions; its transitions go into the replay. With the hotloop
+        learner and a capturable env, the DeviceActor's step: eager once (compiling its kernels), then captured
+        (on CUDA) and replayed; else eager torch ops with host-side epsilon."""
+        if self.actor is not None:
+            if self.actor.graph is None and self.device.type == "cuda" and self.env_steps > 0:
+                with self.phase("capture"):
+                    self.actor.capture()
+            self.env_steps += self.actor.step()
+            return
         actions = self.learner.act(self.obs, self.epsilon.value(self.env_steps), self.generator)
         res = self.env.step(actions)
         self.replay.add(self.obs, actions, res.reward, res.final_obs, res.terminated)
         self.returns.update(res.reward, res.terminated | res.truncated)
-        self.obs = res.obs
+        self.obs.copy_(res.obs)
         self.env_steps += self.cfg.num_envs
 
     @contextmanager

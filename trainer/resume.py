@@ -127,7 +127,8 @@ def restore_trainer(trainer: Trainer, tensors: dict[str, torch.Tensor], meta: di
     """Load a `trainer_state` into `trainer` (tensors on any device). Everything is copied in place (tensor addresses
     kept, so a captured CUDA graph stays valid), except the reference learner's Adam state, which
     torch.optim.Adam.load_state_dict installs (its hyperparameters stay the config's). The counters are set, the
-    env is reset with seed cfg.seed + ENV_RESEED * epoch (trainer.obs) and the running returns restart at 0.
+    env is reset with seed cfg.seed + ENV_RESEED * epoch (into trainer.obs, in place), the actor's step counter is
+    set from env_steps, and the running returns restart at 0.
     On CUDA, a hotloop learner's graph not yet captured is captured here, then the state is loaded again, so that
     capture's warm-up steps (real updates) leave no trace. Raises ValueError naming what does not match
     (`check_compatible`; missing, unexpected or misshapen tensors; replay pos/size) before anything is changed."""
@@ -162,7 +163,9 @@ def restore_trainer(trainer: Trainer, tensors: dict[str, torch.Tensor], meta: di
     trainer.returns.running.zero_()
     trainer.epochs_done, trainer.env_steps = meta["epoch"], meta["env_steps"]
     trainer.learner_steps = meta["learner_steps"]
-    trainer.obs = trainer.env.reset(seed=trainer.cfg.seed + ENV_RESEED * meta["epoch"])
+    trainer.obs.copy_(trainer.env.reset(seed=trainer.cfg.seed + ENV_RESEED * meta["epoch"]))
+    if trainer.actor is not None:
+        trainer.actor.t.fill_(meta["env_steps"] // trainer.cfg.num_envs)
     set_rng_state({k[len("rng."):]: v for k, v in tensors.items() if k.startswith("rng.")}, trainer.device)
     set_generator_state(trainer.generator, tensors["generator"])
 

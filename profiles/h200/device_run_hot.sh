@@ -15,6 +15,7 @@
 #       cartpole_fast  the CPU sweep's best CartPole settings (profiles/cpu/cartpole_sweep_2026-11-29/): hotloop on
 #                the GPU, seeds 1-3 one after another, while the reference learner runs the same seeds on CPU cores
 #                8-15 (one core each, OMP_NUM_THREADS=1); wall time and steps to a mean return of 475 from epochs.csv
+#       seed3    hotloop train --preset seed-scale --epochs 3: the per-epoch wall time (learner steps/s) only
 #       seed200  hotloop train --preset seed-scale --epochs 200 (run folder in /dev/shm when it has room: the
 #                checkpoint is 0.6 GB per epoch)
 #       seed200&  the same in the background (the parts after it share the GPU with it); waited for at the end
@@ -89,6 +90,9 @@ PY
               > /tmp/r/bench1.log 2>&1; echo "rc=$?"; tail -n 12 /tmp/r/bench1.log ;;
     bench2) timeout 560 $HL bench --preset seed-scale --variants compiled-tf32,hotloop --out /tmp/r/bench2 \
               > /tmp/r/bench2.log 2>&1; echo "rc=$?"; tail -n 8 /tmp/r/bench2.log ;;
+    seed3) timeout 200 $HL train --preset seed-scale --device cuda --epochs 3 --seed 1 --no-progress \
+             --out /tmp/r/seed3 > /tmp/r/seed3.log 2>&1; echo "seed3 rc=$?"; rm -f /tmp/r/seed3/checkpoint.pt
+           cut -d, -f1-6 /tmp/r/seed3/epochs.csv ;;
     seed200 | 'seed200&')
       shm=/dev/shm; (( $(df -Pk /dev/shm | awk 'NR==2 {print $4}') > 4000000 )) || shm=/tmp
       seed200() {

@@ -347,3 +347,41 @@ def test_step_before_reset_raises():
         CartPoleVec(1).step(torch.zeros(1, 1, dtype=torch.int64))
     with pytest.raises(RuntimeError, match="call reset"):
         SyntheticBatchEnv(1).step(torch.zeros(1, 4, dtype=torch.int64))
+
+
+def test_cartpole_step_with_uniforms_resets_from_them_in_place():
+    env = CartPoleVec(3, seed=0)
+    env.reset()
+    state, elapsed = env.state, env.elapsed_steps
+    env.set_state(torch.tensor([[0.0, 0.0, 0.0, 0.0], [2.39, 5.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]]))
+    u = torch.rand(3, env.step_uniforms, generator=torch.Generator().manual_seed(1))
+    gen_state = env._generator.get_state()
+    res = env.step(torch.tensor([1, 1, 0]), u)
+    assert res.terminated.tolist() == [False, True, False]
+    assert torch.equal(res.obs[1], u[1] * 0.1 - 0.05)  # the ended episode restarts from the given uniforms
+    assert torch.equal(res.obs[[0, 2]], res.final_obs[[0, 2]])
+    assert torch.equal(env._generator.get_state(), gen_state)  # no draw from the env's own generator
+    assert env.state is state and env.elapsed_steps is elapsed  # updated in place (a captured step stays valid)
+    env.reset(seed=4)
+    assert env.state is state
+    with pytest.raises(ValueError, match=r"uniforms must have shape \(3, 4\)"):
+        env.step(torch.tensor([1, 1, 0]), u[:, :2])
+
+
+def test_synthetic_step_with_uniforms_makes_box_muller_noise_in_place():
+    env = SyntheticBatchEnv(4000, obs_dim=3, action_nvec=(2,), seed=0)
+    obs = env.reset()
+    state = env._obs
+    u = torch.rand(4000, env.step_uniforms, generator=torch.Generator().manual_seed(2))
+    actions = torch.zeros(4000, 1, dtype=torch.int64)
+    gen_state = env._generator.get_state()
+    res = env.step(actions, u)
+    noise = torch.sqrt(-2 * torch.log1p(-u[:, :3])) * torch.cos(2 * math.pi * u[:, 3:])
+    onehot = torch.zeros(4000, 2)
+    onehot[:, 0] = 1
+    want = torch.tanh(obs @ env._A + onehot @ env._B + 0.1 * noise)
+    torch.testing.assert_close(res.final_obs, want, rtol=1e-6, atol=1e-6)
+    assert abs(float(noise.mean())) < 0.05 and abs(float(noise.std()) - 1.0) < 0.05  # standard normal
+    assert torch.equal(env._generator.get_state(), gen_state) and env._obs is state
+    with pytest.raises(ValueError, match=r"uniforms must have shape \(4000, 6\)"):
+        env.step(actions, u[:, :3])

@@ -79,6 +79,23 @@ def test_ring_wraparound_overwrites_oldest() -> None:
     assert torch.all(replay.tree.leaves() == 1.0)
 
 
+def test_write_follows_the_device_position_and_note_added_the_host_counters() -> None:
+    g = _gen(3)
+    replay = PrioritizedReplay(5, OBS_DIM, BRANCHES)
+    first, second = _transitions(3, g), _transitions(4, g)
+    replay.add(**first)
+    assert replay.write(**second) == 4  # slots 3, 4, 0, 1: the device position moved, the host counters did not
+    assert int(replay.pos_t) == 2 and (replay.pos, len(replay)) == (3, 3)
+    for slot, i in zip([3, 4, 0, 1], range(4)):
+        _assert_slot_holds(replay, slot, second, i)
+    replay.note_added(4)
+    assert (replay.pos, len(replay)) == (2, 5)
+    state = replay.state_dict()
+    fresh = PrioritizedReplay(5, OBS_DIM, BRANCHES)
+    fresh.load_state_dict(state)
+    assert int(fresh.pos_t) == fresh.pos == 2  # a resumed buffer writes on where the saved one stopped
+
+
 def test_add_more_than_capacity_keeps_the_last_capacity() -> None:
     g = _gen(2)
     replay = PrioritizedReplay(5, OBS_DIM, BRANCHES)

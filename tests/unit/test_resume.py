@@ -213,3 +213,5 @@ def test_hotloop_learner_round_trip():
     assert addresses == [b.learner.nets.data_ptr(), b.learner.adam.exp_avg.data_ptr(), b.learner.sn_u.data_ptr(),
                          b.replay.tree.nodes.data_ptr()]
     assert (b.learner_steps, b.learner.steps, b.epochs_done) == (4, updates, 2)
+    # the device actor resumes its counter-based randomness (and epsilon) at the step the checkpoint was taken
+    assert b.actor is not None and int(b.actor.t) == meta["env_steps"] // hot["num_envs"] == int(a.actor.t)

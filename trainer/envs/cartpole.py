@@ -40,6 +40,7 @@ class CartPoleVec:
 
     Attributes:
         num_envs, obs_dim (4), action_nvec ((2,)), device, dtype, max_episode_steps.
+        step_uniforms: 4, the uniforms per environment a capturable `step` takes (`step(actions, uniforms)`).
         state: (N, 4) `dtype` on `device` — x, x_dot, theta, theta_dot; None before the first `reset`.
         elapsed_steps: (N,) int64 on `device`, steps taken in the current episode.
 
@@ -59,6 +60,7 @@ class CartPoleVec:
 
     obs_dim = 4
     action_nvec = (2,)
+    step_uniforms = 4
 
     def __init__(
         self,
@@ -86,19 +88,24 @@ class CartPoleVec:
         self.state: torch.Tensor | None = None
         self.elapsed_steps = torch.zeros(num_envs, dtype=torch.int64, device=self.device)
 
-    def _random_states(self) -> torch.Tensor:
-        """(N, 4) `dtype` states uniform in [-0.05, 0.05), from the env's generator."""
-        u = torch.rand(self.num_envs, 4, generator=self._generator, device=self.device, dtype=self.dtype)
-        return u * (2 * RESET_BOUND) - RESET_BOUND
+    def _random_states(self, uniforms: torch.Tensor | None = None) -> torch.Tensor:
+        """(N, 4) `dtype` states uniform in [-0.05, 0.05), from `uniforms` (N, 4) in [0, 1) or the env's generator."""
+        if uniforms is None:
+            uniforms = torch.rand(self.num_envs, 4, generator=self._generator, device=self.device, dtype=self.dtype)
+        return uniforms.to(self.dtype) * (2 * RESET_BOUND) - RESET_BOUND
 
     def reset(self, seed: int | None = None) -> torch.Tensor:
         """Reset all N environments (re-seeding the generator first when `seed` is given).
 
-        Returns obs: (N, 4) `dtype` on `device` (a copy of `state`).
+        Returns obs: (N, 4) `dtype` on `device` (a copy of `state`). `state` keeps its address once it exists (a
+        captured step stays valid).
         """
         if seed is not None:
             self._generator.manual_seed(seed)
-        self.state = self._random_states()
+        if self.state is None:
+            self.state = self._random_states()
+        else:
+            self.state.copy_(self._random_states())
         self.elapsed_steps.zero_()
         return self.state.clone()
 
@@ -114,9 +121,12 @@ class CartPoleVec:
             raise ValueError(
                 f"elapsed_steps must have shape ({self.num_envs},), got {tuple(elapsed_steps.shape)}"
             )
-        self.state = state.to(device=self.device, dtype=self.dtype).clone()
+        if self.state is None:
+            self.state = state.to(device=self.device, dtype=self.dtype).clone()
+        else:
+            self.state.copy_(state)
         if elapsed_steps is not None:
-            self.elapsed_steps = elapsed_steps.to(device=self.device, dtype=torch.int64).clone()
+            self.elapsed_steps.copy_(elapsed_steps)
 
     def _check_actions(self, actions: torch.Tensor) -> torch.Tensor:
         """Validate `actions` and return them as (N,).
@@ -137,11 +147,14 @@ class CartPoleVec:
             raise ValueError("actions must be 0 or 1 for CartPole")
         return actions
 
-    def step(self, actions: torch.Tensor) -> StepResult:
+    def step(self, actions: torch.Tensor, uniforms: torch.Tensor | None = None) -> StepResult:
         """Step all N environments one tick (Euler, tau = 0.02) and auto-reset the ones whose episode ended.
 
         Args:
             actions: (N, 1) or (N,) int64 on `device`; 1 pushes right, 0 pushes left.
+            uniforms: optional (N, 4) floats in [0, 1) on `device` that draw the reset states instead of the env's
+                generator. With them the step reads no generator and updates `state` and `elapsed_steps` in place
+                (as it always does), so a CUDA graph can capture it (trainer/actor.py).
 
         Returns:
             StepResult with obs and final_obs (N, 4) `dtype`, reward (N,) float32, terminated and truncated (N,) bool;
@@ -175,7 +188,10 @@ class CartPoleVec:
         truncated = elapsed >= self.max_episode_steps
         done = terminated | truncated
 
-        self.state = torch.where(done.unsqueeze(1), self._random_states(), next_state)
-        self.elapsed_steps = torch.where(done, 0, elapsed)
+        if uniforms is not None and tuple(uniforms.shape) != (self.num_envs, self.step_uniforms):
+            raise ValueError(f"uniforms must have shape ({self.num_envs}, {self.step_uniforms}), "
+                             f"got {tuple(uniforms.shape)}")
+        self.state.copy_(torch.where(done.unsqueeze(1), self._random_states(uniforms), next_state))
+        self.elapsed_steps.copy_(torch.where(done, 0, elapsed))
         reward = torch.ones(self.num_envs, dtype=torch.float32, device=self.device)
         return StepResult(self.state.clone(), reward, terminated, truncated, next_state)

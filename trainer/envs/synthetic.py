@@ -39,6 +39,8 @@ class SyntheticBatchEnv:
     Attributes:
         num_envs, obs_dim, action_nvec, episode_length, device.
         elapsed_steps: (N,) int64 on `device`.
+        step_uniforms: 2 * obs_dim, the uniforms per environment a capturable `step` takes (`step(actions,
+            uniforms)`: the noise by the Box-Muller transform, Box & Muller 1958).
 
     Raises:
         ValueError: a size argument out of range; bad actions (see `step`).
@@ -64,6 +66,7 @@ class SyntheticBatchEnv:
             raise ValueError(f"episode_length must be >= 1, got {episode_length}")
         self.num_envs = num_envs
         self.obs_dim = obs_dim
+        self.step_uniforms = 2 * obs_dim
         self.action_nvec = tuple(int(n) for n in action_nvec)
         self.episode_length = episode_length
         self.device = torch.empty(0, device=device).device
@@ -84,12 +87,17 @@ class SyntheticBatchEnv:
     def reset(self, seed: int | None = None) -> torch.Tensor:
         """Restart all N episodes (re-seeding the generator first when `seed` is given).
 
-        Returns obs: (N, obs_dim) float32 on `device`.
+        Returns obs: (N, obs_dim) float32 on `device`. The state keeps its address once it exists (a captured step
+        stays valid).
         """
         if seed is not None:
             self._generator.manual_seed(seed)
-        self._start = torch.rand(self.num_envs, self.obs_dim, generator=self._generator, device=self.device) * 2 - 1
-        self._obs = self._start
+        start = torch.rand(self.num_envs, self.obs_dim, generator=self._generator, device=self.device) * 2 - 1
+        if self._obs is None:
+            self._start, self._obs = start, start.clone()
+        else:
+            self._start.copy_(start)
+            self._obs.copy_(start)
         self.elapsed_steps.zero_()
         return self._obs.clone()
 
@@ -113,11 +121,14 @@ class SyntheticBatchEnv:
             raise ValueError(f"actions out of range for action_nvec {self.action_nvec}")
         return actions
 
-    def step(self, actions: torch.Tensor) -> StepResult:
+    def step(self, actions: torch.Tensor, uniforms: torch.Tensor | None = None) -> StepResult:
         """Advance all N systems one step; no host sync off CPU.
 
         Args:
             actions: (N, len(action_nvec)) int64 on `device` (or (N,) with one branch).
+            uniforms: optional (N, 2 * obs_dim) floats in [0, 1) on `device` that make the noise (Box-Muller: the
+                first obs_dim columns are u1, the rest u2) instead of the env's generator. With them the step reads
+                no generator and updates the state in place (as it always does), so a CUDA graph can capture it.
 
         Returns:
             StepResult: obs and final_obs (N, obs_dim) float32, reward (N,) float32, terminated (always False) and
@@ -137,11 +148,19 @@ class SyntheticBatchEnv:
         best = torch.stack([block.argmax(1) for block in (self._obs @ self._C).split(self.action_nvec, 1)], 1)
         reward = (actions == best).float().mean(1)
 
-        noise = torch.randn(self.num_envs, self.obs_dim, generator=self._generator, device=self.device)
+        if uniforms is None:
+            noise = torch.randn(self.num_envs, self.obs_dim, generator=self._generator, device=self.device)
+        elif tuple(uniforms.shape) != (self.num_envs, self.step_uniforms):
+            raise ValueError(f"uniforms must have shape ({self.num_envs}, {self.step_uniforms}), "
+                             f"got {tuple(uniforms.shape)}")
+        else:
+            u1, u2 = uniforms.float().split(self.obs_dim, 1)
+            # 1 - u1 is in (0, 1] for u1 in [0, 1): the log is finite
+            noise = torch.sqrt(-2.0 * torch.log1p(-u1)) * torch.cos(2.0 * math.pi * u2)
         next_obs = torch.tanh(self._obs @ self._A + onehot @ self._B + NOISE_STD * noise)
         elapsed = self.elapsed_steps + 1
         truncated = elapsed >= self.episode_length
-        self._obs = torch.where(truncated.unsqueeze(1), self._start, next_obs)
-        self.elapsed_steps = torch.where(truncated, 0, elapsed)
+        self._obs.copy_(torch.where(truncated.unsqueeze(1), self._start, next_obs))
+        self.elapsed_steps.copy_(torch.where(truncated, 0, elapsed))
         terminated = torch.zeros(self.num_envs, dtype=torch.bool, device=self.device)
         return StepResult(self._obs.clone(), reward, terminated, truncated, next_obs)

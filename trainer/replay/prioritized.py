@@ -74,6 +74,9 @@ class PrioritizedReplay:
         tree: the `SumTree` of priorities (float32); its sanitize rule applies (NaN/inf/negative -> max_priority).
         obs, action, reward, next_obs, terminated: the (capacity, ...) storage tensors.
         pos: next slot to write (host int). size: number of filled slots (host int), also `len(buffer)`.
+        pos_t: the same write position as a 0-dim int64 device tensor, which `write` reads and advances, so that a
+            CUDA graph replaying `write` keeps adding at the right slots (`pos` and `size` are then advanced on the
+            host by `note_added`).
 
     Raises:
         ValueError: a bad capacity, obs_dim, num_branches, alpha (< 0 or not finite), eps (<= 0 or not finite),
@@ -118,6 +121,8 @@ class PrioritizedReplay:
         self.terminated = torch.zeros(capacity, dtype=torch.float32, device=self.device)
         self.pos = 0
         self.size = 0
+        self.pos_t = torch.zeros((), dtype=torch.int64, device=self.device)
+        self._arange: torch.Tensor | None = None
         self.use_kernels = self.device.type == "cuda" if use_kernels is None else bool(use_kernels)
         if self.use_kernels:
             from kernels import segment_tree
@@ -160,6 +165,21 @@ class PrioritizedReplay:
         Raises:
             ValueError: naming the argument, for a wrong type, dtype, shape or device.
         """
+        n = self.write(obs, action, reward, next_obs, terminated)
+        self.note_added(n)
+
+    def write(
+        self,
+        obs: torch.Tensor,
+        action: torch.Tensor,
+        reward: torch.Tensor,
+        next_obs: torch.Tensor,
+        terminated: torch.Tensor,
+    ) -> int:
+        """The device half of `add` (same arguments and checks): store the N transitions at the slots that follow
+        the device-side position `pos_t`, give them the max priority, and advance `pos_t`. Reads no device value on
+        the host and changes no host state, so a CUDA graph can capture it; call `note_added(N)` after each run
+        (or graph replay). Returns N."""
         _check_tensor("obs", obs, self.device, dtype=self.obs_dtype, shape=(None, self.obs_dim))
         n = obs.shape[0]
         if isinstance(action, torch.Tensor) and action.ndim == 1 and self.num_branches == 1:
@@ -171,19 +191,26 @@ class PrioritizedReplay:
         if not (terminated.dtype == torch.bool or terminated.dtype.is_floating_point):
             raise ValueError(f"terminated must be bool or floating, got {terminated.dtype}")
         if n == 0:
-            return
+            return 0
         kept = min(n, self.capacity)
         start = n - kept
-        slots = (self.pos + start + torch.arange(kept, device=self.device)) % self.capacity
+        if self._arange is None or self._arange.shape[0] != kept:  # allocated outside any capture after the first
+            self._arange = torch.arange(kept, device=self.device)
+        slots = (self.pos_t + start + self._arange) % self.capacity
         self.obs.index_copy_(0, slots, obs[start:])
         self.action.index_copy_(0, slots, action[start:].to(torch.int64))
         self.reward.index_copy_(0, slots, reward[start:].to(torch.float32))
         self.next_obs.index_copy_(0, slots, next_obs[start:])
         self.terminated.index_copy_(0, slots, terminated[start:].to(torch.float32))
         if self.use_kernels:
-            self._kernels.tree_insert(self.tree.nodes, self.pos, n, self.capacity, self.tree.max_value)
+            self._kernels.tree_insert(self.tree.nodes, self.pos_t, n, self.capacity, self.tree.max_value)
         else:
             self.tree.update(slots, self.tree.max_value.expand(kept))
+        self.pos_t.add_(n).remainder_(self.capacity)
+        return n
+
+    def note_added(self, n: int) -> None:
+        """The host half of `add`: advance `pos` and `size` by n transitions (`write` advanced `pos_t`)."""
         self.pos = (self.pos + n) % self.capacity
         self.size = min(self.size + n, self.capacity)
 
@@ -288,3 +315,4 @@ class PrioritizedReplay:
                 raise ValueError(f"state[{key!r}] must be an int in [0, {bound}], got {value!r}")
         _load_tensors({key: value for key, value in own.items() if isinstance(value, torch.Tensor)}, state)
         self.pos, self.size = state["pos"], state["size"]
+        self.pos_t.fill_(self.pos)

@@ -1,0 +1,94 @@
+"""The hotloop trainer's DeviceActor (trainer/actor.py): its env step equals the same step done by hand from its
+uniforms, its randomness is keyed by the device counter only, its replay writes follow the device position, and on
+a GPU its captured graph replays the eager step exactly."""
+
+import copy
+
+import pytest
+import torch
+
+from trainer.actor import DeviceActor, capturable
+from trainer.config import preset
+from trainer.envs import CartPoleVec, GymnasiumVecEnv, SyntheticBatchEnv
+from trainer.loop import Trainer
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: the Triton interpreter (tests/conftest.py)
+TINY = dict(learner="hotloop", trunk_hidden=(16,), head_hidden=16, batch_size=16, learner_steps_per_epoch=2,
+            learning_starts=32, num_envs=8, eval_episodes=0, replay_capacity=64, log_interval=1, epochs=2)
+
+
+def _trainer(env="cartpole", **kw):
+    return Trainer(preset("cartpole", **{**TINY, "env": env, **kw}, device=DEVICE))
+
+
+@pytest.mark.parametrize("env", ["cartpole", "synthetic"])
+def test_a_step_is_the_epsilon_greedy_env_step_done_by_hand_from_its_uniforms(env):
+    tr = _trainer(env, **({"obs_dim": 6, "action_nvec": (3, 3)} if env == "synthetic" else {}))
+    actor = tr.actor
+    assert actor is not None and capturable(tr.env)
+    for _ in range(5):  # some steps in, with episodes ending (CartPole) and the ring wrapping later
+        tr.env_step()
+    obs0, env0 = tr.obs.clone(), copy.deepcopy(tr.env)
+    pos0, t0, n = int(tr.replay.pos_t), int(actor.t), tr.cfg.num_envs
+    actor.uniforms.fill_(float("nan"))
+    tr.env_step()
+    u, eps = actor.uniforms.clone(), float(actor.epsilon)
+    assert torch.isfinite(u).all() and float(u.min()) >= 0.0 and float(u.max()) < 1.0
+    assert eps == pytest.approx(tr.epsilon.value(t0 * n), abs=1e-6)  # the device schedule is the host's
+    d = len(tr.env.action_nvec)
+    nvec = torch.tensor(tr.env.action_nvec, device=DEVICE)
+    want_actions = torch.where(u[:, :1] < eps, (u[:, 1:1 + d] * nvec).long(), tr.learner.greedy(obs0))
+    res = env0.step(want_actions, u[:, 1 + d:])
+    slots = (pos0 + torch.arange(n, device=DEVICE)) % tr.replay.capacity
+    assert torch.equal(tr.replay.obs[slots], obs0)
+    assert torch.equal(tr.replay.action[slots], want_actions)
+    assert torch.equal(tr.replay.next_obs[slots], res.final_obs)
+    assert torch.equal(tr.replay.reward[slots], res.reward)
+    assert torch.equal(tr.replay.terminated[slots], res.terminated.float())
+    assert torch.equal(tr.obs, res.obs)
+    assert int(actor.t) == t0 + 1 and tr.env_steps == (t0 + 1) * n
+    assert int(tr.replay.pos_t) == tr.replay.pos == (pos0 + n) % tr.replay.capacity
+
+
+def test_the_randomness_depends_on_the_seed_and_the_counter_only():
+    a, b, c = _trainer(), _trainer(), _trainer(seed=2)
+    for tr in (a, b, c):
+        for _ in range(3):
+            tr.env_step()
+    assert torch.equal(a.actor.uniforms, b.actor.uniforms) and torch.equal(a.replay.obs, b.replay.obs)
+    assert not torch.equal(a.actor.uniforms, c.actor.uniforms)
+    before = a.actor.uniforms.clone()
+    a.actor.t.sub_(1)  # replaying counter t draws t's numbers again
+    a.actor._body()
+    assert torch.equal(a.actor.uniforms, before)
+
+
+def test_only_capturable_envs_get_an_actor():
+    assert capturable(CartPoleVec(2)) and capturable(SyntheticBatchEnv(2, obs_dim=3, action_nvec=(2,)))
+    pytest.importorskip("gymnasium")
+    gym_env = GymnasiumVecEnv("CartPole-v1", num_envs=2)
+    assert not capturable(gym_env)
+    tr = _trainer()
+    with pytest.raises(ValueError, match="GymnasiumVecEnv is not capturable"):
+        DeviceActor(tr.learner, gym_env, tr.replay, tr.returns, tr.obs, 0, 1.0, 0.1, 10.0)
+    with pytest.raises(ValueError, match=r"obs must be \(8, 4\) float32"):
+        DeviceActor(tr.learner, tr.env, tr.replay, tr.returns, tr.obs[:4], 0, 1.0, 0.1, 10.0)
+    assert _trainer(learner="reference").actor is None
+
+
+@pytest.mark.gpu
+def test_the_captured_actor_replays_the_eager_step_exactly():
+    eager, graphed = _trainer(), _trainer()
+    for tr in (eager, graphed):
+        tr.env_step()  # the first step is eager in both (it compiles the kernels)
+    for _ in range(21):
+        graphed.env_step()  # the first captures, then every one replays the graph
+        eager.actor.step()  # the same work launched eagerly (the trainer would capture)
+    assert graphed.actor.graph is not None and eager.actor.graph is None
+    torch.cuda.synchronize()
+    for name in ("obs", "action", "reward", "next_obs", "terminated"):
+        assert torch.equal(getattr(graphed.replay, name), getattr(eager.replay, name)), name
+    assert torch.equal(graphed.replay.tree.nodes, eager.replay.tree.nodes)
+    assert torch.equal(graphed.obs, eager.obs) and int(graphed.actor.t) == int(eager.actor.t) == 22
+    assert graphed.replay.pos == eager.replay.pos == int(graphed.replay.pos_t)
+    assert graphed.returns.count() == eager.returns.count()

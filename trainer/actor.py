@@ -1,0 +1,112 @@
+"""The hotloop trainer's actor: one vectorized env step (epsilon-greedy acting with the flat online net, env step,
+replay insertion, episode returns) as device work with fixed addresses, captured in a CUDA graph on CUDA.
+
+Everything the step needs from one step to the next lives on the device: the observation buffer (the trainer's
+`obs`, updated in place), a step counter `t` (vector env steps taken), the replay's write position
+(`PrioritizedReplay.pos_t`) and the env's state (updated in place by `step(actions, uniforms)`). The random numbers
+are counter-based: one `kernels.replay_batch.batch_uniforms` launch draws Philox uniforms keyed by (seed + t, i)
+and writes epsilon(t) = eps_start + (eps_end - eps_start) * min(1, t / decay) (Mnih et al. 2015's linear decay, in
+vector steps), so eager runs and graph replays draw the same numbers and nothing is read on the host. Per env:
+column 0 decides exploration (u < epsilon), columns 1..D pick each branch's random action (floor(u * n_d)), the rest
+go to the env (its `step_uniforms`: CartPole's reset states, the synthetic env's noise). The host keeps its own
+counters (env steps, the replay's pos and size) in step, by the same arithmetic.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from kernels.replay_batch import batch_uniforms
+from trainer.envs import VecEnv
+from trainer.episodes import EpisodeReturns
+from trainer.replay import PrioritizedReplay
+from trainer.step import HotLearner
+
+ACTOR_SEED_OFFSET = 1 << 40
+"""Added to cfg.seed for the actor's Philox key, so that its stream never meets the learner's (seed + step)."""
+
+
+def capturable(env: VecEnv) -> bool:
+    """True when `env` takes its per-step randomness as uniforms (`step_uniforms` and `step(actions, uniforms)`),
+    which the actor needs (CartPoleVec, SyntheticBatchEnv; not the Gymnasium adapter)."""
+    return isinstance(getattr(env, "step_uniforms", None), int)
+
+
+class DeviceActor:
+    """One vectorized env step of the hotloop trainer as capturable device work; `step()` replays its CUDA graph.
+
+    Args:
+        learner: the HotLearner whose online net (`learner.acting` over `learner.params`) picks the greedy actions.
+        env: a capturable VecEnv (`capturable(env)`), already reset; N = env.num_envs.
+        replay: the PrioritizedReplay the transitions go to (`write` at its device position).
+        returns: the trainer's EpisodeReturns.
+        obs: (N, obs_dim) float32 on the device, the observation to act on; read and overwritten in place.
+        seed: the run's seed (the Philox key is seed + ACTOR_SEED_OFFSET + t).
+        eps_start, eps_end: epsilon at t = 0 and after the decay; eps_decay_steps: the decay's length in vector
+            steps (float >= 0; 0: epsilon is eps_end from the start).
+    Attributes: t (0-dim int64, vector steps taken), epsilon (0-dim float32, the value the last step used),
+        uniforms (N, 1 + D + env.step_uniforms) float32, graph (CUDAGraph or None), capture_s (seconds, nan before).
+    Raises ValueError for an env that is not capturable or an obs buffer of the wrong shape, dtype or device.
+    """
+
+    def __init__(self, learner: HotLearner, env: VecEnv, replay: PrioritizedReplay, returns: EpisodeReturns,
+                 obs: torch.Tensor, seed: int, eps_start: float, eps_end: float, eps_decay_steps: float) -> None:
+        if not capturable(env):
+            raise ValueError(f"{type(env).__name__} is not capturable: it draws its own random numbers "
+                             "(no `step_uniforms`)")
+        n, device = env.num_envs, learner.device
+        if tuple(obs.shape) != (n, env.obs_dim) or obs.dtype != torch.float32 or obs.device != replay.device:
+            raise ValueError(f"obs must be ({n}, {env.obs_dim}) float32 on {replay.device}, got "
+                             f"{tuple(obs.shape)} {obs.dtype} on {obs.device}")
+        self.learner, self.env, self.replay, self.returns, self.obs = learner, env, replay, returns, obs
+        self.seed = seed + ACTOR_SEED_OFFSET
+        self.eps_start, self.eps_end = (eps_start, eps_end) if eps_decay_steps > 0 else (eps_end, eps_end)
+        self.eps_decay_steps = max(float(eps_decay_steps), 1.0)
+        self.branches = len(env.action_nvec)
+        self.nvec = torch.tensor(env.action_nvec, device=device)
+        self.t = torch.zeros((), dtype=torch.int64, device=device)
+        self.epsilon = torch.zeros((), device=device)
+        self.uniforms = torch.empty(n, 1 + self.branches + env.step_uniforms, device=device)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.capture_s = float("nan")
+
+    @torch.no_grad()
+    def _body(self) -> None:
+        batch_uniforms(self.t, self.uniforms.view(-1), self.epsilon, self.seed, self.eps_start, self.eps_end,
+                       self.eps_decay_steps)
+        d = self.branches
+        greedy = self.learner.greedy(self.obs)
+        explore = self.uniforms[:, :1] < self.epsilon
+        actions = torch.where(explore, (self.uniforms[:, 1:1 + d] * self.nvec).long(), greedy)
+        res = self.env.step(actions, self.uniforms[:, 1 + d:])
+        self.replay.write(self.obs, actions, res.reward, res.final_obs, res.terminated)
+        self.returns.update(res.reward, res.terminated | res.truncated)
+        self.obs.copy_(res.obs)
+        self.t.add_(1)
+
+    def capture(self) -> float:
+        """Capture one step into a CUDA graph (CUDA only, RuntimeError else; run `step` eagerly once first, so
+        every kernel is compiled); returns (and keeps in capture_s) its seconds. Nothing runs during the capture."""
+        if self.obs.device.type != "cuda":
+            raise RuntimeError("DeviceActor.capture needs a CUDA device")
+        start = time.perf_counter()
+        torch.cuda.synchronize(self.obs.device)  # once, at capture time (outside the hot loop)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self._body()
+        self.graph = graph
+        self.capture_s = time.perf_counter() - start
+        return self.capture_s
+
+    def step(self) -> int:
+        """One vectorized env step: the graph's replay once `capture` ran, else the same work launched eagerly.
+        Advances the replay's host counters (`note_added`); returns the transitions added (N)."""
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            self._body()
+        n = self.env.num_envs
+        self.replay.note_added(n)
+        return n
