@@ -10,6 +10,7 @@
 #       nsys     hotloop nsys around a short seed-scale training run, then the gate on the same configuration
 #                (its Kineto trace.json.gz): the Kineto-vs-Nsight cross-check's two traces (needs .nsyslibs)
 #       probe    python -m profiles.split_gemm_probe: the backward GEMMs by precision, split placement and layout
+#       cpsweep  profiles/h200/cartpole_sweep_hot.sh: the hotloop learner on CartPole, 10 settings x 6 seeds
 #       bench1   hotloop bench: eager, graph-fp32, graph-tf32, compiled-split, hotloop
 #       bench2   hotloop bench: compiled-tf32, hotloop (the compile alone takes ~6 minutes)
 #       cartpole_fast  the CPU sweep's best CartPole settings (profiles/cpu/cartpole_sweep_2026-11-29/): hotloop on
@@ -86,6 +87,7 @@ for f in sorted(glob.glob("/tmp/r/cpfast_*/epochs.csv")):
 PY
       ;;
     probe) timeout 300 python3 -m profiles.split_gemm_probe --out /tmp/r 2>&1 | tee /tmp/r/split_gemm_probe.md ;;
+    cpsweep) timeout 500 bash profiles/h200/cartpole_sweep_hot.sh /tmp/r/cpsweep 2>&1 | tee /tmp/r/cpsweep.txt ;;
     bench1) timeout 560 $HL bench --preset seed-scale --variants eager,graph,compiled-split,hotloop --out /tmp/r/bench1 \
               > /tmp/r/bench1.log 2>&1; echo "rc=$?"; tail -n 12 /tmp/r/bench1.log ;;
     bench2) timeout 560 $HL bench --preset seed-scale --variants compiled-tf32,hotloop --out /tmp/r/bench2 \
