@@ -2,7 +2,8 @@
 
 Style after CleanRL's `Args` dataclass (cleanrl/dqn.py): one field per knob, each with a one-line docstring that
 `hotloop train --help` shows. Presets (`PRESETS`) are the only named configurations: `cartpole` learns
-CartPole-v1 on a CPU in minutes; `seed-scale` is the shape every perf number is quoted at (../shared/DESIGN.md).
+CartPole-v1 on a CPU in minutes; `cartpole-fast` solves it in seconds with the hotloop learner on a GPU;
+`seed-scale` is the shape every perf number is quoted at (../shared/DESIGN.md).
 """
 
 from __future__ import annotations
@@ -225,6 +226,12 @@ def env_shape_fields(env: str) -> tuple[str, ...]:
 
 PRESETS: dict[str, dict[str, Any]] = {
     "cartpole": {},
+    # Solves CartPole-v1 in seconds with the hotloop learner on a GPU (issue 4; the settings of the CPU sweep
+    # profiles/cpu/cartpole_sweep_2026-11-29/, kept by the GPU sweep profiles/h200/cartpole_sweep_hot.sh).
+    "cartpole-fast": dict(
+        num_envs=64, epochs=24, learner_steps_per_epoch=500, lr=7e-4, spectral_norm=False, tau=0.05,
+        target_update_interval=1, max_grad_norm=1.0, eps_decay_fraction=0.1,
+    ),
     "seed-scale": dict(
         env="synthetic", num_envs=8192, batch_size=8192, obs_dim=64, action_nvec=(4, 4, 4),
         trunk_hidden=(512, 256), head_hidden=80, replay_capacity=2**20, learner_steps_per_epoch=1000,

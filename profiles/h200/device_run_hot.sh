@@ -13,9 +13,9 @@
 #       cpsweep  profiles/h200/cartpole_sweep_hot.sh: the hotloop learner on CartPole, 10 settings x 6 seeds
 #       bench1   hotloop bench: eager, graph-fp32, graph-tf32, compiled-split, hotloop
 #       bench2   hotloop bench: compiled-tf32, hotloop (the compile alone takes ~6 minutes)
-#       cartpole_fast  the CPU sweep's best CartPole settings (profiles/cpu/cartpole_sweep_2026-11-29/): hotloop on
-#                the GPU, seeds 1-3 one after another, while the reference learner runs the same seeds on CPU cores
-#                8-15 (one core each, OMP_NUM_THREADS=1); wall time and steps to a mean return of 475 from epochs.csv
+#       cartpole_fast  the cartpole-fast preset: hotloop on the GPU, seeds 1-6 one after another, while the reference
+#                learner runs the same seeds on CPU cores 8-13 (one core each, OMP_NUM_THREADS=1); wall time and
+#                steps to a mean return of 475 from epochs.csv, and each process's wall time
 #       seed3    hotloop train --preset seed-scale --epochs 3: the per-epoch wall time (learner steps/s) only
 #       seed200  hotloop train --preset seed-scale --epochs 200 (run folder in /dev/shm when it has room: the
 #                checkpoint is 0.6 GB per epoch)
@@ -64,16 +64,17 @@ for part in "$@"; do
       timeout 200 $HL gate "${SEED_SMALL[@]}" --no-baseline --out /tmp/r/kineto_gate > /tmp/r/kineto_gate.log 2>&1
       echo "kineto gate rc=$?"; tail -n 3 /tmp/r/kineto_gate.log ;;
     cartpole_fast)
-      FAST=(--preset cartpole --epochs 24 --set learner_steps_per_epoch=500 --set num_envs=64 --set lr=7e-4
-            --set spectral_norm=False --set tau=0.05 --set target_update_interval=1 --set max_grad_norm=1.0
-            --set eps_decay_fraction=0.1 --no-progress)
-      for s in 1 2 3; do
-        OMP_NUM_THREADS=1 taskset -c $((7 + s)) timeout 400 $HL train "${FAST[@]}" --device cpu --set learner=reference \
-          --seed $s --out /tmp/r/cpfast_ref_s$s > /tmp/r/cpfast_ref_s$s.log 2>&1 &
+      # the process wall time (start to exit, evaluations included) goes to each run's log's last line
+      for s in 1 2 3 4 5 6; do
+        ( t0=$EPOCHREALTIME; OMP_NUM_THREADS=1 taskset -c $((7 + s)) timeout 400 $HL train --preset cartpole-fast \
+          --device cpu --set learner=reference --no-progress --seed $s --out /tmp/r/cpfast_ref_s$s \
+          > /tmp/r/cpfast_ref_s$s.log 2>&1; echo "process_start_end $t0 $EPOCHREALTIME" >> /tmp/r/cpfast_ref_s$s.log ) &
       done
-      for s in 1 2 3; do
-        timeout 150 $HL train "${FAST[@]}" --device cuda --seed $s --out /tmp/r/cpfast_hot_s$s \
+      for s in 1 2 3 4 5 6; do
+        t0=$EPOCHREALTIME
+        timeout 150 $HL train --preset cartpole-fast --device cuda --no-progress --seed $s --out /tmp/r/cpfast_hot_s$s \
           > /tmp/r/cpfast_hot_s$s.log 2>&1; echo "hotloop seed $s rc=$?"
+        echo "process_start_end $t0 $EPOCHREALTIME" >> /tmp/r/cpfast_hot_s$s.log
       done
       wait
       python3 - <<'PY'
@@ -81,8 +82,11 @@ import glob, pandas as pd
 for f in sorted(glob.glob("/tmp/r/cpfast_*/epochs.csv")):
     t = pd.read_csv(f); hit = t.index[t.mean_return_100 >= 475]
     k = hit[0] if len(hit) else None
+    start, end = map(float, open(f.replace("/epochs.csv", ".log")).read().split("process_start_end")[-1].split())
+    proc = f"{end - start:.1f}"
     print(f.split("/")[3], "epochs", len(t), "max", round(t.mean_return_100.max(), 1), "last",
-          round(t.mean_return_100.iloc[-1], 1), "to475:", "never" if k is None else
+          round(t.mean_return_100.iloc[-1], 1), "epoch1", round(t.wall_s[0], 2), "s process", proc, "s to475:",
+          "never" if k is None else
           f"{int(t.learner_steps[:k + 1].sum())} steps {int(t.env_steps[:k + 1].sum())} env {t.wall_s[:k + 1].sum():.1f} s")
 PY
       ;;
