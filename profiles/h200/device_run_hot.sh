@@ -66,15 +66,15 @@ for part in "$@"; do
     cartpole_fast)
       # the process wall time (start to exit, evaluations included) goes to each run's log's last line
       for s in 1 2 3 4 5 6; do
-        ( t0=$EPOCHREALTIME; OMP_NUM_THREADS=1 taskset -c $((7 + s)) timeout 400 $HL train --preset cartpole-fast \
+        ( p0=$EPOCHREALTIME; OMP_NUM_THREADS=1 taskset -c $((7 + s)) timeout 400 $HL train --preset cartpole-fast \
           --device cpu --set learner=reference --no-progress --seed $s --out /tmp/r/cpfast_ref_s$s \
-          > /tmp/r/cpfast_ref_s$s.log 2>&1; echo "process_start_end $t0 $EPOCHREALTIME" >> /tmp/r/cpfast_ref_s$s.log ) &
+          > /tmp/r/cpfast_ref_s$s.log 2>&1; echo "process_start_end $p0 $EPOCHREALTIME" >> /tmp/r/cpfast_ref_s$s.log ) &
       done
       for s in 1 2 3 4 5 6; do
-        t0=$EPOCHREALTIME
+        p0=$EPOCHREALTIME
         timeout 150 $HL train --preset cartpole-fast --device cuda --no-progress --seed $s --out /tmp/r/cpfast_hot_s$s \
           > /tmp/r/cpfast_hot_s$s.log 2>&1; echo "hotloop seed $s rc=$?"
-        echo "process_start_end $t0 $EPOCHREALTIME" >> /tmp/r/cpfast_hot_s$s.log
+        echo "process_start_end $p0 $EPOCHREALTIME" >> /tmp/r/cpfast_hot_s$s.log
       done
       wait
       python3 - <<'PY'
