@@ -9,7 +9,9 @@ backward GEMM (dx = dY W, dW = dY^T X) and the forward (Y = X W^T) in several pr
   ieee      tl.dot(input_precision="ieee") (FP32 FMA, no tensor cores)
 and, for dW, with the operands also stored K-major (dY^T and X^T row-major), the layout Hopper's TF32 wgmma reads
 without a transpose. cuBLAS (torch.mm, IEEE FP32 and TF32) is timed beside them. Each row: the best of a few tile
-configs, median us over 30 launches (CUDA events), and the max error relative to max |C| against float64.
+configs, GPU us per launch (30 launches replayed as one CUDA graph, median of 5 replays, CUDA events), and the max
+error relative to max |C| against float64. The first run (17a2d76, profiles/h200/bench_notes.md) timed eager
+launches one by one, so its times include the host's launch latency; only its errors stand.
 Usage (GPU): python -m profiles.split_gemm_probe --out DIR  (writes split_gemm_probe.csv, prints a table).
 """
 
@@ -78,15 +80,24 @@ def _run(mode, a, b, c, m, n, k, splits, cfg, a_lo=None, b_lo=None):
 
 
 def _time_us(fn, reps=30):
+    """GPU us per call of fn: `reps` calls captured in one CUDA graph, the replay timed with CUDA events (a loop of
+    eager launches would time the host's launch latency too: the GPU waits for each launch)."""
     fn()
     torch.cuda.synchronize()
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    for s, e in ev:
-        s.record()
-        fn()
-        e.record()
-    torch.cuda.synchronize()
-    return float(torch.tensor([s.elapsed_time(e) for s, e in ev]).median()) * 1e3
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            fn()
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(5):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / reps)
+    return float(torch.tensor(times).median())
 
 
 def cases(batch=8192, d_in=512, d_out=256):
@@ -98,6 +109,29 @@ def cases(batch=8192, d_in=512, d_out=256):
     dyt, xt = dy.t().contiguous(), x.t().contiguous()
     return [("fwd Y=XW^T", x, w.t(), 1), ("dx=dY W", dy, w, 1),
             ("dW=dY^T X (natural)", dy.t(), x, 16), ("dW=dY^T X (K-major)", dyt, xt.t(), 16)]
+
+
+def _step_kernels(batch=8192, d_in=512, d_out=256):
+    """The hot step's own backward launches (kernels/linear.py, gain 1) at the same shapes, timed the same way."""
+    from kernels.linear import linear_backward_input, linear_backward_weight
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(batch, d_in, device="cuda", generator=g).relu_()
+    w = torch.randn(d_out, d_in, device="cuda", generator=g) / d_in ** 0.5
+    dy = torch.randn(batch, d_out, device="cuda", generator=g) * 1e-3
+    gain = torch.ones(1, device="cuda")
+    dx = torch.empty_like(x)
+    dw, db, dg = torch.zeros_like(w), torch.zeros(d_out, device="cuda"), torch.zeros(1, device="cuda")
+    ref_dx = torch.where(x > 0, dy.double() @ w.double(), 0.0)
+    linear_backward_input(dy, w, gain, x, dx, d_out)
+    err_dx = ((dx.double() - ref_dx).abs().max() / ref_dx.abs().max()).item()
+    ref_dw = dy.double().t() @ x.double()
+    linear_backward_weight(dy, x, w, gain, dw, db, dg, d_out)
+    err_dw = ((dw.double() - ref_dw).abs().max() / ref_dw.abs().max()).item()
+    return [dict(gemm="dx=dY W", impl="kernels.linear step kernel (+ReLU mask)", config="as in the step", rel_err=err_dx,
+                 us=_time_us(lambda: linear_backward_input(dy, w, gain, x, dx, d_out))),
+            dict(gemm="dW=dY^T X (natural)", impl="kernels.linear step kernel (+db, dg)", config="as in the step",
+                 rel_err=err_dw, us=_time_us(lambda: linear_backward_weight(dy, x, w, gain, dw, db, dg, d_out)))]
 
 
 def main(argv=None):
@@ -137,6 +171,7 @@ def main(argv=None):
             rows.append(dict(gemm=name, impl=f"cublas {prec}", us=us,
                              rel_err=((c.double() - ref).abs().max() / scale).item(), config=""))
         torch.backends.cuda.matmul.allow_tf32 = False
+    rows += _step_kernels()
     t = pd.DataFrame(rows)
     os.makedirs(args.out, exist_ok=True)
     t.to_csv(os.path.join(args.out, "split_gemm_probe.csv"), index=False)

@@ -23,7 +23,7 @@
 # Everything goes to /tmp/r; OUT_DIR gets results.tgz after every part (the device tool returns at most 8 files).
 set -u
 out=$1; commit=$2; shift 2
-mkdir -p /tmp/r
+rm -rf /tmp/r; mkdir -p /tmp/r  # a warm machine keeps the last call's files
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/dev/null
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HOTLOOP_COMMIT=$commit
 echo "commit $commit date $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
