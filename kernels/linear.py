@@ -234,8 +234,8 @@ def linear_backward_weight(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, g
 
     dy: (M, N); x: (R, K) (row stride may exceed K; with `rows` (M,) int64, row m of the product is x[rows[m]]);
     w: (N, K) and g: (ceil(N / gain_group),) the layer's parameters; dw (N, K), db (N,), dg like g: views of the
-    gradient buffer, which the caller zeroes once before the backward. Split over M into >= 16 parts (more while
-    there are fewer than 264 programs); fp32 atomic adds make the summation order (and the last bits) vary run to run.
+    gradient buffer, which the caller zeroes once before the backward. Split over M into >= 8 parts (more while
+    there are fewer than 132 programs); fp32 atomic adds make the summation order (and the last bits) vary run to run.
     Raises ValueError for wrong dtype, shape, device or contiguity.
     """
     check_tensor("w", w, dtype=torch.float32, ndim=2)
@@ -254,17 +254,16 @@ def linear_backward_weight(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, g
     groups = -(-n // max(gain_group, 1))
     for name, t, shape in (("g", g, (groups,)), ("dw", dw, (n, k)), ("db", db, (n,)), ("dg", dg, (groups,))):
         check_tensor(name, t, dtype=torch.float32, shape=shape, device=dev)
-    # H200 split-GEMM probe (profiles/h200/split_gemm_probe.md, graph-timed): N x K tiles 128 x 64, 32 rows per
-    # iteration, 4 warps, 3 stages, >= 16 splits of M (about two waves of programs)
-    block_n, block_k, block_m = _block(n, 128), _block(k, 64), 32
+    # H200 sweep: N x K tiles 128 x 64, 64 rows per iteration, 8 warps, 3 stages, ~8 splits of M
+    block_n, block_k, block_m = _block(n, 128), _block(k, 64), 64
     tiles = triton.cdiv(n, block_n) * triton.cdiv(k, block_k)
-    splits = max(1, min(triton.cdiv(m, block_m), max(16, triton.cdiv(2 * _MIN_PROGRAMS, tiles))))
+    splits = max(1, min(triton.cdiv(m, block_m), max(8, triton.cdiv(_MIN_PROGRAMS, tiles))))
     rows_per_split = triton.cdiv(triton.cdiv(m, splits), block_m) * block_m
     splits = max(triton.cdiv(m, rows_per_split), 2 if tiles == 1 else 1)  # an idle split rather than one program
     grid = (triton.cdiv(n, block_n), triton.cdiv(k, block_k), splits)
     _bwd_dw_fp32split_gemm_kernel[grid](dy, x, rows if rows is not None else x, w, g, dw, db, dg, m, n, k,
                                         x.stride(0), gain_group, rows_per_split, GATHER=rows is not None,
-                                        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4,
+                                        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=8,
                                         num_stages=3)
 
 
