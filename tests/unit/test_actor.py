@@ -28,7 +28,9 @@ def test_a_step_is_the_epsilon_greedy_env_step_done_by_hand_from_its_uniforms(en
     assert actor is not None and capturable(tr.env)
     for _ in range(5):  # some steps in, with episodes ending (CartPole) and the ring wrapping later
         tr.env_step()
-    obs0, env0 = tr.obs.clone(), copy.deepcopy(tr.env)
+    limit = getattr(tr.env, "max_episode_steps", getattr(tr.env, "episode_length", None))
+    tr.env.elapsed_steps[0] = limit - 1  # env 0's episode ends in the checked step (final_obs != the reset obs)
+    obs0, env0, returns0 = tr.obs.clone(), copy.deepcopy(tr.env), copy.deepcopy(tr.returns)
     pos0, t0, n = int(tr.replay.pos_t), int(actor.t), tr.cfg.num_envs
     actor.uniforms.fill_(float("nan"))
     tr.env_step()
@@ -39,6 +41,7 @@ def test_a_step_is_the_epsilon_greedy_env_step_done_by_hand_from_its_uniforms(en
     nvec = torch.tensor(tr.env.action_nvec, device=DEVICE)
     want_actions = torch.where(u[:, :1] < eps, (u[:, 1:1 + d] * nvec).long(), tr.learner.greedy(obs0))
     res = env0.step(want_actions, u[:, 1 + d:])
+    assert not torch.equal(res.obs[0], res.final_obs[0])
     slots = (pos0 + torch.arange(n, device=DEVICE)) % tr.replay.capacity
     assert torch.equal(tr.replay.obs[slots], obs0)
     assert torch.equal(tr.replay.action[slots], want_actions)
@@ -46,6 +49,9 @@ def test_a_step_is_the_epsilon_greedy_env_step_done_by_hand_from_its_uniforms(en
     assert torch.equal(tr.replay.reward[slots], res.reward)
     assert torch.equal(tr.replay.terminated[slots], res.terminated.float())
     assert torch.equal(tr.obs, res.obs)
+    returns0.update(res.reward, res.terminated | res.truncated)  # env 0's episode is recorded as finished
+    for name in ("running", "ring", "finished"):
+        assert torch.equal(getattr(tr.returns, name), getattr(returns0, name)), name
     assert int(actor.t) == t0 + 1 and tr.env_steps == (t0 + 1) * n
     assert int(tr.replay.pos_t) == tr.replay.pos == (pos0 + n) % tr.replay.capacity
 

@@ -168,14 +168,8 @@ class PrioritizedReplay:
         n = self.write(obs, action, reward, next_obs, terminated)
         self.note_added(n)
 
-    def write(
-        self,
-        obs: torch.Tensor,
-        action: torch.Tensor,
-        reward: torch.Tensor,
-        next_obs: torch.Tensor,
-        terminated: torch.Tensor,
-    ) -> int:
+    def write(self, obs: torch.Tensor, action: torch.Tensor, reward: torch.Tensor, next_obs: torch.Tensor,
+              terminated: torch.Tensor) -> int:
         """The device half of `add` (same arguments and checks): store the N transitions at the slots that follow
         the device-side position `pos_t`, give them the max priority, and advance `pos_t`. Reads no device value on
         the host and changes no host state, so a CUDA graph can capture it; call `note_added(N)` after each run
