@@ -14,6 +14,7 @@ counters (env steps, the replay's pos and size) in step, by the same arithmetic.
 
 from __future__ import annotations
 
+import math
 import time
 
 import torch
@@ -47,8 +48,10 @@ class DeviceActor:
         eps_start, eps_end: epsilon at t = 0 and after the decay; eps_decay_steps: the decay's length in vector
             steps (float >= 0; 0: epsilon is eps_end from the start).
     Attributes: t (0-dim int64, vector steps taken), epsilon (0-dim float32, the value the last step used),
-        uniforms (N, 1 + D + env.step_uniforms) float32, graph (CUDAGraph or None), capture_s (seconds, nan before).
-    Raises ValueError for an env that is not capturable or an obs buffer of the wrong shape, dtype or device.
+        uniforms (N, 1 + D + env.step_uniforms) float32, graph (CUDAGraph or None), capture_s (seconds, nan before),
+        eager_steps (host count of steps run without the graph: `capture` needs one first, to compile the kernels).
+    Raises ValueError for an env that is not capturable, an obs buffer of the wrong shape, dtype or device, a seed
+    that is not an int >= 0, or eps_decay_steps not a finite number >= 0.
     """
 
     def __init__(self, learner: HotLearner, env: VecEnv, replay: PrioritizedReplay, returns: EpisodeReturns,
@@ -56,6 +59,10 @@ class DeviceActor:
         if not capturable(env):
             raise ValueError(f"{type(env).__name__} is not capturable: it draws its own random numbers "
                              "(no `step_uniforms`)")
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise ValueError(f"seed must be an int >= 0, got {seed!r}")
+        if not isinstance(eps_decay_steps, (int, float)) or not (math.isfinite(eps_decay_steps) and eps_decay_steps >= 0):
+            raise ValueError(f"eps_decay_steps must be a finite number >= 0, got {eps_decay_steps!r}")
         n, device = env.num_envs, learner.device
         if tuple(obs.shape) != (n, env.obs_dim) or obs.dtype != torch.float32 or obs.device != replay.device:
             raise ValueError(f"obs must be ({n}, {env.obs_dim}) float32 on {replay.device}, got "
@@ -71,6 +78,7 @@ class DeviceActor:
         self.uniforms = torch.empty(n, 1 + self.branches + env.step_uniforms, device=device)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.capture_s = float("nan")
+        self.eager_steps = 0
 
     @torch.no_grad()
     def _body(self) -> None:
@@ -87,8 +95,11 @@ class DeviceActor:
         self.t.add_(1)
 
     def capture(self) -> float:
-        """Capture one step into a CUDA graph (CUDA only, RuntimeError else; run `step` eagerly once first, so
-        every kernel is compiled); returns (and keeps in capture_s) its seconds. Nothing runs during the capture."""
+        """Capture one step into a CUDA graph; returns (and keeps in capture_s) its seconds. Nothing runs during the
+        capture. Raises RuntimeError off CUDA, or before one eager `step` in this process (it compiles the kernels
+        and allocates the buffers the graph keeps; a kernel compiled during a capture would break it)."""
+        if self.eager_steps == 0:
+            raise RuntimeError("DeviceActor.capture: run one eager step() first (it compiles the kernels)")
         if self.obs.device.type != "cuda":
             raise RuntimeError("DeviceActor.capture needs a CUDA device")
         start = time.perf_counter()
@@ -107,6 +118,7 @@ class DeviceActor:
             self.graph.replay()
         else:
             self._body()
+            self.eager_steps += 1
         n = self.env.num_envs
         self.replay.note_added(n)
         return n

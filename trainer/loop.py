@@ -90,7 +90,7 @@ class Trainer:
         on_progress: called with (learner steps done in this epoch, learner steps per epoch) every few steps.
     Counters (host ints): env_steps (transitions), learner_steps, epochs_done (set by run_epoch and restore).
     actor: the DeviceActor (trainer/actor.py) that runs the env steps with the hotloop learner and a capturable env,
-        else None. obs: (N, obs_dim), the observation to act on next (updated in place).
+        else None. obs: (N, obs_dim), the observation to act on next (read-only property, updated in place).
     Checkpoint / resume: checkpoint_state and restore (trainer.resume).
     Raises ValueError for an unusable device or env name.
     """
@@ -116,7 +116,7 @@ class Trainer:
         self.returns = EpisodeReturns(cfg.num_envs, self.device)
         self.eval_env = (make_env(cfg.env, cfg.eval_episodes, self.device, cfg.seed + 1, **cfg.env_shape())
                          if cfg.eval_episodes else None)
-        self.obs = self.env.reset(seed=cfg.seed)
+        self._obs = self.env.reset(seed=cfg.seed)
         per_update = cfg.env_steps_per_update * cfg.num_envs
         self.prefill_vec_steps = -(-cfg.learning_starts // cfg.num_envs)
         total_env = cfg.epochs * cfg.learner_steps_per_epoch * per_update + self.prefill_vec_steps * cfg.num_envs
@@ -130,12 +130,18 @@ class Trainer:
         self.learner_steps = 0
         self.epochs_done = 0
 
+    @property
+    def obs(self) -> torch.Tensor:
+        """(N, obs_dim): the observation to act on next. Read-only: update it in place (`obs.copy_(...)`), as the
+        actor's captured graph reads this tensor by address."""
+        return self._obs
+
     def env_step(self) -> None:
         """One vectorized env step with epsilon-greedy actions; its transitions go into the replay. With the hotloop
         learner and a capturable env, the DeviceActor's step: eager once (compiling its kernels), then captured
         (on CUDA) and replayed; else eager torch ops with host-side epsilon."""
         if self.actor is not None:
-            if self.actor.graph is None and self.device.type == "cuda" and self.env_steps > 0:
+            if self.actor.graph is None and self.device.type == "cuda" and self.actor.eager_steps > 0:
                 with self.phase("capture"):
                     self.actor.capture()
             self.env_steps += self.actor.step()

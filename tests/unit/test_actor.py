@@ -3,6 +3,7 @@ uniforms, its randomness is keyed by the device counter only, its replay writes 
 a GPU its captured graph replays the eager step exactly."""
 
 import copy
+import types
 
 import pytest
 import torch
@@ -98,3 +99,75 @@ def test_the_captured_actor_replays_the_eager_step_exactly():
     assert torch.equal(graphed.obs, eager.obs) and int(graphed.actor.t) == int(eager.actor.t) == 22
     assert graphed.replay.pos == eager.replay.pos == int(graphed.replay.pos_t)
     assert graphed.returns.count() == eager.returns.count()
+
+
+def _instrument(tr):
+    """Pretend the trainer is on CUDA and record, at each capture, how many eager actor steps this process ran."""
+    log = {"eager": 0, "captured_after": []}
+    body = tr.actor._body
+
+    def counted_body():
+        log["eager"] += 1
+        body()
+
+    tr.actor._body = counted_body
+    tr.actor.capture = lambda: log["captured_after"].append(log["eager"])  # no graph is set: steps stay eager
+    tr.device = types.SimpleNamespace(type="cuda")  # only env_step's capture condition reads it here
+    return log
+
+
+def test_capture_waits_for_an_eager_step_in_this_process_also_after_a_restore():
+    fresh = _trainer()
+    log = _instrument(fresh)
+    fresh.env_step()
+    fresh.env_step()
+    assert log["captured_after"] == [1]
+    tensors, meta = _trainer_after_an_epoch().checkpoint_state()
+    resumed = _trainer()
+    resumed.restore({k: v.clone() for k, v in tensors.items()}, meta)
+    log = _instrument(resumed)
+    resumed.env_step()  # env_steps > 0 already, but nothing compiled the actor's kernels in this process yet
+    resumed.env_step()
+    assert log["captured_after"] == [1]
+    with pytest.raises(RuntimeError, match="run one eager step"):
+        _trainer().actor.capture()
+
+
+def _trainer_after_an_epoch():
+    tr = _trainer()
+    tr.run_epoch(1)
+    return tr
+
+
+def test_the_step_after_a_restore_continues_the_run():
+    from trainer.resume import ENV_RESEED
+
+    a = _trainer_after_an_epoch()
+    tensors, meta = a.checkpoint_state()
+    c = _trainer()
+    c.restore({k: v.clone() for k, v in tensors.items()}, meta)
+    a.obs.copy_(a.env.reset(seed=a.cfg.seed + ENV_RESEED * meta["epoch"]))  # the env reset restore does
+    a.returns.running.zero_()
+    for _ in range(10):  # wraps the 64-slot ring
+        a.env_step()
+        c.env_step()
+        assert torch.equal(a.actor.uniforms, c.actor.uniforms) and float(a.actor.epsilon) == float(c.actor.epsilon)
+        for name in ("obs", "action", "reward", "next_obs", "terminated"):
+            assert torch.equal(getattr(a.replay, name), getattr(c.replay, name)), name
+        assert (a.replay.pos, a.replay.size, int(a.replay.pos_t)) == (c.replay.pos, c.replay.size, int(c.replay.pos_t))
+
+
+def test_bad_input_is_refused_with_its_name():
+    tr = _trainer()
+    with pytest.raises(AttributeError):
+        tr.obs = tr.env.reset()  # the actor reads the buffer by address: update it in place
+    for bad in (float("nan"), -1.0):
+        with pytest.raises(ValueError, match="eps_decay_steps must be a finite number >= 0"):
+            DeviceActor(tr.learner, tr.env, tr.replay, tr.returns, tr.obs, 0, 1.0, 0.1, bad)
+    with pytest.raises(ValueError, match="seed must be an int >= 0"):
+        DeviceActor(tr.learner, tr.env, tr.replay, tr.returns, tr.obs, -1, 1.0, 0.1, 10.0)
+    actions = torch.zeros(8, 1, dtype=torch.int64, device=DEVICE)
+    with pytest.raises(ValueError, match="uniforms must be floating"):
+        tr.env.step(actions, torch.zeros(8, 4, dtype=torch.int64, device=DEVICE))
+    with pytest.raises(ValueError, match="n must be an int >= 0"):
+        tr.replay.note_added(-1)

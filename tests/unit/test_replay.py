@@ -94,6 +94,10 @@ def test_write_follows_the_device_position_and_note_added_the_host_counters() ->
     fresh = PrioritizedReplay(5, OBS_DIM, BRANCHES)
     fresh.load_state_dict(state)
     assert int(fresh.pos_t) == fresh.pos == 2  # a resumed buffer writes on where the saved one stopped
+    kept = replay._aranges[4]
+    replay.add(**_transitions(2, g))  # another batch size: the first size's slot offsets stay (a graph reads them)
+    replay.add(**_transitions(4, g))  # and the same size reuses them
+    assert replay._aranges[4] is kept and set(replay._aranges) == {2, 3, 4}
 
 
 def test_add_more_than_capacity_keeps_the_last_capacity() -> None:

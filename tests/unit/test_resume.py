@@ -82,7 +82,7 @@ def test_resumed_run_continues_exactly_from_the_checkpoint(tmp_path):
     c.restore(*load_checkpoint(tmp_path / CHECKPOINT_FILE))
     _assert_same_state(c, *a_state)  # everything after a disk round trip equals the uninterrupted run's state
     # Epoch 3 of the resumed run equals that of the uninterrupted run given the same env reset.
-    a.obs = a.env.reset(seed=a.cfg.seed + ENV_RESEED * 2)
+    a.obs.copy_(a.env.reset(seed=a.cfg.seed + ENV_RESEED * 2))
     a.returns.running.zero_()
     stats_a, stats_c = a.run_epoch(3), c.run_epoch(3)
     assert stats_c.epoch == 3 and c.learner_steps == 60 and c.epochs_done == 3

@@ -55,3 +55,16 @@ class VecEnv(Protocol):
     def step(self, actions: torch.Tensor) -> StepResult:
         """Step all N environments with `actions` (N, len(action_nvec)) int64; returns a `StepResult`."""
         ...
+
+
+def check_uniforms(env: VecEnv, uniforms: torch.Tensor | None) -> None:
+    """Raise ValueError unless `uniforms` is None or a floating (env.num_envs, env.step_uniforms) tensor on env.device
+    (the random numbers a capturable env's `step(actions, uniforms)` takes; their values, in [0, 1), are not read
+    on the host)."""
+    if uniforms is None:
+        return
+    want = (env.num_envs, env.step_uniforms)
+    if not isinstance(uniforms, torch.Tensor) or tuple(uniforms.shape) != want:
+        raise ValueError(f"uniforms must have shape {want}, got {tuple(getattr(uniforms, 'shape', ()))}")
+    if not uniforms.dtype.is_floating_point or uniforms.device != env.device:
+        raise ValueError(f"uniforms must be floating on {env.device}, got {uniforms.dtype} on {uniforms.device}")

@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from trainer.envs.base import StepResult
+from trainer.envs.base import StepResult, check_uniforms
 
 GRAVITY = 9.8
 MASSCART = 1.0
@@ -162,12 +162,13 @@ class CartPoleVec:
 
         Raises:
             ValueError: actions not an int64 tensor, of the wrong shape, on the wrong device, or (on CPU only) not in
-                {0, 1}.
+                {0, 1}; uniforms not a floating (N, 4) tensor on `device`.
             RuntimeError: called before `reset`.
         """
         if self.state is None:
             raise RuntimeError("call reset() before step()")
         actions = self._check_actions(actions)
+        check_uniforms(self, uniforms)
         x, x_dot, theta, theta_dot = self.state.unbind(1)
         force = torch.where(actions == 1, FORCE_MAG, -FORCE_MAG).to(self.dtype)
         costheta = torch.cos(theta)
@@ -188,9 +189,6 @@ class CartPoleVec:
         truncated = elapsed >= self.max_episode_steps
         done = terminated | truncated
 
-        if uniforms is not None and tuple(uniforms.shape) != (self.num_envs, self.step_uniforms):
-            raise ValueError(f"uniforms must have shape ({self.num_envs}, {self.step_uniforms}), "
-                             f"got {tuple(uniforms.shape)}")
         self.state.copy_(torch.where(done.unsqueeze(1), self._random_states(uniforms), next_state))
         self.elapsed_steps.copy_(torch.where(done, 0, elapsed))
         reward = torch.ones(self.num_envs, dtype=torch.float32, device=self.device)

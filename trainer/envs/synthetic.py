@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from trainer.envs.base import StepResult
+from trainer.envs.base import StepResult, check_uniforms
 
 NOISE_STD = 0.1
 SPECTRAL_SCALE = 0.9  # A ~ 0.9 * N(0, 1/obs_dim): spectral radius about 0.9, so observations neither die nor saturate
@@ -135,12 +135,14 @@ class SyntheticBatchEnv:
             truncated (N,) bool, all on `device`.
 
         Raises:
-            ValueError: actions not int64, of the wrong shape, on the wrong device, or (CPU only) out of range.
+            ValueError: actions not int64, of the wrong shape, on the wrong device, or (CPU only) out of range;
+                uniforms not a floating (N, 2 * obs_dim) tensor on `device`.
             RuntimeError: called before `reset`.
         """
         if self._obs is None:
             raise RuntimeError("call reset() before step()")
         actions = self._check_actions(actions)
+        check_uniforms(self, uniforms)
         valid = (actions >= 0) & (actions < self._nvec)
         column = torch.where(valid, actions + self._offsets, -1)  # -1 matches no column
         onehot = (column.unsqueeze(2) == self._columns).any(1).float()  # (N, sum(nvec))
@@ -150,9 +152,6 @@ class SyntheticBatchEnv:
 
         if uniforms is None:
             noise = torch.randn(self.num_envs, self.obs_dim, generator=self._generator, device=self.device)
-        elif tuple(uniforms.shape) != (self.num_envs, self.step_uniforms):
-            raise ValueError(f"uniforms must have shape ({self.num_envs}, {self.step_uniforms}), "
-                             f"got {tuple(uniforms.shape)}")
         else:
             u1, u2 = uniforms.float().split(self.obs_dim, 1)
             # 1 - u1 is in (0, 1] for u1 in [0, 1): the log is finite

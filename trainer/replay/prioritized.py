@@ -122,7 +122,7 @@ class PrioritizedReplay:
         self.pos = 0
         self.size = 0
         self.pos_t = torch.zeros((), dtype=torch.int64, device=self.device)
-        self._arange: torch.Tensor | None = None
+        self._aranges: dict[int, torch.Tensor] = {}  # kept for good: a captured graph reads them by address
         self.use_kernels = self.device.type == "cuda" if use_kernels is None else bool(use_kernels)
         if self.use_kernels:
             from kernels import segment_tree
@@ -188,9 +188,9 @@ class PrioritizedReplay:
             return 0
         kept = min(n, self.capacity)
         start = n - kept
-        if self._arange is None or self._arange.shape[0] != kept:  # allocated outside any capture after the first
-            self._arange = torch.arange(kept, device=self.device)
-        slots = (self.pos_t + start + self._arange) % self.capacity
+        if kept not in self._aranges:  # allocated on the first write of each size (an eager one, before a capture)
+            self._aranges[kept] = torch.arange(kept, device=self.device)
+        slots = (self.pos_t + start + self._aranges[kept]) % self.capacity
         self.obs.index_copy_(0, slots, obs[start:])
         self.action.index_copy_(0, slots, action[start:].to(torch.int64))
         self.reward.index_copy_(0, slots, reward[start:].to(torch.float32))
@@ -204,7 +204,9 @@ class PrioritizedReplay:
         return n
 
     def note_added(self, n: int) -> None:
-        """The host half of `add`: advance `pos` and `size` by n transitions (`write` advanced `pos_t`)."""
+        """The host half of `add`: advance `pos` and `size` by n transitions (`write` advanced `pos_t`).
+        Raises ValueError for n not an int >= 0."""
+        _check_int("n", n, 0)
         self.pos = (self.pos + n) % self.capacity
         self.size = min(self.size + n, self.capacity)
 
