@@ -22,6 +22,7 @@ import torch
 from kernels.replay_batch import batch_uniforms
 from trainer.envs import VecEnv
 from trainer.episodes import EpisodeReturns
+from trainer.learner import epsilon_greedy_from
 from trainer.replay import PrioritizedReplay
 from trainer.step import HotLearner
 
@@ -72,7 +73,6 @@ class DeviceActor:
         self.eps_start, self.eps_end = (eps_start, eps_end) if eps_decay_steps > 0 else (eps_end, eps_end)
         self.eps_decay_steps = max(float(eps_decay_steps), 1.0)
         self.branches = len(env.action_nvec)
-        self.nvec = torch.tensor(env.action_nvec, device=device)
         self.t = torch.zeros((), dtype=torch.int64, device=device)
         self.epsilon = torch.zeros((), device=device)
         self.uniforms = torch.empty(n, 1 + self.branches + env.step_uniforms, device=device)
@@ -85,9 +85,8 @@ class DeviceActor:
         batch_uniforms(self.t, self.uniforms.view(-1), self.epsilon, self.seed, self.eps_start, self.eps_end,
                        self.eps_decay_steps)
         d = self.branches
-        greedy = self.learner.greedy(self.obs)
-        explore = self.uniforms[:, :1] < self.epsilon
-        actions = torch.where(explore, (self.uniforms[:, 1:1 + d] * self.nvec).long(), greedy)
+        actions = epsilon_greedy_from(self.learner.greedy(self.obs), self.learner.action_nvec, self.epsilon,
+                                      self.uniforms[:, :1], self.uniforms[:, 1:1 + d])
         res = self.env.step(actions, self.uniforms[:, 1 + d:])
         self.replay.write(self.obs, actions, res.reward, res.final_obs, res.terminated)
         self.returns.update(res.reward, res.terminated | res.truncated)

@@ -24,9 +24,18 @@ def epsilon_greedy(greedy: torch.Tensor, action_nvec: torch.Tensor, epsilon: flo
     env takes a uniformly random action in every branch (branch d in [0, action_nvec[d])), else the greedy one.
     action_nvec: (D,) int64 on greedy's device; generator: on that device. No host sync."""
     n, d = greedy.shape
-    rand = (torch.rand(n, d, device=greedy.device, generator=generator) * action_nvec).long()
-    explore = torch.rand(n, 1, device=greedy.device, generator=generator) < epsilon
-    return torch.where(explore, rand, greedy)
+    action_u = torch.rand(n, d, device=greedy.device, generator=generator)
+    explore_u = torch.rand(n, 1, device=greedy.device, generator=generator)
+    return epsilon_greedy_from(greedy, action_nvec, epsilon, explore_u, action_u)
+
+
+def epsilon_greedy_from(greedy: torch.Tensor, action_nvec: torch.Tensor, epsilon: float | torch.Tensor,
+                        explore_u: torch.Tensor, action_u: torch.Tensor) -> torch.Tensor:
+    """`epsilon_greedy` with its uniforms given: env n explores where explore_u[n] < epsilon, taking action
+    floor(action_u[n, d] * action_nvec[d]) in branch d, else greedy[n]. greedy (N, D) int64; explore_u (N, 1) and
+    action_u (N, D) floats in [0, 1); epsilon a float or a 0-dim device tensor (the actor's, trainer/actor.py).
+    Returns (N, D) int64. No host sync."""
+    return torch.where(explore_u < epsilon, (action_u * action_nvec).long(), greedy)
 
 
 class UpdateMetrics(NamedTuple):
