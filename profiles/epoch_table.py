@@ -43,6 +43,18 @@ def epoch_frame(rows: Iterable[dict]) -> pd.DataFrame:
     return df[EPOCH_COLUMNS + optional + [c for c in df.columns if c not in EPOCH_COLUMNS + optional]]
 
 
+def solved_at(df: pd.DataFrame, threshold: float = 475.0) -> dict[str, float] | None:
+    """Where a run of per-epoch rows (`epoch_frame` / epochs.csv) first reached a mean_return_100 >= threshold
+    (475: CartPole-v1's "solved"): the epoch, and the learner steps, env steps and wall seconds summed over the
+    epochs up to and including it; None if no epoch reached it."""
+    hit = df.index[df.mean_return_100 >= threshold]
+    if len(hit) == 0:
+        return None
+    upto = df.loc[: hit[0]]
+    return {"epoch": int(upto.epoch.iloc[-1]), "learner_steps": int(upto.learner_steps.sum()),
+            "env_steps": int(upto.env_steps.sum()), "wall_s": float(upto.wall_s.sum())}
+
+
 def new_run_dir(root: str | Path = "profiles/runs", prefix: str = "") -> Path:
     """Create and return root/<prefix><UTC timestamp>/ (suffixed -2, -3, ... if it exists; never reuses a
     folder)."""

@@ -30,11 +30,12 @@ done | xargs -P 8 -I{} bash -c 'set -- $1; name=$1; seed=$2; shift 2; sets=(); f
     --set learner_steps_per_epoch=500 "${sets[@]}" --out '"$out"'/${name}_s$seed > '"$out"'/${name}_s$seed.log 2>&1' _ {}
 python3 - "$out" <<'PY'
 import glob, sys, collections, pandas as pd
+from profiles.epoch_table import solved_at
 rows = collections.defaultdict(list)
 for f in sorted(glob.glob(f"{sys.argv[1]}/*_s*/epochs.csv")):
     name, seed = f.split("/")[-2].rsplit("_s", 1)
-    t = pd.read_csv(f); hit = t.index[t.mean_return_100 >= 475]
-    steps = int(t.learner_steps[:hit[0] + 1].sum()) if len(hit) else None
+    t = pd.read_csv(f); hit = solved_at(t)
+    steps = hit["learner_steps"] if hit else None
     rows[name].append((int(seed), steps, t.mean_return_100.iloc[-1], t.eval_return.iloc[-1]))
 for name, r in rows.items():
     solved = [s for _, s, _, _ in r if s is not None]

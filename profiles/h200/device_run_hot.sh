@@ -80,15 +80,14 @@ for part in "$@"; do
       wait
       python3 - <<'PY'
 import glob, pandas as pd
+from profiles.epoch_table import solved_at
 for f in sorted(glob.glob("/tmp/r/cpfast_*/epochs.csv")):
-    t = pd.read_csv(f); hit = t.index[t.mean_return_100 >= 475]
-    k = hit[0] if len(hit) else None
+    t = pd.read_csv(f); k = solved_at(t)
     start, end = map(float, open(f.replace("/epochs.csv", ".log")).read().split("process_start_end")[-1].split())
     proc = f"{end - start:.1f}"
     print(f.split("/")[3], "epochs", len(t), "max", round(t.mean_return_100.max(), 1), "last",
           round(t.mean_return_100.iloc[-1], 1), "epoch1", round(t.wall_s[0], 2), "s process", proc, "s to475:",
-          "never" if k is None else
-          f"{int(t.learner_steps[:k + 1].sum())} steps {int(t.env_steps[:k + 1].sum())} env {t.wall_s[:k + 1].sum():.1f} s")
+          "never" if k is None else f"{k['learner_steps']} steps {k['env_steps']} env {k['wall_s']:.1f} s")
 PY
       ;;
     probe) timeout 300 python3 -m profiles.split_gemm_probe --out /tmp/r 2>&1 | tee /tmp/r/split_gemm_probe.md ;;

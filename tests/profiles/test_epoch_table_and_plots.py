@@ -2,6 +2,7 @@
 
 import math
 import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -68,3 +69,19 @@ def test_plot_epochs_names_missing_columns(tmp_path):
     with pytest.raises(ValueError, match="learner_steps_per_s"):
         plot_epochs(pd.DataFrame({"epoch": [1], "learner_steps": [1], "wall_s": [1.0]}), tmp_path / "x.png")
     assert not (tmp_path / "x.png").exists()
+
+
+def test_solved_at_sums_the_epochs_up_to_the_first_that_reached_the_threshold():
+    from profiles.epoch_table import solved_at
+
+    root = Path(__file__).resolve().parents[2] / "profiles" / "h200" / "cartpole_fast"
+    summary = pd.read_csv(root / "summary.csv").set_index("run")
+    for run in ("hot_s1", "hot_s3", "ref_s4"):  # the committed H200 table was computed from these epochs.csv
+        got = solved_at(pd.read_csv(root / run / "epochs.csv"))
+        want = summary.loc[run]
+        assert (got["learner_steps"], got["env_steps"]) == (want.learner_steps_to_475, want.env_steps_to_475)
+        assert round(got["wall_s"], 2) == want.train_wall_s_to_475
+    t = pd.DataFrame({"epoch": [1, 2, 3], "learner_steps": [10, 10, 10], "env_steps": [80, 80, 80],
+                      "wall_s": [1.5, 0.5, 0.5], "mean_return_100": [20.0, 475.0, 500.0]})
+    assert solved_at(t) == {"epoch": 2, "learner_steps": 20, "env_steps": 160, "wall_s": 2.0}
+    assert solved_at(t, threshold=501) is None
