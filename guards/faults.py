@@ -121,25 +121,34 @@ def _scaled(t: torch.Tensor, g: torch.Tensor, gain_group: int) -> torch.Tensor:
 
 
 def _fwd_fp32(learner) -> None:
-    def forward(x, w, b, g, y, gain_group, relu, *, rows=None, nets=1, p_zstride=0, x_zstride=0, ddqn=False):
+    def forward(x, w, b, g, y, gain_group, relu, *, rows=None, nets=1, p_zstride=0, x_zstride=0, ddqn=False,
+                yt=None):
         if nets != 1:  # the Double-DQN forward keeps its kernels
             return linear_forward(x, w, b, g, y, gain_group, relu, rows=rows, nets=nets, p_zstride=p_zstride,
-                                  x_zstride=x_zstride, ddqn=ddqn)
+                                  x_zstride=x_zstride, ddqn=ddqn, yt=yt)
         inp = x.index_select(0, rows) if rows is not None else x[:y.shape[0]]
         with tf32_matmuls(False):
             torch.mm(inp, w.t(), out=y)
         y.copy_(_scaled(y, g, gain_group) + b)
-        return y.relu_() if relu else y
+        if relu:
+            y.relu_()
+        if yt is not None:
+            yt.copy_(y.t())
+        return y
 
     learner.linear_forward = forward
     _eager(learner)
 
 
 def _bwd_tf32(learner) -> None:
-    def input_grad(dy, w, g, x, dx, gain_group):
+    def input_grad(dy, wt, x, dxt, db, dx=None):
         with tf32_matmuls(True):
-            torch.mm(_scaled(dy, g, gain_group), w, out=dx)
-        return dx.mul_(x > 0)
+            dz = torch.mm(dy, wt.t()).mul_(x > 0)
+        dxt.copy_(dz.t())
+        db.add_(dz.sum(0))
+        if dx is not None:
+            dx.copy_(dz)
+        return dxt
 
     learner.linear_backward_input = input_grad
     _eager(learner)

@@ -9,8 +9,9 @@ d's block to A_d(., a). Gains g_out (1 + D,) (one per matrix: value, then each b
 - `heads_forward`: one launch for one or two networks (online and target on s'), TF32 dots (forward placement),
   Q written as (M, D * A) (= (M, D, A) contiguous).
 - `heads_backward`: from dQ (M, D * A): dh (masked by h > 0, i.e. the hidden layers' pre-activation gradient)
-  with FP32-accurate split-precision dots, and dW_out, db_out, dg_out accumulated by fp32 atomic adds into the
-  zeroed gradient buffer.
+  with FP32-accurate split-precision dots, written as dh and dh^T (kernels/linear.py says why both layouts), and
+  the hidden layers' bias gradient, dW_out, db_out, dg_out accumulated by fp32 atomic adds into the zeroed
+  gradient buffer.
 Reference: `heads_reference` (plain torch; autograd gives every gradient).
 """
 
@@ -78,8 +79,8 @@ def _heads_ddqn_tf32_kernel(h_ptr, w_ptr, b_ptr, g_ptr, q_ptr, M, H, h_zstride, 
 
 
 @triton.jit
-def _heads_bwd_fp32split_kernel(h_ptr, dq_ptr, w_ptr, g_ptr, dh_ptr, dw_ptr, db_ptr, dg_ptr, M, H, rows_per_program,
-                                D: tl.constexpr, A: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_J: tl.constexpr,
+def _heads_bwd_fp32split_kernel(h_ptr, dq_ptr, w_ptr, g_ptr, dh_ptr, dht_ptr, dbh_ptr, dw_ptr, db_ptr, dg_ptr, M,
+                                H, rows_per_program, D: tl.constexpr, A: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_J: tl.constexpr,
                                 BLOCK_K: tl.constexpr):
     # program (pid, blk): rows [pid * rows_per_program, +rows_per_program) of input block blk (value or a branch);
     # its weight-gradient tile stays in registers over the rows and is added to the buffer once (few atomics)
@@ -96,6 +97,7 @@ def _heads_bwd_fp32split_kernel(h_ptr, dq_ptr, w_ptr, g_ptr, dh_ptr, dw_ptr, db_
     g = tl.load(g_ptr + grp, mask=mask_j, other=0.0)
     gw = tl.zeros((BLOCK_J, BLOCK_K), dtype=tl.float32)
     dbias = tl.zeros((BLOCK_J,), dtype=tl.float32)
+    dbh = tl.zeros((BLOCK_K,), dtype=tl.float32)
     start = pid * rows_per_program
     for m0 in range(start, start + rows_per_program, BLOCK_M):
         offs_m = m0 + tl.arange(0, BLOCK_M)
@@ -112,15 +114,17 @@ def _heads_bwd_fp32split_kernel(h_ptr, dq_ptr, w_ptr, g_ptr, dh_ptr, dw_ptr, db_
         dout = tl.where(mask_m[:, None] & wmask[None, :], dout, 0.0)  # only this block's output rows
         xmask = mask_m[:, None] & mask_k[None, :]
         x = tl.load(h_ptr + offs_m[:, None] * width + blk * H + offs_k[None, :], mask=xmask, other=0.0)
-        dh = tl.dot(dout * g[None, :], w, input_precision="tf32x3")
-        tl.store(dh_ptr + offs_m[:, None] * width + blk * H + offs_k[None, :], tl.where(x > 0.0, dh, 0.0),
-                 mask=xmask)
+        dh = tl.where(x > 0.0, tl.dot(dout * g[None, :], w, input_precision="tf32x3"), 0.0)
+        tl.store(dh_ptr + offs_m[:, None] * width + blk * H + offs_k[None, :], dh, mask=xmask)
+        tl.store(dht_ptr + (blk * H + offs_k)[None, :] * M + offs_m[:, None], dh, mask=xmask)
+        dbh += tl.sum(dh, axis=0)
         gw = tl.dot(tl.trans(dout), x, gw, input_precision="tf32x3")
         dbias += tl.sum(dout, axis=0)
     tl.atomic_add(dw_ptr + j[:, None] * H + offs_k[None, :], gw * g[:, None], mask=wmask[:, None] & mask_k[None, :],
                   sem="relaxed")
     tl.atomic_add(dg_ptr + grp, tl.sum(w * gw, axis=1), mask=wmask, sem="relaxed")
     tl.atomic_add(db_ptr + j, dbias, mask=wmask, sem="relaxed")
+    tl.atomic_add(dbh_ptr + blk * H + offs_k, dbh, mask=mask_k, sem="relaxed")
 
 
 def _sizes(w_out: torch.Tensor, branches: int) -> tuple[int, int, int]:
@@ -165,12 +169,16 @@ def heads_forward(h: torch.Tensor, w_out: torch.Tensor, b_out: torch.Tensor, g_o
 
 
 def heads_backward(h: torch.Tensor, dq: torch.Tensor, w_out: torch.Tensor, g_out: torch.Tensor, dh: torch.Tensor,
-                   dw_out: torch.Tensor, db_out: torch.Tensor, dg_out: torch.Tensor, branches: int) -> torch.Tensor:
-    """Backward of `heads_forward` for one net: dh (overwritten) and atomic accumulation of dw_out, db_out, dg_out.
+                   dht: torch.Tensor, db_h: torch.Tensor, dw_out: torch.Tensor, db_out: torch.Tensor,
+                   dg_out: torch.Tensor, branches: int) -> torch.Tensor:
+    """Backward of `heads_forward` for one net: dh and dh^T (overwritten) and atomic accumulation of the hidden
+    layers' bias gradient db_h and of dw_out, db_out, dg_out.
 
     h: (M, (1 + D) H) the saved forward input (ReLU outputs); dq: (M, D * A) dObjective/dQ; w_out, g_out: the
     parameters; dh: (M, (1 + D) H) output, the gradient w.r.t. the hidden layers' pre-activations (zero where
-    h == 0); dw_out (1 + D A, H), db_out (1 + D A,), dg_out (1 + D,): views of the zeroed gradient buffer.
+    h == 0); dht: ((1 + D) H, M) the same transposed (what the hidden layer's `linear_backward_weight` reads);
+    db_h ((1 + D) H,) += sum_m dh, the hidden layers' bias gradient; dw_out (1 + D A, H), db_out (1 + D A,),
+    dg_out (1 + D,): db_h and these are views of the zeroed gradient buffer.
     All float32 contiguous on one device. Returns dh. Grid (row groups, 1 + D), about 132 programs; each keeps
     its weight-gradient tile (BLOCK_J x next_pow2(H) floats, so H up to a few hundred) in registers over its rows.
     Raises ValueError for wrong dtype, shape, device.
@@ -181,6 +189,7 @@ def heads_backward(h: torch.Tensor, dq: torch.Tensor, w_out: torch.Tensor, g_out
     m = h.shape[0]
     for name, t, shape in (("h", h, (m, (1 + branches) * hidden)), ("dq", dq, (m, branches * actions)),
                            ("g_out", g_out, (1 + branches,)), ("dh", dh, (m, (1 + branches) * hidden)),
+                           ("dht", dht, ((1 + branches) * hidden, m)), ("db_h", db_h, ((1 + branches) * hidden,)),
                            ("dw_out", dw_out, (j, hidden)), ("db_out", db_out, (j,)),
                            ("dg_out", dg_out, (1 + branches,))):
         check_tensor(name, t, dtype=torch.float32, shape=shape, device=dev)
@@ -190,8 +199,8 @@ def heads_backward(h: torch.Tensor, dq: torch.Tensor, w_out: torch.Tensor, g_out
     rows = triton.cdiv(triton.cdiv(m, groups), block_m) * block_m
     groups = max(triton.cdiv(m, rows), 2 if branches == 0 else 1)
     _heads_bwd_fp32split_kernel[(groups, 1 + branches)](
-        h, dq, w_out, g_out, dh, dw_out, db_out, dg_out, m, hidden, rows, D=branches, A=actions, BLOCK_M=block_m,
-        BLOCK_J=block_j, BLOCK_K=block_k, num_warps=4)
+        h, dq, w_out, g_out, dh, dht, db_h, dw_out, db_out, dg_out, m, hidden, rows, D=branches, A=actions,
+        BLOCK_M=block_m, BLOCK_J=block_j, BLOCK_K=block_k, num_warps=4)
     return dh
 
 

@@ -14,12 +14,20 @@ accuracy on tensor cores. Kernel names carry the precision ("tf32" / "fp32split"
 Under TRITON_INTERPRET=1 every dot is a float32 numpy matmul (precision ignored): the CPU tests check the algebra,
 the GPU tests the precision.
 
+Operand layouts. Hopper's TF32 tensor-core MMA (wgmma) reads fp32 operands from shared memory only K-major (the
+reduction axis contiguous); an operand stored the other way is copied into shared memory 4 bytes at a time instead
+of 16, and the GEMM runs 1.5-5x slower (profiles/h200/split_gemm_probe.md). So the backward reads copies laid out
+for it: W^T scaled by the gains (`WeightTranspose`, one launch for every layer), and the batch-contiguous
+transposes X^T and dY^T, written by the kernels that produce X and dY (the forward's `yt`, the input gradient's
+`dxt`, the heads' backward, the replay gather's observations).
+
 Backward of one layer (dY: gradient w.r.t. its pre-activation, already masked by its ReLU):
-- `linear_backward_input`: dX = (dY * g) @ W, masked by (X > 0) (X is the previous ReLU's output, so this is the
-  previous layer's pre-activation gradient); grid over (M, K) tiles.
-- `linear_backward_weight`: dW = g * dY^T X, db = sum_m dY, dg = sum_{rows of the group} sum_k W * (dY^T X),
-  split over M ("split-K") with fp32 atomic adds into the gradient buffer, which must be zeroed once per step
-  before the backward (the step's one memset).
+- `linear_backward_input`: dZ = (dY @ (g W)) masked by (X > 0) (X is the previous ReLU's output, so dZ is the
+  previous layer's pre-activation gradient), written as dZ^T (and dZ), with the previous layer's bias gradient
+  sum_m dZ; grid over (M, K) tiles.
+- `linear_backward_weight`: dW = g * dY^T X and dg = sum_{rows of the group} sum_k W * (dY^T X), split over M
+  ("split-K") with fp32 atomic adds into the gradient buffer, which must be zeroed once per step before the
+  backward (the step's one memset).
 Plain-torch reference: `linear_reference` (autograd through it gives every gradient).
 """
 
@@ -35,9 +43,9 @@ _MIN_PROGRAMS = 132  # one program per SM of a 132-SM H100/H200 at least, where 
 
 
 @triton.jit
-def _fwd_body(x_ptr, idx_ptr, w_ptr, b_ptr, g_ptr, y_ptr, M, N, K, stride_xm, x_zstride, p_zstride, y_zstride,
-              gain_group, GATHER: tl.constexpr, RELU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              BLOCK_K: tl.constexpr):
+def _fwd_body(x_ptr, idx_ptr, w_ptr, b_ptr, g_ptr, y_ptr, yt_ptr, M, N, K, stride_xm, x_zstride, p_zstride,
+              y_zstride, gain_group, GATHER: tl.constexpr, RELU: tl.constexpr, STORE_T: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     z = tl.program_id(2)
@@ -63,30 +71,36 @@ def _fwd_body(x_ptr, idx_ptr, w_ptr, b_ptr, g_ptr, y_ptr, M, N, K, stride_xm, x_
     y = acc * g[None, :] + b[None, :]
     if RELU:
         y = tl.maximum(y, 0.0)
-    tl.store(y_ptr + z * y_zstride + offs_m[:, None] * N + offs_n[None, :], y, mask=mask_m[:, None] & mask_n[None, :])
+    mask = mask_m[:, None] & mask_n[None, :]
+    tl.store(y_ptr + z * y_zstride + offs_m[:, None] * N + offs_n[None, :], y, mask=mask)
+    if STORE_T:  # y^T (N, M) too: the next layer's weight-gradient GEMM reads it K-major (one net only)
+        tl.store(yt_ptr + offs_n[None, :] * M + offs_m[:, None], y, mask=mask)
 
 
 # Two thin kernels over one body: the same code under two names, because a graph replay carries no ranges and the
 # guards assign its kernels to the "forward" / "ddqn_forward" phases by name (trainer/step.py PHASE_RULES).
 @triton.jit
-def _fwd_online_tf32_gemm_kernel(x_ptr, idx_ptr, w_ptr, b_ptr, g_ptr, y_ptr, M, N, K, stride_xm, x_zstride,
-                                 p_zstride, y_zstride, gain_group, GATHER: tl.constexpr, RELU: tl.constexpr,
-                                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    _fwd_body(x_ptr, idx_ptr, w_ptr, b_ptr, g_ptr, y_ptr, M, N, K, stride_xm, x_zstride, p_zstride, y_zstride,
-              gain_group, GATHER, RELU, BLOCK_M, BLOCK_N, BLOCK_K)
+def _fwd_online_tf32_gemm_kernel(x_ptr, idx_ptr, w_ptr, b_ptr, g_ptr, y_ptr, yt_ptr, M, N, K, stride_xm,
+                                 x_zstride, p_zstride, y_zstride, gain_group, GATHER: tl.constexpr,
+                                 RELU: tl.constexpr, STORE_T: tl.constexpr, BLOCK_M: tl.constexpr,
+                                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    _fwd_body(x_ptr, idx_ptr, w_ptr, b_ptr, g_ptr, y_ptr, yt_ptr, M, N, K, stride_xm, x_zstride, p_zstride, y_zstride,
+              gain_group, GATHER, RELU, STORE_T, BLOCK_M, BLOCK_N, BLOCK_K)
 
 
 @triton.jit
-def _fwd_ddqn_tf32_gemm_kernel(x_ptr, idx_ptr, w_ptr, b_ptr, g_ptr, y_ptr, M, N, K, stride_xm, x_zstride,
-                               p_zstride, y_zstride, gain_group, GATHER: tl.constexpr, RELU: tl.constexpr,
-                               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    _fwd_body(x_ptr, idx_ptr, w_ptr, b_ptr, g_ptr, y_ptr, M, N, K, stride_xm, x_zstride, p_zstride, y_zstride,
-              gain_group, GATHER, RELU, BLOCK_M, BLOCK_N, BLOCK_K)
+def _fwd_ddqn_tf32_gemm_kernel(x_ptr, idx_ptr, w_ptr, b_ptr, g_ptr, y_ptr, yt_ptr, M, N, K, stride_xm,
+                               x_zstride, p_zstride, y_zstride, gain_group, GATHER: tl.constexpr,
+                               RELU: tl.constexpr, STORE_T: tl.constexpr, BLOCK_M: tl.constexpr,
+                               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    _fwd_body(x_ptr, idx_ptr, w_ptr, b_ptr, g_ptr, y_ptr, yt_ptr, M, N, K, stride_xm, x_zstride, p_zstride, y_zstride,
+              gain_group, GATHER, RELU, STORE_T, BLOCK_M, BLOCK_N, BLOCK_K)
 
 
 @triton.jit
-def _bwd_dx_fp32split_gemm_kernel(dy_ptr, w_ptr, g_ptr, x_ptr, dx_ptr, M, N, K, gain_group,
+def _bwd_dx_fp32split_gemm_kernel(dy_ptr, wt_ptr, x_ptr, dx_ptr, dxt_ptr, db_ptr, M, N, K, STORE_DX: tl.constexpr,
                                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    # both operands K-major (the reduction axis n contiguous): dy (M, N) rows, and W^T (K, N) rows read as (N, K)
     pid_m = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -99,18 +113,23 @@ def _bwd_dx_fp32split_gemm_kernel(dy_ptr, w_ptr, g_ptr, x_ptr, dx_ptr, M, N, K, 
         mask_n = offs_n < N
         dy = tl.load(dy_ptr + offs_m[:, None] * N + offs_n[None, :], mask=mask_m[:, None] & mask_n[None, :],
                      other=0.0)
-        g = tl.load(g_ptr + offs_n // gain_group, mask=mask_n, other=0.0)
-        w = tl.load(w_ptr + offs_n[:, None] * K + offs_k[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0.0)
-        acc = tl.dot(dy * g[None, :], w, acc, input_precision="tf32x3")
+        wt = tl.load(wt_ptr + offs_k[None, :] * N + offs_n[:, None], mask=mask_n[:, None] & mask_k[None, :],
+                     other=0.0)
+        acc = tl.dot(dy, wt, acc, input_precision="tf32x3")
     mask = mask_m[:, None] & mask_k[None, :]
     x = tl.load(x_ptr + offs_m[:, None] * K + offs_k[None, :], mask=mask, other=0.0)
-    tl.store(dx_ptr + offs_m[:, None] * K + offs_k[None, :], tl.where(x > 0.0, acc, 0.0), mask=mask)
+    dz = tl.where(x > 0.0, acc, 0.0)  # zero outside the tile's valid rows and columns too (x is 0 there)
+    if STORE_DX:
+        tl.store(dx_ptr + offs_m[:, None] * K + offs_k[None, :], dz, mask=mask)
+    tl.store(dxt_ptr + offs_k[None, :] * M + offs_m[:, None], dz, mask=mask)
+    tl.atomic_add(db_ptr + offs_k, tl.sum(dz, axis=0), mask=mask_k, sem="relaxed")
 
 
 @triton.jit
-def _bwd_dw_fp32split_gemm_kernel(dy_ptr, x_ptr, idx_ptr, w_ptr, g_ptr, dw_ptr, db_ptr, dg_ptr, M, N, K, stride_xm,
-                                  gain_group, rows_per_split, GATHER: tl.constexpr, BLOCK_M: tl.constexpr,
-                                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _bwd_dw_fp32split_gemm_kernel(dyt_ptr, xt_ptr, w_ptr, g_ptr, dw_ptr, dg_ptr, M, N, K, gain_group, rows_per_split,
+                                  GROUPS_PER_TILE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                                  BLOCK_K: tl.constexpr):
+    # both operands K-major (the reduction axis m contiguous): dY^T (N, M) rows and X^T (K, M) rows read as (M, K)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     split = tl.program_id(2)
@@ -119,28 +138,49 @@ def _bwd_dw_fp32split_gemm_kernel(dy_ptr, x_ptr, idx_ptr, w_ptr, g_ptr, dw_ptr, 
     mask_n = offs_n < N
     mask_k = offs_k < K
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    dbias = tl.zeros((BLOCK_N,), dtype=tl.float32)
     m_start = split * rows_per_split
     for m0 in range(m_start, m_start + rows_per_split, BLOCK_M):
         offs_m = m0 + tl.arange(0, BLOCK_M)
         mask_m = offs_m < M
-        if GATHER:
-            rows = tl.load(idx_ptr + offs_m, mask=mask_m, other=0)
-        else:
-            rows = offs_m.to(tl.int64)
-        x = tl.load(x_ptr + rows[:, None] * stride_xm + offs_k[None, :], mask=mask_m[:, None] & mask_k[None, :],
-                    other=0.0)
-        dyt = tl.load(dy_ptr + offs_n[:, None] + offs_m[None, :] * N, mask=mask_n[:, None] & mask_m[None, :],
+        dyt = tl.load(dyt_ptr + offs_n[:, None] * M + offs_m[None, :], mask=mask_n[:, None] & mask_m[None, :],
                       other=0.0)
+        x = tl.load(xt_ptr + offs_k[None, :] * M + offs_m[:, None], mask=mask_m[:, None] & mask_k[None, :],
+                    other=0.0)
         acc = tl.dot(dyt, x, acc, input_precision="tf32x3")
-        dbias += tl.sum(dyt, axis=1)
     mask = mask_n[:, None] & mask_k[None, :]
     g = tl.load(g_ptr + offs_n // gain_group, mask=mask_n, other=0.0)
     w = tl.load(w_ptr + offs_n[:, None] * K + offs_k[None, :], mask=mask, other=0.0)
     tl.atomic_add(dw_ptr + offs_n[:, None] * K + offs_k[None, :], acc * g[:, None], mask=mask, sem="relaxed")
-    tl.atomic_add(dg_ptr + offs_n // gain_group, tl.sum(w * acc, axis=1), mask=mask_n, sem="relaxed")
-    if pid_k == 0:
-        tl.atomic_add(db_ptr + offs_n, dbias, mask=mask_n, sem="relaxed")
+    # dg: reduce each gain group's rows inside the program, then one atomic per group (not one per row: a group
+    # can span every row of the tile, and per-row atomics on one address serialize)
+    r = tl.sum(w * acc, axis=1)
+    grp = offs_n // gain_group
+    first = (pid_n * BLOCK_N) // gain_group
+    last = (N - 1) // gain_group
+    for j in tl.static_range(GROUPS_PER_TILE):
+        tl.atomic_add(dg_ptr + first + j, tl.sum(tl.where(grp == first + j, r, 0.0)), mask=first + j <= last,
+                      sem="relaxed")
+
+
+@triton.jit
+def _bwd_weight_transpose_kernel(src_ptr, dst_ptr, table_ptr, ENTRIES: tl.constexpr, BLOCK: tl.constexpr):
+    # table row e: (w_offset, g_offset, rows N, cols K, gain_group, dst_offset, first_tile); tiles of entry e are
+    # numbered from first_tile, row-major over (ceil(N / BLOCK), ceil(K / BLOCK))
+    pid = tl.program_id(0)
+    e = 0
+    for i in tl.static_range(1, ENTRIES):
+        e = tl.where(pid >= tl.load(table_ptr + i * 7 + 6), i, e)
+    row = table_ptr + e * 7
+    w_off, g_off, n, k = tl.load(row), tl.load(row + 1), tl.load(row + 2), tl.load(row + 3)
+    gain_group, dst_off, first = tl.load(row + 4), tl.load(row + 5), tl.load(row + 6)
+    t = pid - first
+    tiles_k = (k + BLOCK - 1) // BLOCK
+    offs_n = (t // tiles_k) * BLOCK + tl.arange(0, BLOCK)
+    offs_k = (t % tiles_k) * BLOCK + tl.arange(0, BLOCK)
+    mask = (offs_n < n)[:, None] & (offs_k < k)[None, :]
+    w = tl.load(src_ptr + w_off + offs_n[:, None] * k + offs_k[None, :], mask=mask, other=0.0)
+    g = tl.load(src_ptr + g_off + offs_n // gain_group, mask=offs_n < n, other=0.0)
+    tl.store(dst_ptr + dst_off + offs_k[None, :] * n + offs_n[:, None], w * g[:, None], mask=mask)
 
 
 def _block(n: int, cap: int) -> int:
@@ -150,7 +190,8 @@ def _block(n: int, cap: int) -> int:
 
 def linear_forward(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, g: torch.Tensor, y: torch.Tensor,
                    gain_group: int, relu: bool, *, rows: torch.Tensor | None = None, nets: int = 1,
-                   p_zstride: int = 0, x_zstride: int = 0, ddqn: bool = False) -> torch.Tensor:
+                   p_zstride: int = 0, x_zstride: int = 0, ddqn: bool = False,
+                   yt: torch.Tensor | None = None) -> torch.Tensor:
     """y[z] = act(g[z][n // gain_group] * (x[z] @ w[z]^T) + b[z]) for z < nets, in one launch (TF32 tensor cores).
 
     Args:
@@ -163,6 +204,8 @@ def linear_forward(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, g: torch.T
         relu: apply ReLU after the bias. rows: optional (M,) int64 row indices into x (not bounds-checked).
         nets: 1 or 2 networks in one launch; x_zstride: floats between the nets' inputs (0: shared input).
         ddqn: name the launch as the Double-DQN forward (`_fwd_ddqn_tf32_gemm_kernel`) instead of the online one.
+        yt: optional (N, M) float32 contiguous output, fully overwritten with y^T (nets = 1 only): the layout the
+            next layer's weight-gradient GEMM reads (`linear_backward_weight`).
     Returns y. Grid (ceil(M / 128), ceil(N / BLOCK_N), nets), BLOCK_N <= 128 lowered until there are >= 132 programs
     or BLOCK_N = 16; never a single program (an idle second program is added for tiny shapes).
     Raises ValueError for wrong dtype, shape, device or contiguity, or bad nets / gain_group.
@@ -188,6 +231,10 @@ def linear_forward(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, g: torch.T
         check_tensor("rows", rows, dtype=torch.int64, shape=(m,), device=dev)
     elif x.shape[0] < m:
         raise ValueError(f"x has {x.shape[0]} rows, y needs {m}")
+    if yt is not None:
+        if nets != 1:
+            raise ValueError("yt (the transposed output) is for one net only (nets = 1)")
+        check_tensor("yt", yt, dtype=torch.float32, shape=(n, m), device=dev)
     # Tiles from the H200 sweep at seed-scale shapes (profiles/h200/linear_sweep.md): 128 x 128 x 32, 4 warps,
     # 3 stages; BLOCK_N halves while there are fewer than 132 programs (one wave) and it can.
     block_m, block_n = 128, _block(n, 128)
@@ -196,75 +243,125 @@ def linear_forward(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, g: torch.T
         block_n //= 2
     grid = (max(grid_m, 1 if triton.cdiv(n, block_n) * nets > 1 else 2), triton.cdiv(n, block_n), nets)
     kernel = _fwd_ddqn_tf32_gemm_kernel if ddqn else _fwd_online_tf32_gemm_kernel
-    kernel[grid](x, rows if rows is not None else x, w, b, g, y, m, n, k, x.stride(0), x_zstride, p_zstride,
-                 m * n, gain_group, GATHER=rows is not None, RELU=relu, BLOCK_M=block_m, BLOCK_N=block_n,
-                 BLOCK_K=_block(k, 32), num_warps=4, num_stages=3)
+    kernel[grid](x, rows if rows is not None else x, w, b, g, y, yt if yt is not None else y, m, n, k, x.stride(0),
+                 x_zstride, p_zstride, m * n, gain_group, GATHER=rows is not None, RELU=relu, STORE_T=yt is not None,
+                 BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=_block(k, 32), num_warps=4, num_stages=3)
     return y
 
 
-def linear_backward_input(dy: torch.Tensor, w: torch.Tensor, g: torch.Tensor, x: torch.Tensor, dx: torch.Tensor,
-                          gain_group: int) -> torch.Tensor:
-    """dx = ((dy * g[n // gain_group]) @ w) masked to where x > 0 (split-precision FP32 tensor-core GEMM).
+def linear_backward_input(dy: torch.Tensor, wt: torch.Tensor, x: torch.Tensor, dxt: torch.Tensor, db: torch.Tensor,
+                          dx: torch.Tensor | None = None) -> torch.Tensor:
+    """The previous layer's pre-activation gradient dz = (dy @ wt^T) masked to where x > 0, written as dz^T (and dz),
+    and its bias gradient db += sum_m dz (split-precision FP32 tensor-core GEMM, both operands K-major).
 
-    dy: (M, N) gradient w.r.t. this layer's pre-activation; w: (N, K); g: (ceil(N / gain_group),); x: (M, K) the
-    layer's input, the previous layer's ReLU output; dx: (M, K) output (the previous layer's pre-activation
-    gradient), fully overwritten. All float32, contiguous, on one device. Returns dx.
+    dy: (M, N) gradient w.r.t. this layer's pre-activation; wt: (K, N) this layer's weight transposed and scaled by
+    its gains, wt[k, n] = g[n // gain_group] W[n, k] (`weight_transpose`); x: (M, K) the layer's input, the previous
+    layer's ReLU output; dxt: (K, M) output dz^T, fully overwritten (the previous layer's `linear_backward_weight`
+    reads it); db: (K,) the previous layer's bias gradient, a view of the zeroed gradient buffer (fp32 atomic adds,
+    ceil(M / 128) per element); dx: optional (M, K) output dz (for the previous layer's own input gradient).
+    All float32, contiguous, on one device. Returns dxt.
     Raises ValueError for wrong dtype, shape, device or contiguity.
     """
-    check_tensor("w", w, dtype=torch.float32, ndim=2)
-    n, k = w.shape
-    dev = w.device
+    check_tensor("wt", wt, dtype=torch.float32, ndim=2)
+    k, n = wt.shape
+    dev = wt.device
     check_tensor("dy", dy, dtype=torch.float32, ndim=2, device=dev)
     m = dy.shape[0]
     check_tensor("dy", dy, shape=(m, n))
-    check_tensor("g", g, dtype=torch.float32, shape=(-(-n // max(gain_group, 1)),), device=dev)
     check_tensor("x", x, dtype=torch.float32, shape=(m, k), device=dev)
-    check_tensor("dx", dx, dtype=torch.float32, shape=(m, k), device=dev)
-    block_m, block_k = 128, _block(k, 64)  # H200 sweep: 128 x 32 x 64, 4 warps, 3 stages
+    check_tensor("dxt", dxt, dtype=torch.float32, shape=(k, m), device=dev)
+    check_tensor("db", db, dtype=torch.float32, shape=(k,), device=dev)
+    if dx is not None:
+        check_tensor("dx", dx, dtype=torch.float32, shape=(m, k), device=dev)
+    # the split-GEMM probe's best tf32x3 tiles with K-major operands (profiles/h200/split_gemm_probe.md):
+    # 128 x 128 outputs, 32-wide reduction steps, 8 warps, 3 stages
+    block_m, block_k = 128, _block(k, 128)
     grid = (max(triton.cdiv(m, block_m), 2), triton.cdiv(k, block_k))
-    _bwd_dx_fp32split_gemm_kernel[grid](dy, w, g, x, dx, m, n, k, gain_group, BLOCK_M=block_m,
-                                        BLOCK_N=_block(n, 32), BLOCK_K=block_k, num_warps=4, num_stages=3)
-    return dx
+    _bwd_dx_fp32split_gemm_kernel[grid](dy, wt, x, dx if dx is not None else dxt, dxt, db, m, n, k,
+                                        STORE_DX=dx is not None, BLOCK_M=block_m, BLOCK_N=_block(n, 32),
+                                        BLOCK_K=block_k, num_warps=8, num_stages=3)
+    return dxt
 
 
-def linear_backward_weight(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, g: torch.Tensor, dw: torch.Tensor,
-                           db: torch.Tensor, dg: torch.Tensor, gain_group: int, *,
-                           rows: torch.Tensor | None = None) -> None:
-    """Accumulate (atomic adds) dw += g * dy^T x, db += sum_m dy, dg[j] += sum over group j's rows of sum(w * dy^T x).
+def linear_backward_weight(dyt: torch.Tensor, xt: torch.Tensor, w: torch.Tensor, g: torch.Tensor, dw: torch.Tensor,
+                           dg: torch.Tensor, gain_group: int) -> None:
+    """Accumulate (atomic adds) dw += g * dy^T x and dg[j] += sum over group j's rows of sum(w * dy^T x), from
+    dY^T and X^T (both operands K-major: the batch axis contiguous).
 
-    dy: (M, N); x: (R, K) (row stride may exceed K; with `rows` (M,) int64, row m of the product is x[rows[m]]);
-    w: (N, K) and g: (ceil(N / gain_group),) the layer's parameters; dw (N, K), db (N,), dg like g: views of the
-    gradient buffer, which the caller zeroes once before the backward. Split over M into >= 8 parts (more while
-    there are fewer than 132 programs); fp32 atomic adds make the summation order (and the last bits) vary run to run.
-    Raises ValueError for wrong dtype, shape, device or contiguity.
+    dyt: (N, M) this layer's pre-activation gradient, transposed; xt: (K, M) its input, transposed; w: (N, K) and
+    g: (ceil(N / gain_group),) the layer's parameters; dw (N, K), dg like g: views of the gradient buffer, which
+    the caller zeroes once before the backward. The bias gradient comes from whoever wrote dyt (`linear_backward_
+    input`, `kernels.heads.heads_backward`). Split over M into enough parts for >= 132 programs; fp32 atomic adds
+    make the summation order (and the last bits) vary run to run; dg gets one atomic per program and gain group.
+    Raises ValueError for wrong dtype, shape, device or contiguity, or gain_group < 1.
     """
     check_tensor("w", w, dtype=torch.float32, ndim=2)
     n, k = w.shape
     dev = w.device
-    check_tensor("dy", dy, dtype=torch.float32, ndim=2, device=dev)
-    m = dy.shape[0]
-    check_tensor("dy", dy, shape=(m, n))
-    check_tensor("x", x, dtype=torch.float32, ndim=2, device=dev, contiguous=False)
-    if x.shape[1] != k or x.stride(1) != 1:
-        raise ValueError(f"x must be (R, {k}) with unit column stride, got {tuple(x.shape)} stride {x.stride()}")
-    if rows is not None:
-        check_tensor("rows", rows, dtype=torch.int64, shape=(m,), device=dev)
-    elif x.shape[0] < m:
-        raise ValueError(f"x has {x.shape[0]} rows, dy has {m}")
-    groups = -(-n // max(gain_group, 1))
-    for name, t, shape in (("g", g, (groups,)), ("dw", dw, (n, k)), ("db", db, (n,)), ("dg", dg, (groups,))):
+    check_tensor("dyt", dyt, dtype=torch.float32, ndim=2, device=dev)
+    m = dyt.shape[1]
+    check_tensor("dyt", dyt, shape=(n, m))
+    check_tensor("xt", xt, dtype=torch.float32, shape=(k, m), device=dev)
+    if gain_group < 1:
+        raise ValueError(f"gain_group must be >= 1, got {gain_group}")
+    groups = -(-n // gain_group)
+    for name, t, shape in (("g", g, (groups,)), ("dw", dw, (n, k)), ("dg", dg, (groups,))):
         check_tensor(name, t, dtype=torch.float32, shape=shape, device=dev)
-    # H200 sweep: N x K tiles 128 x 64, 64 rows per iteration, 8 warps, 3 stages, ~8 splits of M
-    block_n, block_k, block_m = _block(n, 128), _block(k, 64), 64
+    # probe's best K-major tf32x3 tiles: 128 x 128 outputs, 32 rows per reduction step, 8 warps, 3 stages
+    block_n, block_k, block_m = _block(n, 128), _block(k, 128), 32
     tiles = triton.cdiv(n, block_n) * triton.cdiv(k, block_k)
-    splits = max(1, min(triton.cdiv(m, block_m), max(8, triton.cdiv(_MIN_PROGRAMS, tiles))))
+    splits = max(1, min(triton.cdiv(m, block_m), triton.cdiv(_MIN_PROGRAMS, tiles)))
     rows_per_split = triton.cdiv(triton.cdiv(m, splits), block_m) * block_m
     splits = max(triton.cdiv(m, rows_per_split), 2 if tiles == 1 else 1)  # an idle split rather than one program
     grid = (triton.cdiv(n, block_n), triton.cdiv(k, block_k), splits)
-    _bwd_dw_fp32split_gemm_kernel[grid](dy, x, rows if rows is not None else x, w, g, dw, db, dg, m, n, k,
-                                        x.stride(0), gain_group, rows_per_split, GATHER=rows is not None,
-                                        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=8,
-                                        num_stages=3)
+    _bwd_dw_fp32split_gemm_kernel[grid](dyt, xt, w, g, dw, dg, m, n, k, gain_group, rows_per_split,
+                                        GROUPS_PER_TILE=triton.cdiv(block_n - 1, gain_group) + 1, BLOCK_M=block_m,
+                                        BLOCK_N=block_n, BLOCK_K=block_k, num_warps=8, num_stages=3)
+
+
+class WeightTranspose:
+    """Writes g-scaled transposed copies of weight matrices of a flat parameter buffer, all in one launch:
+    dst[dst_offset + k * N + n] = g[n // gain_group] * W[n, k] for every entry (the operand layout
+    `linear_backward_input` reads K-major on Hopper's TF32 tensor cores).
+
+    Args:
+        entries: per matrix (w_offset, g_offset, rows N, cols K, gain_group) into the source buffer; the copies are
+            packed in `dst` in this order (offsets in `dst_offsets`, sizes N * K).
+        device: where the table lives.
+    Attributes: dst_offsets (list of int), numel (floats of dst), tiles (programs per launch).
+    Raises ValueError for an empty list or non-positive sizes.
+    """
+
+    BLOCK = 64
+
+    def __init__(self, entries: list[tuple[int, int, int, int, int]], device: torch.device) -> None:
+        if not entries:
+            raise ValueError("WeightTranspose needs at least one matrix")
+        rows, self.dst_offsets, pos, tiles = [], [], 0, 0
+        for w_off, g_off, n, k, gain_group in entries:
+            if min(n, k, gain_group) < 1 or min(w_off, g_off) < 0:
+                raise ValueError(f"WeightTranspose: bad entry {(w_off, g_off, n, k, gain_group)}")
+            rows.append((w_off, g_off, n, k, gain_group, pos, tiles))
+            self.src_numel = max(getattr(self, "src_numel", 0), w_off + n * k, g_off + -(-n // gain_group))
+            self.dst_offsets.append(pos)
+            pos += n * k
+            tiles += triton.cdiv(n, self.BLOCK) * triton.cdiv(k, self.BLOCK)
+        self.numel, self.tiles, self.shapes = pos, tiles, [(n, k) for _, _, n, k, _ in entries]
+        self.table = torch.tensor(rows, dtype=torch.int64, device=device)
+
+    def views(self, dst: torch.Tensor) -> list[torch.Tensor]:
+        """The (K, N) transposed matrices inside `dst` (numel floats), in entry order."""
+        return [dst[o:o + n * k].view(k, n) for o, (n, k) in zip(self.dst_offsets, self.shapes)]
+
+    def __call__(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """One launch of max(2, tiles) programs; src: the (P,) float32 parameter buffer, dst: (numel,) float32.
+        Raises ValueError for wrong dtype, shape or device."""
+        check_tensor("src", src, dtype=torch.float32, ndim=1, device=self.table.device)
+        if src.shape[0] < self.src_numel:
+            raise ValueError(f"src has {src.shape[0]} floats, the table reads up to {self.src_numel}")
+        check_tensor("dst", dst, dtype=torch.float32, shape=(self.numel,), device=self.table.device)
+        _bwd_weight_transpose_kernel[(max(2, self.tiles),)](src, dst, self.table, ENTRIES=len(self.dst_offsets),
+                                                            BLOCK=self.BLOCK)
 
 
 def linear_reference(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, g: torch.Tensor, gain_group: int,

@@ -8,8 +8,10 @@ terminal flags after it.
   beta = beta_start + (beta_end - beta_start) * min(1, t / anneal_steps) (linear annealing, Schaul et al. 2016,
   Sec. 3.4) into a 0-dim device tensor that `tree_sample` reads. The actor (trainer/actor.py) uses the same launch
   for its acting and env uniforms and its linearly decayed epsilon (Mnih et al. 2015).
-- `gather_transitions`: action[b] = action_src[idx[b]], reward, terminated likewise, in one launch (the
-  observations are not copied: the first forward layer reads them from replay storage by index).
+- `gather_transitions`: action[b] = action_src[idx[b]], reward, terminated likewise, and the observations
+  transposed, obs_t[:, b] = obs_src[idx[b]] (what the first layer's weight-gradient GEMM reads, batch axis
+  contiguous: kernels/linear.py), in one launch (the first forward layer reads the observations from replay
+  storage by index).
 References: `uniforms_reference` (the beta formula; the Philox stream itself is Triton's) and `gather_reference`.
 """
 
@@ -38,8 +40,9 @@ def _batch_uniforms_kernel(counter_ptr, out_ptr, beta_ptr, seed, n, beta_start, 
 
 
 @triton.jit
-def _gather_transitions_kernel(idx_ptr, action_src, reward_src, term_src, action_out, reward_out, term_out, n,
-                               D: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr):
+def _gather_transitions_kernel(idx_ptr, action_src, reward_src, term_src, obs_src, action_out, reward_out, term_out,
+                               obs_t_out, n, obs_dim, D: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr,
+                               BLOCK_O: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     rows = tl.load(idx_ptr + offs, mask=mask, other=0)
@@ -49,6 +52,11 @@ def _gather_transitions_kernel(idx_ptr, action_src, reward_src, term_src, action
     m2 = mask[:, None] & (d < D)[None, :]
     a = tl.load(action_src + rows[:, None] * D + d[None, :], mask=m2, other=0)
     tl.store(action_out + offs[:, None] * D + d[None, :], a, mask=m2)
+    for o0 in range(0, obs_dim, BLOCK_O):
+        o = o0 + tl.arange(0, BLOCK_O)
+        mo = mask[:, None] & (o < obs_dim)[None, :]
+        x = tl.load(obs_src + rows[:, None] * obs_dim + o[None, :], mask=mo, other=0.0)
+        tl.store(obs_t_out + o[None, :] * n + offs[:, None], x, mask=mo)
 
 
 def batch_uniforms(counter: torch.Tensor, out: torch.Tensor, beta: torch.Tensor, seed: int, beta_start: float,
@@ -75,11 +83,14 @@ def batch_uniforms(counter: torch.Tensor, out: torch.Tensor, beta: torch.Tensor,
 
 
 def gather_transitions(idx: torch.Tensor, action_src: torch.Tensor, reward_src: torch.Tensor,
-                       term_src: torch.Tensor, action_out: torch.Tensor, reward_out: torch.Tensor,
-                       term_out: torch.Tensor) -> None:
-    """action_out[b] = action_src[idx[b]] (B, D) int64; reward_out, term_out (B,) float32 likewise; one launch.
+                       term_src: torch.Tensor, obs_src: torch.Tensor, action_out: torch.Tensor,
+                       reward_out: torch.Tensor, term_out: torch.Tensor, obs_t_out: torch.Tensor) -> None:
+    """action_out[b] = action_src[idx[b]] (B, D) int64; reward_out, term_out (B,) float32 likewise; obs_t_out[:, b]
+    = obs_src[idx[b]] ((obs_dim, B) float32, the observations transposed); one launch of max(2, ceil(B / 64))
+    programs.
 
-    idx: (B,) int64 slots in [0, C) (not bounds-checked on the device); *_src: replay storage (C, D) / (C,).
+    idx: (B,) int64 slots in [0, C) (not bounds-checked on the device); *_src: replay storage (C, D) / (C,) /
+    (C, obs_dim).
     Raises ValueError for wrong dtype/shape/device/contiguity.
     """
     check_tensor("idx", idx, dtype=torch.int64, ndim=1)
@@ -88,14 +99,17 @@ def gather_transitions(idx: torch.Tensor, action_src: torch.Tensor, reward_src: 
     cap, branches = action_src.shape
     for name, t, dtype, shape in (("reward_src", reward_src, torch.float32, (cap,)),
                                   ("term_src", term_src, torch.float32, (cap,)),
+                                  ("obs_src", obs_src, torch.float32, (cap, None)),
                                   ("action_out", action_out, torch.int64, (n, branches)),
                                   ("reward_out", reward_out, torch.float32, (n,)),
-                                  ("term_out", term_out, torch.float32, (n,))):
+                                  ("term_out", term_out, torch.float32, (n,)),
+                                  ("obs_t_out", obs_t_out, torch.float32, (obs_src.shape[1], n))):
         check_tensor(name, t, dtype=dtype, shape=shape, device=dev)
-    block = 256
+    block = 64  # 128 programs for a batch of 8192: the observations are most of the bytes
     _gather_transitions_kernel[(max(2, triton.cdiv(n, block)),)](
-        idx, action_src, reward_src, term_src, action_out, reward_out, term_out, n, D=branches, BLOCK=block,
-        BLOCK_D=triton.next_power_of_2(branches))
+        idx, action_src, reward_src, term_src, obs_src, action_out, reward_out, term_out, obs_t_out, n,
+        obs_src.shape[1], D=branches, BLOCK=block, BLOCK_D=triton.next_power_of_2(branches),
+        BLOCK_O=min(32, max(16, triton.next_power_of_2(obs_src.shape[1]))))
 
 
 def uniforms_reference(step: int, beta_start: float, beta_end: float, anneal_steps: int) -> float:
@@ -103,6 +117,6 @@ def uniforms_reference(step: int, beta_start: float, beta_end: float, anneal_ste
     return beta_start + (beta_end - beta_start) * min(1.0, step / anneal_steps)
 
 
-def gather_reference(idx, action_src, reward_src, term_src):
-    """Plain-torch (action_src[idx], reward_src[idx], term_src[idx])."""
-    return action_src[idx], reward_src[idx], term_src[idx]
+def gather_reference(idx, action_src, reward_src, term_src, obs_src):
+    """Plain-torch (action_src[idx], reward_src[idx], term_src[idx], obs_src[idx].T)."""
+    return action_src[idx], reward_src[idx], term_src[idx], obs_src[idx].T

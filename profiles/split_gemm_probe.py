@@ -112,7 +112,8 @@ def cases(batch=8192, d_in=512, d_out=256):
 
 
 def _step_kernels(batch=8192, d_in=512, d_out=256):
-    """The hot step's own backward launches (kernels/linear.py, gain 1) at the same shapes, timed the same way."""
+    """The hot step's own backward launches (kernels/linear.py, gain 1, their K-major operands: W^T, dY^T, X^T) at
+    the same shapes, timed the same way."""
     from kernels.linear import linear_backward_input, linear_backward_weight
 
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -120,18 +121,21 @@ def _step_kernels(batch=8192, d_in=512, d_out=256):
     w = torch.randn(d_out, d_in, device="cuda", generator=g) / d_in ** 0.5
     dy = torch.randn(batch, d_out, device="cuda", generator=g) * 1e-3
     gain = torch.ones(1, device="cuda")
-    dx = torch.empty_like(x)
-    dw, db, dg = torch.zeros_like(w), torch.zeros(d_out, device="cuda"), torch.zeros(1, device="cuda")
+    wt, dyt, xt = w.t().contiguous(), dy.t().contiguous(), x.t().contiguous()
+    dx, dxt, db = torch.empty_like(x), torch.empty_like(xt), torch.zeros(d_in, device="cuda")
+    dw, dg = torch.zeros_like(w), torch.zeros(1, device="cuda")
     ref_dx = torch.where(x > 0, dy.double() @ w.double(), 0.0)
-    linear_backward_input(dy, w, gain, x, dx, d_out)
+    linear_backward_input(dy, wt, x, dxt, db, dx=dx)
     err_dx = ((dx.double() - ref_dx).abs().max() / ref_dx.abs().max()).item()
     ref_dw = dy.double().t() @ x.double()
-    linear_backward_weight(dy, x, w, gain, dw, db, dg, d_out)
+    linear_backward_weight(dyt, xt, w, gain, dw, dg, d_out)
     err_dw = ((dw.double() - ref_dw).abs().max() / ref_dw.abs().max()).item()
-    return [dict(gemm="dx=dY W", impl="kernels.linear step kernel (+ReLU mask)", config="as in the step", rel_err=err_dx,
-                 us=_time_us(lambda: linear_backward_input(dy, w, gain, x, dx, d_out))),
-            dict(gemm="dW=dY^T X (natural)", impl="kernels.linear step kernel (+db, dg)", config="as in the step",
-                 rel_err=err_dw, us=_time_us(lambda: linear_backward_weight(dy, x, w, gain, dw, db, dg, d_out)))]
+    return [dict(gemm="dx=dY W", impl="kernels.linear step kernel (W^T; +ReLU mask, dx^T, db)",
+                 config="as in the step", rel_err=err_dx,
+                 us=_time_us(lambda: linear_backward_input(dy, wt, x, dxt, db, dx=dx))),
+            dict(gemm="dW=dY^T X (K-major)", impl="kernels.linear step kernel (dY^T, X^T; +dg)",
+                 config="as in the step", rel_err=err_dw,
+                 us=_time_us(lambda: linear_backward_weight(dyt, xt, w, gain, dw, dg, d_out)))]
 
 
 def main(argv=None):

@@ -129,18 +129,21 @@ def forward_reference(layout: FlatLayout, buf: torch.Tensor, obs: torch.Tensor) 
 
 
 def flat_forward(layout: FlatLayout, buf: torch.Tensor, x: torch.Tensor, acts: list[torch.Tensor], q: torch.Tensor,
-                 *, rows: torch.Tensor | None = None, nets: int = 1, linear=linear_forward) -> torch.Tensor:
+                 *, rows: torch.Tensor | None = None, nets: int = 1, linear=linear_forward,
+                 acts_t: list[torch.Tensor | None] | None = None) -> torch.Tensor:
     """Forward of `nets` networks (1, or 2: online and target in one launch per layer, the Double-DQN forward)
     whose net-0 parameters are the 1-D float32 buffer `buf` (net 1's are `layout.numel` floats further), with the
     fused kernels. x: (R, obs_dim) float32 input rows (with `rows` (M,) int64, row m is x[rows[m]], e.g. replay
     storage); acts: one (M, width) or (nets, M, width) float32 output per layer of `layout.layers` (kept: the
     backward reads them); q: (M, D * A) or (nets, M, D * A), returned. `linear`: the layer launcher
-    (kernels.linear.linear_forward or a drop-in of the same signature). Raises ValueError from the launchers."""
+    (kernels.linear.linear_forward or a drop-in of the same signature). acts_t: optional, per layer None or a
+    (width, M) float32 output for the activations transposed (nets = 1; the backward's weight-gradient GEMMs read
+    them). Raises ValueError from the launchers."""
     p, x_zstride = layout.numel, 0
-    for slots, y in zip(layout.layers, acts):
+    for i, (slots, y) in enumerate(zip(layout.layers, acts)):
         w, b, g = slots.views(buf)
         linear(x, w, b, g, y, slots.gain_group, slots.relu, rows=rows, nets=nets, p_zstride=p, x_zstride=x_zstride,
-               ddqn=nets == 2)
+               ddqn=nets == 2, yt=acts_t[i] if acts_t is not None else None)
         x, rows, x_zstride = y.view(-1, slots.rows), None, y.shape[-2] * slots.rows
     w_out, b_out, g_out = layout.out_views(buf)
     return heads_forward(acts[-1], w_out, b_out, g_out, q, layout.branches, nets=nets, p_zstride=p, ddqn=nets == 2)

@@ -4,18 +4,22 @@ One step, all on the device, no host read (the seed's hot loop; capture rules as
 static buffers, warm-up on a side stream, then `torch.cuda.graph`):
   sample      batch_uniforms (Philox keyed by the optimizer's device step count; also writes the annealed beta),
               tree_sample (stratified proportional sampling + importance weights, 2 launches),
-              gather_transitions (actions, rewards, terminal flags; observations are read in place by the forward)
+              gather_transitions (actions, rewards, terminal flags, and the observations transposed for the first
+              layer's weight gradient; the forward reads them in place)
   ddqn_forward  on a second stream, concurrent with the online forward: online and target net on s' in ONE launch
-              per layer (TF32)
-  forward     online net on s (TF32), activations kept for the backward
+              per layer (TF32); first on that stream, the gain-scaled W^T of every layer but the first, in one
+              launch (the input-gradient GEMMs read it K-major: kernels/linear.py)
+  forward     online net on s (TF32), activations kept for the backward (and their transposes, for the
+              weight-gradient GEMMs)
   loss        fused Double-DQN TD loss: target, TD errors, loss, dLoss/dQ, new priorities, metrics
   backward    one memset (the gradient buffer: the weight kernels accumulate with atomics), then the heads' and each
-              layer's input- and weight-gradient kernels (split-precision FP32)
+              layer's input- and weight-gradient kernels (split-precision FP32; the input-gradient kernels also
+              sum the bias gradients of the layer below)
   optimizer   grad-norm + clip + Adam over the flat buffers, with the target update fused in (hard or Polyak, on
               the device-side steps that are multiples of target_update_interval)
   spectral_norm  all weight matrices projected to sigma = 1 in one launch
   priority_update  sum-tree update with the new priorities
-Kernels per step: 1 + 2 + 1 + 4 + 4 + 1 + 1 + 6 (2 trunk layers) + 2 + 1 + 1 = 24 at seed scale.
+Kernels per step: 1 + 2 + 1 + (1 + 4) + 4 + 1 + 1 + 6 (2 trunk layers) + 2 + 1 + 1 = 25 at seed scale.
 The target net therefore holds the parameters after Adam and before that step's spectral-norm projection (they
 differ by one step's change of sigma, O(lr)).
 """
@@ -30,7 +34,7 @@ import torch
 
 from kernels.fused_adam import FusedAdam
 from kernels.heads import heads_backward
-from kernels.linear import linear_backward_input, linear_backward_weight, linear_forward
+from kernels.linear import WeightTranspose, linear_backward_input, linear_backward_weight, linear_forward
 from kernels.replay_batch import batch_uniforms, gather_transitions
 from kernels.segment_tree import tree_sample, tree_update
 from kernels.spectral_norm import SpectralNormTable, spectral_norm_
@@ -106,9 +110,18 @@ class HotLearner:
         self.idx, self.action = new(b, dtype=torch.int64), new(b, d, dtype=torch.int64)
         self.reward, self.terminated = new(b), new(b)
         self.acts = [new(b, x.rows) for x in lay.layers]            # online activations, kept for the backward
+        # transposed copies the weight-gradient GEMMs read (batch axis contiguous): the observations, the
+        # activations that feed a next layer, every pre-activation gradient
+        self.obs_t = new(obs_dim, b)
+        self.acts_t = [new(x.rows, b) for x in lay.layers[:-1]] + [None]
         self.ddqn_acts = [new(2, b, x.rows) for x in lay.layers]    # online + target on s'
         self.q, self.q_next = new(b, d * a), new(2, b, d * a)
-        self.dz = [new(b, x.rows) for x in lay.layers]              # pre-activation gradients
+        self.dz = [None] + [new(b, x.rows) for x in lay.layers[1:]]  # pre-activation gradients (layer 0's: dz_t only)
+        self.dz_t = [new(x.rows, b) for x in lay.layers]
+        self.weight_transpose = WeightTranspose([(x.w_offset, x.g_offset, x.rows, x.cols, x.gain_group)
+                                                 for x in lay.layers[1:]], device)
+        self.wt = new(self.weight_transpose.numel)
+        self.wts = [None, *self.weight_transpose.views(self.wt)]    # g-scaled W^T of layers 1..
         self.td = TDLossOutputs.empty(b, d, a, device)
         self.td_ws = TDLossWorkspace.create(b, device)
         self.side = torch.cuda.Stream(device) if device.type == "cuda" else None
@@ -130,29 +143,32 @@ class HotLearner:
                            cfg.per_beta_end, max(1, cfg.epochs * cfg.learner_steps_per_epoch))
             tree_sample(rp.tree.nodes, rp.capacity, rp.capacity, cfg.batch_size, self.uniforms, self.beta, self.idx,
                         self.weights)
-            gather_transitions(self.idx, rp.action, rp.reward, rp.terminated, self.action, self.reward,
-                               self.terminated)
+            gather_transitions(self.idx, rp.action, rp.reward, rp.terminated, rp.obs, self.action, self.reward,
+                               self.terminated, self.obs_t)
 
-    def _forward(self, obs: torch.Tensor, acts: list[torch.Tensor], q: torch.Tensor, nets: int) -> None:
+    def _forward(self, obs: torch.Tensor, acts: list[torch.Tensor], q: torch.Tensor, nets: int,
+                 acts_t: list[torch.Tensor | None] | None = None) -> None:
         """Forward of `nets` networks (1: online on s; 2: online and target on s') from replay rows self.idx."""
-        flat_forward(self.layout, self.params, obs, acts, q, rows=self.idx, nets=nets, linear=self.linear_forward)
+        flat_forward(self.layout, self.params, obs, acts, q, rows=self.idx, nets=nets, linear=self.linear_forward,
+                     acts_t=acts_t)
 
     def _backward(self) -> None:
         lay, params, grads = self.layout, self.params, self.grads
         grads.zero_()
         w_out, _, g_out = lay.out_views(params)
         dw_out, db_out, dg_out = lay.out_views(grads)
-        heads_backward(self.acts[-1], self.td.grad.view(self.cfg.batch_size, -1), w_out, g_out, self.dz[-1], dw_out,
-                       db_out, dg_out, lay.branches)
+        db_hidden = lay.layers[-1].views(grads)[1]
+        heads_backward(self.acts[-1], self.td.grad.view(self.cfg.batch_size, -1), w_out, g_out, self.dz[-1],
+                       self.dz_t[-1], db_hidden, dw_out, db_out, dg_out, lay.branches)
         for i in reversed(range(len(lay.layers))):
             slots = lay.layers[i]
             w, _, g = slots.views(params)
-            dw, db, dg = slots.views(grads)
-            x = self.replay.obs if i == 0 else self.acts[i - 1]
-            linear_backward_weight(self.dz[i], x, w, g, dw, db, dg, slots.gain_group,
-                                   rows=self.idx if i == 0 else None)
-            if i > 0:
-                self.linear_backward_input(self.dz[i], w, g, self.acts[i - 1], self.dz[i - 1], slots.gain_group)
+            dw, _, dg = slots.views(grads)
+            linear_backward_weight(self.dz_t[i], self.obs_t if i == 0 else self.acts_t[i - 1], w, g, dw, dg,
+                                   slots.gain_group)
+            if i > 0:  # layer i - 1's pre-activation gradient (both layouts) and bias gradient
+                self.linear_backward_input(self.dz[i], self.wts[i], self.acts[i - 1], self.dz_t[i - 1],
+                                           lay.layers[i - 1].views(grads)[1], dx=self.dz[i - 1])
 
     def _body(self) -> None:
         cfg, rp, lay = self.cfg, self.replay, self.layout
@@ -160,10 +176,13 @@ class HotLearner:
         main = torch.cuda.current_stream(self.device) if self.side is not None else None
         if self.side is not None:
             self.side.wait_stream(main)
-        with torch.cuda.stream(self.side) if self.side is not None else nullcontext(), phase_range("ddqn_forward"):
-            self._forward(rp.next_obs, self.ddqn_acts, self.q_next, nets=2)
+        with torch.cuda.stream(self.side) if self.side is not None else nullcontext():
+            with phase_range("backward"):
+                self.weight_transpose(self.params, self.wt)
+            with phase_range("ddqn_forward"):
+                self._forward(rp.next_obs, self.ddqn_acts, self.q_next, nets=2)
         with phase_range("forward"):
-            self._forward(rp.obs, self.acts, self.q, nets=1)
+            self._forward(rp.obs, self.acts, self.q, nets=1, acts_t=self.acts_t)
         if self.side is not None:
             main.wait_stream(self.side)
         b, d, a = cfg.batch_size, lay.branches, lay.actions

@@ -9,6 +9,7 @@
 #       ci       ci/gate.sh clean, then with HOTLOOP_GATE_ARGS='--inject item' (must exit 1)
 #       nsys     hotloop nsys around a short seed-scale training run, then the gate on the same configuration
 #                (its Kineto trace.json.gz): the Kineto-vs-Nsight cross-check's two traces (needs .nsyslibs)
+#       kgate    the gate on a 100-step seed-scale run, no baseline: its Kineto trace.json.gz (per-kernel times)
 #       probe    python -m profiles.split_gemm_probe: the backward GEMMs by precision, split placement and layout
 #       cpsweep  profiles/h200/cartpole_sweep_hot.sh: the hotloop learner on CartPole, 10 settings x 6 seeds
 #       bench1   hotloop bench: eager, graph-fp32, graph-tf32, compiled-split, hotloop
@@ -64,6 +65,9 @@ for part in "$@"; do
         > /tmp/r/nsys.log 2>&1; echo "nsys rc=$?"; tail -n 40 /tmp/r/nsys.log
       timeout 200 $HL gate "${SEED_SMALL[@]}" --no-baseline --out /tmp/r/kineto_gate > /tmp/r/kineto_gate.log 2>&1
       echo "kineto gate rc=$?"; tail -n 3 /tmp/r/kineto_gate.log ;;
+    kgate)
+      timeout 200 $HL gate "${SEED_SMALL[@]}" --no-baseline --out /tmp/r/kgate > /tmp/r/kgate.log 2>&1
+      echo "kgate rc=$?"; grep -E "^(PASS|FAIL)|kernels" /tmp/r/kgate.log | head -n 30 ;;
     cartpole_fast)
       # the process wall time (start to exit, evaluations included) goes to each run's log's last line
       for s in 1 2 3 4 5 6; do

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from kernels.heads import heads_backward, heads_forward, heads_reference
-from kernels.linear import linear_backward_input, linear_backward_weight, linear_forward, linear_reference
+from kernels.linear import (WeightTranspose, linear_backward_input, linear_backward_weight, linear_forward,
+                            linear_reference)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 CPU_TOL = dict(rtol=1e-4, atol=1e-4)
@@ -35,8 +36,13 @@ def _layer(gen, n, k, gain_group):
                                                                                               scale=0.2)
 
 
+def _wt(w, g, gain_group):
+    """The g-scaled W^T (K, N) the input-gradient kernel reads, in w's dtype."""
+    return (w * g.repeat_interleave(gain_group)[:w.shape[0], None]).T.contiguous()
+
+
 @pytest.mark.parametrize("m,n,k,gain_group,relu,gather", [(37, 20, 13, 20, True, False), (200, 48, 40, 16, False, True),
-                                                           (130, 96, 70, 32, True, True)])
+                                                           (130, 96, 70, 32, True, True), (70, 40, 24, 7, True, False)])
 def test_linear_forward_and_backward_match_float64(m, n, k, gain_group, relu, gather):
     gen = torch.Generator().manual_seed(m + n)
     w, b, g = _layer(gen, n, k, gain_group)
@@ -45,28 +51,54 @@ def test_linear_forward_and_backward_match_float64(m, n, k, gain_group, relu, ga
     x = src[rows] if gather else src[:m]
     dev = lambda t: t.float().to(DEVICE)  # noqa: E731
     y = torch.full((m, n), float("nan"), device=DEVICE)
+    yt = torch.full((n, m), float("nan"), device=DEVICE)
     linear_forward(dev(src), dev(w), dev(b), dev(g), y, gain_group, relu,
-                   rows=None if rows is None else rows.to(DEVICE))
+                   rows=None if rows is None else rows.to(DEVICE), yt=yt)
     ref = linear_reference(x, w, b, g, gain_group, relu)
     torch.testing.assert_close(y.cpu().double(), ref, **FWD_TOL)
+    assert torch.equal(yt, y.T)
 
     dy = _rand(m, n, gen=gen)
     # as in the network: dy is the pre-activation gradient and x a ReLU output (mask the reference accordingly)
     xr = torch.relu(x)
-    dx = torch.full((m, k), float("nan"), device=DEVICE)
-    linear_backward_input(dev(dy), dev(w), dev(g), dev(xr), dx, gain_group)
+    dx, dxt = torch.full((m, k), float("nan"), device=DEVICE), torch.full((k, m), float("nan"), device=DEVICE)
+    db_prev = _rand(k, gen=gen)  # accumulated into: starts from a nonzero value
+    db_acc = dev(db_prev)
+    linear_backward_input(dev(dy), dev(_wt(w, g, gain_group)), dev(xr), dxt, db_acc, dx=dx)
     dx_ref = ((dy * g.repeat_interleave(gain_group)[:n]) @ w) * (xr > 0)
     torch.testing.assert_close(dx.cpu().double(), dx_ref, **CPU_TOL)
+    assert torch.equal(dxt, dx.T)
+    torch.testing.assert_close(db_acc.cpu().double(), db_prev + dx_ref.sum(0), **CPU_TOL)
 
     # weight gradients: dy taken as the pre-activation gradient (what the network's backward passes in)
-    dw, db, dg = (torch.zeros_like(dev(t)) for t in (w, b, g))
-    w2, b2, g2 = (t.clone().requires_grad_(True) for t in (w, b, g))
-    linear_reference(x, w2, b2, g2, gain_group, relu=False).backward(dy)
-    linear_backward_weight(dev(dy), dev(src) if gather else dev(x), dev(w), dev(g), dw, db, dg, gain_group,
-                           rows=None if rows is None else rows.to(DEVICE))
+    dw, dg = (torch.zeros_like(dev(t)) for t in (w, g))
+    w2, g2 = (t.clone().requires_grad_(True) for t in (w, g))
+    linear_reference(x, w2, b, g2, gain_group, relu=False).backward(dy)
+    linear_backward_weight(dev(dy.T.contiguous()), dev(x.T.contiguous()), dev(w), dev(g), dw, dg, gain_group)
     torch.testing.assert_close(dw.cpu().double(), w2.grad, **CPU_TOL)
-    torch.testing.assert_close(db.cpu().double(), b2.grad, **CPU_TOL)
     torch.testing.assert_close(dg.cpu().double(), g2.grad, rtol=1e-4, atol=1e-3)
+
+
+def test_weight_transpose_writes_every_matrix_scaled_in_one_launch():
+    gen = torch.Generator().manual_seed(3)
+    shapes = [(70, 33, 70), (20, 130, 5), (9, 9, 9)]  # (N, K, gain_group): several tiles, several groups per tile
+    parts, entries, pos = [], [], 7  # the matrices sit at nonzero offsets of one flat buffer
+    for n, k, gg in shapes:
+        w, _, g = _layer(gen, n, k, gg)
+        entries.append((pos, pos + n * k, n, k, gg))
+        parts += [w.flatten(), g]
+        pos += n * k + g.numel()
+    flat = torch.cat([_rand(7, gen=gen), *parts]).float().to(DEVICE)
+    op = WeightTranspose(entries, torch.device(DEVICE))
+    dst = torch.full((op.numel,), float("nan"), device=DEVICE)
+    op(flat, dst)
+    for (w_off, g_off, n, k, gg), got in zip(entries, op.views(dst)):
+        w, g = flat[w_off:w_off + n * k].view(n, k), flat[g_off:g_off + -(-n // gg)]
+        assert torch.equal(got, _wt(w, g, gg))
+    with pytest.raises(ValueError, match="src has"):
+        op(flat[:50], dst)
+    with pytest.raises(ValueError, match="bad entry"):
+        WeightTranspose([(0, 0, 0, 3, 1)], torch.device(DEVICE))
 
 
 @pytest.mark.smoke
@@ -105,9 +137,13 @@ def test_heads_forward_and_backward_match_float64(m, branches, actions, hidden):
     dq = _rand(m, branches, actions, gen=gen)
     ref.backward(dq)
     dh = torch.full_like(dev(h), float("nan"))
+    dht = torch.full((h.shape[1], m), float("nan"), device=DEVICE)
+    db_h = torch.zeros(h.shape[1], device=DEVICE)
     dw, db, dg = (torch.zeros_like(dev(t)) for t in (w, b, g))
-    heads_backward(dev(h), dev(dq).view(m, -1), dev(w), dev(g), dh, dw, db, dg, branches)
+    heads_backward(dev(h), dev(dq).view(m, -1), dev(w), dev(g), dh, dht, db_h, dw, db, dg, branches)
     torch.testing.assert_close(dh.cpu().double(), h_.grad * (h > 0), **CPU_TOL)
+    assert torch.equal(dht, dh.T)
+    torch.testing.assert_close(db_h.cpu().double(), (h_.grad * (h > 0)).sum(0), **CPU_TOL)
     torch.testing.assert_close(dw.cpu().double(), w_.grad, **CPU_TOL)
     torch.testing.assert_close(db.cpu().double(), b_.grad, **CPU_TOL)
     torch.testing.assert_close(dg.cpu().double(), g_.grad, rtol=1e-4, atol=1e-3)
@@ -142,11 +178,12 @@ def test_precision_placement_on_gpu():
     fwd_err = _rel(y, linear_reference(xf, wf, bf, gf, n, False))
     assert 1e-5 < fwd_err < 5e-3, f"forward relative error {fwd_err:.2e}: not TF32"
     dy = _rand(m, n, gen=gen)
-    dx = torch.empty(m, k, device="cuda")
-    linear_backward_input(dev(dy), dev(w), dev(g), dev(x), dx, n)
+    dxt = torch.empty(k, m, device="cuda")
+    wt = _wt(dev(w), dev(g), n)  # float32, as the step's WeightTranspose writes it
+    linear_backward_input(dev(dy), wt, dev(x), dxt, torch.zeros(k, device="cuda"))
     dyf = dev(dy).double()
-    dx_err = _rel(dx, ((dyf * gf) @ wf) * (xf > 0))
-    dw, db, dg = torch.zeros(n, k, device="cuda"), torch.zeros(n, device="cuda"), torch.zeros(1, device="cuda")
-    linear_backward_weight(dev(dy), dev(x), dev(w), dev(g), dw, db, dg, n)
+    dx_err = _rel(dxt.T, (dyf @ wt.double().T) * (xf > 0))
+    dw, dg = torch.zeros(n, k, device="cuda"), torch.zeros(1, device="cuda")
+    linear_backward_weight(dev(dy.T.contiguous()), dev(x.T.contiguous()), dev(w), dev(g), dw, dg, n)
     dw_err = _rel(dw, gf * (dyf.T @ xf))
     assert dx_err <= 1e-5 and dw_err <= 1e-5, f"backward relative errors dx {dx_err:.2e}, dw {dw_err:.2e}"

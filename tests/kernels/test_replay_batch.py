@@ -11,17 +11,19 @@ from kernels.replay_batch import batch_uniforms, gather_reference, gather_transi
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-@pytest.mark.parametrize("batch,branches,capacity", [(37, 3, 101), (1030, 1, 2000)])
-def test_gather_matches_indexing(batch, branches, capacity):
+@pytest.mark.parametrize("batch,branches,capacity,obs_dim", [(37, 3, 101, 5), (1030, 1, 2000, 40)])
+def test_gather_matches_indexing(batch, branches, capacity, obs_dim):
     gen = torch.Generator().manual_seed(batch)
     idx = torch.randint(0, capacity, (batch,), generator=gen).to(DEVICE)  # duplicates included
     action = torch.randint(0, 7, (capacity, branches), generator=gen).to(DEVICE)
     reward = torch.randn(capacity, generator=gen).to(DEVICE)
     term = (torch.rand(capacity, generator=gen) < 0.3).float().to(DEVICE)
+    obs = torch.randn(capacity, obs_dim, generator=gen).to(DEVICE)
     outs = (torch.full((batch, branches), -99, dtype=torch.int64, device=DEVICE),
-            torch.full((batch,), float("nan"), device=DEVICE), torch.full((batch,), float("nan"), device=DEVICE))
-    gather_transitions(idx, action, reward, term, *outs)
-    for got, want in zip(outs, gather_reference(idx, action, reward, term)):
+            torch.full((batch,), float("nan"), device=DEVICE), torch.full((batch,), float("nan"), device=DEVICE),
+            torch.full((obs_dim, batch), float("nan"), device=DEVICE))
+    gather_transitions(idx, action, reward, term, obs, *outs)
+    for got, want in zip(outs, gather_reference(idx, action, reward, term, obs)):
         assert torch.equal(got, want)
 
 
