@@ -80,8 +80,8 @@ def _heads_ddqn_tf32_kernel(h_ptr, w_ptr, b_ptr, g_ptr, q_ptr, M, H, h_zstride, 
 
 @triton.jit
 def _heads_bwd_fp32split_kernel(h_ptr, dq_ptr, w_ptr, g_ptr, dh_ptr, dht_ptr, dbh_ptr, dw_ptr, db_ptr, dg_ptr, M,
-                                H, rows_per_program, D: tl.constexpr, A: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_J: tl.constexpr,
-                                BLOCK_K: tl.constexpr):
+                                H, rows_per_program, D: tl.constexpr, A: tl.constexpr, BLOCK_M: tl.constexpr,
+                                BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr):
     # program (pid, blk): rows [pid * rows_per_program, +rows_per_program) of input block blk (value or a branch);
     # its weight-gradient tile stays in registers over the rows and is added to the buffer once (few atomics)
     pid = tl.program_id(0)
