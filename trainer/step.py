@@ -12,13 +12,14 @@ static buffers, warm-up on a side stream, then `torch.cuda.graph`):
   forward     online net on s (TF32), activations kept for the backward (and their transposes, for the
               weight-gradient GEMMs)
   loss        fused Double-DQN TD loss: target, TD errors, loss, dLoss/dQ, new priorities, metrics
+  priority_update  sum-tree update with the new priorities, on the second stream, concurrent with the backward
   backward    one memset (the gradient buffer: the weight kernels accumulate with atomics), then the heads' and each
               layer's input- and weight-gradient kernels (split-precision FP32; the input-gradient kernels also
-              sum the bias gradients of the layer below)
+              sum the bias gradients of the layer below); each layer's weight gradient runs on the second stream,
+              concurrent with its input gradient; both streams join before the optimizer
   optimizer   grad-norm + clip + Adam over the flat buffers, with the target update fused in (hard or Polyak, on
               the device-side steps that are multiples of target_update_interval)
   spectral_norm  all weight matrices projected to sigma = 1 in one launch
-  priority_update  sum-tree update with the new priorities
 Kernels per step: 1 + 2 + 1 + (1 + 4) + 4 + 1 + 1 + 6 (2 trunk layers) + 2 + 1 + 1 = 25 at seed scale.
 The target net therefore holds the parameters after Adam and before that step's spectral-norm projection (they
 differ by one step's change of sigma, O(lr)).
@@ -164,33 +165,50 @@ class HotLearner:
             slots = lay.layers[i]
             w, _, g = slots.views(params)
             dw, _, dg = slots.views(grads)
-            linear_backward_weight(self.dz_t[i], self.obs_t if i == 0 else self.acts_t[i - 1], w, g, dw, dg,
-                                   slots.gain_group)
+            # layer i's weight gradient on the side stream, concurrent with its input gradient on this one: they
+            # read dz_t[i] / dz[i] (written before the fork) and write disjoint parts of the gradient buffer
+            with self._on_side():
+                linear_backward_weight(self.dz_t[i], self.obs_t if i == 0 else self.acts_t[i - 1], w, g, dw, dg,
+                                       slots.gain_group)
             if i > 0:  # layer i - 1's pre-activation gradient (both layouts) and bias gradient
                 self.linear_backward_input(self.dz[i], self.wts[i], self.acts[i - 1], self.dz_t[i - 1],
                                            lay.layers[i - 1].views(grads)[1], dx=self.dz[i - 1])
+        self._join_side()
+
+    def _on_side(self):
+        """Context: launches in it run on the side stream after everything launched so far on the current one
+        (a fork; `_join_side` joins). Without a side stream (the CPU, the ddqn_serial fault) a no-op."""
+        if self.side is None:
+            return nullcontext()
+        self.side.wait_stream(torch.cuda.current_stream(self.device))
+        return torch.cuda.stream(self.side)
+
+    def _join_side(self) -> None:
+        """The current stream waits for everything launched on the side stream so far."""
+        if self.side is not None:
+            torch.cuda.current_stream(self.device).wait_stream(self.side)
 
     def _body(self) -> None:
         cfg, rp, lay = self.cfg, self.replay, self.layout
         self._sample()
-        main = torch.cuda.current_stream(self.device) if self.side is not None else None
-        if self.side is not None:
-            self.side.wait_stream(main)
-        with torch.cuda.stream(self.side) if self.side is not None else nullcontext():
+        with self._on_side():
             with phase_range("backward"):
                 self.weight_transpose(self.params, self.wt)
             with phase_range("ddqn_forward"):
                 self._forward(rp.next_obs, self.ddqn_acts, self.q_next, nets=2)
         with phase_range("forward"):
             self._forward(rp.obs, self.acts, self.q, nets=1, acts_t=self.acts_t)
-        if self.side is not None:
-            main.wait_stream(self.side)
+        self._join_side()
         b, d, a = cfg.batch_size, lay.branches, lay.actions
         with phase_range("loss"):
             td_loss_forward(self.q.view(b, d, a), self.q_next[0].view(b, d, a), self.q_next[1].view(b, d, a),
                             self.action, self.reward, self.terminated, self.weights, cfg.gamma, cfg.loss,
                             cfg.huber_delta, cfg.cql_weight, cfg.per_eps, cfg.per_alpha, out=self.td,
                             workspace=self.td_ws)
+        # the sum-tree update needs only the new priorities: on the side stream, concurrent with the backward
+        with self._on_side(), phase_range("priority_update"):
+            tree_update(rp.tree.nodes, self.idx, self.td.priorities, rp.capacity, rp.tree.max_value,
+                        rp.tree.bad_priority_count)
         with phase_range("backward"):
             self._backward()
         with phase_range("optimizer"):
@@ -199,9 +217,6 @@ class HotLearner:
         if cfg.spectral_norm:
             with phase_range("spectral_norm"):
                 self.spectral_norm()
-        with phase_range("priority_update"):
-            tree_update(rp.tree.nodes, self.idx, self.td.priorities, rp.capacity, rp.tree.max_value,
-                        rp.tree.bad_priority_count)
 
     def capture(self) -> float:
         """Run WARMUP_STEPS eager steps on a side stream (compiling every kernel: their wall seconds go to
