@@ -206,7 +206,7 @@ def linear_forward(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, g: torch.T
         ddqn: name the launch as the Double-DQN forward (`_fwd_ddqn_tf32_gemm_kernel`) instead of the online one.
         yt: optional (N, M) float32 contiguous output, fully overwritten with y^T (nets = 1 only): the layout the
             next layer's weight-gradient GEMM reads (`linear_backward_weight`).
-    Returns y. Grid (ceil(M / 128), ceil(N / BLOCK_N), nets), BLOCK_N <= 128 lowered until there are >= 66 programs
+    Returns y. Grid (ceil(M / 128), ceil(N / BLOCK_N), nets), BLOCK_N <= 128 lowered until there are >= 132 programs
     or BLOCK_N = 16; never a single program (an idle second program is added for tiny shapes).
     Raises ValueError for wrong dtype, shape, device or contiguity, or bad nets / gain_group.
     """
@@ -236,11 +236,10 @@ def linear_forward(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, g: torch.T
             raise ValueError("yt (the transposed output) is for one net only (nets = 1)")
         check_tensor("yt", yt, dtype=torch.float32, shape=(n, m), device=dev)
     # Tiles from the H200 sweep at seed-scale shapes (profiles/h200/linear_sweep.md): 128 x 128 x 32, 4 warps,
-    # 3 stages; BLOCK_N halves while there are fewer than 66 programs (half a wave of 132) and it can: 128 programs
-    # of 128 x 128 (the split-GEMM probe's best TF32 forward tile, 9.5 us) rather than 256 of 128 x 64.
+    # 3 stages; BLOCK_N halves while there are fewer than 132 programs (one wave) and it can.
     block_m, block_n = 128, _block(n, 128)
     grid_m = triton.cdiv(m, block_m)
-    while block_n > 16 and grid_m * triton.cdiv(n, block_n) * nets < _MIN_PROGRAMS // 2:
+    while block_n > 16 and grid_m * triton.cdiv(n, block_n) * nets < _MIN_PROGRAMS:
         block_n //= 2
     grid = (max(grid_m, 1 if triton.cdiv(n, block_n) * nets > 1 else 2), triton.cdiv(n, block_n), nets)
     kernel = _fwd_ddqn_tf32_gemm_kernel if ddqn else _fwd_online_tf32_gemm_kernel
