@@ -12,14 +12,14 @@ static buffers, warm-up on a side stream, then `torch.cuda.graph`):
   forward     online net on s (TF32), activations kept for the backward (and their transposes, for the
               weight-gradient GEMMs)
   loss        fused Double-DQN TD loss: target, TD errors, loss, dLoss/dQ, new priorities, metrics
-  priority_update  sum-tree update with the new priorities, on the second stream, concurrent with the backward
   backward    one memset (the gradient buffer: the weight kernels accumulate with atomics), then the heads' and each
               layer's input- and weight-gradient kernels (split-precision FP32; the input-gradient kernels also
-              sum the bias gradients of the layer below); each layer's weight gradient runs on the second stream,
-              concurrent with its input gradient; both streams join before the optimizer
+              sum the bias gradients of the layer below)
   optimizer   grad-norm + clip + Adam over the flat buffers, with the target update fused in (hard or Polyak, on
               the device-side steps that are multiples of target_update_interval)
   spectral_norm  all weight matrices projected to sigma = 1 in one launch
+  priority_update  sum-tree update with the new priorities, on the second stream, concurrent with the optimizer
+              and spectral norm (joined at the end of the step)
 Kernels per step: 1 + 2 + 1 + (1 + 4) + 4 + 1 + 1 + 6 (2 trunk layers) + 2 + 1 + 1 = 25 at seed scale.
 The target net therefore holds the parameters after Adam and before that step's spectral-norm projection (they
 differ by one step's change of sigma, O(lr)).
@@ -165,15 +165,11 @@ class HotLearner:
             slots = lay.layers[i]
             w, _, g = slots.views(params)
             dw, _, dg = slots.views(grads)
-            # layer i's weight gradient on the side stream, concurrent with its input gradient on this one: they
-            # read dz_t[i] / dz[i] (written before the fork) and write disjoint parts of the gradient buffer
-            with self._on_side():
-                linear_backward_weight(self.dz_t[i], self.obs_t if i == 0 else self.acts_t[i - 1], w, g, dw, dg,
-                                       slots.gain_group)
+            linear_backward_weight(self.dz_t[i], self.obs_t if i == 0 else self.acts_t[i - 1], w, g, dw, dg,
+                                   slots.gain_group)
             if i > 0:  # layer i - 1's pre-activation gradient (both layouts) and bias gradient
                 self.linear_backward_input(self.dz[i], self.wts[i], self.acts[i - 1], self.dz_t[i - 1],
                                            lay.layers[i - 1].views(grads)[1], dx=self.dz[i - 1])
-        self._join_side()
 
     def _on_side(self):
         """Context: launches in it run on the side stream after everything launched so far on the current one
@@ -205,18 +201,20 @@ class HotLearner:
                             self.action, self.reward, self.terminated, self.weights, cfg.gamma, cfg.loss,
                             cfg.huber_delta, cfg.cql_weight, cfg.per_eps, cfg.per_alpha, out=self.td,
                             workspace=self.td_ws)
-        # the sum-tree update needs only the new priorities: on the side stream, concurrent with the backward
+        with phase_range("backward"):
+            self._backward()
+        # the sum-tree update on the side stream, concurrent with the optimizer and spectral norm (small,
+        # latency-bound launches; beside the backward it slowed the heads' backward as much as it hid)
         with self._on_side(), phase_range("priority_update"):
             tree_update(rp.tree.nodes, self.idx, self.td.priorities, rp.capacity, rp.tree.max_value,
                         rp.tree.bad_priority_count)
-        with phase_range("backward"):
-            self._backward()
         with phase_range("optimizer"):
             self.adam.step(self.params, self.grads, self.target, tau=cfg.tau,
                            target_every=cfg.target_update_interval)
         if cfg.spectral_norm:
             with phase_range("spectral_norm"):
                 self.spectral_norm()
+        self._join_side()
 
     def capture(self) -> float:
         """Run WARMUP_STEPS eager steps on a side stream (compiling every kernel: their wall seconds go to

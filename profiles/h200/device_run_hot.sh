@@ -14,6 +14,7 @@
 #       cpsweep  profiles/h200/cartpole_sweep_hot.sh: the hotloop learner on CartPole, 10 settings x 6 seeds
 #       bench1   hotloop bench: eager, graph-fp32, graph-tf32, compiled-split, hotloop
 #       benchhot hotloop bench: hotloop only
+#       bench3   hotloop bench: eager, graph-fp32, graph-tf32, hotloop (no compiled rows: ~2 minutes)
 #       bench2   hotloop bench: compiled-tf32, hotloop (the compile alone takes ~6 minutes)
 #       cartpole_fast  the cartpole-fast preset: hotloop on the GPU, seeds 1-6 one after another, while the reference
 #                learner runs the same seeds on CPU cores 8-13 (one core each, OMP_NUM_THREADS=1); wall time and
@@ -100,6 +101,8 @@ PY
               > /tmp/r/bench1.log 2>&1; echo "rc=$?"; tail -n 12 /tmp/r/bench1.log ;;
     benchhot) timeout 120 $HL bench --preset seed-scale --variants hotloop --out /tmp/r/benchhot \
                 > /tmp/r/benchhot.log 2>&1; echo "rc=$?"; tail -n 4 /tmp/r/benchhot.log ;;
+    bench3) timeout 300 $HL bench --preset seed-scale --variants eager,graph,hotloop --out /tmp/r/bench3 \
+              > /tmp/r/bench3.log 2>&1; echo "rc=$?"; tail -n 8 /tmp/r/bench3.log ;;
     bench2) timeout 560 $HL bench --preset seed-scale --variants compiled-tf32,hotloop --out /tmp/r/bench2 \
               > /tmp/r/bench2.log 2>&1; echo "rc=$?"; tail -n 8 /tmp/r/bench2.log ;;
     seed3) timeout 200 $HL train --preset seed-scale --device cuda --epochs 3 --seed 1 --no-progress \
