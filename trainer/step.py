@@ -7,10 +7,10 @@ static buffers, warm-up on a side stream, then `torch.cuda.graph`):
               gather_transitions (actions, rewards, terminal flags, and the observations transposed for the first
               layer's weight gradient; the forward reads them in place)
   ddqn_forward  on a second stream, concurrent with the online forward: online and target net on s' in ONE launch
-              per layer (TF32); first on that stream, the gain-scaled W^T of every layer but the first, in one
-              launch (the input-gradient GEMMs read it K-major: kernels/linear.py)
+              per layer (TF32)
   forward     online net on s (TF32), activations kept for the backward (and their transposes, for the
-              weight-gradient GEMMs)
+              weight-gradient GEMMs); then the gain-scaled W^T of every layer but the first, in one launch (the
+              input-gradient GEMMs read it K-major: kernels/linear.py), still beside the DDQN forward
   loss        fused Double-DQN TD loss: target, TD errors, loss, dLoss/dQ, new priorities, metrics
   backward    one memset (the gradient buffer: the weight kernels accumulate with atomics), then the heads' and each
               layer's input- and weight-gradient kernels (split-precision FP32; the input-gradient kernels also
@@ -187,13 +187,13 @@ class HotLearner:
     def _body(self) -> None:
         cfg, rp, lay = self.cfg, self.replay, self.layout
         self._sample()
-        with self._on_side():
-            with phase_range("backward"):
-                self.weight_transpose(self.params, self.wt)
-            with phase_range("ddqn_forward"):
-                self._forward(rp.next_obs, self.ddqn_acts, self.q_next, nets=2)
+        with self._on_side(), phase_range("ddqn_forward"):
+            self._forward(rp.next_obs, self.ddqn_acts, self.q_next, nets=2)
         with phase_range("forward"):
             self._forward(rp.obs, self.acts, self.q, nets=1, acts_t=self.acts_t)
+        # after the online forward, whose chain is the shorter of the two (not ahead of the DDQN chain)
+        with phase_range("backward"):
+            self.weight_transpose(self.params, self.wt)
         self._join_side()
         b, d, a = cfg.batch_size, lay.branches, lay.actions
         with phase_range("loss"):
