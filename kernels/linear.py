@@ -17,7 +17,7 @@ the GPU tests the precision.
 Operand layouts. Hopper's TF32 tensor-core MMA (wgmma) reads fp32 operands from shared memory only K-major (the
 reduction axis contiguous); an operand stored the other way is copied into shared memory 4 bytes at a time instead
 of 16, and the GEMM runs 1.5-5x slower (profiles/h200/split_gemm_probe.md). So the backward reads copies laid out
-for it: W^T scaled by the gains (`WeightTranspose`, one launch for every layer), and the batch-contiguous
+for it: W^T scaled by the gains (`WeightTranspose`, one launch for every layer but the first), and the batch-contiguous
 transposes X^T and dY^T, written by the kernels that produce X and dY (the forward's `yt`, the input gradient's
 `dxt`, the heads' backward, the replay gather's observations).
 
@@ -152,14 +152,18 @@ def _bwd_dw_fp32split_gemm_kernel(dyt_ptr, xt_ptr, w_ptr, g_ptr, dw_ptr, dg_ptr,
     w = tl.load(w_ptr + offs_n[:, None] * K + offs_k[None, :], mask=mask, other=0.0)
     tl.atomic_add(dw_ptr + offs_n[:, None] * K + offs_k[None, :], acc * g[:, None], mask=mask, sem="relaxed")
     # dg: reduce each gain group's rows inside the program, then one atomic per group (not one per row: a group
-    # can span every row of the tile, and per-row atomics on one address serialize)
+    # can span every row of the tile, and per-row atomics on one address serialize); per row when the tile spans
+    # many small groups (GROUPS_PER_TILE = 0)
     r = tl.sum(w * acc, axis=1)
     grp = offs_n // gain_group
-    first = (pid_n * BLOCK_N) // gain_group
-    last = (N - 1) // gain_group
-    for j in tl.static_range(GROUPS_PER_TILE):
-        tl.atomic_add(dg_ptr + first + j, tl.sum(tl.where(grp == first + j, r, 0.0)), mask=first + j <= last,
-                      sem="relaxed")
+    if GROUPS_PER_TILE == 0:
+        tl.atomic_add(dg_ptr + grp, r, mask=mask_n, sem="relaxed")
+    else:
+        first = (pid_n * BLOCK_N) // gain_group
+        last = (N - 1) // gain_group
+        for j in tl.static_range(GROUPS_PER_TILE):
+            tl.atomic_add(dg_ptr + first + j, tl.sum(tl.where(grp == first + j, r, 0.0)), mask=first + j <= last,
+                          sem="relaxed")
 
 
 @triton.jit
@@ -258,7 +262,7 @@ def linear_backward_input(dy: torch.Tensor, wt: torch.Tensor, x: torch.Tensor, d
     its gains, wt[k, n] = g[n // gain_group] W[n, k] (`weight_transpose`); x: (M, K) the layer's input, the previous
     layer's ReLU output; dxt: (K, M) output dz^T, fully overwritten (the previous layer's `linear_backward_weight`
     reads it); db: (K,) the previous layer's bias gradient, a view of the zeroed gradient buffer (fp32 atomic adds,
-    ceil(M / 128) per element); dx: optional (M, K) output dz (for the previous layer's own input gradient).
+    max(2, ceil(M / 128)) per element); dx: optional (M, K) output dz (for the previous layer's own input gradient).
     All float32, contiguous, on one device. Returns dxt.
     Raises ValueError for wrong dtype, shape, device or contiguity.
     """
@@ -292,7 +296,8 @@ def linear_backward_weight(dyt: torch.Tensor, xt: torch.Tensor, w: torch.Tensor,
     g: (ceil(N / gain_group),) the layer's parameters; dw (N, K), dg like g: views of the gradient buffer, which
     the caller zeroes once before the backward. The bias gradient comes from whoever wrote dyt (`linear_backward_
     input`, `kernels.heads.heads_backward`). Split over M into enough parts for >= 132 programs; fp32 atomic adds
-    make the summation order (and the last bits) vary run to run; dg gets one atomic per program and gain group.
+    make the summation order (and the last bits) vary run to run; dg gets one atomic per program for each gain group
+    its tile can touch (at most 8; with smaller groups, one per row).
     Raises ValueError for wrong dtype, shape, device or contiguity, or gain_group < 1.
     """
     check_tensor("w", w, dtype=torch.float32, ndim=2)
@@ -314,8 +319,10 @@ def linear_backward_weight(dyt: torch.Tensor, xt: torch.Tensor, w: torch.Tensor,
     rows_per_split = triton.cdiv(triton.cdiv(m, splits), block_m) * block_m
     splits = max(triton.cdiv(m, rows_per_split), 2 if tiles == 1 else 1)  # an idle split rather than one program
     grid = (triton.cdiv(n, block_n), triton.cdiv(k, block_k), splits)
+    groups_per_tile = triton.cdiv(block_n - 1, gain_group) + 1  # a tile's rows touch at most this many groups
     _bwd_dw_fp32split_gemm_kernel[grid](dyt, xt, w, g, dw, dg, m, n, k, gain_group, rows_per_split,
-                                        GROUPS_PER_TILE=triton.cdiv(block_n - 1, gain_group) + 1, BLOCK_M=block_m,
+                                        GROUPS_PER_TILE=groups_per_tile if groups_per_tile <= 8 else 0,
+                                        BLOCK_M=block_m,
                                         BLOCK_N=block_n, BLOCK_K=block_k, num_warps=8, num_stages=3)
 
 
@@ -328,8 +335,9 @@ class WeightTranspose:
         entries: per matrix (w_offset, g_offset, rows N, cols K, gain_group) into the source buffer; the copies are
             packed in `dst` in this order (offsets in `dst_offsets`, sizes N * K).
         device: where the table lives.
-    Attributes: dst_offsets (list of int), numel (floats of dst), tiles (programs per launch).
-    Raises ValueError for an empty list or non-positive sizes.
+    Attributes: dst_offsets (list of int), numel (floats of dst), tiles (tiles of BLOCK x BLOCK; the launch has
+    max(2, tiles) programs), src_numel (floats the table reads from the source buffer).
+    Raises ValueError for an empty list, non-int entries, negative offsets or non-positive sizes.
     """
 
     BLOCK = 64
@@ -337,12 +345,14 @@ class WeightTranspose:
     def __init__(self, entries: list[tuple[int, int, int, int, int]], device: torch.device) -> None:
         if not entries:
             raise ValueError("WeightTranspose needs at least one matrix")
-        rows, self.dst_offsets, pos, tiles = [], [], 0, 0
-        for w_off, g_off, n, k, gain_group in entries:
-            if min(n, k, gain_group) < 1 or min(w_off, g_off) < 0:
-                raise ValueError(f"WeightTranspose: bad entry {(w_off, g_off, n, k, gain_group)}")
+        rows, self.dst_offsets, pos, tiles, self.src_numel = [], [], 0, 0, 0
+        for entry in entries:
+            w_off, g_off, n, k, gain_group = entry
+            if any(isinstance(v, bool) or not isinstance(v, int) for v in entry) or min(n, k, gain_group) < 1 \
+                    or min(w_off, g_off) < 0:
+                raise ValueError(f"WeightTranspose: bad entry {tuple(entry)} (ints; offsets >= 0, sizes >= 1)")
             rows.append((w_off, g_off, n, k, gain_group, pos, tiles))
-            self.src_numel = max(getattr(self, "src_numel", 0), w_off + n * k, g_off + -(-n // gain_group))
+            self.src_numel = max(self.src_numel, w_off + n * k, g_off + -(-n // gain_group))
             self.dst_offsets.append(pos)
             pos += n * k
             tiles += triton.cdiv(n, self.BLOCK) * triton.cdiv(k, self.BLOCK)

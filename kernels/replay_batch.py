@@ -97,19 +97,20 @@ def gather_transitions(idx: torch.Tensor, action_src: torch.Tensor, reward_src: 
     dev, n = idx.device, idx.shape[0]
     check_tensor("action_src", action_src, dtype=torch.int64, ndim=2, device=dev)
     cap, branches = action_src.shape
+    obs_dim = check_tensor("obs_src", obs_src, dtype=torch.float32, ndim=2, device=dev).shape[1]
     for name, t, dtype, shape in (("reward_src", reward_src, torch.float32, (cap,)),
                                   ("term_src", term_src, torch.float32, (cap,)),
                                   ("obs_src", obs_src, torch.float32, (cap, None)),
                                   ("action_out", action_out, torch.int64, (n, branches)),
                                   ("reward_out", reward_out, torch.float32, (n,)),
                                   ("term_out", term_out, torch.float32, (n,)),
-                                  ("obs_t_out", obs_t_out, torch.float32, (obs_src.shape[1], n))):
+                                  ("obs_t_out", obs_t_out, torch.float32, (obs_dim, n))):
         check_tensor(name, t, dtype=dtype, shape=shape, device=dev)
     block = 64  # 128 programs for a batch of 8192: the observations are most of the bytes
     _gather_transitions_kernel[(max(2, triton.cdiv(n, block)),)](
         idx, action_src, reward_src, term_src, obs_src, action_out, reward_out, term_out, obs_t_out, n,
-        obs_src.shape[1], D=branches, BLOCK=block, BLOCK_D=triton.next_power_of_2(branches),
-        BLOCK_O=min(32, max(16, triton.next_power_of_2(obs_src.shape[1]))))
+        obs_dim, D=branches, BLOCK=block, BLOCK_D=triton.next_power_of_2(branches),
+        BLOCK_O=min(32, max(16, triton.next_power_of_2(obs_dim))))
 
 
 def uniforms_reference(step: int, beta_start: float, beta_end: float, anneal_steps: int) -> float:

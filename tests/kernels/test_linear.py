@@ -42,7 +42,7 @@ def _wt(w, g, gain_group):
 
 
 @pytest.mark.parametrize("m,n,k,gain_group,relu,gather", [(37, 20, 13, 20, True, False), (200, 48, 40, 16, False, True),
-                                                           (130, 96, 70, 32, True, True), (70, 40, 24, 7, True, False),
+                                                           (130, 96, 70, 32, True, True), (70, 72, 24, 7, True, False),
                                                            (90, 256, 20, 48, True, False)])
 def test_linear_forward_and_backward_match_float64(m, n, k, gain_group, relu, gather):
     # the last case: two 128-row weight-gradient tiles; the second holds parts of 4 gain groups of 48 rows (2..5)
@@ -101,6 +101,8 @@ def test_weight_transpose_writes_every_matrix_scaled_in_one_launch():
         op(flat[:50], dst)
     with pytest.raises(ValueError, match="bad entry"):
         WeightTranspose([(0, 0, 0, 3, 1)], torch.device(DEVICE))
+    with pytest.raises(ValueError, match="bad entry"):
+        WeightTranspose([(0, 9, 3, 3, 1.5)], torch.device(DEVICE))
 
 
 @pytest.mark.smoke

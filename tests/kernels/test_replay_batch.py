@@ -23,6 +23,8 @@ def test_gather_matches_indexing(batch, branches, capacity, obs_dim):
             torch.full((batch,), float("nan"), device=DEVICE), torch.full((batch,), float("nan"), device=DEVICE),
             torch.full((obs_dim, batch), float("nan"), device=DEVICE))
     gather_transitions(idx, action, reward, term, obs, *outs)
+    with pytest.raises(ValueError, match="obs_src must be 2-D"):
+        gather_transitions(idx, action, reward, term, obs[:, 0], *outs)
     for got, want in zip(outs, gather_reference(idx, action, reward, term, obs)):
         assert torch.equal(got, want)
 
