@@ -259,7 +259,7 @@ def linear_backward_input(dy: torch.Tensor, wt: torch.Tensor, x: torch.Tensor, d
     and its bias gradient db += sum_m dz (split-precision FP32 tensor-core GEMM, both operands K-major).
 
     dy: (M, N) gradient w.r.t. this layer's pre-activation; wt: (K, N) this layer's weight transposed and scaled by
-    its gains, wt[k, n] = g[n // gain_group] W[n, k] (`weight_transpose`); x: (M, K) the layer's input, the previous
+    its gains, wt[k, n] = g[n // gain_group] W[n, k] (`WeightTranspose`); x: (M, K) the layer's input, the previous
     layer's ReLU output; dxt: (K, M) output dz^T, fully overwritten (the previous layer's `linear_backward_weight`
     reads it); db: (K,) the previous layer's bias gradient, a view of the zeroed gradient buffer (fp32 atomic adds,
     max(2, ceil(M / 128)) per element); dx: optional (M, K) output dz (for the previous layer's own input gradient).
@@ -322,8 +322,7 @@ def linear_backward_weight(dyt: torch.Tensor, xt: torch.Tensor, w: torch.Tensor,
     groups_per_tile = triton.cdiv(block_n - 1, gain_group) + 1  # a tile's rows touch at most this many groups
     _bwd_dw_fp32split_gemm_kernel[grid](dyt, xt, w, g, dw, dg, m, n, k, gain_group, rows_per_split,
                                         GROUPS_PER_TILE=groups_per_tile if groups_per_tile <= 8 else 0,
-                                        BLOCK_M=block_m,
-                                        BLOCK_N=block_n, BLOCK_K=block_k, num_warps=8, num_stages=3)
+                                        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=8, num_stages=3)
 
 
 class WeightTranspose:
