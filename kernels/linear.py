@@ -210,8 +210,9 @@ def linear_forward(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, g: torch.T
         ddqn: name the launch as the Double-DQN forward (`_fwd_ddqn_tf32_gemm_kernel`) instead of the online one.
         yt: optional (N, M) float32 contiguous output, fully overwritten with y^T (nets = 1 only): the layout the
             next layer's weight-gradient GEMM reads (`linear_backward_weight`).
-    Returns y. Grid (ceil(M / 128), ceil(N / BLOCK_N), nets), BLOCK_N <= 128 lowered until there are >= 132 programs
-    or BLOCK_N = 16; never a single program (an idle second program is added for tiny shapes).
+    Returns y. Grid (ceil(M / 128), ceil(N / BLOCK_N), nets), BLOCK_N <= 128 (64 where 128 would pad more than N / 8)
+    lowered until there are >= 132 programs or BLOCK_N = 16; never a single program (an idle second program is added
+    for tiny shapes).
     Raises ValueError for wrong dtype, shape, device or contiguity, or bad nets / gain_group.
     """
     check_tensor("w", w, dtype=torch.float32, ndim=2)
@@ -239,9 +240,12 @@ def linear_forward(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, g: torch.T
         if nets != 1:
             raise ValueError("yt (the transposed output) is for one net only (nets = 1)")
         check_tensor("yt", yt, dtype=torch.float32, shape=(n, m), device=dev)
-    # Tiles from the H200 sweep at seed-scale shapes (profiles/h200/linear_sweep.md): 128 x 128 x 32, 4 warps,
-    # 3 stages; BLOCK_N halves while there are fewer than 132 programs (one wave) and it can.
+    # Tiles from the H200 sweep at seed-scale shapes (profiles/h200/linear_sweep.csv): 128 x 128 x 32, 4 warps,
+    # 3 stages; 64 columns where 128 would pad more than an eighth of N (N = 320: two nets 28.2 -> 23.2 us);
+    # BLOCK_N halves while there are fewer than 132 programs (one wave) and it can.
     block_m, block_n = 128, _block(n, 128)
+    if block_n == 128 and triton.cdiv(n, 128) * 128 - n > n // 8:
+        block_n = 64
     grid_m = triton.cdiv(m, block_m)
     while block_n > 16 and grid_m * triton.cdiv(n, block_n) * nets < _MIN_PROGRAMS:
         block_n //= 2

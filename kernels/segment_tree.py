@@ -11,10 +11,12 @@ Design (every launcher: fixed grids from shapes, >= 2 programs, no host syncs, n
   which the interpreter supports and is the same `atom.exch.b32` on the GPU) and adds delta = new - old to every
   ancestor with atomic adds. No thread writes node = left + right (that races between blocks). Duplicates chain:
   the exchanges of one leaf are serialized, so their deltas telescope to final - initial. All atomics are relaxed:
-  adds commute and nothing in the launch reads a node back. The TOP_LEVELS top levels (nodes 1..15, where
-  thousands of elements would hit one address) get one atomic add per program and node, of the block's summed
-  deltas. Bad priorities cannot raise inside a captured graph: they are sanitized (the reference's rule, see
-  `tree_update`) and counted in a device-side counter that the host reads later, asynchronously.
+  adds commute and nothing in the launch reads a node back. The TOP_LEVELS top levels (nodes 1..127, where
+  hundreds to thousands of elements would hit one address, and same-address atomics serialize in L2) get one
+  atomic add per program and node hit, of the block's summed deltas: the deltas are summed onto level TOP-1 with
+  a one-hot reduction, then pairwise up to the root. Bad priorities cannot raise inside a captured graph: they are
+  sanitized (the reference's rule, see `tree_update`) and counted in a device-side counter that the host reads
+  later, asynchronously.
 - Drift: every atomic add rounds (error <= 2^-24 of the node's value); k adds on a node give a random-walk error of
   typically sqrt(k) * 2^-24 * |node| (worst case ~2k * 2^-24 * max |node|). Measured as max over internal nodes of
   |node - exact sum of its leaves| / exact total: ~1e-6 after 5*10^4 updates on 1000 leaves (interpreter), ~4e-6
@@ -38,7 +40,7 @@ import triton.language as tl
 
 from kernels._common import check_tensor, interpreting
 
-TOP_LEVELS = 4  # tree levels 0..3 (nodes 1..15) get block-reduced atomic adds in the update kernel
+TOP_LEVELS = 7  # tree levels 0..6 (nodes 1..127) get block-reduced atomic adds in the update kernel
 REBUILD_LEVELS = 10  # levels per rebuild launch: one program reduces a tile of 2^10 nodes
 
 
@@ -119,13 +121,14 @@ def _tree_update_kernel(nodes_ptr, idx_ptr, val_ptr, n, capacity, start_ptr, sta
     for _ in range(DEPTH - TOP):  # levels DEPTH-1 .. TOP: one atomic add per element and level
         node = node >> 1
         tl.atomic_add(nodes_ptr + node, delta, mask=ok, sem="relaxed")
-    cols = tl.arange(0, 1 << TOP)  # top nodes 1 .. 2^TOP - 1 (column 0 is never an ancestor)
-    hit = tl.zeros([BLOCK, 1 << TOP], tl.int1)
-    for level in tl.static_range(TOP):  # levels TOP-1 .. 0: one add per program and node, of the block's deltas
-        if level < DEPTH:
-            hit = hit | ((leaf >> (DEPTH - level))[:, None] == cols[None, :])
-    top_sums = tl.sum(tl.where(hit, delta[:, None], 0.0), 0)
-    tl.atomic_add(nodes_ptr + cols, top_sums, mask=top_sums != 0.0, sem="relaxed")
+    if TOP > 0:  # levels TOP-1 .. 0: one add per program and node hit, of the block's summed deltas
+        width: tl.constexpr = 1 << (TOP - 1)
+        local = (leaf >> (DEPTH - TOP + 1)) - width  # ancestor on level TOP-1, numbered from that level's first node
+        sums = tl.sum(tl.where(local[:, None] == tl.arange(0, width)[None, :], delta[:, None], 0.0), 0)
+        for i in tl.static_range(TOP):  # each level's sums are its children's, summed in pairs
+            if i > 0:
+                sums = tl.sum(tl.reshape(sums, [width >> i, 2]), 1)
+            tl.atomic_add(nodes_ptr + (width >> i) + tl.arange(0, width >> i), sums, mask=sums != 0.0, sem="relaxed")
 
 
 @triton.jit
@@ -229,7 +232,7 @@ def tree_update(nodes: torch.Tensor, indices: torch.Tensor, values: torch.Tensor
     block = _block()
     _tree_update_kernel[(_grid(n, block),)](
         nodes, indices, values, n, capacity, nodes, 0, 0, max_value, bad_count,
-        DEPTH=depth, INSERT=False, START_ON_DEVICE=False, TOP=TOP_LEVELS, BLOCK=block, num_warps=1)
+        DEPTH=depth, INSERT=False, START_ON_DEVICE=False, TOP=min(TOP_LEVELS, depth), BLOCK=block, num_warps=1)
 
 
 def tree_insert(nodes: torch.Tensor, start_pos: torch.Tensor | int, count: int, capacity: int,
@@ -260,8 +263,8 @@ def tree_insert(nodes: torch.Tensor, start_pos: torch.Tensor | int, count: int, 
     block = _block()
     _tree_update_kernel[(_grid(kept, block),)](
         nodes, nodes, nodes, kept, capacity, nodes if start_t is None else start_t, start_v, count - kept,
-        max_value, max_value, DEPTH=depth, INSERT=True, START_ON_DEVICE=start_t is not None, TOP=TOP_LEVELS,
-        BLOCK=block, num_warps=1)
+        max_value, max_value, DEPTH=depth, INSERT=True, START_ON_DEVICE=start_t is not None,
+        TOP=min(TOP_LEVELS, depth), BLOCK=block, num_warps=1)
 
 
 def tree_sample(nodes: torch.Tensor, capacity: int, size: torch.Tensor | int, batch_size: int,
