@@ -21,7 +21,6 @@ import torch
 
 from kernels.heads import heads_forward, heads_reference
 from kernels.linear import linear_forward, linear_reference
-from kernels.linear_pair import linear_pair_forward, pair_fits
 
 
 @dataclass(frozen=True)
@@ -129,9 +128,9 @@ def forward_reference(layout: FlatLayout, buf: torch.Tensor, obs: torch.Tensor) 
     return heads_reference(h, w_out, b_out, g_out, layout.branches)
 
 
-def flat_forward(layout: FlatLayout, buf: torch.Tensor, x: torch.Tensor, acts: list[torch.Tensor | None],
-                 q: torch.Tensor, *, rows: torch.Tensor | None = None, nets: int = 1, linear=linear_forward,
-                 acts_t: list[torch.Tensor | None] | None = None, pair: bool = False) -> torch.Tensor:
+def flat_forward(layout: FlatLayout, buf: torch.Tensor, x: torch.Tensor, acts: list[torch.Tensor], q: torch.Tensor,
+                 *, rows: torch.Tensor | None = None, nets: int = 1, linear=linear_forward,
+                 acts_t: list[torch.Tensor | None] | None = None) -> torch.Tensor:
     """Forward of `nets` networks (1, or 2: online and target in one launch per layer, the Double-DQN forward)
     whose net-0 parameters are the 1-D float32 buffer `buf` (net 1's are `layout.numel` floats further), with the
     fused kernels. x: (R, obs_dim) float32 input rows (with `rows` (M,) int64, row m is x[rows[m]], e.g. replay
@@ -139,35 +138,15 @@ def flat_forward(layout: FlatLayout, buf: torch.Tensor, x: torch.Tensor, acts: l
     backward reads them); q: (M, D * A) or (nets, M, D * A), returned. `linear`: the layer launcher
     (kernels.linear.linear_forward or a drop-in of the same signature). acts_t: optional, per layer None or a
     (width, M) float32 output for the activations transposed (nets = 1; the backward's weight-gradient GEMMs read
-    them). pair: run the first two layers as one `kernels.linear_pair` launch where `uses_pair` says they fit;
-    their hidden output is then not stored (acts[0] is not written and may be None; for the Double-DQN forward,
-    whose activations the backward does not read). Raises ValueError from the launchers, or for pair with
-    acts_t."""
-    if pair and acts_t is not None:
-        raise ValueError("flat_forward: pair=True stores no first-layer output, so it cannot write acts_t")
-    p, x_zstride, first = layout.numel, 0, 0
-    layers = layout.layers
-    if pair and uses_pair(layout):
-        w1, b1, g1 = layers[0].views(buf)
-        w2, b2, g2 = layers[1].views(buf)
-        linear_pair_forward(x, (w1, b1, g1, layers[0].gain_group), (w2, b2, g2, layers[1].gain_group), acts[1],
-                            layers[1].relu, rows=rows, nets=nets, p_zstride=p)
-        x, rows, x_zstride, first = acts[1].view(-1, layers[1].rows), None, acts[1].shape[-2] * layers[1].rows, 2
-    for i in range(first, len(layers)):
-        slots, y = layers[i], acts[i]
+    them). Raises ValueError from the launchers."""
+    p, x_zstride = layout.numel, 0
+    for i, (slots, y) in enumerate(zip(layout.layers, acts)):
         w, b, g = slots.views(buf)
         linear(x, w, b, g, y, slots.gain_group, slots.relu, rows=rows, nets=nets, p_zstride=p, x_zstride=x_zstride,
                ddqn=nets == 2, yt=acts_t[i] if acts_t is not None else None)
         x, rows, x_zstride = y.view(-1, slots.rows), None, y.shape[-2] * slots.rows
     w_out, b_out, g_out = layout.out_views(buf)
     return heads_forward(acts[-1], w_out, b_out, g_out, q, layout.branches, nets=nets, p_zstride=p, ddqn=nets == 2)
-
-
-def uses_pair(layout: FlatLayout) -> bool:
-    """Whether `flat_forward(pair=True)` fuses the layout's first two layers (a ReLU first layer, and shapes that
-    `kernels.linear_pair.pair_fits`)."""
-    layers = layout.layers
-    return len(layers) >= 2 and layers[0].relu and pair_fits(layers[0].cols, layers[1].rows)
 
 
 class FlatForward:

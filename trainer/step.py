@@ -7,8 +7,7 @@ static buffers, warm-up on a side stream, then `torch.cuda.graph`):
               gather_transitions (actions, rewards, terminal flags, and the observations transposed for the first
               layer's weight gradient; the forward reads them in place)
   ddqn_forward  on a second stream, concurrent with the online forward: online and target net on s' in ONE launch
-              per layer (TF32), the first two layers in one launch whose hidden output stays on chip
-              (kernels/linear_pair.py; nothing of this forward is kept for the backward)
+              per layer (TF32)
   forward     online net on s (TF32), activations kept for the backward (and their transposes, for the
               weight-gradient GEMMs); then the gain-scaled W^T of every layer but the first, in one launch (the
               input-gradient GEMMs read it K-major: kernels/linear.py), still beside the DDQN forward
@@ -21,7 +20,7 @@ static buffers, warm-up on a side stream, then `torch.cuda.graph`):
   spectral_norm  all weight matrices projected to sigma = 1 in one launch
   priority_update  sum-tree update with the new priorities, on the second stream, concurrent with the optimizer
               and spectral norm (joined at the end of the step)
-Kernels per step: 1 + 2 + 1 + (1 + 4) + 3 + 1 + 1 + 6 (2 trunk layers) + 2 + 1 + 1 = 24 at seed scale.
+Kernels per step: 1 + 2 + 1 + (1 + 4) + 4 + 1 + 1 + 6 (2 trunk layers) + 2 + 1 + 1 = 25 at seed scale.
 The target net therefore holds the parameters after Adam and before that step's spectral-norm projection (they
 differ by one step's change of sigma, O(lr)).
 """
@@ -43,7 +42,7 @@ from kernels.spectral_norm import SpectralNormTable, spectral_norm_
 from kernels.td_loss import METRIC_NAMES, TDLossOutputs, TDLossWorkspace, td_loss_forward
 from profiles.ranges import phase_range
 from trainer.config import Config
-from trainer.flat_net import FlatForward, FlatLayout, flat_forward, uses_pair
+from trainer.flat_net import FlatForward, FlatLayout, flat_forward
 from trainer.learner import epsilon_greedy
 from trainer.replay import PrioritizedReplay
 
@@ -116,8 +115,7 @@ class HotLearner:
         # activations that feed a next layer, every pre-activation gradient
         self.obs_t = new(obs_dim, b)
         self.acts_t = [new(x.rows, b) for x in lay.layers[:-1]] + [None]
-        # online + target on s'; none for the first layer where its output stays on chip (kernels/linear_pair.py)
-        self.ddqn_acts = [None if i == 0 and uses_pair(lay) else new(2, b, x.rows) for i, x in enumerate(lay.layers)]
+        self.ddqn_acts = [new(2, b, x.rows) for x in lay.layers]    # online + target on s'
         self.q, self.q_next = new(b, d * a), new(2, b, d * a)
         self.dz = [None] + [new(b, x.rows) for x in lay.layers[1:]]  # pre-activation gradients (layer 0's: dz_t only)
         self.dz_t = [new(x.rows, b) for x in lay.layers]
@@ -149,12 +147,11 @@ class HotLearner:
             gather_transitions(self.idx, rp.action, rp.reward, rp.terminated, rp.obs, self.action, self.reward,
                                self.terminated, self.obs_t)
 
-    def _forward(self, obs: torch.Tensor, acts: list[torch.Tensor | None], q: torch.Tensor, nets: int,
+    def _forward(self, obs: torch.Tensor, acts: list[torch.Tensor], q: torch.Tensor, nets: int,
                  acts_t: list[torch.Tensor | None] | None = None) -> None:
-        """Forward of `nets` networks (1: online on s; 2: online and target on s', its first two layers in one
-        launch where they fit) from replay rows self.idx."""
+        """Forward of `nets` networks (1: online on s; 2: online and target on s') from replay rows self.idx."""
         flat_forward(self.layout, self.params, obs, acts, q, rows=self.idx, nets=nets, linear=self.linear_forward,
-                     acts_t=acts_t, pair=nets == 2)
+                     acts_t=acts_t)
 
     def _backward(self) -> None:
         lay, params, grads = self.layout, self.params, self.grads

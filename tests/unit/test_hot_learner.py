@@ -16,7 +16,7 @@ import torch
 
 from kernels.td_loss import td_loss_reference
 from trainer.config import preset
-from trainer.flat_net import FlatLayout, flat_forward, forward_reference, uses_pair
+from trainer.flat_net import FlatLayout, forward_reference
 from trainer.replay import PrioritizedReplay
 from trainer.step import METRICS, HotLearner
 
@@ -81,28 +81,6 @@ def test_layer_views_alias_the_flat_buffer():
     assert not torch.allclose(before, after)
     torch.testing.assert_close(after.cpu().double(), forward_reference(lay, hot.params.cpu().double(),
                                                                        obs.cpu().double()), **FWD_TOL)
-
-
-def test_double_dqn_forward_fuses_its_first_two_layers():
-    """The Double-DQN forward (pair=True) gives both nets' Q as the per-layer launches do, without writing the first
-    layer's output; the seed-scale learner allocates no buffer for it; pair with acts_t is refused."""
-    _, rp, hot = _setup()
-    lay, b = hot.layout, 32
-    assert uses_pair(lay) and hot.ddqn_acts[0] is None
-    assert uses_pair(FlatLayout(64, (4, 4, 4), (512, 256), 80))
-    assert not uses_pair(FlatLayout(64, (4, 4, 4), (512,), 80))  # N = 4 x 80 = 320 > 256: two launches
-    rows = torch.randperm(200)[:b].to(DEVICE)
-    outs = {}
-    for pair in (True, False):
-        acts = [torch.full((2, b, x.rows), float("nan"), device=DEVICE) for x in lay.layers]
-        q = torch.full((2, b, lay.branches * lay.actions), float("nan"), device=DEVICE)
-        flat_forward(lay, hot.params, rp.next_obs, acts, q, rows=rows, nets=2, pair=pair)
-        outs[pair] = (acts, q)
-    assert bool(outs[True][0][0].isnan().all())  # never written
-    torch.testing.assert_close(outs[True][1], outs[False][1], **FWD_TOL)
-    with pytest.raises(ValueError, match="acts_t"):
-        flat_forward(lay, hot.params, rp.obs, outs[True][0], outs[True][1][0], rows=rows, pair=True,
-                     acts_t=[None] * len(lay.layers))
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -179,7 +157,6 @@ def test_phase_rules_and_precisions_of_the_hot_kernels():
         "_batch_uniforms_kernel": ("sample", ""), "_tree_sample_kernel": ("sample", ""),
         "_tree_weights_kernel": ("sample", ""), "_gather_transitions_kernel": ("sample", ""),
         "_fwd_ddqn_tf32_gemm_kernel": ("ddqn_forward", "tf32"), "_heads_ddqn_tf32_kernel": ("ddqn_forward", "tf32"),
-        "_fwd_ddqn_tf32_gemm2_kernel": ("ddqn_forward", "tf32"),
         "_fwd_online_tf32_gemm_kernel": ("forward", "tf32"), "_heads_online_tf32_kernel": ("forward", "tf32"),
         "_td_loss_kernel": ("loss", ""),
         "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, std::array<char*, 1ul> >"
