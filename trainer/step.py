@@ -2,25 +2,26 @@
 
 One step, all on the device, no host read (the seed's hot loop; capture rules as tensordict's cudagraphs docstring:
 static buffers, warm-up on a side stream, then `torch.cuda.graph`):
+  prepare     on a second stream, beside the sampling: the gain-scaled W^T of every layer but the first, in one
+              launch (the input-gradient GEMMs read it K-major: kernels/linear.py), and the step's one memset (the
+              gradient buffer: the weight-gradient kernels accumulate with atomics); both only read the parameters
   sample      batch_uniforms (Philox keyed by the optimizer's device step count; also writes the annealed beta),
               tree_sample (stratified proportional sampling + importance weights, 2 launches),
               gather_transitions (actions, rewards, terminal flags, and the observations transposed for the first
               layer's weight gradient; the forward reads them in place)
-  ddqn_forward  on a second stream, concurrent with the online forward: online and target net on s' in ONE launch
-              per layer (TF32)
+  ddqn_forward  on the second stream, concurrent with the online forward: online and target net on s' in ONE
+              launch per layer (TF32)
   forward     online net on s (TF32), activations kept for the backward (and their transposes, for the
-              weight-gradient GEMMs); then the gain-scaled W^T of every layer but the first, in one launch (the
-              input-gradient GEMMs read it K-major: kernels/linear.py), still beside the DDQN forward
+              weight-gradient GEMMs)
   loss        fused Double-DQN TD loss: target, TD errors, loss, dLoss/dQ, new priorities, metrics
-  backward    one memset (the gradient buffer: the weight kernels accumulate with atomics), then the heads' and each
-              layer's input- and weight-gradient kernels (split-precision FP32; the input-gradient kernels also
-              sum the bias gradients of the layer below)
+  backward    the heads' and each layer's input- and weight-gradient kernels (split-precision FP32; the
+              input-gradient kernels also sum the bias gradients of the layer below)
   optimizer   grad-norm + clip + Adam over the flat buffers, with the target update fused in (hard or Polyak, on
               the device-side steps that are multiples of target_update_interval)
   spectral_norm  all weight matrices projected to sigma = 1 in one launch
   priority_update  sum-tree update with the new priorities, on the second stream, concurrent with the optimizer
               and spectral norm (joined at the end of the step)
-Kernels per step: 1 + 2 + 1 + (1 + 4) + 4 + 1 + 1 + 6 (2 trunk layers) + 2 + 1 + 1 = 25 at seed scale.
+Kernels per step: (1 + 1) + 1 + 2 + 1 + 4 + 4 + 1 + 6 (2 trunk layers) + 2 + 1 + 1 = 25 at seed scale.
 The target net therefore holds the parameters after Adam and before that step's spectral-norm projection (they
 differ by one step's change of sigma, O(lr)).
 """
@@ -155,7 +156,6 @@ class HotLearner:
 
     def _backward(self) -> None:
         lay, params, grads = self.layout, self.params, self.grads
-        grads.zero_()
         w_out, _, g_out = lay.out_views(params)
         dw_out, db_out, dg_out = lay.out_views(grads)
         db_hidden = lay.layers[-1].views(grads)[1]
@@ -186,14 +186,17 @@ class HotLearner:
 
     def _body(self) -> None:
         cfg, rp, lay = self.cfg, self.replay, self.layout
+        # beside the sampling (small latency-bound launches): the gain-scaled W^T the input-gradient GEMMs read,
+        # and the zeroed gradient buffer the weight-gradient kernels accumulate into; both only need the
+        # parameters of the last step, and on the side stream they are ahead of the Double-DQN forward
+        with self._on_side(), phase_range("backward"):
+            self.weight_transpose(self.params, self.wt)
+            self.grads.zero_()
         self._sample()
         with self._on_side(), phase_range("ddqn_forward"):
             self._forward(rp.next_obs, self.ddqn_acts, self.q_next, nets=2)
         with phase_range("forward"):
             self._forward(rp.obs, self.acts, self.q, nets=1, acts_t=self.acts_t)
-        # after the online forward, whose chain is the shorter of the two (not ahead of the DDQN chain)
-        with phase_range("backward"):
-            self.weight_transpose(self.params, self.wt)
         self._join_side()
         b, d, a = cfg.batch_size, lay.branches, lay.actions
         with phase_range("loss"):
