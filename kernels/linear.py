@@ -210,7 +210,7 @@ def linear_forward(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, g: torch.T
         ddqn: name the launch as the Double-DQN forward (`_fwd_ddqn_tf32_gemm_kernel`) instead of the online one.
         yt: optional (N, M) float32 contiguous output, fully overwritten with y^T (nets = 1 only): the layout the
             next layer's weight-gradient GEMM reads (`linear_backward_weight`).
-    Returns y. Grid (ceil(M / 128), ceil(N / BLOCK_N), nets), BLOCK_N <= 128 (64 where 128 would pad more than N / 8)
+    Returns y. Grid (ceil(M / 128), ceil(N / BLOCK_N), nets), BLOCK_N <= 128 (64 where that pads N less)
     lowered until there are >= 132 programs or BLOCK_N = 16; never a single program (an idle second program is added
     for tiny shapes).
     Raises ValueError for wrong dtype, shape, device or contiguity, or bad nets / gain_group.
@@ -241,10 +241,10 @@ def linear_forward(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, g: torch.T
             raise ValueError("yt (the transposed output) is for one net only (nets = 1)")
         check_tensor("yt", yt, dtype=torch.float32, shape=(n, m), device=dev)
     # Tiles from the H200 sweep at seed-scale shapes (profiles/h200/linear_sweep.csv): 128 x 128 x 32, 4 warps,
-    # 3 stages; 64 columns where 128 would pad more than an eighth of N (N = 320: two nets 28.2 -> 23.2 us);
+    # 3 stages; 64 columns where they pad N less than 128 do (N = 320: two nets 28.2 -> 23.2 us);
     # BLOCK_N halves while there are fewer than 132 programs (one wave) and it can.
     block_m, block_n = 128, _block(n, 128)
-    if block_n == 128 and triton.cdiv(n, 128) * 128 - n > n // 8:
+    if block_n == 128 and triton.cdiv(n, 64) * 64 < triton.cdiv(n, 128) * 128:
         block_n = 64
     grid_m = triton.cdiv(m, block_m)
     while block_n > 16 and grid_m * triton.cdiv(n, block_n) * nets < _MIN_PROGRAMS:

@@ -4,7 +4,9 @@ One step, all on the device, no host read (the seed's hot loop; capture rules as
 static buffers, warm-up on a side stream, then `torch.cuda.graph`):
   prepare     on a second stream, beside the sampling: the gain-scaled W^T of every layer but the first, in one
               launch (the input-gradient GEMMs read it K-major: kernels/linear.py), and the step's one memset (the
-              gradient buffer: the weight-gradient kernels accumulate with atomics); both only read the parameters
+              gradient buffer: the weight-gradient kernels accumulate with atomics); W^T reads only the parameters,
+              the memset must follow the previous step's Adam (which read the gradients): the fork at the start of
+              the step (the side stream waits for the main one) orders both
   sample      batch_uniforms (Philox keyed by the optimizer's device step count; also writes the annealed beta),
               tree_sample (stratified proportional sampling + importance weights, 2 launches),
               gather_transitions (actions, rewards, terminal flags, and the observations transposed for the first
@@ -186,9 +188,10 @@ class HotLearner:
 
     def _body(self) -> None:
         cfg, rp, lay = self.cfg, self.replay, self.layout
-        # beside the sampling (small latency-bound launches): the gain-scaled W^T the input-gradient GEMMs read,
-        # and the zeroed gradient buffer the weight-gradient kernels accumulate into; both only need the
-        # parameters of the last step, and on the side stream they are ahead of the Double-DQN forward
+        # beside the sampling (small latency-bound launches): the gain-scaled W^T the input-gradient GEMMs read
+        # (it reads only the parameters) and the zeroed gradient buffer the weight-gradient kernels accumulate into
+        # (after the previous step's Adam read it: the fork makes the side stream wait for the main one); on the
+        # side stream they are ahead of the Double-DQN forward
         with self._on_side(), phase_range("backward"):
             self.weight_transpose(self.params, self.wt)
             self.grads.zero_()
