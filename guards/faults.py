@@ -141,13 +141,20 @@ def _fwd_fp32(learner) -> None:
 
 
 def _bwd_tf32(learner) -> None:
-    def input_grad(dy, wt, x, dxt, db, dx=None):
+    def input_grad(dy, wt, x, dxt, db, dx=None, *, weight_grad_below=None):
         with tf32_matmuls(True):
             dz = torch.mm(dy, wt.t()).mul_(x > 0)
-        dxt.copy_(dz.t())
+        if dxt is not None:
+            dxt.copy_(dz.t())
         db.add_(dz.sum(0))
         if dx is not None:
             dx.copy_(dz)
+        if weight_grad_below is not None:  # the fused weight gradient of the layer below, in TF32 too
+            x0t, w0, g0, dw0, dg0, gain0 = weight_grad_below
+            with tf32_matmuls(True):
+                part = torch.mm(dz.t(), x0t.t())
+            dw0.add_(_scaled(part.t().contiguous(), g0, gain0).t())
+            dg0.add_((w0 * part).sum(1).view(-1, gain0).sum(1))
         return dxt
 
     learner.linear_backward_input = input_grad

@@ -98,8 +98,10 @@ def _fwd_ddqn_tf32_gemm_kernel(x_ptr, idx_ptr, w_ptr, b_ptr, g_ptr, y_ptr, yt_pt
 
 
 @triton.jit
-def _bwd_dx_fp32split_gemm_kernel(dy_ptr, wt_ptr, x_ptr, dx_ptr, dxt_ptr, db_ptr, M, N, K, STORE_DX: tl.constexpr,
-                                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _bwd_dx_fp32split_gemm_kernel(dy_ptr, wt_ptr, x_ptr, dx_ptr, dxt_ptr, db_ptr, x0t_ptr, w0_ptr, g0_ptr, dw0_ptr,
+                                  dg0_ptr, M, N, K, K0, gain0, STORE_DX: tl.constexpr, FUSE_DW: tl.constexpr,
+                                  GROUPS_PER_TILE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                                  BLOCK_K: tl.constexpr, BLOCK_J: tl.constexpr):
     # both operands K-major (the reduction axis n contiguous): dy (M, N) rows, and W^T (K, N) rows read as (N, K)
     pid_m = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -121,8 +123,39 @@ def _bwd_dx_fp32split_gemm_kernel(dy_ptr, wt_ptr, x_ptr, dx_ptr, dxt_ptr, db_ptr
     dz = tl.where(x > 0.0, acc, 0.0)  # zero outside the tile's valid rows and columns too (x is 0 there)
     if STORE_DX:
         tl.store(dx_ptr + offs_m[:, None] * K + offs_k[None, :], dz, mask=mask)
-    tl.store(dxt_ptr + offs_k[None, :] * M + offs_m[:, None], dz, mask=mask)
     tl.atomic_add(db_ptr + offs_k, tl.sum(dz, axis=0), mask=mask_k, sem="relaxed")
+    if FUSE_DW:
+        # the previous layer's weight gradient from this tile's rows: dW0[k, :] += g0 dz[:, k]^T x0[rows], with
+        # x0 read K-major from x0^T (K0, M); dz^T is never written
+        offs_j = tl.arange(0, BLOCK_J)
+        mask_j = offs_j < K0
+        x0 = tl.load(x0t_ptr + offs_j[None, :] * M + offs_m[:, None], mask=mask_m[:, None] & mask_j[None, :],
+                     other=0.0)
+        part = tl.dot(tl.trans(dz), x0, input_precision="tf32x3")
+        wmask = mask_k[:, None] & mask_j[None, :]
+        g0 = tl.load(g0_ptr + offs_k // gain0, mask=mask_k, other=0.0)
+        tl.atomic_add(dw0_ptr + offs_k[:, None] * K0 + offs_j[None, :], part * g0[:, None], mask=wmask,
+                      sem="relaxed")
+        w0 = tl.load(w0_ptr + offs_k[:, None] * K0 + offs_j[None, :], mask=wmask, other=0.0)
+        _gain_grad(dg0_ptr, tl.sum(w0 * part, axis=1), offs_k, mask_k, pid_k * BLOCK_K, K, gain0, GROUPS_PER_TILE)
+    else:
+        tl.store(dxt_ptr + offs_k[None, :] * M + offs_m[:, None], dz, mask=mask)
+
+
+@triton.jit
+def _gain_grad(dg_ptr, r, offs, mask, first_row, rows, gain_group, GROUPS_PER_TILE: tl.constexpr):
+    # dg[j] += sum of r over the tile's rows of gain group j: reduced inside the program, then one atomic per group
+    # (not one per row: a group can span every row of the tile, and per-row atomics on one address serialize);
+    # per row when the tile spans many small groups (GROUPS_PER_TILE = 0)
+    grp = offs // gain_group
+    if GROUPS_PER_TILE == 0:
+        tl.atomic_add(dg_ptr + grp, r, mask=mask, sem="relaxed")
+    else:
+        first = first_row // gain_group
+        last = (rows - 1) // gain_group
+        for j in tl.static_range(GROUPS_PER_TILE):
+            tl.atomic_add(dg_ptr + first + j, tl.sum(tl.where(grp == first + j, r, 0.0)), mask=first + j <= last,
+                          sem="relaxed")
 
 
 @triton.jit
@@ -151,19 +184,7 @@ def _bwd_dw_fp32split_gemm_kernel(dyt_ptr, xt_ptr, w_ptr, g_ptr, dw_ptr, dg_ptr,
     g = tl.load(g_ptr + offs_n // gain_group, mask=mask_n, other=0.0)
     w = tl.load(w_ptr + offs_n[:, None] * K + offs_k[None, :], mask=mask, other=0.0)
     tl.atomic_add(dw_ptr + offs_n[:, None] * K + offs_k[None, :], acc * g[:, None], mask=mask, sem="relaxed")
-    # dg: reduce each gain group's rows inside the program, then one atomic per group (not one per row: a group
-    # can span every row of the tile, and per-row atomics on one address serialize); per row when the tile spans
-    # many small groups (GROUPS_PER_TILE = 0)
-    r = tl.sum(w * acc, axis=1)
-    grp = offs_n // gain_group
-    if GROUPS_PER_TILE == 0:
-        tl.atomic_add(dg_ptr + grp, r, mask=mask_n, sem="relaxed")
-    else:
-        first = (pid_n * BLOCK_N) // gain_group
-        last = (N - 1) // gain_group
-        for j in tl.static_range(GROUPS_PER_TILE):
-            tl.atomic_add(dg_ptr + first + j, tl.sum(tl.where(grp == first + j, r, 0.0)), mask=first + j <= last,
-                          sem="relaxed")
+    _gain_grad(dg_ptr, tl.sum(w * acc, axis=1), offs_n, mask_n, pid_n * BLOCK_N, N, gain_group, GROUPS_PER_TILE)
 
 
 @triton.jit
@@ -257,18 +278,29 @@ def linear_forward(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, g: torch.T
     return y
 
 
-def linear_backward_input(dy: torch.Tensor, wt: torch.Tensor, x: torch.Tensor, dxt: torch.Tensor, db: torch.Tensor,
-                          dx: torch.Tensor | None = None) -> torch.Tensor:
+MAX_FUSED_K0 = 128
+"""Widest input of the layer below whose weight gradient `linear_backward_input` can fuse (one tile of it)."""
+
+
+def linear_backward_input(dy: torch.Tensor, wt: torch.Tensor, x: torch.Tensor, dxt: torch.Tensor | None,
+                          db: torch.Tensor, dx: torch.Tensor | None = None, *,
+                          weight_grad_below: tuple | None = None) -> torch.Tensor | None:
     """The previous layer's pre-activation gradient dz = (dy @ wt^T) masked to where x > 0, written as dz^T (and dz),
     and its bias gradient db += sum_m dz (split-precision FP32 tensor-core GEMM, both operands K-major).
 
     dy: (M, N) gradient w.r.t. this layer's pre-activation; wt: (K, N) this layer's weight transposed and scaled by
     its gains, wt[k, n] = g[n // gain_group] W[n, k] (`WeightTranspose`); x: (M, K) the layer's input, the previous
     layer's ReLU output; dxt: (K, M) output dz^T, fully overwritten (the previous layer's `linear_backward_weight`
-    reads it); db: (K,) the previous layer's bias gradient, a view of the zeroed gradient buffer (fp32 atomic adds,
-    max(2, ceil(M / 128)) per element); dx: optional (M, K) output dz (for the previous layer's own input gradient).
+    reads it), or None with `weight_grad_below`; db: (K,) the previous layer's bias gradient, a view of the zeroed
+    gradient buffer (fp32 atomic adds, max(2, ceil(M / 128)) per element); dx: optional (M, K) output dz (for the
+    previous layer's own input gradient).
+    weight_grad_below: optional (x0t, w0, g0, dw0, dg0, gain_group0): also the previous layer's weight gradient,
+        as `linear_backward_weight(dz^T, x0t, w0, g0, dw0, dg0, gain_group0)` would add it, from each dz tile in
+        registers (dz^T is then not written, dxt may be None): x0t (K0, M) that layer's input transposed, K0 <= 128;
+        w0 (K, K0), g0 (ceil(K / gain_group0),); dw0, dg0 views of the zeroed gradient buffer (atomic adds: each
+        dw0 entry gets ceil(M / 128) of them).
     All float32, contiguous, on one device. Returns dxt.
-    Raises ValueError for wrong dtype, shape, device or contiguity.
+    Raises ValueError for wrong dtype, shape, device or contiguity, or a weight_grad_below that does not fit.
     """
     check_tensor("wt", wt, dtype=torch.float32, ndim=2)
     k, n = wt.shape
@@ -277,18 +309,46 @@ def linear_backward_input(dy: torch.Tensor, wt: torch.Tensor, x: torch.Tensor, d
     m = dy.shape[0]
     check_tensor("dy", dy, shape=(m, n))
     check_tensor("x", x, dtype=torch.float32, shape=(m, k), device=dev)
-    check_tensor("dxt", dxt, dtype=torch.float32, shape=(k, m), device=dev)
+    if dxt is not None or weight_grad_below is None:
+        check_tensor("dxt", dxt, dtype=torch.float32, shape=(k, m), device=dev)
     check_tensor("db", db, dtype=torch.float32, shape=(k,), device=dev)
     if dx is not None:
         check_tensor("dx", dx, dtype=torch.float32, shape=(m, k), device=dev)
     # the split-GEMM probe's best tf32x3 tiles with K-major operands (profiles/h200/split_gemm_probe.md):
     # 128 x 128 outputs, 32-wide reduction steps, 8 warps, 3 stages
     block_m, block_k = 128, _block(k, 128)
+    fused = _fused_weight_args(weight_grad_below, k, m, block_k, dev, db)
     grid = (max(triton.cdiv(m, block_m), 2), triton.cdiv(k, block_k))
-    _bwd_dx_fp32split_gemm_kernel[grid](dy, wt, x, dx if dx is not None else dxt, dxt, db, m, n, k,
-                                        STORE_DX=dx is not None, BLOCK_M=block_m, BLOCK_N=_block(n, 32),
-                                        BLOCK_K=block_k, num_warps=8, num_stages=3)
+    out = dxt if dxt is not None else x  # placeholder pointer when nothing of dz^T is stored
+    _bwd_dx_fp32split_gemm_kernel[grid](dy, wt, x, dx if dx is not None else out, out, db, *fused["ptrs"], m, n, k,
+                                        fused["k0"], fused["gain"], STORE_DX=dx is not None,
+                                        FUSE_DW=weight_grad_below is not None, GROUPS_PER_TILE=fused["groups"],
+                                        BLOCK_M=block_m, BLOCK_N=_block(n, 32), BLOCK_K=block_k,
+                                        BLOCK_J=fused["block_j"], num_warps=8, num_stages=3)
     return dxt
+
+
+def _fused_weight_args(below: tuple | None, k: int, m: int, block_k: int, dev: torch.device,
+                       placeholder: torch.Tensor) -> dict:
+    """Checked kernel arguments of `linear_backward_input`'s weight_grad_below (placeholders when None)."""
+    if below is None:  # never dereferenced (FUSE_DW = False): any float32 tensor
+        return dict(ptrs=(placeholder,) * 5, k0=1, gain=1, groups=0, block_j=16)
+    if len(below) != 6:
+        raise ValueError(f"weight_grad_below must be (x0t, w0, g0, dw0, dg0, gain_group0), got {len(below)} items")
+    x0t, w0, g0, dw0, dg0, gain0 = below
+    check_tensor("w0", w0, dtype=torch.float32, ndim=2, device=dev)
+    if w0.shape[0] != k or w0.shape[1] > MAX_FUSED_K0:
+        raise ValueError(f"w0 must be ({k}, K0) with K0 <= {MAX_FUSED_K0}, got {tuple(w0.shape)}")
+    k0 = w0.shape[1]
+    if isinstance(gain0, bool) or not isinstance(gain0, int) or gain0 < 1:
+        raise ValueError(f"gain_group0 must be an int >= 1, got {gain0!r}")
+    groups = -(-k // gain0)
+    for name, t, shape in (("x0t", x0t, (k0, m)), ("g0", g0, (groups,)), ("dw0", dw0, (k, k0)),
+                           ("dg0", dg0, (groups,))):
+        check_tensor(name, t, dtype=torch.float32, shape=shape, device=dev)
+    per_tile = triton.cdiv(block_k - 1, gain0) + 1  # a tile's rows touch at most this many groups
+    return dict(ptrs=(x0t, w0, g0, dw0, dg0), k0=k0, gain=gain0, groups=per_tile if per_tile <= 8 else 0,
+                block_j=_block(k0, MAX_FUSED_K0))
 
 
 def linear_backward_weight(dyt: torch.Tensor, xt: torch.Tensor, w: torch.Tensor, g: torch.Tensor, dw: torch.Tensor,

@@ -17,13 +17,14 @@ static buffers, warm-up on a side stream, then `torch.cuda.graph`):
               weight-gradient GEMMs)
   loss        fused Double-DQN TD loss: target, TD errors, loss, dLoss/dQ, new priorities, metrics
   backward    the heads' and each layer's input- and weight-gradient kernels (split-precision FP32; the
-              input-gradient kernels also sum the bias gradients of the layer below)
+              input-gradient kernels also sum the bias gradients of the layer below, and the second layer's also
+              adds the first layer's weight gradient from its tiles in registers: kernels/linear.py)
   optimizer   grad-norm + clip + Adam over the flat buffers, with the target update fused in (hard or Polyak, on
               the device-side steps that are multiples of target_update_interval)
   spectral_norm  all weight matrices projected to sigma = 1 in one launch
   priority_update  sum-tree update with the new priorities, on the second stream, concurrent with the optimizer
               and spectral norm (joined at the end of the step)
-Kernels per step: (1 + 1) + 1 + 2 + 1 + 4 + 4 + 1 + 6 (2 trunk layers) + 2 + 1 + 1 = 25 at seed scale.
+Kernels per step: (1 + 1) + 1 + 2 + 1 + 4 + 4 + 1 + 5 (2 trunk layers) + 2 + 1 + 1 = 24 at seed scale.
 The target net therefore holds the parameters after Adam and before that step's spectral-norm projection (they
 differ by one step's change of sigma, O(lr)).
 """
@@ -38,7 +39,8 @@ import torch
 
 from kernels.fused_adam import FusedAdam
 from kernels.heads import heads_backward
-from kernels.linear import WeightTranspose, linear_backward_input, linear_backward_weight, linear_forward
+from kernels.linear import (MAX_FUSED_K0, WeightTranspose, linear_backward_input, linear_backward_weight,
+                            linear_forward)
 from kernels.replay_batch import batch_uniforms, gather_transitions
 from kernels.segment_tree import tree_sample, tree_update
 from kernels.spectral_norm import SpectralNormTable, spectral_norm_
@@ -120,8 +122,12 @@ class HotLearner:
         self.acts_t = [new(x.rows, b) for x in lay.layers[:-1]] + [None]
         self.ddqn_acts = [new(2, b, x.rows) for x in lay.layers]    # online + target on s'
         self.q, self.q_next = new(b, d * a), new(2, b, d * a)
-        self.dz = [None] + [new(b, x.rows) for x in lay.layers[1:]]  # pre-activation gradients (layer 0's: dz_t only)
-        self.dz_t = [new(x.rows, b) for x in lay.layers]
+        self.dz = [None] + [new(b, x.rows) for x in lay.layers[1:]]  # pre-activation gradients (layer 0: none)
+        # the first layer's weight gradient is fused into the second layer's input-gradient kernel where its input
+        # fits one tile (kernels/linear.py MAX_FUSED_K0): then its pre-activation gradient is never stored
+        self.fuse_first_weight_grad = len(lay.layers) >= 2 and lay.layers[0].cols <= MAX_FUSED_K0
+        self.dz_t = [None if i == 0 and self.fuse_first_weight_grad else new(x.rows, b)
+                     for i, x in enumerate(lay.layers)]
         self.weight_transpose = WeightTranspose([(x.w_offset, x.g_offset, x.rows, x.cols, x.gain_group)
                                                  for x in lay.layers[1:]], device)
         self.wt = new(self.weight_transpose.numel)
@@ -167,11 +173,18 @@ class HotLearner:
             slots = lay.layers[i]
             w, _, g = slots.views(params)
             dw, _, dg = slots.views(grads)
-            linear_backward_weight(self.dz_t[i], self.obs_t if i == 0 else self.acts_t[i - 1], w, g, dw, dg,
-                                   slots.gain_group)
+            if i > 0 or not self.fuse_first_weight_grad:
+                linear_backward_weight(self.dz_t[i], self.obs_t if i == 0 else self.acts_t[i - 1], w, g, dw, dg,
+                                       slots.gain_group)
             if i > 0:  # layer i - 1's pre-activation gradient (both layouts) and bias gradient
+                below = None
+                if i == 1 and self.fuse_first_weight_grad:  # and the first layer's weight gradient, from registers
+                    first = lay.layers[0]
+                    below = (self.obs_t, first.views(params)[0], first.views(params)[2], first.views(grads)[0],
+                             first.views(grads)[2], first.gain_group)
                 self.linear_backward_input(self.dz[i], self.wts[i], self.acts[i - 1], self.dz_t[i - 1],
-                                           lay.layers[i - 1].views(grads)[1], dx=self.dz[i - 1])
+                                           lay.layers[i - 1].views(grads)[1], dx=self.dz[i - 1],
+                                           weight_grad_below=below)
 
     def _on_side(self):
         """Context: launches in it run on the side stream after everything launched so far on the current one

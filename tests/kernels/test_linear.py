@@ -84,6 +84,33 @@ def test_linear_forward_and_backward_match_float64(m, n, k, gain_group, relu, ga
     torch.testing.assert_close(dg.cpu().double(), g2.grad, rtol=1e-4, atol=1e-3)
 
 
+@pytest.mark.parametrize("m,n,k,k0,gain0", [(200, 48, 96, 13, 96), (130, 40, 300, 64, 7), (70, 20, 256, 20, 48)])
+def test_input_gradient_fuses_the_weight_gradient_of_the_layer_below(m, n, k, k0, gain0):
+    """weight_grad_below: the layer below's dW and dg from the dz tiles in registers, as the unfused pair of launches
+    gives them; dz^T not written. Cases: one gain group over all rows, groups of 7 (per-row dg atomics), groups of
+    48 splitting the 128-row tiles."""
+    gen = torch.Generator().manual_seed(m + k)
+    dy, w = _rand(m, n, gen=gen), _rand(n, k, gen=gen, scale=k ** -0.5)
+    x, x0 = torch.relu(_rand(m, k, gen=gen)), _rand(m, k0, gen=gen)
+    w0, g0 = _rand(k, k0, gen=gen), 1 + _rand(-(-k // gain0), gen=gen, scale=0.2)
+    dev = lambda t: t.float().contiguous().to(DEVICE)  # noqa: E731
+    db, dw0, dg0 = (torch.zeros(s, device=DEVICE) for s in ((k,), (k, k0), g0.shape))
+    got = linear_backward_input(dev(dy), dev(w.T), dev(x), None, db,
+                                weight_grad_below=(dev(x0.T), dev(w0), dev(g0), dw0, dg0, gain0))
+    assert got is None
+    dz = (dy @ w) * (x > 0)
+    part = dz.T @ x0
+    torch.testing.assert_close(dw0.cpu().double(), g0.repeat_interleave(gain0)[:k, None] * part, **CPU_TOL)
+    dg_ref = torch.zeros_like(g0).index_add_(0, torch.arange(k) // gain0, (w0 * part).sum(1))
+    torch.testing.assert_close(dg0.cpu().double(), dg_ref, rtol=1e-4, atol=1e-3)
+    torch.testing.assert_close(db.cpu().double(), dz.sum(0), **CPU_TOL)
+    with pytest.raises(ValueError, match="w0 must be"):
+        linear_backward_input(dev(dy), dev(w.T), dev(x), None, db,
+                              weight_grad_below=(dev(x0.T), dev(w0[:-1]), dev(g0), dw0, dg0, gain0))
+    with pytest.raises(ValueError, match="dxt"):
+        linear_backward_input(dev(dy), dev(w.T), dev(x), None, db)
+
+
 def test_weight_transpose_writes_every_matrix_scaled_in_one_launch():
     gen = torch.Generator().manual_seed(3)
     shapes = [(70, 33, 70), (20, 130, 5), (9, 9, 9)]  # (N, K, gain_group): several tiles, several groups per tile
@@ -194,3 +221,23 @@ def test_precision_placement_on_gpu():
     linear_backward_weight(dev(dy.T.contiguous()), dev(x.T.contiguous()), dev(w), dev(g), dw, dg, n)
     dw_err = _rel(dw, gf * (dyf.T @ xf))
     assert dx_err <= 1e-5 and dw_err <= 1e-5, f"backward relative errors dx {dx_err:.2e}, dw {dw_err:.2e}"
+
+
+@pytest.mark.gpu
+def test_fused_first_layer_weight_gradient_is_fp32_accurate_on_gpu():
+    """The first layer's weight gradient fused into the second layer's input gradient (seed-scale shapes: 8192 rows,
+    256 -> 512 -> 64) keeps the backward's FP32 bound (<= 1e-5 relative to float64), as the unfused kernels do."""
+    gen = torch.Generator().manual_seed(1)
+    m, n, k, k0 = 8192, 256, 512, 64
+    dy, w = _rand(m, n, gen=gen), _rand(n, k, gen=gen, scale=k ** -0.5)
+    x, x0, w0 = torch.relu(_rand(m, k, gen=gen)), _rand(m, k0, gen=gen), _rand(k, k0, gen=gen, scale=k0 ** -0.5)
+    g0 = 1 + _rand(1, gen=gen, scale=0.2)
+    dev = lambda t: t.float().contiguous().cuda()  # noqa: E731
+    db, dw0, dg0 = torch.zeros(k, device="cuda"), torch.zeros(k, k0, device="cuda"), torch.zeros(1, device="cuda")
+    linear_backward_input(dev(dy), dev(w.T), dev(x), None, db,
+                          weight_grad_below=(dev(x0.T), dev(w0), dev(g0), dw0, dg0, k))
+    f64 = lambda t: dev(t).double()  # noqa: E731  (the float32-rounded inputs, exactly)
+    part = ((f64(dy) @ f64(w)) * (f64(x) > 0)).T @ f64(x0)
+    dw_err = _rel(dw0, f64(g0) * part)
+    dg_err = abs(float(dg0) - float((f64(w0) * part).sum())) / abs(float((f64(w0) * part).sum()))
+    assert dw_err <= 1e-5 and dg_err <= 1e-4, f"fused dW0 relative error {dw_err:.2e}, dg0 {dg_err:.2e}"
