@@ -8,9 +8,10 @@ static buffers, warm-up on a side stream, then `torch.cuda.graph`):
               the memset must follow the previous step's Adam (which read the gradients): the fork at the start of
               the step (the side stream waits for the main one) orders both
   sample      batch_uniforms (Philox keyed by the optimizer's device step count; also writes the annealed beta),
-              tree_sample (stratified proportional sampling + importance weights, 2 launches),
-              gather_transitions (actions, rewards, terminal flags, and the observations transposed for the first
-              layer's weight gradient; the forward reads them in place)
+              tree_sample (stratified proportional sampling + importance weights, 2 launches); then, after the
+              online forward (the shorter chain), gather_transitions (actions, rewards, terminal flags, and the
+              observations transposed for the first layer's weight gradient; the forwards read the observations
+              in place, by index)
   ddqn_forward  on the second stream, concurrent with the online forward: online and target net on s' in ONE
               launch per layer (TF32)
   forward     online net on s (TF32), activations kept for the backward (and their transposes, for the
@@ -153,6 +154,12 @@ class HotLearner:
                            cfg.per_beta_end, max(1, cfg.epochs * cfg.learner_steps_per_epoch))
             tree_sample(rp.tree.nodes, rp.capacity, rp.capacity, cfg.batch_size, self.uniforms, self.beta, self.idx,
                         self.weights)
+
+    def _gather(self) -> None:
+        """The sampled transitions' actions, rewards, terminal flags and transposed observations (the forwards read
+        the observations by index: only the loss and the first layer's weight gradient need these)."""
+        rp = self.replay
+        with phase_range("sample"):
             gather_transitions(self.idx, rp.action, rp.reward, rp.terminated, rp.obs, self.action, self.reward,
                                self.terminated, self.obs_t)
 
@@ -213,6 +220,7 @@ class HotLearner:
             self._forward(rp.next_obs, self.ddqn_acts, self.q_next, nets=2)
         with phase_range("forward"):
             self._forward(rp.obs, self.acts, self.q, nets=1, acts_t=self.acts_t)
+        self._gather()  # after the online chain, the shorter one: off the critical path
         self._join_side()
         b, d, a = cfg.batch_size, lay.branches, lay.actions
         with phase_range("loss"):
