@@ -142,8 +142,8 @@ def _fwd_fp32(learner) -> None:
 
 def _bwd_tf32(learner) -> None:
     def input_grad(dy, wt, x, dxt, db, dx=None, *, weight_grad_below=None):
-        with tf32_matmuls(True):
-            dz = torch.mm(dy, wt.t()).mul_(x > 0)
+        with tf32_matmuls(True):  # wt: the (2, K, N) TF32 split of g W^T (kernels.linear.WeightTranspose)
+            dz = torch.mm(dy, (wt[0] + wt[1]).t()).mul_(x > 0)
         if dxt is not None:
             dxt.copy_(dz.t())
         db.add_(dz.sum(0))

@@ -9,16 +9,20 @@ with a third grid axis.
 Precision placement (issue "TF32 forward, FP32-accurate backward"): the forward kernels multiply on TF32 tensor
 cores (`tl.dot(input_precision="tf32")`, ~1e-3 relative error); the backward kernels use Triton's "tf32x3"
 split precision (three TF32 MMAs per product: hi*hi + hi*lo + lo*hi, Ootomo & Yokota 2022), which keeps IEEE FP32
-accuracy on tensor cores. Kernel names carry the precision ("tf32" / "fp32split") and the phase ("online",
-"ddqn", "bwd"), which is how the guards classify them (guards/step_metrics.py `gemm_precision`, phase rules).
+accuracy on tensor cores. The input-gradient kernel does the same split by hand with its weight operand split
+ahead of time (`WeightTranspose` writes W^T as TF32 hi and lo parts): Triton's tf32x3 splits both operands in
+registers at every reduction step and must store the B parts back to shared memory (seen in its TTGIR for sm90),
+while the A operand of Hopper's MMA may stay in registers. Kernel names carry the precision ("tf32" /
+"fp32split") and the phase ("online", "ddqn", "bwd"), which is how the guards classify them
+(guards/step_metrics.py `gemm_precision`, phase rules).
 Under TRITON_INTERPRET=1 every dot is a float32 numpy matmul (precision ignored): the CPU tests check the algebra,
 the GPU tests the precision.
 
 Operand layouts. Hopper's TF32 tensor-core MMA (wgmma) reads fp32 operands from shared memory only K-major (the
 reduction axis contiguous); an operand stored the other way is copied into shared memory 4 bytes at a time instead
 of 16, and the GEMM runs 1.5-5x slower (profiles/h200/split_gemm_probe.md). So the backward reads copies laid out
-for it: W^T scaled by the gains (`WeightTranspose`, one launch for every layer but the first), and the batch-contiguous
-transposes X^T and dY^T, written by the kernels that produce X and dY (the forward's `yt`, the input gradient's
+for it: W^T scaled by the gains and split (`WeightTranspose`, one launch for every layer but the first), and the
+batch-contiguous transposes X^T and dY^T, written by the kernels that produce X and dY (the forward's `yt`, the input gradient's
 `dxt`, the heads' backward, the replay gather's observations).
 
 Backward of one layer (dY: gradient w.r.t. its pre-activation, already masked by its ReLU):
@@ -40,6 +44,14 @@ import triton.language as tl
 from kernels._common import check_tensor
 
 _MIN_PROGRAMS = 132  # one program per SM of a 132-SM H100/H200 at least, where the shape allows
+
+
+@triton.jit
+def _tf32_rna(x):
+    # x rounded to TF32 (10 mantissa bits; to nearest, ties away from zero: PTX cvt.rna.tf32.f32), kept as fp32 with
+    # the low 13 bits zero: adding half an ulp to the magnitude bits and truncating rounds a sign-magnitude float
+    bits = x.to(tl.uint32, bitcast=True)
+    return ((bits + 0x1000) & 0xFFFFE000).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -110,14 +122,23 @@ def _bwd_dx_fp32split_gemm_kernel(dy_ptr, wt_ptr, x_ptr, dx_ptr, dxt_ptr, db_ptr
     mask_m = offs_m < M
     mask_k = offs_k < K
     acc = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
+    # split precision with B split ahead of time (WeightTranspose writes W^T as TF32 hi and lo parts): only dy is
+    # split here, in registers (the MMA's A operand may come from registers); B tiles go straight from memory to
+    # shared memory. acc += dy_lo wt_hi + dy_hi wt_lo + dy_hi wt_hi, each a plain TF32 MMA (3xTF32, Ootomo & Yokota
+    # 2022; the dropped dy_lo wt_lo term is ~2^-22 relative)
     for n0 in range(0, N, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mask_n = offs_n < N
         dy = tl.load(dy_ptr + offs_m[:, None] * N + offs_n[None, :], mask=mask_m[:, None] & mask_n[None, :],
                      other=0.0)
-        wt = tl.load(wt_ptr + offs_k[None, :] * N + offs_n[:, None], mask=mask_n[:, None] & mask_k[None, :],
-                     other=0.0)
-        acc = tl.dot(dy, wt, acc, input_precision="tf32x3")
+        wmask = mask_n[:, None] & mask_k[None, :]
+        wt_hi = tl.load(wt_ptr + offs_k[None, :] * N + offs_n[:, None], mask=wmask, other=0.0)
+        wt_lo = tl.load(wt_ptr + K * N + offs_k[None, :] * N + offs_n[:, None], mask=wmask, other=0.0)
+        dy_hi = _tf32_rna(dy)
+        dy_lo = _tf32_rna(dy - dy_hi)
+        acc = tl.dot(dy_lo, wt_hi, acc, input_precision="tf32")
+        acc = tl.dot(dy_hi, wt_lo, acc, input_precision="tf32")
+        acc = tl.dot(dy_hi, wt_hi, acc, input_precision="tf32")
     mask = mask_m[:, None] & mask_k[None, :]
     x = tl.load(x_ptr + offs_m[:, None] * K + offs_k[None, :], mask=mask, other=0.0)
     dz = tl.where(x > 0.0, acc, 0.0)  # zero outside the tile's valid rows and columns too (x is 0 there)
@@ -205,7 +226,11 @@ def _bwd_weight_transpose_kernel(src_ptr, dst_ptr, table_ptr, ENTRIES: tl.conste
     mask = (offs_n < n)[:, None] & (offs_k < k)[None, :]
     w = tl.load(src_ptr + w_off + offs_n[:, None] * k + offs_k[None, :], mask=mask, other=0.0)
     g = tl.load(src_ptr + g_off + offs_n // gain_group, mask=offs_n < n, other=0.0)
-    tl.store(dst_ptr + dst_off + offs_k[None, :] * n + offs_n[:, None], w * g[:, None], mask=mask)
+    v = w * g[:, None]
+    hi = _tf32_rna(v)
+    out = dst_ptr + dst_off + offs_k[None, :] * n + offs_n[:, None]
+    tl.store(out, hi, mask=mask)
+    tl.store(out + n * k, _tf32_rna(v - hi), mask=mask)
 
 
 def _block(n: int, cap: int) -> int:
@@ -288,8 +313,10 @@ def linear_backward_input(dy: torch.Tensor, wt: torch.Tensor, x: torch.Tensor, d
     """The previous layer's pre-activation gradient dz = (dy @ wt^T) masked to where x > 0, written as dz^T (and dz),
     and its bias gradient db += sum_m dz (split-precision FP32 tensor-core GEMM, both operands K-major).
 
-    dy: (M, N) gradient w.r.t. this layer's pre-activation; wt: (K, N) this layer's weight transposed and scaled by
-    its gains, wt[k, n] = g[n // gain_group] W[n, k] (`WeightTranspose`); x: (M, K) the layer's input, the previous
+    dy: (M, N) gradient w.r.t. this layer's pre-activation; wt: (2, K, N) this layer's weight transposed, scaled by
+    its gains and split into TF32 parts, wt[:, k, n] = split_tf32(g[n // gain_group] W[n, k]) (`WeightTranspose`;
+    the kernel splits dy in registers and multiplies the parts on TF32 tensor cores: 3xTF32, FP32-accurate);
+    x: (M, K) the layer's input, the previous
     layer's ReLU output; dxt: (K, M) output dz^T, fully overwritten (the previous layer's `linear_backward_weight`
     reads it), or None with `weight_grad_below`; db: (K,) the previous layer's bias gradient, a view of the zeroed
     gradient buffer (fp32 atomic adds, max(2, ceil(M / 128)) per element); dx: optional (M, K) output dz (for the
@@ -302,8 +329,10 @@ def linear_backward_input(dy: torch.Tensor, wt: torch.Tensor, x: torch.Tensor, d
     All float32, contiguous, on one device. Returns dxt.
     Raises ValueError for wrong dtype, shape, device or contiguity, or a weight_grad_below that does not fit.
     """
-    check_tensor("wt", wt, dtype=torch.float32, ndim=2)
-    k, n = wt.shape
+    check_tensor("wt", wt, dtype=torch.float32, ndim=3)
+    if wt.shape[0] != 2:
+        raise ValueError(f"wt must be (2, K, N): the hi and lo TF32 parts, got {tuple(wt.shape)}")
+    _, k, n = wt.shape
     dev = wt.device
     check_tensor("dy", dy, dtype=torch.float32, ndim=2, device=dev)
     m = dy.shape[0]
@@ -390,13 +419,15 @@ def linear_backward_weight(dyt: torch.Tensor, xt: torch.Tensor, w: torch.Tensor,
 
 
 class WeightTranspose:
-    """Writes g-scaled transposed copies of weight matrices of a flat parameter buffer, all in one launch:
-    dst[dst_offset + k * N + n] = g[n // gain_group] * W[n, k] for every entry (the operand layout
-    `linear_backward_input` reads K-major on Hopper's TF32 tensor cores).
+    """Writes g-scaled transposed copies of weight matrices of a flat parameter buffer, split into TF32 parts, all
+    in one launch: with v = g[n // gain_group] * W[n, k], dst[dst_offset + k * N + n] = hi = tf32(v) and
+    dst[dst_offset + N * K + k * N + n] = tf32(v - hi) (tf32: round to nearest, ties away, as cvt.rna.tf32.f32;
+    `split_tf32` is the plain-torch reference) for every entry: the operand `linear_backward_input` reads, K-major
+    for Hopper's TF32 tensor cores and split ahead of time for its 3xTF32 product.
 
     Args:
         entries: per matrix (w_offset, g_offset, rows N, cols K, gain_group) into the source buffer; the copies are
-            packed in `dst` in this order (offsets in `dst_offsets`, sizes N * K).
+            packed in `dst` in this order (offsets in `dst_offsets`, sizes 2 * N * K: hi, then lo).
         device: where the table lives.
     Attributes: dst_offsets (list of int), numel (floats of dst), tiles (tiles of BLOCK x BLOCK; the launch has
     max(2, tiles) programs), src_numel (floats the table reads from the source buffer).
@@ -417,14 +448,14 @@ class WeightTranspose:
             rows.append((w_off, g_off, n, k, gain_group, pos, tiles))
             self.src_numel = max(self.src_numel, w_off + n * k, g_off + -(-n // gain_group))
             self.dst_offsets.append(pos)
-            pos += n * k
+            pos += 2 * n * k
             tiles += triton.cdiv(n, self.BLOCK) * triton.cdiv(k, self.BLOCK)
         self.numel, self.tiles, self.shapes = pos, tiles, [(n, k) for _, _, n, k, _ in entries]
         self.table = torch.tensor(rows, dtype=torch.int64, device=device)
 
     def views(self, dst: torch.Tensor) -> list[torch.Tensor]:
-        """The (K, N) transposed matrices inside `dst` (numel floats), in entry order."""
-        return [dst[o:o + n * k].view(k, n) for o, (n, k) in zip(self.dst_offsets, self.shapes)]
+        """The (2, K, N) split transposed matrices inside `dst` (numel floats; [0] hi, [1] lo), in entry order."""
+        return [dst[o:o + 2 * n * k].view(2, k, n) for o, (n, k) in zip(self.dst_offsets, self.shapes)]
 
     def __call__(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """One launch of max(2, tiles) programs; src: the (P,) float32 parameter buffer, dst: (numel,) float32.
@@ -435,6 +466,17 @@ class WeightTranspose:
         check_tensor("dst", dst, dtype=torch.float32, shape=(self.numel,), device=self.table.device)
         _bwd_weight_transpose_kernel[(max(2, self.tiles),)](src, dst, self.table, ENTRIES=len(self.dst_offsets),
                                                             BLOCK=self.BLOCK)
+
+
+def split_tf32(t: torch.Tensor) -> torch.Tensor:
+    """Plain-torch (2, *t.shape) float32 [hi, lo] of float32 t: hi = t rounded to TF32 (10 mantissa bits, to nearest,
+    ties away from zero, as PTX cvt.rna.tf32.f32), lo = (t - hi) rounded the same way; hi + lo is t within ~2^-22
+    relative. The layout `WeightTranspose` writes and `linear_backward_input` reads."""
+    def rna(x: torch.Tensor) -> torch.Tensor:
+        bits = x.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+        return (((bits + 0x1000) & 0xFFFFE000).to(torch.uint32).view(torch.int32)).view(torch.float32)
+    hi = rna(t.float())
+    return torch.stack([hi, rna(t.float() - hi)])
 
 
 def linear_reference(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, g: torch.Tensor, gain_group: int,

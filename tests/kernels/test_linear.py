@@ -14,7 +14,7 @@ import torch
 
 from kernels.heads import heads_backward, heads_forward, heads_reference
 from kernels.linear import (WeightTranspose, linear_backward_input, linear_backward_weight, linear_forward,
-                            linear_reference)
+                            linear_reference, split_tf32)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 CPU_TOL = dict(rtol=1e-4, atol=1e-4)
@@ -36,9 +36,15 @@ def _layer(gen, n, k, gain_group):
                                                                                               scale=0.2)
 
 
-def _wt(w, g, gain_group):
-    """The g-scaled W^T (K, N) the input-gradient kernel reads, in w's dtype."""
+def _scaled_wt(w, g, gain_group):
+    """The g-scaled W^T (K, N), in w's dtype."""
     return (w * g.repeat_interleave(gain_group)[:w.shape[0], None]).T.contiguous()
+
+
+def _wt(w, g, gain_group):
+    """The g-scaled W^T split into TF32 parts, (2, K, N) float32: what WeightTranspose writes and the input-gradient
+    kernel reads (the product taken in float32 first, as the kernel does)."""
+    return split_tf32(_scaled_wt(w.float(), g.float(), gain_group))
 
 
 @pytest.mark.parametrize("m,n,k,gain_group,relu,gather", [(37, 20, 13, 20, True, False), (200, 48, 40, 16, False, True),
@@ -95,7 +101,7 @@ def test_input_gradient_fuses_the_weight_gradient_of_the_layer_below(m, n, k, k0
     w0, g0 = _rand(k, k0, gen=gen), 1 + _rand(-(-k // gain0), gen=gen, scale=0.2)
     dev = lambda t: t.float().contiguous().to(DEVICE)  # noqa: E731
     db, dw0, dg0 = (torch.zeros(s, device=DEVICE) for s in ((k,), (k, k0), g0.shape))
-    got = linear_backward_input(dev(dy), dev(w.T), dev(x), None, db,
+    got = linear_backward_input(dev(dy), split_tf32(dev(w.T)), dev(x), None, db,
                                 weight_grad_below=(dev(x0.T), dev(w0), dev(g0), dw0, dg0, gain0))
     assert got is None
     dz = (dy @ w) * (x > 0)
@@ -105,10 +111,12 @@ def test_input_gradient_fuses_the_weight_gradient_of_the_layer_below(m, n, k, k0
     torch.testing.assert_close(dg0.cpu().double(), dg_ref, rtol=1e-4, atol=1e-3)
     torch.testing.assert_close(db.cpu().double(), dz.sum(0), **CPU_TOL)
     with pytest.raises(ValueError, match="w0 must be"):
-        linear_backward_input(dev(dy), dev(w.T), dev(x), None, db,
+        linear_backward_input(dev(dy), split_tf32(dev(w.T)), dev(x), None, db,
                               weight_grad_below=(dev(x0.T), dev(w0[:-1]), dev(g0), dw0, dg0, gain0))
     with pytest.raises(ValueError, match="dxt"):
-        linear_backward_input(dev(dy), dev(w.T), dev(x), None, db)
+        linear_backward_input(dev(dy), split_tf32(dev(w.T)), dev(x), None, db)
+    with pytest.raises(ValueError, match="hi and lo"):
+        linear_backward_input(dev(dy), dev(w.T).expand(3, -1, -1).contiguous(), dev(x), None, db)
 
 
 def test_weight_transpose_writes_every_matrix_scaled_in_one_launch():
@@ -213,10 +221,10 @@ def test_precision_placement_on_gpu():
     assert 1e-5 < fwd_err < 5e-3, f"forward relative error {fwd_err:.2e}: not TF32"
     dy = _rand(m, n, gen=gen)
     dxt = torch.empty(k, m, device="cuda")
-    wt = _wt(dev(w), dev(g), n)  # float32, as the step's WeightTranspose writes it
-    linear_backward_input(dev(dy), wt, dev(x), dxt, torch.zeros(k, device="cuda"))
+    v = _scaled_wt(dev(w), dev(g), n)  # float32 g-scaled W^T; the kernel reads its TF32 split, as WeightTranspose
+    linear_backward_input(dev(dy), split_tf32(v), dev(x), dxt, torch.zeros(k, device="cuda"))  # writes it
     dyf = dev(dy).double()
-    dx_err = _rel(dxt.T, (dyf @ wt.double().T) * (xf > 0))
+    dx_err = _rel(dxt.T, (dyf @ v.double().T) * (xf > 0))
     dw, dg = torch.zeros(n, k, device="cuda"), torch.zeros(1, device="cuda")
     linear_backward_weight(dev(dy.T.contiguous()), dev(x.T.contiguous()), dev(w), dev(g), dw, dg, n)
     dw_err = _rel(dw, gf * (dyf.T @ xf))
@@ -234,7 +242,7 @@ def test_fused_first_layer_weight_gradient_is_fp32_accurate_on_gpu():
     g0 = 1 + _rand(1, gen=gen, scale=0.2)
     dev = lambda t: t.float().contiguous().cuda()  # noqa: E731
     db, dw0, dg0 = torch.zeros(k, device="cuda"), torch.zeros(k, k0, device="cuda"), torch.zeros(1, device="cuda")
-    linear_backward_input(dev(dy), dev(w.T), dev(x), None, db,
+    linear_backward_input(dev(dy), split_tf32(dev(w.T)), dev(x), None, db,
                           weight_grad_below=(dev(x0.T), dev(w0), dev(g0), dw0, dg0, k))
     f64 = lambda t: dev(t).double()  # noqa: E731  (the float32-rounded inputs, exactly)
     part = ((f64(dy) @ f64(w)) * (f64(x) > 0)).T @ f64(x0)
