@@ -24,6 +24,7 @@ import torch
 
 from kernels.linear import linear_forward
 from kernels.spectral_norm import SpectralNormTable, spectral_norm_
+from kernels.tf32_split import split_tf32
 from trainer.bench_variants import tf32_matmuls
 
 
@@ -132,8 +133,8 @@ def _fwd_fp32(learner) -> None:
         y.copy_(_scaled(y, g, gain_group) + b)
         if relu:
             y.relu_()
-        if yt is not None:
-            yt.copy_(y.t())
+        if yt is not None:  # y^T split into TF32 parts, as the kernel writes it
+            yt.copy_(split_tf32(y.t()))
         return y
 
     learner.linear_forward = forward
@@ -152,7 +153,7 @@ def _bwd_tf32(learner) -> None:
         if weight_grad_below is not None:  # the fused weight gradient of the layer below, in TF32 too
             x0t, w0, g0, dw0, dg0, gain0 = weight_grad_below
             with tf32_matmuls(True):
-                part = torch.mm(dz.t(), x0t.t())
+                part = torch.mm(dz.t(), (x0t[0] + x0t[1]).t())
             dw0.add_(_scaled(part.t().contiguous(), g0, gain0).t())
             dg0.add_((w0 * part).sum(1).view(-1, gain0).sum(1))
         return dxt

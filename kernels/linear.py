@@ -21,9 +21,10 @@ the GPU tests the precision.
 Operand layouts. Hopper's TF32 tensor-core MMA (wgmma) reads fp32 operands from shared memory only K-major (the
 reduction axis contiguous); an operand stored the other way is copied into shared memory 4 bytes at a time instead
 of 16, and the GEMM runs 1.5-5x slower (profiles/h200/split_gemm_probe.md). So the backward reads copies laid out
-for it: W^T scaled by the gains and split (`WeightTranspose`, one launch for every layer but the first), and the
-batch-contiguous transposes X^T and dY^T, written by the kernels that produce X and dY (the forward's `yt`, the input gradient's
-`dxt`, the heads' backward, the replay gather's observations).
+for it: W^T scaled by the gains (`WeightTranspose`, one launch for every layer but the first), and the
+batch-contiguous transposes X^T and dY^T, written by the kernels that produce X and dY (the forward's `yt`, the
+input gradient's `dxt`, the heads' backward, the replay gather's observations). The B operands, W^T and X^T, are
+stored split into TF32 parts (kernels/tf32_split.py) by those producers.
 
 Backward of one layer (dY: gradient w.r.t. its pre-activation, already masked by its ReLU):
 - `linear_backward_input`: dZ = (dY @ (g W)) masked by (X > 0) (X is the previous ReLU's output, so dZ is the
@@ -42,16 +43,9 @@ import triton
 import triton.language as tl
 
 from kernels._common import check_tensor
+from kernels.tf32_split import tf32_rna
 
 _MIN_PROGRAMS = 132  # one program per SM of a 132-SM H100/H200 at least, where the shape allows
-
-
-@triton.jit
-def _tf32_rna(x):
-    # x rounded to TF32 (10 mantissa bits; to nearest, ties away from zero: PTX cvt.rna.tf32.f32), kept as fp32 with
-    # the low 13 bits zero: adding half an ulp to the magnitude bits and truncating rounds a sign-magnitude float
-    bits = x.to(tl.uint32, bitcast=True)
-    return ((bits + 0x1000) & 0xFFFFE000).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -85,8 +79,10 @@ def _fwd_body(x_ptr, idx_ptr, w_ptr, b_ptr, g_ptr, y_ptr, yt_ptr, M, N, K, strid
         y = tl.maximum(y, 0.0)
     mask = mask_m[:, None] & mask_n[None, :]
     tl.store(y_ptr + z * y_zstride + offs_m[:, None] * N + offs_n[None, :], y, mask=mask)
-    if STORE_T:  # y^T (N, M) too: the next layer's weight-gradient GEMM reads it K-major (one net only)
-        tl.store(yt_ptr + offs_n[None, :] * M + offs_m[:, None], y, mask=mask)
+    if STORE_T:  # y^T (2, N, M) too, split into TF32 parts: the next layer's weight-gradient GEMM reads it K-major
+        hi = tf32_rna(y)  # (one net only)
+        tl.store(yt_ptr + offs_n[None, :] * M + offs_m[:, None], hi, mask=mask)
+        tl.store(yt_ptr + N * M + offs_n[None, :] * M + offs_m[:, None], tf32_rna(y - hi), mask=mask)
 
 
 # Two thin kernels over one body: the same code under two names, because a graph replay carries no ranges and the
@@ -134,8 +130,8 @@ def _bwd_dx_fp32split_gemm_kernel(dy_ptr, wt_ptr, x_ptr, dx_ptr, dxt_ptr, db_ptr
         wmask = mask_n[:, None] & mask_k[None, :]
         wt_hi = tl.load(wt_ptr + offs_k[None, :] * N + offs_n[:, None], mask=wmask, other=0.0)
         wt_lo = tl.load(wt_ptr + K * N + offs_k[None, :] * N + offs_n[:, None], mask=wmask, other=0.0)
-        dy_hi = _tf32_rna(dy)
-        dy_lo = _tf32_rna(dy - dy_hi)
+        dy_hi = tf32_rna(dy)
+        dy_lo = tf32_rna(dy - dy_hi)
         acc = tl.dot(dy_lo, wt_hi, acc, input_precision="tf32")
         acc = tl.dot(dy_hi, wt_lo, acc, input_precision="tf32")
         acc = tl.dot(dy_hi, wt_hi, acc, input_precision="tf32")
@@ -150,9 +146,15 @@ def _bwd_dx_fp32split_gemm_kernel(dy_ptr, wt_ptr, x_ptr, dx_ptr, dxt_ptr, db_ptr
         # x0 read K-major from x0^T (K0, M); dz^T is never written
         offs_j = tl.arange(0, BLOCK_J)
         mask_j = offs_j < K0
-        x0 = tl.load(x0t_ptr + offs_j[None, :] * M + offs_m[:, None], mask=mask_m[:, None] & mask_j[None, :],
-                     other=0.0)
-        part = tl.dot(tl.trans(dz), x0, input_precision="tf32x3")
+        x0mask = mask_m[:, None] & mask_j[None, :]
+        x0_hi = tl.load(x0t_ptr + offs_j[None, :] * M + offs_m[:, None], mask=x0mask, other=0.0)
+        x0_lo = tl.load(x0t_ptr + K0 * M + offs_j[None, :] * M + offs_m[:, None], mask=x0mask, other=0.0)
+        dzt = tl.trans(dz)
+        dzt_hi = tf32_rna(dzt)
+        dzt_lo = tf32_rna(dzt - dzt_hi)
+        part = tl.dot(dzt_lo, x0_hi, input_precision="tf32")
+        part = tl.dot(dzt_hi, x0_lo, part, input_precision="tf32")
+        part = tl.dot(dzt_hi, x0_hi, part, input_precision="tf32")
         wmask = mask_k[:, None] & mask_j[None, :]
         g0 = tl.load(g0_ptr + offs_k // gain0, mask=mask_k, other=0.0)
         tl.atomic_add(dw0_ptr + offs_k[:, None] * K0 + offs_j[None, :], part * g0[:, None], mask=wmask,
@@ -198,9 +200,14 @@ def _bwd_dw_fp32split_gemm_kernel(dyt_ptr, xt_ptr, w_ptr, g_ptr, dw_ptr, dg_ptr,
         mask_m = offs_m < M
         dyt = tl.load(dyt_ptr + offs_n[:, None] * M + offs_m[None, :], mask=mask_n[:, None] & mask_m[None, :],
                       other=0.0)
-        x = tl.load(xt_ptr + offs_k[None, :] * M + offs_m[:, None], mask=mask_m[:, None] & mask_k[None, :],
-                    other=0.0)
-        acc = tl.dot(dyt, x, acc, input_precision="tf32x3")
+        xmask = mask_m[:, None] & mask_k[None, :]
+        x_hi = tl.load(xt_ptr + offs_k[None, :] * M + offs_m[:, None], mask=xmask, other=0.0)
+        x_lo = tl.load(xt_ptr + K * M + offs_k[None, :] * M + offs_m[:, None], mask=xmask, other=0.0)
+        dyt_hi = tf32_rna(dyt)  # X^T comes split (2, K, M); dY^T is split here, in registers (3xTF32)
+        dyt_lo = tf32_rna(dyt - dyt_hi)
+        acc = tl.dot(dyt_lo, x_hi, acc, input_precision="tf32")
+        acc = tl.dot(dyt_hi, x_lo, acc, input_precision="tf32")
+        acc = tl.dot(dyt_hi, x_hi, acc, input_precision="tf32")
     mask = mask_n[:, None] & mask_k[None, :]
     g = tl.load(g_ptr + offs_n // gain_group, mask=mask_n, other=0.0)
     w = tl.load(w_ptr + offs_n[:, None] * K + offs_k[None, :], mask=mask, other=0.0)
@@ -227,10 +234,10 @@ def _bwd_weight_transpose_kernel(src_ptr, dst_ptr, table_ptr, ENTRIES: tl.conste
     w = tl.load(src_ptr + w_off + offs_n[:, None] * k + offs_k[None, :], mask=mask, other=0.0)
     g = tl.load(src_ptr + g_off + offs_n // gain_group, mask=offs_n < n, other=0.0)
     v = w * g[:, None]
-    hi = _tf32_rna(v)
+    hi = tf32_rna(v)
     out = dst_ptr + dst_off + offs_k[None, :] * n + offs_n[:, None]
     tl.store(out, hi, mask=mask)
-    tl.store(out + n * k, _tf32_rna(v - hi), mask=mask)
+    tl.store(out + n * k, tf32_rna(v - hi), mask=mask)
 
 
 def _block(n: int, cap: int) -> int:
@@ -254,8 +261,9 @@ def linear_forward(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, g: torch.T
         relu: apply ReLU after the bias. rows: optional (M,) int64 row indices into x (not bounds-checked).
         nets: 1 or 2 networks in one launch; x_zstride: floats between the nets' inputs (0: shared input).
         ddqn: name the launch as the Double-DQN forward (`_fwd_ddqn_tf32_gemm_kernel`) instead of the online one.
-        yt: optional (N, M) float32 contiguous output, fully overwritten with y^T (nets = 1 only): the layout the
-            next layer's weight-gradient GEMM reads (`linear_backward_weight`).
+        yt: optional (2, N, M) float32 contiguous output, fully overwritten with y^T split into TF32 parts [hi, lo]
+            (kernels/tf32_split.py; nets = 1 only): the operand the next layer's weight-gradient GEMM reads
+            (`linear_backward_weight`).
     Returns y. Grid (ceil(M / 128), ceil(N / BLOCK_N), nets), BLOCK_N <= 128 (64 where that pads N less)
     lowered until there are >= 132 programs or BLOCK_N = 16; never a single program (an idle second program is added
     for tiny shapes).
@@ -285,10 +293,12 @@ def linear_forward(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, g: torch.T
     if yt is not None:
         if nets != 1:
             raise ValueError("yt (the transposed output) is for one net only (nets = 1)")
-        check_tensor("yt", yt, dtype=torch.float32, shape=(n, m), device=dev)
+        check_tensor("yt", yt, dtype=torch.float32, shape=(2, n, m), device=dev)
     # Tiles from the H200 sweep at seed-scale shapes (profiles/h200/linear_sweep.csv): 128 x 128 x 32, 4 warps,
     # 3 stages; 64 columns where they pad N less than 128 do (N = 320: two nets 28.2 -> 23.2 us);
-    # BLOCK_N halves while there are fewer than 132 programs (one wave) and it can.
+    # BLOCK_N halves while there are fewer than 132 programs (one wave) and it can. With yt, 8 warps: the split
+    # transposed store spills at 4 (108 bytes per thread at 128 x 64 with a gathered input, compiled for sm90 here;
+    # the sweep had 8 warps within 10% of 4 at these shapes).
     block_m, block_n = 128, _block(n, 128)
     if block_n == 128 and triton.cdiv(n, 64) * 64 < triton.cdiv(n, 128) * 128:
         block_n = 64
@@ -299,7 +309,8 @@ def linear_forward(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, g: torch.T
     kernel = _fwd_ddqn_tf32_gemm_kernel if ddqn else _fwd_online_tf32_gemm_kernel
     kernel[grid](x, rows if rows is not None else x, w, b, g, y, yt if yt is not None else y, m, n, k, x.stride(0),
                  x_zstride, p_zstride, m * n, gain_group, GATHER=rows is not None, RELU=relu, STORE_T=yt is not None,
-                 BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=_block(k, 32), num_warps=4, num_stages=3)
+                 BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=_block(k, 32), num_warps=8 if yt is not None else 4,
+                 num_stages=3)
     return y
 
 
@@ -314,8 +325,9 @@ def linear_backward_input(dy: torch.Tensor, wt: torch.Tensor, x: torch.Tensor, d
     and its bias gradient db += sum_m dz (split-precision FP32 tensor-core GEMM, both operands K-major).
 
     dy: (M, N) gradient w.r.t. this layer's pre-activation; wt: (2, K, N) this layer's weight transposed, scaled by
-    its gains and split into TF32 parts, wt[:, k, n] = split_tf32(g[n // gain_group] W[n, k]) (`WeightTranspose`;
-    the kernel splits dy in registers and multiplies the parts on TF32 tensor cores: 3xTF32, FP32-accurate);
+    its gains and split into TF32 parts [hi, lo] (kernels/tf32_split.py) of g[n // gain_group] W[n, k], as
+    `WeightTranspose` writes it (the kernel splits dy in registers and multiplies the parts on TF32 tensor cores:
+    3xTF32, FP32-accurate);
     x: (M, K) the layer's input, the previous
     layer's ReLU output; dxt: (K, M) output dz^T, fully overwritten (the previous layer's `linear_backward_weight`
     reads it), or None with `weight_grad_below`; db: (K,) the previous layer's bias gradient, a view of the zeroed
@@ -323,7 +335,8 @@ def linear_backward_input(dy: torch.Tensor, wt: torch.Tensor, x: torch.Tensor, d
     previous layer's own input gradient).
     weight_grad_below: optional (x0t, w0, g0, dw0, dg0, gain_group0): also the previous layer's weight gradient,
         as `linear_backward_weight(dz^T, x0t, w0, g0, dw0, dg0, gain_group0)` would add it, from each dz tile in
-        registers (dz^T is then not written, dxt may be None): x0t (K0, M) that layer's input transposed, K0 <= 128;
+        registers (dz^T is then not written, dxt may be None): x0t (2, K0, M) that layer's input transposed and
+        split into TF32 parts, K0 <= 128;
         w0 (K, K0), g0 (ceil(K / gain_group0),); dw0, dg0 views of the zeroed gradient buffer (atomic adds: each
         dw0 entry gets ceil(M / 128) of them).
     All float32, contiguous, on one device. Returns dxt.
@@ -372,7 +385,7 @@ def _fused_weight_args(below: tuple | None, k: int, m: int, block_k: int, dev: t
     if isinstance(gain0, bool) or not isinstance(gain0, int) or gain0 < 1:
         raise ValueError(f"gain_group0 must be an int >= 1, got {gain0!r}")
     groups = -(-k // gain0)
-    for name, t, shape in (("x0t", x0t, (k0, m)), ("g0", g0, (groups,)), ("dw0", dw0, (k, k0)),
+    for name, t, shape in (("x0t", x0t, (2, k0, m)), ("g0", g0, (groups,)), ("dw0", dw0, (k, k0)),
                            ("dg0", dg0, (groups,))):
         check_tensor(name, t, dtype=torch.float32, shape=shape, device=dev)
     per_tile = triton.cdiv(block_k - 1, gain0) + 1  # a tile's rows touch at most this many groups
@@ -385,7 +398,8 @@ def linear_backward_weight(dyt: torch.Tensor, xt: torch.Tensor, w: torch.Tensor,
     """Accumulate (atomic adds) dw += g * dy^T x and dg[j] += sum over group j's rows of sum(w * dy^T x), from
     dY^T and X^T (both operands K-major: the batch axis contiguous).
 
-    dyt: (N, M) this layer's pre-activation gradient, transposed; xt: (K, M) its input, transposed; w: (N, K) and
+    dyt: (N, M) this layer's pre-activation gradient, transposed; xt: (2, K, M) its input, transposed and split into
+    TF32 parts [hi, lo] (kernels/tf32_split.py; the kernel splits dyt in registers: 3xTF32); w: (N, K) and
     g: (ceil(N / gain_group),) the layer's parameters; dw (N, K), dg like g: views of the gradient buffer, which
     the caller zeroes once before the backward. The bias gradient comes from whoever wrote dyt (`linear_backward_
     input`, `kernels.heads.heads_backward`). Split over M into enough parts for >= 132 programs; fp32 atomic adds
@@ -399,7 +413,7 @@ def linear_backward_weight(dyt: torch.Tensor, xt: torch.Tensor, w: torch.Tensor,
     check_tensor("dyt", dyt, dtype=torch.float32, ndim=2, device=dev)
     m = dyt.shape[1]
     check_tensor("dyt", dyt, shape=(n, m))
-    check_tensor("xt", xt, dtype=torch.float32, shape=(k, m), device=dev)
+    check_tensor("xt", xt, dtype=torch.float32, shape=(2, k, m), device=dev)
     if gain_group < 1:
         raise ValueError(f"gain_group must be >= 1, got {gain_group}")
     groups = -(-n // gain_group)
@@ -422,8 +436,8 @@ class WeightTranspose:
     """Writes g-scaled transposed copies of weight matrices of a flat parameter buffer, split into TF32 parts, all
     in one launch: with v = g[n // gain_group] * W[n, k], dst[dst_offset + k * N + n] = hi = tf32(v) and
     dst[dst_offset + N * K + k * N + n] = tf32(v - hi) (tf32: round to nearest, ties away, as cvt.rna.tf32.f32;
-    `split_tf32` is the plain-torch reference) for every entry: the operand `linear_backward_input` reads, K-major
-    for Hopper's TF32 tensor cores and split ahead of time for its 3xTF32 product.
+    kernels/tf32_split.py) for every entry: the operand `linear_backward_input` reads, K-major for Hopper's TF32
+    tensor cores and split ahead of time for its 3xTF32 product.
 
     Args:
         entries: per matrix (w_offset, g_offset, rows N, cols K, gain_group) into the source buffer; the copies are
@@ -466,17 +480,6 @@ class WeightTranspose:
         check_tensor("dst", dst, dtype=torch.float32, shape=(self.numel,), device=self.table.device)
         _bwd_weight_transpose_kernel[(max(2, self.tiles),)](src, dst, self.table, ENTRIES=len(self.dst_offsets),
                                                             BLOCK=self.BLOCK)
-
-
-def split_tf32(t: torch.Tensor) -> torch.Tensor:
-    """Plain-torch (2, *t.shape) float32 [hi, lo] of float32 t: hi = t rounded to TF32 (10 mantissa bits, to nearest,
-    ties away from zero, as PTX cvt.rna.tf32.f32), lo = (t - hi) rounded the same way; hi + lo is t within ~2^-22
-    relative. The layout `WeightTranspose` writes and `linear_backward_input` reads."""
-    def rna(x: torch.Tensor) -> torch.Tensor:
-        bits = x.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
-        return (((bits + 0x1000) & 0xFFFFE000).to(torch.uint32).view(torch.int32)).view(torch.float32)
-    hi = rna(t.float())
-    return torch.stack([hi, rna(t.float() - hi)])
 
 
 def linear_reference(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, g: torch.Tensor, gain_group: int,

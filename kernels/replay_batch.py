@@ -9,9 +9,9 @@ terminal flags after it.
   Sec. 3.4) into a 0-dim device tensor that `tree_sample` reads. The actor (trainer/actor.py) uses the same launch
   for its acting and env uniforms and its linearly decayed epsilon (Mnih et al. 2015).
 - `gather_transitions`: action[b] = action_src[idx[b]], reward, terminated likewise, and the observations
-  transposed, obs_t[:, b] = obs_src[idx[b]] (what the first layer's weight-gradient GEMM reads, batch axis
-  contiguous: kernels/linear.py), in one launch (the first forward layer reads the observations from replay
-  storage by index).
+  transposed and split into TF32 parts, obs_t[:, :, b] = split_tf32(obs_src[idx[b]]) (what the first layer's
+  weight-gradient GEMM reads, batch axis contiguous: kernels/linear.py), in one launch (the first forward layer
+  reads the observations from replay storage by index).
 References: `uniforms_reference` (the beta formula; the Philox stream itself is Triton's) and `gather_reference`.
 """
 
@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from kernels._common import check_tensor
+from kernels.tf32_split import split_tf32, tf32_rna
 
 _BLOCK = 1024
 
@@ -56,7 +57,9 @@ def _gather_transitions_kernel(idx_ptr, action_src, reward_src, term_src, obs_sr
         o = o0 + tl.arange(0, BLOCK_O)
         mo = mask[:, None] & (o < obs_dim)[None, :]
         x = tl.load(obs_src + rows[:, None] * obs_dim + o[None, :], mask=mo, other=0.0)
-        tl.store(obs_t_out + o[None, :] * n + offs[:, None], x, mask=mo)
+        hi = tf32_rna(x)
+        tl.store(obs_t_out + o[None, :] * n + offs[:, None], hi, mask=mo)
+        tl.store(obs_t_out + obs_dim * n + o[None, :] * n + offs[:, None], tf32_rna(x - hi), mask=mo)
 
 
 def batch_uniforms(counter: torch.Tensor, out: torch.Tensor, beta: torch.Tensor, seed: int, beta_start: float,
@@ -85,9 +88,9 @@ def batch_uniforms(counter: torch.Tensor, out: torch.Tensor, beta: torch.Tensor,
 def gather_transitions(idx: torch.Tensor, action_src: torch.Tensor, reward_src: torch.Tensor,
                        term_src: torch.Tensor, obs_src: torch.Tensor, action_out: torch.Tensor,
                        reward_out: torch.Tensor, term_out: torch.Tensor, obs_t_out: torch.Tensor) -> None:
-    """action_out[b] = action_src[idx[b]] (B, D) int64; reward_out, term_out (B,) float32 likewise; obs_t_out[:, b]
-    = obs_src[idx[b]] ((obs_dim, B) float32, the observations transposed); one launch of max(2, ceil(B / 64))
-    programs.
+    """action_out[b] = action_src[idx[b]] (B, D) int64; reward_out, term_out (B,) float32 likewise; obs_t_out[:, :, b]
+    = split_tf32(obs_src[idx[b]]) ((2, obs_dim, B) float32: the observations transposed and split into TF32 parts
+    [hi, lo], kernels/tf32_split.py); one launch of max(2, ceil(B / 64)) programs.
 
     idx: (B,) int64 slots in [0, C) (not bounds-checked on the device); *_src: replay storage (C, D) / (C,) /
     (C, obs_dim).
@@ -104,7 +107,7 @@ def gather_transitions(idx: torch.Tensor, action_src: torch.Tensor, reward_src: 
                                   ("action_out", action_out, torch.int64, (n, branches)),
                                   ("reward_out", reward_out, torch.float32, (n,)),
                                   ("term_out", term_out, torch.float32, (n,)),
-                                  ("obs_t_out", obs_t_out, torch.float32, (obs_dim, n))):
+                                  ("obs_t_out", obs_t_out, torch.float32, (2, obs_dim, n))):
         check_tensor(name, t, dtype=dtype, shape=shape, device=dev)
     block = 64  # 128 programs for a batch of 8192: the observations are most of the bytes
     _gather_transitions_kernel[(max(2, triton.cdiv(n, block)),)](
@@ -119,5 +122,5 @@ def uniforms_reference(step: int, beta_start: float, beta_end: float, anneal_ste
 
 
 def gather_reference(idx, action_src, reward_src, term_src, obs_src):
-    """Plain-torch (action_src[idx], reward_src[idx], term_src[idx], obs_src[idx].T)."""
-    return action_src[idx], reward_src[idx], term_src[idx], obs_src[idx].T
+    """Plain-torch (action_src[idx], reward_src[idx], term_src[idx], split_tf32(obs_src[idx].T))."""
+    return action_src[idx], reward_src[idx], term_src[idx], split_tf32(obs_src[idx].T)

@@ -114,15 +114,16 @@ def cases(batch=8192, d_in=512, d_out=256):
 def _step_kernels(batch=8192, d_in=512, d_out=256):
     """The hot step's own backward launches (kernels/linear.py, gain 1, their K-major operands: W^T, dY^T, X^T) at
     the same shapes, timed the same way."""
-    from kernels.linear import linear_backward_input, linear_backward_weight, split_tf32
+    from kernels.linear import linear_backward_input, linear_backward_weight
+    from kernels.tf32_split import split_tf32
 
     g = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(batch, d_in, device="cuda", generator=g).relu_()
     w = torch.randn(d_out, d_in, device="cuda", generator=g) / d_in ** 0.5
     dy = torch.randn(batch, d_out, device="cuda", generator=g) * 1e-3
     gain = torch.ones(1, device="cuda")
-    wt, dyt, xt = split_tf32(w.t().contiguous()), dy.t().contiguous(), x.t().contiguous()
-    dx, dxt, db = torch.empty_like(x), torch.empty_like(xt), torch.zeros(d_in, device="cuda")
+    wt, dyt, xt = split_tf32(w.t().contiguous()), dy.t().contiguous(), split_tf32(x.t())
+    dx, dxt, db = torch.empty_like(x), torch.empty_like(xt[0]), torch.zeros(d_in, device="cuda")
     dw, dg = torch.zeros_like(w), torch.zeros(1, device="cuda")
     ref_dx = torch.where(x > 0, dy.double() @ w.double(), 0.0)
     linear_backward_input(dy, wt, x, dxt, db, dx=dx)
@@ -133,7 +134,7 @@ def _step_kernels(batch=8192, d_in=512, d_out=256):
     return [dict(gemm="dx=dY W", impl="kernels.linear step kernel (W^T split; +ReLU mask, dx^T, db)",
                  config="as in the step", rel_err=err_dx,
                  us=_time_us(lambda: linear_backward_input(dy, wt, x, dxt, db, dx=dx))),
-            dict(gemm="dW=dY^T X (K-major)", impl="kernels.linear step kernel (dY^T, X^T; +dg)",
+            dict(gemm="dW=dY^T X (K-major)", impl="kernels.linear step kernel (dY^T, X^T split; +dg)",
                  config="as in the step", rel_err=err_dw,
                  us=_time_us(lambda: linear_backward_weight(dyt, xt, w, gain, dw, dg, d_out)))]
 

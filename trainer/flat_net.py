@@ -137,8 +137,8 @@ def flat_forward(layout: FlatLayout, buf: torch.Tensor, x: torch.Tensor, acts: l
     storage); acts: one (M, width) or (nets, M, width) float32 output per layer of `layout.layers` (kept: the
     backward reads them); q: (M, D * A) or (nets, M, D * A), returned. `linear`: the layer launcher
     (kernels.linear.linear_forward or a drop-in of the same signature). acts_t: optional, per layer None or a
-    (width, M) float32 output for the activations transposed (nets = 1; the backward's weight-gradient GEMMs read
-    them). Raises ValueError from the launchers."""
+    (2, width, M) float32 output for the activations transposed and split into TF32 parts (nets = 1; the
+    backward's weight-gradient GEMMs read them). Raises ValueError from the launchers."""
     p, x_zstride = layout.numel, 0
     for i, (slots, y) in enumerate(zip(layout.layers, acts)):
         w, b, g = slots.views(buf)

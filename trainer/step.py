@@ -117,10 +117,11 @@ class HotLearner:
         self.idx, self.action = new(b, dtype=torch.int64), new(b, d, dtype=torch.int64)
         self.reward, self.terminated = new(b), new(b)
         self.acts = [new(b, x.rows) for x in lay.layers]            # online activations, kept for the backward
-        # transposed copies the weight-gradient GEMMs read (batch axis contiguous): the observations, the
-        # activations that feed a next layer, every pre-activation gradient
-        self.obs_t = new(obs_dim, b)
-        self.acts_t = [new(x.rows, b) for x in lay.layers[:-1]] + [None]
+        # transposed copies the weight-gradient GEMMs read (batch axis contiguous): the observations and the
+        # activations that feed a next layer (both split into TF32 parts, kernels/tf32_split.py), every
+        # pre-activation gradient
+        self.obs_t = new(2, obs_dim, b)
+        self.acts_t = [new(2, x.rows, b) for x in lay.layers[:-1]] + [None]
         self.ddqn_acts = [new(2, b, x.rows) for x in lay.layers]    # online + target on s'
         self.q, self.q_next = new(b, d * a), new(2, b, d * a)
         self.dz = [None] + [new(b, x.rows) for x in lay.layers[1:]]  # pre-activation gradients (layer 0: none)

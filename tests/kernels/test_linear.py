@@ -14,7 +14,8 @@ import torch
 
 from kernels.heads import heads_backward, heads_forward, heads_reference
 from kernels.linear import (WeightTranspose, linear_backward_input, linear_backward_weight, linear_forward,
-                            linear_reference, split_tf32)
+                            linear_reference)
+from kernels.tf32_split import split_tf32
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 CPU_TOL = dict(rtol=1e-4, atol=1e-4)
@@ -62,12 +63,12 @@ def test_linear_forward_and_backward_match_float64(m, n, k, gain_group, relu, ga
     x = src[rows] if gather else src[:m]
     dev = lambda t: t.float().to(DEVICE)  # noqa: E731
     y = torch.full((m, n), float("nan"), device=DEVICE)
-    yt = torch.full((n, m), float("nan"), device=DEVICE)
+    yt = torch.full((2, n, m), float("nan"), device=DEVICE)
     linear_forward(dev(src), dev(w), dev(b), dev(g), y, gain_group, relu,
                    rows=None if rows is None else rows.to(DEVICE), yt=yt)
     ref = linear_reference(x, w, b, g, gain_group, relu)
     torch.testing.assert_close(y.cpu().double(), ref, **FWD_TOL)
-    assert torch.equal(yt, y.T)
+    assert torch.equal(yt, split_tf32(y.T))  # y^T split into TF32 parts, bit for bit as the torch reference
 
     dy = _rand(m, n, gen=gen)
     # as in the network: dy is the pre-activation gradient and x a ReLU output (mask the reference accordingly)
@@ -85,7 +86,7 @@ def test_linear_forward_and_backward_match_float64(m, n, k, gain_group, relu, ga
     dw, dg = (torch.zeros_like(dev(t)) for t in (w, g))
     w2, g2 = (t.clone().requires_grad_(True) for t in (w, g))
     linear_reference(x, w2, b, g2, gain_group, relu=False).backward(dy)
-    linear_backward_weight(dev(dy.T.contiguous()), dev(x.T.contiguous()), dev(w), dev(g), dw, dg, gain_group)
+    linear_backward_weight(dev(dy.T.contiguous()), split_tf32(dev(x.T)), dev(w), dev(g), dw, dg, gain_group)
     torch.testing.assert_close(dw.cpu().double(), w2.grad, **CPU_TOL)
     torch.testing.assert_close(dg.cpu().double(), g2.grad, rtol=1e-4, atol=1e-3)
 
@@ -102,7 +103,7 @@ def test_input_gradient_fuses_the_weight_gradient_of_the_layer_below(m, n, k, k0
     dev = lambda t: t.float().contiguous().to(DEVICE)  # noqa: E731
     db, dw0, dg0 = (torch.zeros(s, device=DEVICE) for s in ((k,), (k, k0), g0.shape))
     got = linear_backward_input(dev(dy), split_tf32(dev(w.T)), dev(x), None, db,
-                                weight_grad_below=(dev(x0.T), dev(w0), dev(g0), dw0, dg0, gain0))
+                                weight_grad_below=(split_tf32(dev(x0.T)), dev(w0), dev(g0), dw0, dg0, gain0))
     assert got is None
     dz = (dy @ w) * (x > 0)
     part = dz.T @ x0
@@ -112,7 +113,7 @@ def test_input_gradient_fuses_the_weight_gradient_of_the_layer_below(m, n, k, k0
     torch.testing.assert_close(db.cpu().double(), dz.sum(0), **CPU_TOL)
     with pytest.raises(ValueError, match="w0 must be"):
         linear_backward_input(dev(dy), split_tf32(dev(w.T)), dev(x), None, db,
-                              weight_grad_below=(dev(x0.T), dev(w0[:-1]), dev(g0), dw0, dg0, gain0))
+                              weight_grad_below=(split_tf32(dev(x0.T)), dev(w0[:-1]), dev(g0), dw0, dg0, gain0))
     with pytest.raises(ValueError, match="dxt"):
         linear_backward_input(dev(dy), split_tf32(dev(w.T)), dev(x), None, db)
     with pytest.raises(ValueError, match="hi and lo"):
@@ -226,7 +227,7 @@ def test_precision_placement_on_gpu():
     dyf = dev(dy).double()
     dx_err = _rel(dxt.T, (dyf @ v.double().T) * (xf > 0))
     dw, dg = torch.zeros(n, k, device="cuda"), torch.zeros(1, device="cuda")
-    linear_backward_weight(dev(dy.T.contiguous()), dev(x.T.contiguous()), dev(w), dev(g), dw, dg, n)
+    linear_backward_weight(dev(dy.T.contiguous()), split_tf32(dev(x.T)), dev(w), dev(g), dw, dg, n)
     dw_err = _rel(dw, gf * (dyf.T @ xf))
     assert dx_err <= 1e-5 and dw_err <= 1e-5, f"backward relative errors dx {dx_err:.2e}, dw {dw_err:.2e}"
 
@@ -243,7 +244,7 @@ def test_fused_first_layer_weight_gradient_is_fp32_accurate_on_gpu():
     dev = lambda t: t.float().contiguous().cuda()  # noqa: E731
     db, dw0, dg0 = torch.zeros(k, device="cuda"), torch.zeros(k, k0, device="cuda"), torch.zeros(1, device="cuda")
     linear_backward_input(dev(dy), split_tf32(dev(w.T)), dev(x), None, db,
-                          weight_grad_below=(dev(x0.T), dev(w0), dev(g0), dw0, dg0, k))
+                          weight_grad_below=(split_tf32(dev(x0.T)), dev(w0), dev(g0), dw0, dg0, k))
     f64 = lambda t: dev(t).double()  # noqa: E731  (the float32-rounded inputs, exactly)
     part = ((f64(dy) @ f64(w)) * (f64(x) > 0)).T @ f64(x0)
     dw_err = _rel(dw0, f64(g0) * part)

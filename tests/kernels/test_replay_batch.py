@@ -21,12 +21,15 @@ def test_gather_matches_indexing(batch, branches, capacity, obs_dim):
     obs = torch.randn(capacity, obs_dim, generator=gen).to(DEVICE)
     outs = (torch.full((batch, branches), -99, dtype=torch.int64, device=DEVICE),
             torch.full((batch,), float("nan"), device=DEVICE), torch.full((batch,), float("nan"), device=DEVICE),
-            torch.full((obs_dim, batch), float("nan"), device=DEVICE))
+            torch.full((2, obs_dim, batch), float("nan"), device=DEVICE))
     gather_transitions(idx, action, reward, term, obs, *outs)
     with pytest.raises(ValueError, match="obs_src must be 2-D"):
         gather_transitions(idx, action, reward, term, obs[:, 0], *outs)
     for got, want in zip(outs, gather_reference(idx, action, reward, term, obs)):
         assert torch.equal(got, want)
+    hi, lo = outs[3]  # the TF32 split: hi has 10 mantissa bits, and hi + lo is the observation within 2^-22
+    assert not bool((hi.view(torch.int32) & 0x1FFF).any())
+    torch.testing.assert_close((hi.double() + lo.double()), obs[idx].T.double(), rtol=2.5e-7, atol=0)
 
 
 @pytest.mark.smoke
