@@ -7,12 +7,13 @@ fp32 buffer, so the online and the target network (two such buffers, `z_stride` 
 with a third grid axis.
 
 Precision placement (issue "TF32 forward, FP32-accurate backward"): the forward kernels multiply on TF32 tensor
-cores (`tl.dot(input_precision="tf32")`, ~1e-3 relative error); the backward kernels use Triton's "tf32x3"
-split precision (three TF32 MMAs per product: hi*hi + hi*lo + lo*hi, Ootomo & Yokota 2022), which keeps IEEE FP32
-accuracy on tensor cores. The input-gradient kernel does the same split by hand with its weight operand split
-ahead of time (`WeightTranspose` writes W^T as TF32 hi and lo parts): Triton's tf32x3 splits both operands in
-registers at every reduction step and must store the B parts back to shared memory (seen in its TTGIR for sm90),
-while the A operand of Hopper's MMA may stay in registers. Kernel names carry the precision ("tf32" /
+cores (`tl.dot(input_precision="tf32")`, ~1e-3 relative error); the backward kernels use split precision (three
+TF32 MMAs per product: hi*hi + hi*lo + lo*hi, Ootomo & Yokota 2022, the scheme of Triton's "tf32x3"), which keeps
+IEEE FP32 accuracy on tensor cores. They do the split by hand, with their B operand split ahead of time by its
+producer (kernels/tf32_split.py: `WeightTranspose` writes W^T, the forward X^T, the gather obs^T as TF32 hi and lo
+parts) and only A split in registers: Triton's tf32x3 splits both operands in registers at every reduction step
+and must store the B parts back to shared memory (seen in its TTGIR for sm90), while the A operand of Hopper's MMA
+may stay in registers. Kernel names carry the precision ("tf32" /
 "fp32split") and the phase ("online", "ddqn", "bwd"), which is how the guards classify them
 (guards/step_metrics.py `gemm_precision`, phase rules).
 Under TRITON_INTERPRET=1 every dot is a float32 numpy matmul (precision ignored): the CPU tests check the algebra,
@@ -110,7 +111,7 @@ def _bwd_dx_fp32split_gemm_kernel(dy_ptr, wt_ptr, x_ptr, dx_ptr, dxt_ptr, db_ptr
                                   dg0_ptr, M, N, K, K0, gain0, STORE_DX: tl.constexpr, FUSE_DW: tl.constexpr,
                                   GROUPS_PER_TILE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                                   BLOCK_K: tl.constexpr, BLOCK_J: tl.constexpr):
-    # both operands K-major (the reduction axis n contiguous): dy (M, N) rows, and W^T (K, N) rows read as (N, K)
+    # both operands K-major (the reduction axis n contiguous): dy (M, N) rows, and W^T (2, K, N) rows read as (N, K)
     pid_m = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -143,7 +144,7 @@ def _bwd_dx_fp32split_gemm_kernel(dy_ptr, wt_ptr, x_ptr, dx_ptr, dxt_ptr, db_ptr
     tl.atomic_add(db_ptr + offs_k, tl.sum(dz, axis=0), mask=mask_k, sem="relaxed")
     if FUSE_DW:
         # the previous layer's weight gradient from this tile's rows: dW0[k, :] += g0 dz[:, k]^T x0[rows], with
-        # x0 read K-major from x0^T (K0, M); dz^T is never written
+        # x0 read K-major from x0^T (2, K0, M); dz^T is never written
         offs_j = tl.arange(0, BLOCK_J)
         mask_j = offs_j < K0
         x0mask = mask_m[:, None] & mask_j[None, :]
@@ -185,7 +186,7 @@ def _gain_grad(dg_ptr, r, offs, mask, first_row, rows, gain_group, GROUPS_PER_TI
 def _bwd_dw_fp32split_gemm_kernel(dyt_ptr, xt_ptr, w_ptr, g_ptr, dw_ptr, dg_ptr, M, N, K, gain_group, rows_per_split,
                                   GROUPS_PER_TILE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                                   BLOCK_K: tl.constexpr):
-    # both operands K-major (the reduction axis m contiguous): dY^T (N, M) rows and X^T (K, M) rows read as (M, K)
+    # both operands K-major (the reduction axis m contiguous): dY^T (N, M) rows and X^T (2, K, M) rows read as (M, K)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     split = tl.program_id(2)
@@ -330,15 +331,14 @@ def linear_backward_input(dy: torch.Tensor, wt: torch.Tensor, x: torch.Tensor, d
     3xTF32, FP32-accurate);
     x: (M, K) the layer's input, the previous
     layer's ReLU output; dxt: (K, M) output dz^T, fully overwritten (the previous layer's `linear_backward_weight`
-    reads it), or None with `weight_grad_below`; db: (K,) the previous layer's bias gradient, a view of the zeroed
+    reads it), None with `weight_grad_below`; db: (K,) the previous layer's bias gradient, a view of the zeroed
     gradient buffer (fp32 atomic adds, max(2, ceil(M / 128)) per element); dx: optional (M, K) output dz (for the
     previous layer's own input gradient).
     weight_grad_below: optional (x0t, w0, g0, dw0, dg0, gain_group0): also the previous layer's weight gradient,
         as `linear_backward_weight(dz^T, x0t, w0, g0, dw0, dg0, gain_group0)` would add it, from each dz tile in
-        registers (dz^T is then not written, dxt may be None): x0t (2, K0, M) that layer's input transposed and
-        split into TF32 parts, K0 <= 128;
-        w0 (K, K0), g0 (ceil(K / gain_group0),); dw0, dg0 views of the zeroed gradient buffer (atomic adds: each
-        dw0 entry gets ceil(M / 128) of them).
+        registers (dz^T is then not written: dxt must be None): x0t (2, K0, M) that layer's input transposed and
+        split into TF32 parts, K0 <= 128; w0 (K, K0), g0 (ceil(K / gain_group0),); dw0, dg0 views of the zeroed
+        gradient buffer (atomic adds: each dw0 entry gets max(2, ceil(M / 128)) of them).
     All float32, contiguous, on one device. Returns dxt.
     Raises ValueError for wrong dtype, shape, device or contiguity, or a weight_grad_below that does not fit.
     """
@@ -351,7 +351,9 @@ def linear_backward_input(dy: torch.Tensor, wt: torch.Tensor, x: torch.Tensor, d
     m = dy.shape[0]
     check_tensor("dy", dy, shape=(m, n))
     check_tensor("x", x, dtype=torch.float32, shape=(m, k), device=dev)
-    if dxt is not None or weight_grad_below is None:
+    if weight_grad_below is not None and dxt is not None:
+        raise ValueError("dxt must be None with weight_grad_below: the fused kernel does not write dz^T")
+    if weight_grad_below is None:
         check_tensor("dxt", dxt, dtype=torch.float32, shape=(k, m), device=dev)
     check_tensor("db", db, dtype=torch.float32, shape=(k,), device=dev)
     if dx is not None:

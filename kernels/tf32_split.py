@@ -8,7 +8,8 @@ tensor [hi, lo]; the consuming GEMM then streams both parts straight into shared
 operand in registers (kernels/linear.py says why).
 
 - `tf32_rna` (Triton, inside kernels): the rounding, in integer ops (interpreter-safe): adding half an ulp to the
-  magnitude bits of a sign-magnitude float and truncating rounds to nearest, ties away.
+  magnitude bits of a sign-magnitude float and truncating rounds to nearest, ties away; NaN is passed through (as
+  cvt.rna.tf32.f32 does), and +-inf stay +-inf.
 - `split_tf32` (plain torch): the (2, *shape) [hi, lo] of a float32 tensor, the reference and a test helper.
 """
 
@@ -23,7 +24,8 @@ import triton.language as tl
 def tf32_rna(x):
     """x (fp32 tensor) rounded to TF32, kept as fp32 with the low 13 mantissa bits zero."""
     bits = x.to(tl.uint32, bitcast=True)
-    return ((bits + 0x1000) & 0xFFFFE000).to(tl.float32, bitcast=True)
+    r = ((bits + 0x1000) & 0xFFFFE000).to(tl.float32, bitcast=True)
+    return tl.where(x == x, r, x)  # NaN stays NaN (the carry would turn a high-payload NaN into 0 or inf)
 
 
 def split_tf32(t: torch.Tensor) -> torch.Tensor:
@@ -31,7 +33,8 @@ def split_tf32(t: torch.Tensor) -> torch.Tensor:
     hi + lo is t within ~2^-22 relative."""
     def rna(x: torch.Tensor) -> torch.Tensor:
         bits = x.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
-        return ((bits + 0x1000) & 0xFFFFE000).to(torch.uint32).view(torch.int32).view(torch.float32)
+        r = ((bits + 0x1000) & 0xFFFFE000).to(torch.uint32).view(torch.int32).view(torch.float32)
+        return torch.where(x.isnan(), x, r)
 
     x = t.float()
     hi = rna(x)

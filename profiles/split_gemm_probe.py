@@ -2,7 +2,7 @@
 
 At the hot learner's seed-scale shapes (batch 8192, trunk 512 -> 256) one generic Triton GEMM kernel runs each
 backward GEMM (dx = dY W, dW = dY^T X) and the forward (Y = X W^T) in several precisions:
-  tf32x3    tl.dot(input_precision="tf32x3") on fp32 operands (what kernels/linear.py does: the split in registers)
+  tf32x3    tl.dot(input_precision="tf32x3") on fp32 operands (both operands split in registers at every step)
   presplit  the operands split once outside the GEMM (hi = x rounded to TF32, lo = x - hi), three TF32 dots on
             (hi, hi), (hi, lo), (lo, hi) read straight from memory (Ootomo & Yokota 2022, eq. 5)
   tf32      one TF32 dot (the speed bound of one MMA, ~1e-3 error)

@@ -118,8 +118,8 @@ class HotLearner:
         self.reward, self.terminated = new(b), new(b)
         self.acts = [new(b, x.rows) for x in lay.layers]            # online activations, kept for the backward
         # transposed copies the weight-gradient GEMMs read (batch axis contiguous): the observations and the
-        # activations that feed a next layer (both split into TF32 parts, kernels/tf32_split.py), every
-        # pre-activation gradient
+        # activations that feed a next layer (both split into TF32 parts, kernels/tf32_split.py), and the
+        # pre-activation gradients (dz_t; not the first layer's when its weight gradient is fused)
         self.obs_t = new(2, obs_dim, b)
         self.acts_t = [new(2, x.rows, b) for x in lay.layers[:-1]] + [None]
         self.ddqn_acts = [new(2, b, x.rows) for x in lay.layers]    # online + target on s'
@@ -184,7 +184,7 @@ class HotLearner:
             if i > 0 or not self.fuse_first_weight_grad:
                 linear_backward_weight(self.dz_t[i], self.obs_t if i == 0 else self.acts_t[i - 1], w, g, dw, dg,
                                        slots.gain_group)
-            if i > 0:  # layer i - 1's pre-activation gradient (both layouts) and bias gradient
+            if i > 0:  # layer i - 1's pre-activation gradient (the layouts it has buffers for) and bias gradient
                 below = None
                 if i == 1 and self.fuse_first_weight_grad:  # and the first layer's weight gradient, from registers
                     first = lay.layers[0]

@@ -116,6 +116,9 @@ def test_input_gradient_fuses_the_weight_gradient_of_the_layer_below(m, n, k, k0
                               weight_grad_below=(split_tf32(dev(x0.T)), dev(w0[:-1]), dev(g0), dw0, dg0, gain0))
     with pytest.raises(ValueError, match="dxt"):
         linear_backward_input(dev(dy), split_tf32(dev(w.T)), dev(x), None, db)
+    with pytest.raises(ValueError, match="dxt must be None"):
+        linear_backward_input(dev(dy), split_tf32(dev(w.T)), dev(x), torch.empty(k, m, device=DEVICE), db,
+                              weight_grad_below=(split_tf32(dev(x0.T)), dev(w0), dev(g0), dw0, dg0, gain0))
     with pytest.raises(ValueError, match="hi and lo"):
         linear_backward_input(dev(dy), dev(w.T).expand(3, -1, -1).contiguous(), dev(x), None, db)
 
