@@ -235,7 +235,7 @@ def _bwd_weight_transpose_kernel(src_ptr, dst_ptr, table_ptr, ENTRIES: tl.conste
     w = tl.load(src_ptr + w_off + offs_n[:, None] * k + offs_k[None, :], mask=mask, other=0.0)
     g = tl.load(src_ptr + g_off + offs_n // gain_group, mask=offs_n < n, other=0.0)
     v = w * g[:, None]
-    hi = tf32_rna(v)
+    hi = tf32_rna(v)  # lo = v - hi: the GPU compiler contracts it with the product into one FMA (exact remainder)
     out = dst_ptr + dst_off + offs_k[None, :] * n + offs_n[:, None]
     tl.store(out, hi, mask=mask)
     tl.store(out + n * k, tf32_rna(v - hi), mask=mask)

@@ -124,24 +124,35 @@ def test_unsupported_configs_are_refused():
 
 @pytest.mark.gpu
 def test_graph_replay_matches_eager_steps():
-    """50 graph replays vs 50 eager steps from the same state (both after the capture's warm-up steps), with a
-    second eager run as the noise floor."""
+    """50 graph replays vs 50 eager steps, each from the same state: before every step the eager learner's state
+    (nets, Adam, spectral-norm vectors, sum tree) is copied into the captured one. Per step: the same sampled
+    indices, gradients within 1e-5 relative, and nets within 1e-6 + 1e-5 |x| except for at most 1% of them, all
+    within 2 lr (Adam turns a rounding-level difference of a near-zero gradient into up to lr); an eager step
+    moves ~half the nets (the online half) by more than that tight bound.
+    Two free-running trajectories would not test the replay: the atomics' summation order (sum tree, split-K)
+    perturbs each run at ~1e-7, flipped Double-DQN argmaxes amplify it, and on the H200 graph-vs-eager and
+    eager-vs-eager alike reach ~1e-2 by step 50 (2026-11-30, commits 65a7a86 to 8a10f9a), so a bound on their
+    ratio fails at random."""
     sizes = dict(batch_size=1024, replay_capacity=4096, trunk_hidden=(128, 64), head_hidden=32)
-    runs = [_setup(**sizes)[2] for _ in range(3)]
-    graph, eager, eager2 = runs
+    (cfg, _, graph), (_, _, eager) = _setup(**sizes), _setup(**sizes)
     graph.capture()
-    for learner in (eager, eager2):
-        for _ in range(2):  # the capture's warm-up steps
-            learner.step()
-    for k in range(50):
-        for learner in runs:
-            learner.step()
-        if k == 0:
-            torch.cuda.synchronize()
-            assert _rel(graph.grads, eager.grads) < 1e-5
-    torch.cuda.synchronize()
-    floor, diff = _rel(eager2.nets, eager.nets), _rel(graph.nets, eager.nets)
-    assert diff <= 3 * floor + 1e-6, f"graph vs eager {diff:.2e}, eager vs eager {floor:.2e}"
+    for _ in range(2):  # the capture's warm-up steps
+        eager.step()
+    moved = 1.0
+    for _ in range(50):
+        state = eager.state_dict()
+        graph.load_state_dict(state)
+        graph.replay.tree.load_state_dict(eager.replay.tree.state_dict())
+        graph.step()
+        eager.step()
+        torch.cuda.synchronize()
+        assert torch.equal(graph.idx, eager.idx)
+        assert _rel(graph.grads, eager.grads) < 1e-5
+        torch.testing.assert_close(graph.nets, eager.nets, rtol=0, atol=2 * cfg.lr)
+        tight = 1e-6 + 1e-5 * eager.nets.abs()
+        assert ((graph.nets - eager.nets).abs() > tight).float().mean() <= 0.01
+        moved = min(moved, float(((eager.nets - state["nets"]).abs() > tight).float().mean()))
+    assert moved > 0.3  # every step moved many more of the nets than the tight bound lets differ
     assert int(graph.adam.step_count) == int(eager.adam.step_count) == 52
 
 
