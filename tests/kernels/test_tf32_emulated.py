@@ -1,0 +1,148 @@
+"""The TF32/FP32 placement, checked on the CPU. The interpreter computes every dot in full fp32 whatever its
+`input_precision` says, so on the CPU a backward that lost its split would still pass the float64 comparisons. Here
+the interpreter's dot is patched to do what Hopper's tensor cores do:
+- a "tf32" dot drops the low 13 mantissa bits of each fp32 operand (the MMA reads 10 of the 23);
+- a "tf32x3" dot does Triton's split: hi = rna(x), lo = rna(x - hi), then lo*hi + hi*lo + hi*hi.
+Under the patch, the backward kernels must stay FP32-accurate, and the operands of every TF32 dot they issue must
+already be TF32-exact: that is their hi/lo split at work. The forward must show TF32's error, which also shows the
+patch is active. Interpreter only: on a GPU the hardware truncates, and test_linear.py's GPU tests check it there.
+Emulation idea: Ootomo & Yokota 2022 (3xTF32); the patch target is triton.runtime.interpreter."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from kernels.heads import heads_backward
+from kernels.linear import linear_backward_input, linear_backward_weight, linear_forward, linear_reference
+from kernels.tf32_split import split_tf32
+
+FP32_BOUND = 2e-6  # relative max error of a split-precision (3xTF32) result against float64
+
+
+def _trunc(x: np.ndarray) -> np.ndarray:
+    return (x.view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32)
+
+
+def _rna(x: np.ndarray) -> np.ndarray:
+    bits = x.view(np.uint32)
+    special = (bits & np.uint32(0x7F800000)) == np.uint32(0x7F800000)
+    return np.where(special, bits, (bits + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
+
+
+@pytest.fixture
+def hardware_tf32(monkeypatch):
+    """Patch the interpreter's dot as the module docstring says; yields counters: TF32 dots, those with an operand
+    that had low bits to drop, and tf32x3 dots."""
+    if torch.cuda.is_available():
+        pytest.skip("emulates the tensor cores on the CPU interpreter; on a GPU the hardware truncates")
+    interp = pytest.importorskip("triton.runtime.interpreter")
+    builder = getattr(interp, "InterpreterBuilder", None)
+    if builder is None or not hasattr(builder, "create_dot"):
+        pytest.skip("this Triton's interpreter has no InterpreterBuilder.create_dot to patch")
+    from triton._C.libtriton import ir
+
+    original = builder.create_dot
+    stats = {"tf32": 0, "tf32_inexact": 0, "tf32x3": 0}
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        x, y = a.data, b.data
+        if x.dtype == np.float32 and y.dtype == np.float32:
+            if input_precision == ir.INPUT_PRECISION.TF32:
+                tx, ty = _trunc(x), _trunc(y)
+                stats["tf32"] += 1
+                stats["tf32_inexact"] += int(not (np.array_equal(tx, x) and np.array_equal(ty, y)))
+                return interp.TensorHandle(np.matmul(tx, ty, dtype=np.float32) + d.data, d.dtype.scalar)
+            if input_precision == ir.INPUT_PRECISION.TF32x3:
+                stats["tf32x3"] += 1
+                xh, yh = _rna(x), _rna(y)
+                xl, yl = _rna(x - xh), _rna(y - yh)
+                r = np.matmul(xl, yh, dtype=np.float32) + np.matmul(xh, yl, dtype=np.float32)
+                return interp.TensorHandle(r + np.matmul(xh, yh, dtype=np.float32) + d.data, d.dtype.scalar)
+        return original(self, a, b, d, input_precision, max_num_imprecise_acc)
+
+    monkeypatch.setattr(builder, "create_dot", create_dot)
+    return stats
+
+
+def _rand(*shape, gen, scale=1.0):
+    return torch.randn(*shape, generator=gen, dtype=torch.float64) * scale
+
+
+def _rel(got: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((got.double() - ref).abs().max() / ref.abs().max())
+
+
+@pytest.mark.parametrize("m,n,k,gain_group", [(200, 48, 40, 16), (130, 96, 70, 32)])
+def test_backward_gemms_stay_fp32_accurate_under_hardware_tf32(hardware_tf32, m, n, k, gain_group):
+    gen = torch.Generator().manual_seed(m)
+    w, g = _rand(n, k, gen=gen, scale=k ** -0.5), 1 + _rand(-(-n // gain_group), gen=gen, scale=0.2)
+    x, dy = torch.relu(_rand(m, k, gen=gen)), _rand(m, n, gen=gen)
+    w32, g32, x32, dy32 = (t.float() for t in (w, g, x, dy))
+    scale = g32.repeat_interleave(gain_group)[:n]
+    dx, dxt, db = torch.full((m, k), float("nan")), torch.full((k, m), float("nan")), torch.zeros(k)
+    linear_backward_input(dy32, split_tf32((w32 * scale[:, None]).T), x32, dxt, db, dx=dx)
+    dx_ref = (dy32.double() @ (w32.double() * scale.double()[:, None])) * (x > 0)
+    assert _rel(dx, dx_ref) < FP32_BOUND
+    dw, dg = torch.zeros(n, k), torch.zeros_like(g32)
+    linear_backward_weight(dy32.T.contiguous(), split_tf32(x32.T), w32, g32, dw, dg, gain_group)
+    dw_ref = scale.double()[:, None] * (dy32.double().T @ x32.double())
+    assert _rel(dw, dw_ref) < FP32_BOUND
+    assert hardware_tf32["tf32"] > 0 and hardware_tf32["tf32_inexact"] == 0
+
+
+def test_fused_first_layer_weight_gradient_under_hardware_tf32(hardware_tf32):
+    gen = torch.Generator().manual_seed(3)
+    m, n, k, k0, gain0 = 200, 48, 96, 13, 96
+    dy, w = _rand(m, n, gen=gen).float(), _rand(n, k, gen=gen, scale=k ** -0.5).float()
+    x, x0 = torch.relu(_rand(m, k, gen=gen)).float(), _rand(m, k0, gen=gen).float()
+    w0, g0 = _rand(k, k0, gen=gen).float(), (1 + _rand(1, gen=gen, scale=0.2)).float()
+    db, dw0, dg0 = torch.zeros(k), torch.zeros(k, k0), torch.zeros(1)
+    linear_backward_input(dy, split_tf32(w.T), x, None, db, weight_grad_below=(split_tf32(x0.T), w0, g0, dw0, dg0,
+                                                                                gain0))
+    dz = (dy.double() @ w.double()) * (x > 0)
+    assert _rel(dw0, g0.double() * (dz.T @ x0.double())) < FP32_BOUND
+    assert hardware_tf32["tf32"] > 0 and hardware_tf32["tf32_inexact"] == 0
+
+
+def test_heads_backward_under_hardware_tf32(hardware_tf32):
+    gen = torch.Generator().manual_seed(4)
+    m, branches, actions, hidden = 140, 3, 4, 20
+    j, width = 1 + branches * actions, (1 + branches) * hidden
+    h = torch.relu(_rand(m, width, gen=gen)).float()
+    w, g = _rand(j, hidden, gen=gen, scale=hidden ** -0.5).float(), (1 + _rand(1 + branches, gen=gen,
+                                                                                 scale=0.2)).float()
+    dq = _rand(m, branches * actions, gen=gen).float()
+    dh, dht = torch.full((m, width), float("nan")), torch.full((width, m), float("nan"))
+    db_h, dw, db, dg = torch.zeros(width), torch.zeros(j, hidden), torch.zeros(j), torch.zeros(1 + branches)
+    heads_backward(h, dq, w, g, dh, dht, db_h, dw, db, dg, branches)
+    # the dueling head's backward in float64: dOut from dQ (value column, advantage minus its branch mean)
+    dq3 = dq.double().view(m, branches, actions)
+    dout = torch.cat([dq3.sum((1, 2))[:, None], (dq3 - dq3.mean(2, keepdim=True)).reshape(m, -1)], 1)
+    grp = torch.tensor([0] + [1 + i // actions for i in range(branches * actions)])
+    dout_g = dout * g.double()[grp]
+    dh_ref = torch.zeros(m, width, dtype=torch.float64)
+    for blk in range(1 + branches):
+        sel = grp == blk
+        dh_ref[:, blk * hidden:(blk + 1) * hidden] = dout_g[:, sel] @ w.double()[sel]
+    dh_ref *= h > 0
+    assert _rel(dh, dh_ref) < FP32_BOUND
+    dw_ref = torch.stack([dout_g[:, i] @ h.double()[:, grp[i] * hidden:(grp[i] + 1) * hidden] for i in range(j)])
+    assert _rel(dw, dw_ref) < FP32_BOUND
+    assert hardware_tf32["tf32x3"] > 0
+
+
+def test_forward_shows_tf32_error_under_hardware_tf32(hardware_tf32):
+    """The forward's dots read fp32 operands with low bits: truncated, so its error is TF32's, not FP32's. This is
+    the placement (TF32 forward), and it shows the patch is active for the tests above."""
+    gen = torch.Generator().manual_seed(5)
+    m, n, k = 150, 40, 64
+    w, b, g = _rand(n, k, gen=gen, scale=k ** -0.5), _rand(n, gen=gen, scale=0.1), 1 + _rand(1, gen=gen, scale=0.2)
+    x = _rand(m, k, gen=gen)
+    y = torch.full((m, n), float("nan"))
+    linear_forward(x.float(), w.float(), b.float(), g.float(), y, n, False)
+    err = _rel(y, linear_reference(x.float().double(), w.float().double(), b.float().double(), g.float().double(), n,
+                                   False))
+    assert 1e-5 < err < 1e-2
+    assert hardware_tf32["tf32_inexact"] > 0
