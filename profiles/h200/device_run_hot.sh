@@ -23,6 +23,10 @@
 #       seed200  hotloop train --preset seed-scale --epochs 200 (run folder in /dev/shm when it has room: the
 #                checkpoint is 0.6 GB per epoch)
 #       seed200&  the same in the background (the parts after it share the GPU with it); waited for at the end
+#       ab       the trees profiles/h200/ab_trees.sh made in .abtrees/ (carry it), side by side: `hotloop bench
+#                --variants hotloop` of each in its own process, two rounds in turn; then per tree a 100-step
+#                seed-scale gate trace (per-kernel medians) and, with AB_PYTEST set (shell words: test paths), that
+#                tree's own tests
 # Everything goes to /tmp/r; OUT_DIR gets results.tgz after every part (the device tool returns at most 8 files).
 set -u
 out=$1; commit=$2; shift 2
@@ -117,6 +121,32 @@ PY
         mkdir -p /tmp/r/seed200 && cp $shm/seed200/*.{csv,md,json,png} /tmp/r/seed200/ 2>/dev/null
       }
       if [[ $part == seed200 ]]; then seed200; else seed200 & bg=$!; fi ;;
+    ab)
+      trees=(.abtrees/*/)
+      [[ -d ${trees[0]} ]] || { echo "ab: no trees in .abtrees (make them with profiles/h200/ab_trees.sh, carry .abtrees)"; continue; }
+      for round in 1 2; do
+        for t in "${trees[@]}"; do
+          n=$(basename "$t")
+          (cd "$t" && PYTHONPATH=/tmp/site:$PWD HOTLOOP_COMMIT=$(cat COMMIT) timeout 150 $HL bench --preset seed-scale \
+            --variants hotloop --out /tmp/r/ab_${n}_$round > /tmp/r/ab_${n}_$round.log 2>&1
+           echo "ab $n ($(cat COMMIT)) round $round rc=$? us/step p20 p50 p80:" \
+             "$(awk '$1 == "hotloop" {print $3, $4, $5}' /tmp/r/ab_${n}_$round.log)")
+        done
+      done
+      for t in "${trees[@]}"; do
+        n=$(basename "$t")
+        (cd "$t" && export PYTHONPATH=/tmp/site:$PWD HOTLOOP_COMMIT=$(cat COMMIT)
+         timeout 200 $HL gate "${SEED_SMALL[@]}" --no-baseline --out /tmp/r/abgate_$n > /tmp/r/abgate_$n.log 2>&1
+         echo "ab $n gate rc=$?"
+         python3 -c "import sys; from profiles.kineto_reader import read_kineto; k = read_kineto(sys.argv[1]);
+k = k[k.kind == 'kernel']; g = k.groupby(['name', 'grid_x', 'grid_y', 'grid_z']).dur_us.agg(['count', 'median'])
+print(g.sort_values('median', ascending=False).to_string())" /tmp/r/abgate_$n/trace.json.gz > /tmp/r/abkernels_$n.txt 2>&1
+         head -n 12 /tmp/r/abkernels_$n.txt | cut -c1-150
+         if [[ -n ${AB_PYTEST:-} ]]; then
+           timeout 300 python3 -m pytest -q -p no:cacheprovider -m "not slow" $AB_PYTEST > /tmp/r/abpytest_$n.log 2>&1
+           echo "ab $n pytest rc=$? $(tail -n 1 /tmp/r/abpytest_$n.log)"
+         fi)
+      done ;;
     *) echo "unknown part $part" ;;
   esac
   if [[ -n ${bg:-} && $part == "${!#}" ]]; then wait "$bg"; fi  # the last part: wait for a background seed200
