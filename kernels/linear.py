@@ -44,7 +44,7 @@ import triton
 import triton.language as tl
 
 from kernels._common import check_tensor
-from kernels.tf32_split import tf32_rna
+from kernels.tf32_split import tf32_hi_lo
 
 _MIN_PROGRAMS = 132  # one program per SM of a 132-SM H100/H200 at least, where the shape allows
 
@@ -81,9 +81,9 @@ def _fwd_body(x_ptr, idx_ptr, w_ptr, b_ptr, g_ptr, y_ptr, yt_ptr, M, N, K, strid
     mask = mask_m[:, None] & mask_n[None, :]
     tl.store(y_ptr + z * y_zstride + offs_m[:, None] * N + offs_n[None, :], y, mask=mask)
     if STORE_T:  # y^T (2, N, M) too, split into TF32 parts: the next layer's weight-gradient GEMM reads it K-major
-        hi = tf32_rna(y)  # (one net only)
+        hi, lo = tf32_hi_lo(y)  # (one net only)
         tl.store(yt_ptr + offs_n[None, :] * M + offs_m[:, None], hi, mask=mask)
-        tl.store(yt_ptr + N * M + offs_n[None, :] * M + offs_m[:, None], tf32_rna(y - hi), mask=mask)
+        tl.store(yt_ptr + N * M + offs_n[None, :] * M + offs_m[:, None], lo, mask=mask)
 
 
 # Two thin kernels over one body: the same code under two names, because a graph replay carries no ranges and the
@@ -107,6 +107,17 @@ def _fwd_ddqn_tf32_gemm_kernel(x_ptr, idx_ptr, w_ptr, b_ptr, g_ptr, y_ptr, yt_pt
 
 
 @triton.jit
+def _dot_3xtf32(a, b_hi, b_lo, acc):
+    # acc + a b in split precision: a split into TF32 parts here, in registers (the MMA's A operand may come from
+    # registers), b given as its parts; acc += a_lo b_hi + a_hi b_lo + a_hi b_hi, each a plain TF32 MMA (3xTF32,
+    # Ootomo & Yokota 2022; the dropped a_lo b_lo term is ~2^-22 relative)
+    a_hi, a_lo = tf32_hi_lo(a)
+    acc = tl.dot(a_lo, b_hi, acc, input_precision="tf32")
+    acc = tl.dot(a_hi, b_lo, acc, input_precision="tf32")
+    return tl.dot(a_hi, b_hi, acc, input_precision="tf32")
+
+
+@triton.jit
 def _bwd_dx_fp32split_gemm_kernel(dy_ptr, wt_ptr, x_ptr, dx_ptr, dxt_ptr, db_ptr, x0t_ptr, w0_ptr, g0_ptr, dw0_ptr,
                                   dg0_ptr, M, N, K, K0, gain0, STORE_DX: tl.constexpr, FUSE_DW: tl.constexpr,
                                   GROUPS_PER_TILE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -120,9 +131,7 @@ def _bwd_dx_fp32split_gemm_kernel(dy_ptr, wt_ptr, x_ptr, dx_ptr, dxt_ptr, db_ptr
     mask_k = offs_k < K
     acc = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
     # split precision with B split ahead of time (WeightTranspose writes W^T as TF32 hi and lo parts): only dy is
-    # split here, in registers (the MMA's A operand may come from registers); B tiles go straight from memory to
-    # shared memory. acc += dy_lo wt_hi + dy_hi wt_lo + dy_hi wt_hi, each a plain TF32 MMA (3xTF32, Ootomo & Yokota
-    # 2022; the dropped dy_lo wt_lo term is ~2^-22 relative)
+    # split here, in registers; B tiles go straight from memory to shared memory
     for n0 in range(0, N, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mask_n = offs_n < N
@@ -131,11 +140,7 @@ def _bwd_dx_fp32split_gemm_kernel(dy_ptr, wt_ptr, x_ptr, dx_ptr, dxt_ptr, db_ptr
         wmask = mask_n[:, None] & mask_k[None, :]
         wt_hi = tl.load(wt_ptr + offs_k[None, :] * N + offs_n[:, None], mask=wmask, other=0.0)
         wt_lo = tl.load(wt_ptr + K * N + offs_k[None, :] * N + offs_n[:, None], mask=wmask, other=0.0)
-        dy_hi = tf32_rna(dy)
-        dy_lo = tf32_rna(dy - dy_hi)
-        acc = tl.dot(dy_lo, wt_hi, acc, input_precision="tf32")
-        acc = tl.dot(dy_hi, wt_lo, acc, input_precision="tf32")
-        acc = tl.dot(dy_hi, wt_hi, acc, input_precision="tf32")
+        acc = _dot_3xtf32(dy, wt_hi, wt_lo, acc)
     mask = mask_m[:, None] & mask_k[None, :]
     x = tl.load(x_ptr + offs_m[:, None] * K + offs_k[None, :], mask=mask, other=0.0)
     dz = tl.where(x > 0.0, acc, 0.0)  # zero outside the tile's valid rows and columns too (x is 0 there)
@@ -150,12 +155,7 @@ def _bwd_dx_fp32split_gemm_kernel(dy_ptr, wt_ptr, x_ptr, dx_ptr, dxt_ptr, db_ptr
         x0mask = mask_m[:, None] & mask_j[None, :]
         x0_hi = tl.load(x0t_ptr + offs_j[None, :] * M + offs_m[:, None], mask=x0mask, other=0.0)
         x0_lo = tl.load(x0t_ptr + K0 * M + offs_j[None, :] * M + offs_m[:, None], mask=x0mask, other=0.0)
-        dzt = tl.trans(dz)
-        dzt_hi = tf32_rna(dzt)
-        dzt_lo = tf32_rna(dzt - dzt_hi)
-        part = tl.dot(dzt_lo, x0_hi, input_precision="tf32")
-        part = tl.dot(dzt_hi, x0_lo, part, input_precision="tf32")
-        part = tl.dot(dzt_hi, x0_hi, part, input_precision="tf32")
+        part = _dot_3xtf32(tl.trans(dz), x0_hi, x0_lo, tl.zeros((BLOCK_K, BLOCK_J), dtype=tl.float32))
         wmask = mask_k[:, None] & mask_j[None, :]
         g0 = tl.load(g0_ptr + offs_k // gain0, mask=mask_k, other=0.0)
         tl.atomic_add(dw0_ptr + offs_k[:, None] * K0 + offs_j[None, :], part * g0[:, None], mask=wmask,
@@ -204,11 +204,7 @@ def _bwd_dw_fp32split_gemm_kernel(dyt_ptr, xt_ptr, w_ptr, g_ptr, dw_ptr, dg_ptr,
         xmask = mask_m[:, None] & mask_k[None, :]
         x_hi = tl.load(xt_ptr + offs_k[None, :] * M + offs_m[:, None], mask=xmask, other=0.0)
         x_lo = tl.load(xt_ptr + K * M + offs_k[None, :] * M + offs_m[:, None], mask=xmask, other=0.0)
-        dyt_hi = tf32_rna(dyt)  # X^T comes split (2, K, M); dY^T is split here, in registers (3xTF32)
-        dyt_lo = tf32_rna(dyt - dyt_hi)
-        acc = tl.dot(dyt_lo, x_hi, acc, input_precision="tf32")
-        acc = tl.dot(dyt_hi, x_lo, acc, input_precision="tf32")
-        acc = tl.dot(dyt_hi, x_hi, acc, input_precision="tf32")
+        acc = _dot_3xtf32(dyt, x_hi, x_lo, acc)  # X^T comes split (2, K, M); dY^T is split in registers
     mask = mask_n[:, None] & mask_k[None, :]
     g = tl.load(g_ptr + offs_n // gain_group, mask=mask_n, other=0.0)
     w = tl.load(w_ptr + offs_n[:, None] * K + offs_k[None, :], mask=mask, other=0.0)
@@ -235,10 +231,10 @@ def _bwd_weight_transpose_kernel(src_ptr, dst_ptr, table_ptr, ENTRIES: tl.conste
     w = tl.load(src_ptr + w_off + offs_n[:, None] * k + offs_k[None, :], mask=mask, other=0.0)
     g = tl.load(src_ptr + g_off + offs_n // gain_group, mask=offs_n < n, other=0.0)
     v = w * g[:, None]
-    hi = tf32_rna(v)  # lo = v - hi: the GPU compiler contracts it with the product into one FMA (exact remainder)
+    hi, lo = tf32_hi_lo(v)  # lo = v - hi: the GPU compiler contracts it with the product into one FMA (exact remainder)
     out = dst_ptr + dst_off + offs_k[None, :] * n + offs_n[:, None]
     tl.store(out, hi, mask=mask)
-    tl.store(out + n * k, tf32_rna(v - hi), mask=mask)
+    tl.store(out + n * k, lo, mask=mask)
 
 
 def _block(n: int, cap: int) -> int:
@@ -390,9 +386,15 @@ def _fused_weight_args(below: tuple | None, k: int, m: int, block_k: int, dev: t
     for name, t, shape in (("x0t", x0t, (2, k0, m)), ("g0", g0, (groups,)), ("dw0", dw0, (k, k0)),
                            ("dg0", dg0, (groups,))):
         check_tensor(name, t, dtype=torch.float32, shape=shape, device=dev)
-    per_tile = triton.cdiv(block_k - 1, gain0) + 1  # a tile's rows touch at most this many groups
-    return dict(ptrs=(x0t, w0, g0, dw0, dg0), k0=k0, gain=gain0, groups=per_tile if per_tile <= 8 else 0,
+    return dict(ptrs=(x0t, w0, g0, dw0, dg0), k0=k0, gain=gain0, groups=_groups_per_tile(block_k, gain0),
                 block_j=_block(k0, MAX_FUSED_K0))
+
+
+def _groups_per_tile(block: int, gain_group: int) -> int:
+    """`_gain_grad`'s GROUPS_PER_TILE: how many gain groups a tile of `block` rows can touch, or 0 (one atomic per
+    row) when that is more than 8."""
+    per_tile = triton.cdiv(block - 1, gain_group) + 1
+    return per_tile if per_tile <= 8 else 0
 
 
 def linear_backward_weight(dyt: torch.Tensor, xt: torch.Tensor, w: torch.Tensor, g: torch.Tensor, dw: torch.Tensor,
@@ -428,9 +430,8 @@ def linear_backward_weight(dyt: torch.Tensor, xt: torch.Tensor, w: torch.Tensor,
     rows_per_split = triton.cdiv(triton.cdiv(m, splits), block_m) * block_m
     splits = max(triton.cdiv(m, rows_per_split), 2 if tiles == 1 else 1)  # an idle split rather than one program
     grid = (triton.cdiv(n, block_n), triton.cdiv(k, block_k), splits)
-    groups_per_tile = triton.cdiv(block_n - 1, gain_group) + 1  # a tile's rows touch at most this many groups
     _bwd_dw_fp32split_gemm_kernel[grid](dyt, xt, w, g, dw, dg, m, n, k, gain_group, rows_per_split,
-                                        GROUPS_PER_TILE=groups_per_tile if groups_per_tile <= 8 else 0,
+                                        GROUPS_PER_TILE=_groups_per_tile(block_n, gain_group),
                                         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=8, num_stages=3)
 
 

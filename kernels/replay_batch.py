@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from kernels._common import check_tensor
-from kernels.tf32_split import split_tf32, tf32_rna
+from kernels.tf32_split import split_tf32, tf32_hi_lo
 
 _BLOCK = 1024
 
@@ -57,9 +57,9 @@ def _gather_transitions_kernel(idx_ptr, action_src, reward_src, term_src, obs_sr
         o = o0 + tl.arange(0, BLOCK_O)
         mo = mask[:, None] & (o < obs_dim)[None, :]
         x = tl.load(obs_src + rows[:, None] * obs_dim + o[None, :], mask=mo, other=0.0)
-        hi = tf32_rna(x)
+        hi, lo = tf32_hi_lo(x)
         tl.store(obs_t_out + o[None, :] * n + offs[:, None], hi, mask=mo)
-        tl.store(obs_t_out + obs_dim * n + o[None, :] * n + offs[:, None], tf32_rna(x - hi), mask=mo)
+        tl.store(obs_t_out + obs_dim * n + o[None, :] * n + offs[:, None], lo, mask=mo)
 
 
 def batch_uniforms(counter: torch.Tensor, out: torch.Tensor, beta: torch.Tensor, seed: int, beta_start: float,

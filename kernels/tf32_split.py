@@ -9,7 +9,7 @@ operand in registers (kernels/linear.py says why).
 
 - `tf32_rna` (Triton, inside kernels): the rounding, in integer ops (interpreter-safe): adding half an ulp to the
   magnitude bits of a sign-magnitude float and truncating rounds to nearest, ties away; NaN is passed through (as
-  cvt.rna.tf32.f32 does), and +-inf stay +-inf.
+  cvt.rna.tf32.f32 does), and +-inf stay +-inf. `tf32_hi_lo` (Triton): both parts of a tile.
 - `split_tf32` (plain torch): the (2, *shape) [hi, lo] of a float32 tensor, the reference and a test helper.
 """
 
@@ -26,6 +26,13 @@ def tf32_rna(x):
     bits = x.to(tl.uint32, bitcast=True)
     r = ((bits + 0x1000) & 0xFFFFE000).to(tl.float32, bitcast=True)
     return tl.where(x == x, r, x)  # NaN stays NaN (the carry would turn a high-payload NaN into 0 or inf)
+
+
+@triton.jit
+def tf32_hi_lo(x):
+    """x (fp32 tensor) as its TF32 parts (hi, lo): hi = tf32_rna(x), lo = tf32_rna(x - hi)."""
+    hi = tf32_rna(x)
+    return hi, tf32_rna(x - hi)
 
 
 def split_tf32(t: torch.Tensor) -> torch.Tensor:
