@@ -187,9 +187,8 @@ class HotLearner:
             if i > 0:  # layer i - 1's pre-activation gradient (the layouts it has buffers for) and bias gradient
                 below = None
                 if i == 1 and self.fuse_first_weight_grad:  # and the first layer's weight gradient, from registers
-                    first = lay.layers[0]
-                    below = (self.obs_t, first.views(params)[0], first.views(params)[2], first.views(grads)[0],
-                             first.views(grads)[2], first.gain_group)
+                    (w0, _, g0), (dw0, _, dg0) = lay.layers[0].views(params), lay.layers[0].views(grads)
+                    below = (self.obs_t, w0, g0, dw0, dg0, lay.layers[0].gain_group)
                 self.linear_backward_input(self.dz[i], self.wts[i], self.acts[i - 1], self.dz_t[i - 1],
                                            lay.layers[i - 1].views(grads)[1], dx=self.dz[i - 1],
                                            weight_grad_below=below)
