@@ -25,12 +25,6 @@ def _trunc(x: np.ndarray) -> np.ndarray:
     return (x.view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32)
 
 
-def _rna(x: np.ndarray) -> np.ndarray:
-    bits = x.view(np.uint32)
-    special = (bits & np.uint32(0x7F800000)) == np.uint32(0x7F800000)
-    return np.where(special, bits, (bits + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
-
-
 @pytest.fixture
 def hardware_tf32(monkeypatch):
     """Patch the interpreter's dot as the module docstring says; yields counters: TF32 dots, those with an operand
@@ -56,8 +50,7 @@ def hardware_tf32(monkeypatch):
                 return interp.TensorHandle(np.matmul(tx, ty, dtype=np.float32) + d.data, d.dtype.scalar)
             if input_precision == ir.INPUT_PRECISION.TF32x3:
                 stats["tf32x3"] += 1
-                xh, yh = _rna(x), _rna(y)
-                xl, yl = _rna(x - xh), _rna(y - yh)
+                (xh, xl), (yh, yl) = (split_tf32(torch.from_numpy(t)).numpy() for t in (x, y))
                 r = np.matmul(xl, yh, dtype=np.float32) + np.matmul(xh, yl, dtype=np.float32)
                 return interp.TensorHandle(r + np.matmul(xh, yh, dtype=np.float32) + d.data, d.dtype.scalar)
         return original(self, a, b, d, input_precision, max_num_imprecise_acc)
