@@ -7,12 +7,17 @@ backward GEMM (dx = dY W, dW = dY^T X) and the forward (Y = X W^T) in several pr
             (hi, hi), (hi, lo), (lo, hi) read straight from memory (Ootomo & Yokota 2022, eq. 5)
   tf32      one TF32 dot (the speed bound of one MMA, ~1e-3 error)
   ieee      tl.dot(input_precision="ieee") (FP32 FMA, no tensor cores)
+  cat       presplit as ONE TF32 dot per step over a reduction three times as long, segment by segment (three dots
+            into one accumulator make Triton 3.6 wait for each MMA; one dot lets it keep MMAs in flight:
+            profiles/h200/triton36_hopper_notes.md section 3)
+  cat-tma   cat with TMA loads (host tensor descriptors over [hi; lo] stacked K-contiguous operands; K-major only)
 and, for dW, with the operands also stored K-major (dY^T and X^T row-major), the layout Hopper's TF32 wgmma reads
 without a transpose. cuBLAS (torch.mm, IEEE FP32 and TF32) is timed beside them. Each row: the best of a few tile
 configs, GPU us per launch (30 launches replayed as one CUDA graph, median of 5 replays, CUDA events), and the max
 error relative to max |C| against float64. The first run (17a2d76, profiles/h200/bench_notes.md) timed eager
 launches one by one, so its times include the host's launch latency; only its errors stand.
-Usage (GPU): python -m profiles.split_gemm_probe --out DIR  (writes split_gemm_probe.csv, prints a table).
+Usage (GPU): python -m profiles.split_gemm_probe --out DIR [--modes cat,tf32] [--gemms K-major]
+(writes split_gemm_probe.csv, prints a table).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import triton
 import triton.language as tl
 
 CONFIGS = [(128, 128, 32, 8, 3), (128, 64, 32, 4, 3), (128, 128, 32, 4, 3), (64, 128, 32, 4, 4), (128, 256, 32, 8, 3),
-           (64, 64, 32, 4, 4), (128, 64, 64, 4, 3)]
+           (64, 64, 32, 4, 4), (128, 64, 64, 4, 3), (128, 128, 32, 8, 4), (128, 128, 64, 8, 3)]
 
 
 @triton.jit
@@ -61,7 +66,61 @@ def _probe_gemm_kernel(a_ptr, a_lo_ptr, b_ptr, b_lo_ptr, c_ptr, M, N, K, sam, sa
         tl.atomic_add(c_ptr + c_off, acc, sem="relaxed")
 
 
-MODES = {"tf32x3": 0, "presplit": 1, "tf32": 2, "ieee": 3}
+@triton.jit
+def _probe_cat_kernel(a_ptr, a_lo_ptr, b_ptr, b_lo_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn, k_per_split,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """presplit as ONE TF32 dot per step over a reduction three times as long: segment 0 (hi, hi), 1 (hi, lo),
+    2 (lo, hi), each operand picked by pointer, both read straight from memory (no split in registers)."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    split = tl.program_id(2)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kk in range(0, 3 * k_per_split, BLOCK_K):
+        seg = kk // k_per_split
+        offs_k = split * k_per_split + kk - seg * k_per_split + tl.arange(0, BLOCK_K)
+        a_base = tl.where(seg == 2, a_lo_ptr, a_ptr)
+        b_base = tl.where(seg == 1, b_lo_ptr, b_ptr)
+        a = tl.load(a_base + offs_m[:, None] * sam + offs_k[None, :] * sak)
+        b = tl.load(b_base + offs_k[:, None] * sbk + offs_n[None, :] * sbn)
+        acc = tl.dot(a, b, acc, input_precision="tf32")
+    c_off = offs_m[:, None] * N + offs_n[None, :]
+    if k_per_split == K:
+        tl.store(c_ptr + c_off, acc)
+    else:
+        tl.atomic_add(c_ptr + c_off, acc, sem="relaxed")
+
+
+@triton.jit
+def _probe_cat_tma_kernel(a_desc, b_desc, c_ptr, M, N, K, k_per_split,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The same one-dot presplit GEMM with TMA loads: a_desc over (2M, K) = [A_hi; A_lo], b_desc over (2N, K) =
+    [B^T_hi; B^T_lo] (both K-contiguous, the layout TF32 wgmma reads). Rows past M or N of a tile read the other
+    part's rows (or zeros): they only reach outputs outside C, which the store masks."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    split = tl.program_id(2)
+    row_a = pid_m * BLOCK_M
+    row_b = pid_n * BLOCK_N
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kk in range(0, 3 * k_per_split, BLOCK_K):
+        seg = kk // k_per_split
+        k = split * k_per_split + kk - seg * k_per_split
+        a = a_desc.load([row_a + tl.where(seg == 2, M, 0), k])
+        b = b_desc.load([row_b + tl.where(seg == 1, N, 0), k])
+        acc = tl.dot(a, b.T, acc, input_precision="tf32")
+    offs_m = row_a + tl.arange(0, BLOCK_M)
+    offs_n = row_b + tl.arange(0, BLOCK_N)
+    c_off = offs_m[:, None] * N + offs_n[None, :]
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    if k_per_split == K:
+        tl.store(c_ptr + c_off, acc, mask=mask)
+    else:
+        tl.atomic_add(c_ptr + c_off, acc, mask=mask, sem="relaxed")
+
+
+MODES = {"tf32x3": 0, "presplit": 1, "tf32": 2, "ieee": 3, "cat": 4, "cat-tma": 5}
 
 
 def split_tf32(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -73,6 +132,17 @@ def split_tf32(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def _run(mode, a, b, c, m, n, k, splits, cfg, a_lo=None, b_lo=None):
     bm, bn, bk, warps, stages = cfg
     grid = (triton.cdiv(m, bm), triton.cdiv(n, bn), splits)
+    if mode == "cat":
+        return lambda: (c.zero_() if splits > 1 else None, _probe_cat_kernel[grid](
+            a, a_lo, b, b_lo, c, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), k // splits,
+            BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages))
+    if mode == "cat-tma":
+        from triton.tools.tensor_descriptor import TensorDescriptor
+        a_desc = TensorDescriptor.from_tensor(torch.cat([a, a_lo]), [bm, bk])
+        b_desc = TensorDescriptor.from_tensor(torch.cat([b.t(), b_lo.t()]), [bn, bk])
+        return lambda: (c.zero_() if splits > 1 else None, _probe_cat_tma_kernel[grid](
+            a_desc, b_desc, c, m, n, k, k // splits, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps,
+            num_stages=stages))
     return lambda: (c.zero_() if splits > 1 else None, _probe_gemm_kernel[grid](
         a, a_lo if a_lo is not None else a, b, b_lo if b_lo is not None else b, c, m, n, k, a.stride(0), a.stride(1),
         b.stride(0), b.stride(1), k // splits, MODE=MODES[mode], BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
@@ -107,7 +177,7 @@ def cases(batch=8192, d_in=512, d_out=256):
     w = torch.randn(d_out, d_in, device="cuda", generator=g) / d_in ** 0.5
     dy = torch.randn(batch, d_out, device="cuda", generator=g) * 1e-3
     dyt, xt = dy.t().contiguous(), x.t().contiguous()
-    return [("fwd Y=XW^T", x, w.t(), 1), ("dx=dY W", dy, w, 1),
+    return [("fwd Y=XW^T", x, w.t(), 1), ("dx=dY W", dy, w, 1), ("dx=dY W (K-major)", dy, w.t().contiguous().t(), 1),
             ("dW=dY^T X (natural)", dy.t(), x, 16), ("dW=dY^T X (K-major)", dyt, xt.t(), 16)]
 
 
@@ -142,17 +212,27 @@ def _step_kernels(batch=8192, d_in=512, d_out=256):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=".")
+    p.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of: " + ", ".join(MODES))
+    p.add_argument("--gemms", default="", help="only the GEMMs whose name contains this text (default: all)")
     args = p.parse_args(argv)
+    modes = args.modes.split(",")
+    for m in modes:
+        if m not in MODES:
+            p.error(f"--modes: unknown mode {m!r}; choose from {', '.join(MODES)}")
     rows = []
     for name, a, b, splits in cases():
+        if args.gemms not in name:
+            continue
         m, k = a.shape
         n = b.shape[1]
         ref = a.double() @ b.double()
         scale = ref.abs().max().item()
-        for mode in MODES:
+        for mode in modes:
             a_lo = b_lo = None
             aa, bb = a, b
-            if mode == "presplit":
+            if mode == "cat-tma" and (a.stride(1) != 1 or b.stride(0) != 1):
+                continue  # TMA wants both operands K-contiguous
+            if mode in ("presplit", "cat", "cat-tma"):
                 aa, a_lo = split_tf32(a)
                 bb, b_lo = split_tf32(b)
             best = None
@@ -166,6 +246,7 @@ def main(argv=None):
                     print(name, mode, cfg, "failed:", type(e).__name__)
                     continue
                 err = ((c.double() - ref).abs().max() / scale).item()
+                print(f"{name} {mode} {cfg}: {us:.1f} us, rel_err {err:.2e}", flush=True)
                 if best is None or us < best[0]:
                     best = (us, err, cfg)
             rows.append(dict(gemm=name, impl=f"triton {mode}", us=best[0], rel_err=best[1], config=str(best[2])))

@@ -1,5 +1,6 @@
-"""The split-GEMM probe's kernel (profiles/split_gemm_probe.py) against torch on the CPU interpreter, every mode and
-both the stored and the split-K (atomic) epilogue; and the TF32 split it feeds the pre-split mode."""
+"""The split-GEMM probe's kernels (profiles/split_gemm_probe.py) against torch on the CPU interpreter, every mode and
+both the stored and the split-K (atomic) epilogue, the TMA mode's partial tiles; and the TF32 split it feeds the
+pre-split modes."""
 
 import pytest
 import torch
@@ -25,10 +26,23 @@ def test_probe_gemm_matches_torch(mode, splits):
     b = torch.randn(64, 32, generator=g).to(DEVICE).t().contiguous().t()  # a strided (K-major) operand
     a_lo = b_lo = None
     aa, bb = a, b
-    if mode == "presplit":
+    if mode in ("presplit", "cat", "cat-tma"):
         aa, a_lo = split_tf32(a)
         bb, b_lo = split_tf32(b)
     c = torch.full((64, 32), float("nan"), device=DEVICE)
     _run(mode, aa, bb, c, 64, 32, 64, splits, (32, 16, 16, 4, 1), a_lo, b_lo)()
     loose = DEVICE == "cuda" and mode == "tf32"  # one TF32 product: ~1e-3 relative error on a GPU
     torch.testing.assert_close(c, a @ b, rtol=2e-3 if loose else 1e-5, atol=5e-2 if loose else 1e-4)
+
+
+@pytest.mark.parametrize("splits", [1, 2])
+def test_probe_cat_tma_partial_tiles(splits):
+    """M and N not multiples of the tile: the tile rows past M (N) read the lo part's rows; C must not see them."""
+    g = torch.Generator().manual_seed(2)
+    a = torch.randn(48, 64, generator=g).to(DEVICE) * 3.0
+    b = torch.randn(24, 64, generator=g).to(DEVICE).t()  # K-major: b.t() is (N, K) contiguous
+    aa, a_lo = split_tf32(a)
+    bb, b_lo = split_tf32(b)
+    c = torch.full((48, 24), float("nan"), device=DEVICE)
+    _run("cat-tma", aa, bb, c, 48, 24, 64, splits, (32, 16, 16, 4, 1), a_lo, b_lo)()
+    torch.testing.assert_close(c, a @ b, rtol=1e-5, atol=1e-4)
