@@ -14,7 +14,11 @@ Design (every launcher: fixed grids from shapes, >= 2 programs, no host syncs, n
   adds commute and nothing in the launch reads a node back. The TOP_LEVELS top levels (nodes 1..127, where
   hundreds to thousands of elements would hit one address, and same-address atomics serialize in L2) get one
   atomic add per program and node hit, of the block's summed deltas: the deltas are summed onto level TOP-1 with
-  a one-hot reduction, then pairwise up to the root. Bad priorities cannot raise inside a captured graph: they are
+  a one-hot reduction, then pairwise up to the root. The levels below them do the same within a window of BLOCK
+  nodes from the block's smallest node on the level (elements past it add alone): the sampler's indices arrive
+  sorted, so when the filled slots crowd one region of the tree (a replay filled 1/32 of the way: thousands of
+  updates under each of a few level-7 nodes) each node still gets about one add per program. Bad priorities
+  cannot raise inside a captured graph: they are
   sanitized (the reference's rule, see `tree_update`) and counted in a device-side counter that the host reads
   later, asynchronously.
 - Drift: every atomic add rounds (error <= 2^-24 of the node's value); k adds on a node give a random-walk error of
@@ -118,9 +122,20 @@ def _tree_update_kernel(nodes_ptr, idx_ptr, val_ptr, n, capacity, start_ptr, sta
                          value.to(tl.int32, bitcast=True), mask=ok, sem="relaxed")
     delta = tl.where(ok, value - old.to(tl.float32, bitcast=True), 0.0)
     node = leaf
-    for _ in range(DEPTH - TOP):  # levels DEPTH-1 .. TOP: one atomic add per element and level
+    # levels DEPTH-1 .. TOP: the deltas of elements that share a node within a window of BLOCK nodes (from the
+    # block's smallest one) are summed first, one add per node hit; elements past the window add alone. Sampled
+    # indices arrive sorted (stratified sampling), so a block's are close together: without the window a tree
+    # filled in one region got up to 2048 same-node adds per level from 8192 updates, serialized in L2
+    lowest = tl.min(tl.where(ok, leaf, (2 << DEPTH) - 1), 0)  # the default: the last leaf (a valid address)
+    for level in range(DEPTH - TOP):
         node = node >> 1
-        tl.atomic_add(nodes_ptr + node, delta, mask=ok, sem="relaxed")
+        window = lowest >> (level + 1)  # the block's smallest node on this level (the shift keeps the order)
+        local = node - window
+        near = ok & (local < BLOCK)
+        sums = tl.sum(tl.where(near[:, None] & (local[:, None] == tl.arange(0, BLOCK)[None, :]), delta[:, None], 0.0),
+                      0)
+        tl.atomic_add(nodes_ptr + window + tl.arange(0, BLOCK), sums, mask=sums != 0.0, sem="relaxed")
+        tl.atomic_add(nodes_ptr + node, delta, mask=ok & ~near, sem="relaxed")
     if TOP > 0:  # levels TOP-1 .. 0: one add per program and node hit, of the block's summed deltas
         width: tl.constexpr = 1 << (TOP - 1)
         local = (leaf >> (DEPTH - TOP + 1)) - width  # ancestor on level TOP-1, numbered from that level's first node

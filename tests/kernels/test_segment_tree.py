@@ -122,6 +122,28 @@ def test_integer_priorities_keep_tree_exact_across_many_blocks(capacity: int, mo
     assert torch.equal(nodes.double()[1 : ref.num_leaves], _exact_sums(nodes)[1 : ref.num_leaves])
 
 
+@pytest.mark.parametrize("order", ["sorted", "shuffled"])
+def test_window_combined_adds_stay_exact_near_and_far(order: str, monkeypatch) -> None:
+    """Each block sums the deltas of elements that share a node within a window of BLOCK nodes before adding (the
+    sampler's indices come sorted, crowded into one region of the tree); elements past the window add alone.
+    Batches that mix both, every block spanning window edges, must keep every node exact (integer priorities)."""
+    monkeypatch.setattr(st, "_block", lambda: 8)
+    capacity = 1 << 12
+    g = _gen(7 if order == "sorted" else 8)
+    ref = SumTree(capacity, DEV)
+    nodes, max_value, bad = _state(ref)
+    for _ in range(3):
+        crowded = torch.randint(0, 40, (150,), generator=g, device=DEV)      # many duplicates, one region
+        spread = torch.randint(0, capacity, (90,), generator=g, device=DEV)  # most past any window
+        indices = torch.cat([crowded, spread])
+        indices = indices.sort().values if order == "sorted" else indices[torch.randperm(240, generator=g,
+                                                                                          device=DEV)]
+        values = torch.randint(1, 9, (240,), generator=g, device=DEV).float()
+        tree_update(nodes, indices, values, capacity, max_value, bad)
+        assert torch.equal(nodes.double()[1 : ref.num_leaves], _exact_sums(nodes)[1 : ref.num_leaves])
+    assert float(nodes[1]) > 0 and int(bad) == 0
+
+
 @pytest.mark.smoke
 def test_sanitize_matches_reference_and_counts() -> None:
     ref = SumTree(5, DEV)
