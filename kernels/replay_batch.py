@@ -17,6 +17,8 @@ References: `uniforms_reference` (the beta formula; the Philox stream itself is 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -76,13 +78,59 @@ def batch_uniforms(counter: torch.Tensor, out: torch.Tensor, beta: torch.Tensor,
     dev = counter.device
     check_tensor("out", out, dtype=torch.float32, ndim=1, device=dev)
     check_tensor("beta", beta, dtype=torch.float32, shape=(), device=dev)
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed must be an int >= 0, got {seed!r}")
-    if isinstance(anneal_steps, bool) or not isinstance(anneal_steps, (int, float)) or not anneal_steps > 0:
-        raise ValueError(f"anneal_steps must be a number > 0, got {anneal_steps!r}")
+    _check_seed(seed)
+    _check_anneal_steps(anneal_steps)
     n = out.shape[0]
     _batch_uniforms_kernel[(max(2, triton.cdiv(n, _BLOCK)),)](
         counter, out, beta, seed, n, float(beta_start), float(beta_end), float(anneal_steps), BLOCK=_BLOCK)
+
+
+def _check_seed(seed) -> None:
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be an int >= 0, got {seed!r}")
+
+
+def _check_anneal_steps(anneal_steps) -> None:
+    if isinstance(anneal_steps, bool) or not isinstance(anneal_steps, (int, float)) or not anneal_steps > 0:
+        raise ValueError(f"anneal_steps must be a number > 0, got {anneal_steps!r}")
+
+
+@dataclass(frozen=True)
+class CounterUniforms:
+    """Uniforms a consumer kernel draws itself instead of reading them from memory (one launch fewer): u_i =
+    Philox(seed + counter, i), bit for bit the stream `batch_uniforms` writes. Used by
+    `kernels.segment_tree.tree_sample`.
+
+    counter: 0-dim int64 device tensor (read on the device only); seed: python int >= 0.
+    Raises ValueError (from `check`) for a wrong counter or seed.
+    """
+    counter: torch.Tensor
+    seed: int
+
+    def check(self, device: torch.device) -> None:
+        """Raise ValueError unless counter is a 0-dim int64 tensor on `device` and seed an int >= 0."""
+        check_tensor("uniforms.counter", self.counter, dtype=torch.int64, shape=(), device=device)
+        _check_seed(self.seed)
+
+
+@dataclass(frozen=True)
+class AnnealedBeta:
+    """The importance-sampling exponent a consumer kernel computes itself: beta = start + (end - start) *
+    min(1, counter / anneal_steps) (linear annealing, Schaul et al. 2016, Sec. 3.4), bit for bit the beta
+    `batch_uniforms` writes. Used by `kernels.segment_tree.tree_sample`.
+
+    counter: 0-dim int64 device tensor; start, end: python floats; anneal_steps: a number > 0.
+    Raises ValueError (from `check`) for a wrong counter or anneal_steps.
+    """
+    counter: torch.Tensor
+    start: float
+    end: float
+    anneal_steps: float
+
+    def check(self, device: torch.device) -> None:
+        """Raise ValueError unless counter is a 0-dim int64 tensor on `device` and anneal_steps a number > 0."""
+        check_tensor("beta.counter", self.counter, dtype=torch.int64, shape=(), device=device)
+        _check_anneal_steps(self.anneal_steps)
 
 
 def gather_transitions(idx: torch.Tensor, action_src: torch.Tensor, reward_src: torch.Tensor,

@@ -43,6 +43,7 @@ import triton
 import triton.language as tl
 
 from kernels._common import check_tensor, interpreting
+from kernels.replay_batch import AnnealedBeta, CounterUniforms
 
 TOP_LEVELS = 7  # tree levels 0..6 (nodes 1..127) get block-reduced atomic adds in the update kernel
 REBUILD_LEVELS = 10  # levels per rebuild launch: one program reduces a tile of 2^10 nodes
@@ -147,14 +148,18 @@ def _tree_update_kernel(nodes_ptr, idx_ptr, val_ptr, n, capacity, start_ptr, sta
 
 
 @triton.jit
-def _tree_sample_kernel(nodes_ptr, u_ptr, idx_out_ptr, p_out_ptr, partial_ptr, batch, batch_f, capacity,
-                        size_ptr, size_val, n_sample_progs, DEPTH: tl.constexpr, GLOBAL: tl.constexpr,
-                        SIZE_ON_DEVICE: tl.constexpr, BLOCK: tl.constexpr, LEAF_BLOCK: tl.constexpr):
+def _tree_sample_kernel(nodes_ptr, u_ptr, counter_ptr, seed, idx_out_ptr, p_out_ptr, partial_ptr, batch, batch_f,
+                        capacity, size_ptr, size_val, n_sample_progs, DEPTH: tl.constexpr, GLOBAL: tl.constexpr,
+                        SIZE_ON_DEVICE: tl.constexpr, PHILOX: tl.constexpr, BLOCK: tl.constexpr,
+                        LEAF_BLOCK: tl.constexpr):
     pid = tl.program_id(0)
     if pid < n_sample_progs:
         offs = pid * BLOCK + tl.arange(0, BLOCK)
         live = offs < batch
-        u = tl.load(u_ptr + offs, mask=live, other=0.0)
+        if PHILOX:  # CounterUniforms: the stream kernels.replay_batch.batch_uniforms writes
+            u = tl.rand(seed + tl.load(counter_ptr), offs)
+        else:
+            u = tl.load(u_ptr + offs, mask=live, other=0.0)
         mass = (offs.to(tl.float32) + u) * tl.math.div_rn(tl.load(nodes_ptr + 1), batch_f)
         node = tl.full([BLOCK], 1, tl.int64)
         for _ in range(DEPTH):
@@ -183,8 +188,8 @@ def _tree_sample_kernel(nodes_ptr, u_ptr, idx_out_ptr, p_out_ptr, partial_ptr, b
 
 
 @triton.jit
-def _tree_weights_kernel(w_ptr, partial_ptr, n_partials, beta_ptr, batch, BLOCK: tl.constexpr,
-                         PBLOCK: tl.constexpr):
+def _tree_weights_kernel(w_ptr, partial_ptr, n_partials, beta_ptr, counter_ptr, beta_start, beta_end, anneal_steps,
+                         batch, ANNEAL: tl.constexpr, BLOCK: tl.constexpr, PBLOCK: tl.constexpr):
     pid = tl.program_id(0)
     lo = tl.full([PBLOCK], float("inf"), tl.float32)
     for s in range(0, n_partials, PBLOCK):  # every program reduces the (few) partials redundantly
@@ -194,7 +199,11 @@ def _tree_weights_kernel(w_ptr, partial_ptr, n_partials, beta_ptr, batch, BLOCK:
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     live = offs < batch
     p = tl.load(w_ptr + offs, mask=live, other=1.0)
-    beta = tl.load(beta_ptr)
+    if ANNEAL:  # AnnealedBeta: the formula of kernels.replay_batch.batch_uniforms
+        frac = tl.minimum(tl.load(counter_ptr).to(tl.float32) / anneal_steps, 1.0)
+        beta = beta_start + (beta_end - beta_start) * frac
+    else:
+        beta = tl.load(beta_ptr)
     w = tl.exp2(beta * tl.log2(tl.math.div_rn(p_min, p)))
     tl.store(w_ptr + offs, tl.where(beta == 0.0, 1.0, w), mask=live)  # x^0 = 1, as torch.pow (even 0^0, nan^0)
 
@@ -283,8 +292,8 @@ def tree_insert(nodes: torch.Tensor, start_pos: torch.Tensor | int, count: int, 
 
 
 def tree_sample(nodes: torch.Tensor, capacity: int, size: torch.Tensor | int, batch_size: int,
-                uniforms: torch.Tensor, beta: torch.Tensor, out_indices: torch.Tensor, out_weights: torch.Tensor,
-                weight_norm: str = "batch") -> None:
+                uniforms: torch.Tensor | CounterUniforms, beta: torch.Tensor | AnnealedBeta, out_indices: torch.Tensor,
+                out_weights: torch.Tensor, weight_norm: str = "batch") -> None:
     """Stratified proportional sampling with importance weights, as `PrioritizedReplay.sample` (two launches).
 
     Sample k's mass is (k + u_k) * (root / B) (the stored root, as the reference), and its leaf is found by the
@@ -301,8 +310,10 @@ def tree_sample(nodes: torch.Tensor, capacity: int, size: torch.Tensor | int, ba
         size: N, the filled slots: python int in [1, capacity] or 0-dim int64 device tensor (unchecked); only
             "global" reads it (for "batch", N cancels out of the normalized weights).
         batch_size: B (int >= 1).
-        uniforms: (B,) float32 in [0, 1), one per stratum.
-        beta: 0-dim float32 device tensor, the importance-sampling exponent in [0, 1] (unchecked: no host sync).
+        uniforms: (B,) float32 in [0, 1), one per stratum; or a `kernels.replay_batch.CounterUniforms`, drawn by
+            the sampling kernel itself (the `batch_uniforms` stream, without its launch).
+        beta: 0-dim float32 device tensor, the importance-sampling exponent in [0, 1] (unchecked: no host sync);
+            or a `kernels.replay_batch.AnnealedBeta`, computed by the weights kernel itself.
         out_indices: (B,) int64, written with the sampled slots.
         out_weights: (B,) float32, written with the importance weights in (0, 1].
         weight_norm: "batch" or "global".
@@ -318,8 +329,15 @@ def tree_sample(nodes: torch.Tensor, capacity: int, size: torch.Tensor | int, ba
         raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
     if weight_norm not in ("batch", "global"):
         raise ValueError(f"weight_norm must be 'batch' or 'global', got {weight_norm!r}")
-    check_tensor("uniforms", uniforms, dtype=torch.float32, shape=(batch_size,), device=nodes.device)
-    check_tensor("beta", beta, dtype=torch.float32, shape=(), device=nodes.device)
+    philox, anneal = isinstance(uniforms, CounterUniforms), isinstance(beta, AnnealedBeta)
+    if philox:
+        uniforms.check(nodes.device)
+    else:
+        check_tensor("uniforms", uniforms, dtype=torch.float32, shape=(batch_size,), device=nodes.device)
+    if anneal:
+        beta.check(nodes.device)
+    else:
+        check_tensor("beta", beta, dtype=torch.float32, shape=(), device=nodes.device)
     check_tensor("out_indices", out_indices, dtype=torch.int64, shape=(batch_size,), device=nodes.device)
     check_tensor("out_weights", out_weights, dtype=torch.float32, shape=(batch_size,), device=nodes.device)
     block, leaf_block = _block(), 1024
@@ -328,11 +346,15 @@ def tree_sample(nodes: torch.Tensor, capacity: int, size: torch.Tensor | int, ba
     n_partials = n_leaf if weight_norm == "global" else n_sample
     partials = torch.empty(n_partials, dtype=torch.float32, device=nodes.device)
     _tree_sample_kernel[(n_sample + n_leaf,)](
-        nodes, uniforms, out_indices, out_weights, partials, batch_size, float(batch_size), capacity,
+        nodes, nodes if philox else uniforms, uniforms.counter if philox else out_indices,
+        uniforms.seed if philox else 0, out_indices, out_weights, partials, batch_size, float(batch_size), capacity,
         nodes if size_t is None else size_t, size_v, n_sample, DEPTH=depth, GLOBAL=weight_norm == "global",
-        SIZE_ON_DEVICE=size_t is not None, BLOCK=block, LEAF_BLOCK=leaf_block, num_warps=1)
+        SIZE_ON_DEVICE=size_t is not None, PHILOX=philox, BLOCK=block, LEAF_BLOCK=leaf_block, num_warps=1)
     _tree_weights_kernel[(_grid(batch_size, block),)](
-        out_weights, partials, n_partials, beta, batch_size, BLOCK=block, PBLOCK=256, num_warps=1)
+        out_weights, partials, n_partials, nodes if anneal else beta, beta.counter if anneal else out_indices,
+        float(beta.start) if anneal else 0.0, float(beta.end) if anneal else 0.0,
+        float(beta.anneal_steps) if anneal else 1.0, batch_size, ANNEAL=anneal, BLOCK=block, PBLOCK=256,
+        num_warps=1)
 
 
 def tree_rebuild(nodes: torch.Tensor) -> None:

@@ -7,8 +7,9 @@ static buffers, warm-up on a side stream, then `torch.cuda.graph`):
               gradient buffer: the weight-gradient kernels accumulate with atomics); W^T reads only the parameters,
               the memset must follow the previous step's Adam (which read the gradients): the fork at the start of
               the step (the side stream waits for the main one) orders both
-  sample      batch_uniforms (Philox keyed by the optimizer's device step count; also writes the annealed beta),
-              tree_sample (stratified proportional sampling + importance weights, 2 launches); then, after the
+  sample      tree_sample (stratified proportional sampling + importance weights, 2 launches; it draws its
+              Philox uniforms and computes the annealed beta itself, keyed by the optimizer's device step count:
+              kernels.replay_batch.CounterUniforms, AnnealedBeta); then, after the
               online forward (the shorter chain), gather_transitions (actions, rewards, terminal flags, and the
               observations transposed for the first layer's weight gradient; the forwards read the observations
               in place, by index)
@@ -25,7 +26,7 @@ static buffers, warm-up on a side stream, then `torch.cuda.graph`):
   spectral_norm  all weight matrices projected to sigma = 1 in one launch
   priority_update  sum-tree update with the new priorities, on the second stream, concurrent with the optimizer
               and spectral norm (joined at the end of the step)
-Kernels per step: (1 + 1) + 1 + 2 + 1 + 4 + 4 + 1 + 5 (2 trunk layers) + 2 + 1 + 1 = 24 at seed scale.
+Kernels per step: (1 + 1) + 2 + 1 + 4 + 4 + 1 + 5 (2 trunk layers) + 2 + 1 + 1 = 23 at seed scale.
 The target net therefore holds the parameters after Adam and before that step's spectral-norm projection (they
 differ by one step's change of sigma, O(lr)).
 """
@@ -42,7 +43,7 @@ from kernels.fused_adam import FusedAdam
 from kernels.heads import heads_backward
 from kernels.linear import (MAX_FUSED_K0, WeightTranspose, linear_backward_input, linear_backward_weight,
                             linear_forward)
-from kernels.replay_batch import batch_uniforms, gather_transitions
+from kernels.replay_batch import AnnealedBeta, CounterUniforms, gather_transitions
 from kernels.segment_tree import tree_sample, tree_update
 from kernels.spectral_norm import SpectralNormTable, spectral_norm_
 from kernels.td_loss import METRIC_NAMES, TDLossOutputs, TDLossWorkspace, td_loss_forward
@@ -113,7 +114,12 @@ class HotLearner:
         def new(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
             return torch.empty(*shape, dtype=dtype, device=device)
 
-        self.uniforms, self.beta, self.weights = new(b), new(()), new(b)
+        # the sampler draws its uniforms and computes the annealed beta itself, keyed by the optimizer's device
+        # step count (no launch of batch_uniforms: the same Philox stream and formula)
+        self.uniforms = CounterUniforms(self.adam.step_count, cfg.seed)
+        self.beta = AnnealedBeta(self.adam.step_count, cfg.per_beta_start, cfg.per_beta_end,
+                                 max(1, cfg.epochs * cfg.learner_steps_per_epoch))
+        self.weights = new(b)
         self.idx, self.action = new(b, dtype=torch.int64), new(b, d, dtype=torch.int64)
         self.reward, self.terminated = new(b), new(b)
         self.acts = [new(b, x.rows) for x in lay.layers]            # online activations, kept for the backward
@@ -151,8 +157,6 @@ class HotLearner:
     def _sample(self) -> None:
         cfg, rp = self.cfg, self.replay
         with phase_range("sample"):
-            batch_uniforms(self.adam.step_count, self.uniforms, self.beta, cfg.seed, cfg.per_beta_start,
-                           cfg.per_beta_end, max(1, cfg.epochs * cfg.learner_steps_per_epoch))
             tree_sample(rp.tree.nodes, rp.capacity, rp.capacity, cfg.batch_size, self.uniforms, self.beta, self.idx,
                         self.weights)
 

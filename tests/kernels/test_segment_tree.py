@@ -13,6 +13,7 @@ import torch
 from scipy.stats import chisquare
 
 from kernels import segment_tree as st
+from kernels.replay_batch import AnnealedBeta, CounterUniforms, batch_uniforms, uniforms_reference
 from kernels.segment_tree import sample_reference, tree_insert, tree_rebuild, tree_sample, tree_update
 from trainer.replay import PrioritizedReplay, SumTree
 
@@ -289,6 +290,36 @@ def test_sample_matches_prioritized_replay(weight_norm: str, size_on_device: boo
     torch.testing.assert_close(w, batch.weights, rtol=1e-5, atol=0)
 
 
+@pytest.mark.parametrize("weight_norm", ["batch", "global"])
+@pytest.mark.parametrize("step", [0, 37, 1000, 5000])  # before, during and past the annealing (1000 steps)
+def test_sample_with_counter_uniforms_and_annealed_beta_equals_batch_uniforms(weight_norm: str, step: int) -> None:
+    """The sampler's own Philox draws and annealed beta give bit for bit what batch_uniforms' launch + a tensor
+    tree_sample give (the learner's step uses the former: one launch fewer)."""
+    capacity, batch, seed = 1025, 700, 11
+    g = _gen(step + 3)
+    leaves = torch.exp(torch.randn(capacity, generator=g, device=DEV) * 2)
+    ref = SumTree(capacity, DEV)
+    ref.update(torch.arange(capacity, device=DEV), leaves)
+    counter = torch.tensor(step, dtype=torch.int64, device=DEV)
+    u = torch.full((batch,), float("nan"), device=DEV)
+    beta = torch.tensor(float("nan"), device=DEV)
+    batch_uniforms(counter, u, beta, seed, 0.4, 1.0, 1000)
+    want_i, want_w = _poisoned(batch)
+    tree_sample(ref.nodes, capacity, capacity, batch, u, beta, want_i, want_w, weight_norm=weight_norm)
+    got_i, got_w = _poisoned(batch)
+    tree_sample(ref.nodes, capacity, capacity, batch, CounterUniforms(counter, seed),
+                AnnealedBeta(counter, 0.4, 1.0, 1000), got_i, got_w, weight_norm=weight_norm)
+    assert torch.equal(got_i, want_i) and torch.equal(got_w, want_w)
+    assert float(beta) == pytest.approx(uniforms_reference(step, 0.4, 1.0, 1000), rel=1e-6)
+    ref_i, ref_w = sample_reference(ref, capacity, u, float(beta), weight_norm)
+    assert torch.equal(got_i, ref_i)
+    torch.testing.assert_close(got_w, ref_w, rtol=1e-5, atol=0)
+    other_i, _ = _poisoned(batch)  # another step count draws other uniforms
+    tree_sample(ref.nodes, capacity, capacity, batch, CounterUniforms(counter + 1, seed), AnnealedBeta(
+        counter, 0.4, 1.0, 1000), other_i, _poisoned(batch)[1], weight_norm=weight_norm)
+    assert not torch.equal(other_i, got_i)
+
+
 def test_sampling_frequencies_match_priorities_chi_square() -> None:
     alpha, capacity, eps = 0.6, 64, 1e-6
     g = _gen(4)
@@ -414,6 +445,11 @@ _B = torch.tensor(0.5, device=DEV)
         (lambda: tree_sample(_nodes(), 5, 5, 2, _V.double(), _B, *_poisoned(2)), "uniforms"),
         (lambda: tree_sample(_nodes(), 5, 5, 2, _V / 2, 0.5, *_poisoned(2)), "beta"),
         (lambda: tree_sample(_nodes(), 5, 5, 2, _V / 2, _B.reshape(1), *_poisoned(2)), "beta"),
+        (lambda: tree_sample(_nodes(), 5, 5, 2, CounterUniforms(_C.int(), 0), _B, *_poisoned(2)), "uniforms.counter"),
+        (lambda: tree_sample(_nodes(), 5, 5, 2, CounterUniforms(_C, -1), _B, *_poisoned(2)), "seed"),
+        (lambda: tree_sample(_nodes(), 5, 5, 2, _V / 2, AnnealedBeta(_C.reshape(1), 0.4, 1.0, 10), *_poisoned(2)),
+         "beta.counter"),
+        (lambda: tree_sample(_nodes(), 5, 5, 2, _V / 2, AnnealedBeta(_C, 0.4, 1.0, 0), *_poisoned(2)), "anneal_steps"),
         (lambda: tree_sample(_nodes(), 5, 5, 2, _V / 2, _B, _I.int(), _V.clone()), "out_indices"),
         (lambda: tree_sample(_nodes(), 5, 5, 2, _V / 2, _B, _I.clone(), torch.ones(3, device=DEV)), "out_weights"),
         (lambda: tree_sample(_nodes(), 5, 5, 2, _V / 2, _B, *_poisoned(2), weight_norm="max"), "weight_norm"),
