@@ -364,7 +364,7 @@ def build_hotloop_variant(cfg: Config, device: torch.device):
 
 
 PHASE_RULES = {
-    r"_batch_uniforms|_tree_sample|_tree_weights|_gather_transitions": "sample",
+    r"_tree_sample|_tree_weights|_gather_transitions": "sample",
     r"_fwd_ddqn_|_heads_ddqn_": "ddqn_forward",
     r"_fwd_online_|_heads_online_": "forward",
     r"_td_loss": "loss",
