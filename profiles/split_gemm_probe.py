@@ -35,6 +35,18 @@ CONFIGS = [(128, 128, 32, 8, 3), (128, 64, 32, 4, 3), (128, 128, 32, 4, 3), (64,
 
 
 @triton.jit
+def _write_c(c_ptr, offs_m, offs_n, M, N, K, k_per_split, acc):
+    """C tile out: stored when one program holds the whole reduction, else added atomically (split-K); rows past M
+    and columns past N masked."""
+    c_off = offs_m[:, None] * N + offs_n[None, :]
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    if k_per_split == K:
+        tl.store(c_ptr + c_off, acc, mask=mask)
+    else:
+        tl.atomic_add(c_ptr + c_off, acc, mask=mask, sem="relaxed")
+
+
+@triton.jit
 def _probe_gemm_kernel(a_ptr, a_lo_ptr, b_ptr, b_lo_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn, k_per_split,
                        MODE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid_m = tl.program_id(0)
@@ -43,53 +55,32 @@ def _probe_gemm_kernel(a_ptr, a_lo_ptr, b_ptr, b_lo_ptr, c_ptr, M, N, K, sam, sa
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(split * k_per_split, split * k_per_split + k_per_split, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        a_off = offs_m[:, None] * sam + offs_k[None, :] * sak
-        b_off = offs_k[:, None] * sbk + offs_n[None, :] * sbn
-        a = tl.load(a_ptr + a_off)
-        b = tl.load(b_ptr + b_off)
-        if MODE == 0:
-            acc = tl.dot(a, b, acc, input_precision="tf32x3")
-        elif MODE == 1:
-            acc = tl.dot(a, tl.load(b_lo_ptr + b_off), acc, input_precision="tf32")
-            acc = tl.dot(tl.load(a_lo_ptr + a_off), b, acc, input_precision="tf32")
+    if MODE == 4:  # cat: ONE TF32 dot per step over a reduction three times as long, segment 0 (hi, hi),
+        # 1 (hi, lo), 2 (lo, hi), each operand picked by pointer, both read straight from memory
+        for kk in range(0, 3 * k_per_split, BLOCK_K):
+            seg = kk // k_per_split
+            offs_k = split * k_per_split + kk - seg * k_per_split + tl.arange(0, BLOCK_K)
+            a = tl.load(tl.where(seg == 2, a_lo_ptr, a_ptr) + offs_m[:, None] * sam + offs_k[None, :] * sak)
+            b = tl.load(tl.where(seg == 1, b_lo_ptr, b_ptr) + offs_k[:, None] * sbk + offs_n[None, :] * sbn)
             acc = tl.dot(a, b, acc, input_precision="tf32")
-        elif MODE == 2:
-            acc = tl.dot(a, b, acc, input_precision="tf32")
-        else:
-            acc = tl.dot(a, b, acc, input_precision="ieee")
-    c_off = offs_m[:, None] * N + offs_n[None, :]
-    if k_per_split == K:
-        tl.store(c_ptr + c_off, acc)
     else:
-        tl.atomic_add(c_ptr + c_off, acc, sem="relaxed")
-
-
-@triton.jit
-def _probe_cat_kernel(a_ptr, a_lo_ptr, b_ptr, b_lo_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn, k_per_split,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """presplit as ONE TF32 dot per step over a reduction three times as long: segment 0 (hi, hi), 1 (hi, lo),
-    2 (lo, hi), each operand picked by pointer, both read straight from memory (no split in registers)."""
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    split = tl.program_id(2)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kk in range(0, 3 * k_per_split, BLOCK_K):
-        seg = kk // k_per_split
-        offs_k = split * k_per_split + kk - seg * k_per_split + tl.arange(0, BLOCK_K)
-        a_base = tl.where(seg == 2, a_lo_ptr, a_ptr)
-        b_base = tl.where(seg == 1, b_lo_ptr, b_ptr)
-        a = tl.load(a_base + offs_m[:, None] * sam + offs_k[None, :] * sak)
-        b = tl.load(b_base + offs_k[:, None] * sbk + offs_n[None, :] * sbn)
-        acc = tl.dot(a, b, acc, input_precision="tf32")
-    c_off = offs_m[:, None] * N + offs_n[None, :]
-    if k_per_split == K:
-        tl.store(c_ptr + c_off, acc)
-    else:
-        tl.atomic_add(c_ptr + c_off, acc, sem="relaxed")
+        for k0 in range(split * k_per_split, split * k_per_split + k_per_split, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            a_off = offs_m[:, None] * sam + offs_k[None, :] * sak
+            b_off = offs_k[:, None] * sbk + offs_n[None, :] * sbn
+            a = tl.load(a_ptr + a_off)
+            b = tl.load(b_ptr + b_off)
+            if MODE == 0:
+                acc = tl.dot(a, b, acc, input_precision="tf32x3")
+            elif MODE == 1:
+                acc = tl.dot(a, tl.load(b_lo_ptr + b_off), acc, input_precision="tf32")
+                acc = tl.dot(tl.load(a_lo_ptr + a_off), b, acc, input_precision="tf32")
+                acc = tl.dot(a, b, acc, input_precision="tf32")
+            elif MODE == 2:
+                acc = tl.dot(a, b, acc, input_precision="tf32")
+            else:
+                acc = tl.dot(a, b, acc, input_precision="ieee")
+    _write_c(c_ptr, offs_m, offs_n, M, N, K, k_per_split, acc)
 
 
 @triton.jit
@@ -110,14 +101,7 @@ def _probe_cat_tma_kernel(a_desc, b_desc, c_ptr, M, N, K, k_per_split,
         a = a_desc.load([row_a + tl.where(seg == 2, M, 0), k])
         b = b_desc.load([row_b + tl.where(seg == 1, N, 0), k])
         acc = tl.dot(a, b.T, acc, input_precision="tf32")
-    offs_m = row_a + tl.arange(0, BLOCK_M)
-    offs_n = row_b + tl.arange(0, BLOCK_N)
-    c_off = offs_m[:, None] * N + offs_n[None, :]
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    if k_per_split == K:
-        tl.store(c_ptr + c_off, acc, mask=mask)
-    else:
-        tl.atomic_add(c_ptr + c_off, acc, mask=mask, sem="relaxed")
+    _write_c(c_ptr, row_a + tl.arange(0, BLOCK_M), row_b + tl.arange(0, BLOCK_N), M, N, K, k_per_split, acc)
 
 
 MODES = {"tf32x3": 0, "presplit": 1, "tf32": 2, "ieee": 3, "cat": 4, "cat-tma": 5}
@@ -132,10 +116,6 @@ def split_tf32(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def _run(mode, a, b, c, m, n, k, splits, cfg, a_lo=None, b_lo=None):
     bm, bn, bk, warps, stages = cfg
     grid = (triton.cdiv(m, bm), triton.cdiv(n, bn), splits)
-    if mode == "cat":
-        return lambda: (c.zero_() if splits > 1 else None, _probe_cat_kernel[grid](
-            a, a_lo, b, b_lo, c, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), k // splits,
-            BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages))
     if mode == "cat-tma":
         from triton.tools.tensor_descriptor import TensorDescriptor
         a_desc = TensorDescriptor.from_tensor(torch.cat([a, a_lo]), [bm, bk])
