@@ -30,16 +30,28 @@ _BLOCK = 1024
 
 
 @triton.jit
+def counter_uniforms(counter_ptr, seed, offs):
+    """u_i = Philox(seed + t, i) for i in offs, t the int64 step counter at counter_ptr: the one place this stream
+    is drawn (`batch_uniforms` and `CounterUniforms` consumers call it, so they agree bit for bit)."""
+    return tl.rand(seed + tl.load(counter_ptr), offs)
+
+
+@triton.jit
+def annealed_beta(counter_ptr, beta_start, beta_end, anneal_steps):
+    """beta_start + (beta_end - beta_start) * min(1, t / anneal_steps), t the step counter at counter_ptr: the one
+    place the annealing formula is computed (`batch_uniforms` and `AnnealedBeta` consumers)."""
+    frac = tl.minimum(tl.load(counter_ptr).to(tl.float32) / anneal_steps, 1.0)
+    return beta_start + (beta_end - beta_start) * frac
+
+
+@triton.jit
 def _batch_uniforms_kernel(counter_ptr, out_ptr, beta_ptr, seed, n, beta_start, beta_end, anneal_steps,
                            BLOCK: tl.constexpr):
     pid = tl.program_id(0)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
-    t = tl.load(counter_ptr)
-    u = tl.rand(seed + t, offs)
-    tl.store(out_ptr + offs, u, mask=offs < n)
+    tl.store(out_ptr + offs, counter_uniforms(counter_ptr, seed, offs), mask=offs < n)
     if pid == 0:
-        frac = tl.minimum(t.to(tl.float32) / anneal_steps, 1.0)
-        tl.store(beta_ptr, beta_start + (beta_end - beta_start) * frac)
+        tl.store(beta_ptr, annealed_beta(counter_ptr, beta_start, beta_end, anneal_steps))
 
 
 @triton.jit

@@ -18,9 +18,8 @@ Design (every launcher: fixed grids from shapes, >= 2 programs, no host syncs, n
   nodes from the block's smallest node on the level (elements past it add alone): the sampler's indices arrive
   sorted, so when the filled slots crowd one region of the tree (a replay filled 1/32 of the way: thousands of
   updates under each of a few level-7 nodes) each node still gets about one add per program. Bad priorities
-  cannot raise inside a captured graph: they are
-  sanitized (the reference's rule, see `tree_update`) and counted in a device-side counter that the host reads
-  later, asynchronously.
+  cannot raise inside a captured graph: they are sanitized (the reference's rule, see `tree_update`) and counted
+  in a device-side counter that the host reads later, asynchronously.
 - Drift: every atomic add rounds (error <= 2^-24 of the node's value); k adds on a node give a random-walk error of
   typically sqrt(k) * 2^-24 * |node| (worst case ~2k * 2^-24 * max |node|). Measured as max over internal nodes of
   |node - exact sum of its leaves| / exact total: ~1e-6 after 5*10^4 updates on 1000 leaves (interpreter), ~4e-6
@@ -43,7 +42,7 @@ import triton
 import triton.language as tl
 
 from kernels._common import check_tensor, interpreting
-from kernels.replay_batch import AnnealedBeta, CounterUniforms
+from kernels.replay_batch import AnnealedBeta, CounterUniforms, annealed_beta, counter_uniforms
 
 TOP_LEVELS = 7  # tree levels 0..6 (nodes 1..127) get block-reduced atomic adds in the update kernel
 REBUILD_LEVELS = 10  # levels per rebuild launch: one program reduces a tile of 2^10 nodes
@@ -157,7 +156,7 @@ def _tree_sample_kernel(nodes_ptr, u_ptr, counter_ptr, seed, idx_out_ptr, p_out_
         offs = pid * BLOCK + tl.arange(0, BLOCK)
         live = offs < batch
         if PHILOX:  # CounterUniforms: the stream kernels.replay_batch.batch_uniforms writes
-            u = tl.rand(seed + tl.load(counter_ptr), offs)
+            u = counter_uniforms(counter_ptr, seed, offs)
         else:
             u = tl.load(u_ptr + offs, mask=live, other=0.0)
         mass = (offs.to(tl.float32) + u) * tl.math.div_rn(tl.load(nodes_ptr + 1), batch_f)
@@ -200,8 +199,7 @@ def _tree_weights_kernel(w_ptr, partial_ptr, n_partials, beta_ptr, counter_ptr, 
     live = offs < batch
     p = tl.load(w_ptr + offs, mask=live, other=1.0)
     if ANNEAL:  # AnnealedBeta: the formula of kernels.replay_batch.batch_uniforms
-        frac = tl.minimum(tl.load(counter_ptr).to(tl.float32) / anneal_steps, 1.0)
-        beta = beta_start + (beta_end - beta_start) * frac
+        beta = annealed_beta(counter_ptr, beta_start, beta_end, anneal_steps)
     else:
         beta = tl.load(beta_ptr)
     w = tl.exp2(beta * tl.log2(tl.math.div_rn(p_min, p)))

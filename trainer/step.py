@@ -9,10 +9,9 @@ static buffers, warm-up on a side stream, then `torch.cuda.graph`):
               the step (the side stream waits for the main one) orders both
   sample      tree_sample (stratified proportional sampling + importance weights, 2 launches; it draws its
               Philox uniforms and computes the annealed beta itself, keyed by the optimizer's device step count:
-              kernels.replay_batch.CounterUniforms, AnnealedBeta); then, after the
-              online forward (the shorter chain), gather_transitions (actions, rewards, terminal flags, and the
-              observations transposed for the first layer's weight gradient; the forwards read the observations
-              in place, by index)
+              kernels.replay_batch.CounterUniforms, AnnealedBeta); then, after the online forward (the shorter
+              chain), gather_transitions (actions, rewards, terminal flags, and the observations transposed for
+              the first layer's weight gradient; the forwards read the observations in place, by index)
   ddqn_forward  on the second stream, concurrent with the online forward: online and target net on s' in ONE
               launch per layer (TF32)
   forward     online net on s (TF32), activations kept for the backward (and their transposes, for the
