@@ -7,7 +7,7 @@ normalize(x) = x / max(||x||_2, eps). As in torch, the incoming u is overwritten
 state that carries from one call to the next is v (u is an output kept for inspection and for torch's layout).
 
 Design: ONE launch of `_spectral_norm_kernel` does all matrices and all iterations. Each matrix is split into row
-slabs of BLOCK_R rows (T slabs over all matrices, BLOCK_R chosen so that T >= 132 at seed scale). The launch has
+slabs of BLOCK_R rows (T slabs over all matrices: 72 at seed scale, see `SpectralNormTable.from_shapes`). The launch has
 (n_power_iterations + 1) * T programs, in n + 1 stages of T tasks:
   - power stage j (j < n), slab s of matrix m: gets v_j (stage 0: the stored v; stage j > 0: reduces the
     per-slab partials of stage j - 1, see below), computes y_s = W_s v_j for its rows, and writes the per-slab
@@ -202,14 +202,17 @@ class SpectralNormTable:
     ticket: torch.Tensor
 
     @classmethod
-    def from_shapes(cls, shapes, device, offsets=None, min_slabs: int = 132,
-                    tile: int = 4096) -> "SpectralNormTable":
+    def from_shapes(cls, shapes, device, offsets=None, min_slabs: int = 66,
+                    tile: int = 8192) -> "SpectralNormTable":
         """Build the table for matrices of `shapes` [(rows, cols), ...] (row-major, torch Linear weight layout)
         starting at element `offsets` of params_buf (default: packed back to back from 0), on `device`.
-
-        BLOCK_R (rows per slab) is the largest power of two <= 64 giving at least `min_slabs` slabs in all (or 1),
-        so that each stage of the launch has >= 132 programs (one per H100/H200 SM) at seed scale; `tile` (a power
-        of two >= 16) bounds the register tiles BLOCK_R x BLOCK_C and BLOCK_S x BLOCK_C (elements).
+        BLOCK_R (rows per slab) is the largest power of two <= 64 giving at least `min_slabs` slabs in all (or 1);
+        `tile` (a power of two >= 16) bounds the register tiles BLOCK_R x BLOCK_C and BLOCK_S x BLOCK_C (elements).
+        The defaults are the fastest of the H200 sweep at the seed-scale shapes (profiles/h200/
+        spectral_norm_sweep.csv, one power iteration, isolated): 72 slabs of 16 rows, 11.8 us, against 16.2 us
+        with 140 slabs of 8 rows (one program per SM in each stage), 21.5-30.9 with 276 and 27-37 with 24 (likely
+        because every finalize task reduces all of its matrix's per-slab partials: more slabs, more of that
+        work; fewer, less spread). Both stages of one iteration are 144 programs, one launch.
         Raises ValueError for an empty list, non-positive sizes, negative or overlapping offsets, a length
         mismatch between shapes and offsets, min_slabs < 1 or a bad tile.
         """

@@ -99,9 +99,10 @@ class HotLearner:
         self.params.copy_(lay.init_params(gen))
         self.grads = torch.zeros(lay.numel, device=device)
         shapes, offsets = lay.sn_matrices()
-        # >= 132 row slabs per stage on the GPU (one per SM); few on the CPU interpreter, where programs run serially
-        self.sn_table = SpectralNormTable.from_shapes(shapes, device, offsets,
-                                                      min_slabs=132 if device.type == "cuda" else 8)
+        # the table's default slab split on the GPU (the H200 sweep's); few slabs on the CPU interpreter, where
+        # programs run serially
+        self.sn_table = (SpectralNormTable.from_shapes(shapes, device, offsets) if device.type == "cuda" else
+                         SpectralNormTable.from_shapes(shapes, device, offsets, min_slabs=8))
         self.sn_u, self.sn_v = self.sn_table.new_vectors(gen)
         if cfg.spectral_norm:
             spectral_norm_(self.params, self.sn_table, self.sn_u, self.sn_v, SN_WARMUP_ITERATIONS)
