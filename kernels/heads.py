@@ -9,7 +9,8 @@ d's block to A_d(., a). Gains g_out (1 + D,) (one per matrix: value, then each b
 - `heads_forward`: one launch for one or two networks (online and target on s'), TF32 dots (forward placement),
   Q written as (M, D * A) (= (M, D, A) contiguous).
 - `heads_backward`: from dQ (M, D * A): dh (masked by h > 0, i.e. the hidden layers' pre-activation gradient)
-  with FP32-accurate split-precision dots, written as dh and dh^T (kernels/linear.py says why both layouts), and
+  in IEEE FP32 on CUDA cores (each block's products have 1 or A terms: no tensor-core MMA, no split), written as
+  dh and dh^T (kernels/linear.py says why both layouts), and
   the hidden layers' bias gradient, dW_out, db_out, dg_out accumulated by fp32 atomic adds into the zeroed
   gradient buffer.
 Reference: `heads_reference` (plain torch; autograd gives every gradient).
@@ -27,6 +28,10 @@ from kernels._common import check_tensor
 # steps, 4 warps: 6.6 us for one net and 7.5 us for two, against 10.0 / 10.3 us with 128 rows and 64-wide steps
 _BLOCK_M = 64
 _BLOCK_K = 16
+# backward launch: programs in all (row groups x (1 + D) input blocks), rows per iteration, warps. From the H200
+# sweep at seed scale (profiles/h200/heads_bwd_sweep.csv, isolated): 264 x 64 rows x 4 warps 17.4 us; 132 x 32 x 8
+# (one program per SM) 60.3 us; 8 warps were 2-3.5x slower than 4 at every size
+BWD_PROGRAMS, BWD_BLOCK_M, BWD_WARPS = 264, 64, 4
 
 
 @triton.jit
@@ -82,51 +87,57 @@ def _heads_ddqn_tf32_kernel(h_ptr, w_ptr, b_ptr, g_ptr, q_ptr, M, H, h_zstride, 
 
 
 @triton.jit
-def _heads_bwd_fp32split_kernel(h_ptr, dq_ptr, w_ptr, g_ptr, dh_ptr, dht_ptr, dbh_ptr, dw_ptr, db_ptr, dg_ptr, M,
-                                H, rows_per_program, D: tl.constexpr, A: tl.constexpr, BLOCK_M: tl.constexpr,
-                                BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr):
-    # program (pid, blk): rows [pid * rows_per_program, +rows_per_program) of input block blk (value or a branch);
-    # its weight-gradient tile stays in registers over the rows and is added to the buffer once (few atomics)
+def _heads_bwd_fp32_kernel(h_ptr, dq_ptr, w_ptr, g_ptr, dh_ptr, dht_ptr, dbh_ptr, dw_ptr, db_ptr, dg_ptr, M, H,
+                           rows_per_program, D: tl.constexpr, A: tl.constexpr, BLOCK_M: tl.constexpr,
+                           BLOCK_Q: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+    # program (pid, blk): rows [pid * rows_per_program, +rows_per_program) of input block blk (0: value, 1 + d:
+    # branch d). The block feeds R output rows of W_out (1 for the value, A for a branch): its products have R
+    # terms, done as IEEE FP32 FMAs on CUDA cores (no MMA, no split). Its weight-gradient rows stay in registers
+    # over the rows and are added to the buffer once (few atomics).
     pid = tl.program_id(0)
     blk = tl.program_id(1)
-    j = tl.arange(0, BLOCK_J)
-    mask_j = j < 1 + D * A
-    grp = tl.where(j == 0, 0, (j - 1) // A + 1)
-    wmask = mask_j & (grp == blk)
+    r = tl.arange(0, BLOCK_R)
+    live_r = r < tl.where(blk == 0, 1, A)  # the block's rows of W_out: 1 (value) or A (a branch)
+    j = tl.where(blk == 0, 0, 1 + (blk - 1) * A + r)  # the block's rows of W_out
+    q = tl.arange(0, BLOCK_Q)
     offs_k = tl.arange(0, BLOCK_K)
     mask_k = offs_k < H
     width = (1 + D) * H
-    w = tl.load(w_ptr + j[:, None] * H + offs_k[None, :], mask=wmask[:, None] & mask_k[None, :], other=0.0)
-    g = tl.load(g_ptr + grp, mask=mask_j, other=0.0)
-    gw = tl.zeros((BLOCK_J, BLOCK_K), dtype=tl.float32)
-    dbias = tl.zeros((BLOCK_J,), dtype=tl.float32)
+    w = tl.load(w_ptr + j[:, None] * H + offs_k[None, :], mask=live_r[:, None] & mask_k[None, :], other=0.0)
+    g = tl.load(g_ptr + blk)
+    gw = tl.zeros((BLOCK_R, BLOCK_K), dtype=tl.float32)
+    dbias = tl.zeros((BLOCK_R,), dtype=tl.float32)
     dbh = tl.zeros((BLOCK_K,), dtype=tl.float32)
     start = pid * rows_per_program
     for m0 in range(start, start + rows_per_program, BLOCK_M):
         offs_m = m0 + tl.arange(0, BLOCK_M)
         mask_m = offs_m < M
-        dq = tl.load(dq_ptr + offs_m[:, None] * (D * A) + (j - 1)[None, :],
-                     mask=mask_m[:, None] & (mask_j & (j >= 1))[None, :], other=0.0)
-        dvalue = tl.sum(dq, axis=1)
-        dmean = tl.zeros((BLOCK_M, BLOCK_J), dtype=tl.float32)
-        for d in tl.static_range(D):
-            sel = (grp == d + 1) & mask_j
-            s = tl.sum(tl.where(sel[None, :], dq, 0.0), axis=1) / A
-            dmean += tl.where(sel[None, :], s[:, None], 0.0)
-        dout = tl.where((j == 0)[None, :], dvalue[:, None], dq - dmean)
-        dout = tl.where(mask_m[:, None] & wmask[None, :], dout, 0.0)  # only this block's output rows
+        # dQ -> d(block output): V gets the sum over every branch's Q; A_d(a) gets dQ_d(a) - mean_a' dQ_d(a')
+        dq_all = tl.load(dq_ptr + offs_m[:, None] * (D * A) + q[None, :],
+                         mask=mask_m[:, None] & (q < D * A)[None, :], other=0.0)
+        dq_blk = tl.load(dq_ptr + offs_m[:, None] * (D * A) + (j - 1)[None, :],
+                         mask=mask_m[:, None] & (live_r & (j >= 1))[None, :], other=0.0)
+        dvalue = tl.where((r == 0)[None, :], tl.sum(dq_all, axis=1)[:, None], 0.0)
+        dadv = dq_blk - tl.sum(dq_blk, axis=1)[:, None] / A
+        dout = tl.where(mask_m[:, None] & live_r[None, :], tl.where(blk == 0, dvalue, dadv), 0.0)
         xmask = mask_m[:, None] & mask_k[None, :]
         x = tl.load(h_ptr + offs_m[:, None] * width + blk * H + offs_k[None, :], mask=xmask, other=0.0)
-        dh = tl.where(x > 0.0, tl.dot(dout * g[None, :], w, input_precision="tf32x3"), 0.0)
+        dh = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
+        for rr in tl.static_range(A):  # R FMAs per entry, one output row at a time: written out rather than as
+            # sum(a[:, :, None] * b[None, :, :]), which Triton 3.6 turns into a TF32 tensor-core dot on sm90
+            dout_r = tl.sum(tl.where((r == rr)[None, :], dout, 0.0), axis=1)
+            w_r = tl.sum(tl.where((r == rr)[:, None], w, 0.0), axis=0)
+            dh += dout_r[:, None] * (g * w_r)[None, :]
+            gw += tl.where((r == rr)[:, None], tl.sum(dout_r[:, None] * x, axis=0)[None, :], 0.0)
+        dh = tl.where(x > 0.0, dh, 0.0)
         tl.store(dh_ptr + offs_m[:, None] * width + blk * H + offs_k[None, :], dh, mask=xmask)
         tl.store(dht_ptr + (blk * H + offs_k)[None, :] * M + offs_m[:, None], dh, mask=xmask)
         dbh += tl.sum(dh, axis=0)
-        gw = tl.dot(tl.trans(dout), x, gw, input_precision="tf32x3")
         dbias += tl.sum(dout, axis=0)
-    tl.atomic_add(dw_ptr + j[:, None] * H + offs_k[None, :], gw * g[:, None], mask=wmask[:, None] & mask_k[None, :],
+    tl.atomic_add(dw_ptr + j[:, None] * H + offs_k[None, :], gw * g, mask=live_r[:, None] & mask_k[None, :],
                   sem="relaxed")
-    tl.atomic_add(dg_ptr + grp, tl.sum(w * gw, axis=1), mask=wmask, sem="relaxed")
-    tl.atomic_add(db_ptr + j, dbias, mask=wmask, sem="relaxed")
+    tl.atomic_add(dg_ptr + blk, tl.sum(tl.sum(w * gw, axis=1), axis=0), sem="relaxed")
+    tl.atomic_add(db_ptr + j, dbias, mask=live_r, sem="relaxed")
     tl.atomic_add(dbh_ptr + blk * H + offs_k, dbh, mask=mask_k, sem="relaxed")
 
 
@@ -192,16 +203,15 @@ def heads_backward(h: torch.Tensor, dq: torch.Tensor, w_out: torch.Tensor, g_out
                            ("dw_out", dw_out, (j, hidden)), ("db_out", db_out, (j,)),
                            ("dg_out", dg_out, (1 + branches,))):
         check_tensor(name, t, dtype=torch.float32, shape=shape, device=dev)
-    # 32 rows per iteration and 8 warps: no register spills (64 rows and 4 warps spilled ~2 KB per thread when
-    # compiled for sm90), and twice the warps to keep the dh / dh^T stores in flight
-    block_j, block_k, block_m = max(16, triton.next_power_of_2(j)), max(16, triton.next_power_of_2(hidden)), 32
-    # about 132 programs in all (one per SM): row groups x (1 + D) input blocks
-    groups = max(1, min(triton.cdiv(m, block_m), triton.cdiv(132, 1 + branches)))
-    rows = triton.cdiv(triton.cdiv(m, groups), block_m) * block_m
+    block_q, block_k = triton.next_power_of_2(branches * actions), max(16, triton.next_power_of_2(hidden))
+    # about BWD_PROGRAMS programs in all: row groups x (1 + D) input blocks
+    groups = max(1, min(triton.cdiv(m, BWD_BLOCK_M), triton.cdiv(BWD_PROGRAMS, 1 + branches)))
+    rows = triton.cdiv(triton.cdiv(m, groups), BWD_BLOCK_M) * BWD_BLOCK_M
     groups = max(triton.cdiv(m, rows), 2 if branches == 0 else 1)
-    _heads_bwd_fp32split_kernel[(groups, 1 + branches)](
+    _heads_bwd_fp32_kernel[(groups, 1 + branches)](
         h, dq, w_out, g_out, dh, dht, db_h, dw_out, db_out, dg_out, m, hidden, rows, D=branches, A=actions,
-        BLOCK_M=block_m, BLOCK_J=block_j, BLOCK_K=block_k, num_warps=8)
+        BLOCK_M=BWD_BLOCK_M, BLOCK_Q=block_q, BLOCK_R=max(2, triton.next_power_of_2(actions)), BLOCK_K=block_k,
+        num_warps=BWD_WARPS)
     return dh
 
 

@@ -173,7 +173,7 @@ def test_phase_rules_and_precisions_of_the_hot_kernels():
         "_td_loss_kernel": ("loss", ""),
         "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, std::array<char*, 1ul> >"
         "(int, at::native::FillFunctor<float>, std::array<char*, 1ul>)": ("backward", ""),
-        "_heads_bwd_fp32split_kernel": ("backward", ""), "_bwd_weight_transpose_kernel": ("backward", ""),
+        "_heads_bwd_fp32_kernel": ("backward", ""), "_bwd_weight_transpose_kernel": ("backward", ""),
         "_bwd_dx_fp32split_gemm_kernel": ("backward", "fp32"), "_bwd_dw_fp32split_gemm_kernel": ("backward", "fp32"),
         "_grad_sumsq_kernel": ("optimizer", ""), "_clip_adam_kernel": ("optimizer", ""),
         "_spectral_norm_kernel": ("spectral_norm", ""), "_tree_update_kernel": ("priority_update", ""),
