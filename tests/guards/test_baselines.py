@@ -64,9 +64,25 @@ def test_one_slow_baseline_repeat_does_not_widen_the_tolerance():
 
 def test_higher_is_better_metrics_fail_on_a_drop():
     assert default_threshold("learner_steps_per_s") == "median:-5%" and default_threshold("x_us") == "median:+5%"
-    base = Baseline("x", {"ddqn_overlap_ratio": [0.30] * 5, "learner_steps_per_s": [1000.0] * 5})
-    df = compare({"ddqn_overlap_ratio": [0.20] * 3, "learner_steps_per_s": [1100.0] * 3}, base)
-    assert (verdict(df, "ddqn_overlap_ratio"), verdict(df, "learner_steps_per_s")) == ("FAIL", "PASS")
+    base = Baseline("x", {"cache_hit_ratio": [0.30] * 5, "learner_steps_per_s": [1000.0] * 5})
+    df = compare({"cache_hit_ratio": [0.20] * 3, "learner_steps_per_s": [1100.0] * 3}, base)
+    assert (verdict(df, "cache_hit_ratio"), verdict(df, "learner_steps_per_s")) == ("FAIL", "PASS")
+    df = compare({"cache_hit_ratio": [0.29] * 3, "learner_steps_per_s": [900.0] * 3}, base)
+    assert (verdict(df, "cache_hit_ratio"), verdict(df, "learner_steps_per_s")) == ("PASS", "FAIL")
+
+
+def test_stream_overlap_is_reported_not_compared():
+    """The H200 baseline's five repeats of one commit: the overlap ratio is bimodal (0.50 once, ~0.77 four times),
+    so its MAD is ~0.01 and a -5% rule would fail a run like the baseline's own 0.50 repeat; with _us read as
+    lower-is-better it would also fail more overlap. Both metrics are shown with the baseline's value, no verdict."""
+    ratio, overlap_us = [0.925, 0.761, 0.502, 0.769, 0.774], [9.49, 7.98, 5.15, 8.03, 8.17]
+    base = Baseline("x", {"ddqn_overlap_ratio": ratio, "ddqn_overlap_us": overlap_us, "gpu_span_us": QUIET})
+    df = compare({"ddqn_overlap_ratio": [0.502], "ddqn_overlap_us": [9.49], "gpu_span_us": [1100.0]}, base)
+    for metric, run, want in (("ddqn_overlap_ratio", 0.502, 0.769), ("ddqn_overlap_us", 9.49, 8.03)):
+        row = df.set_index("metric").loc[metric]
+        assert row.verdict == "-" and row.run == pytest.approx(run) and row.baseline == pytest.approx(want)
+        assert row.rule.startswith("reported only")
+    assert verdict(df, "gpu_span_us") == "FAIL"  # what a serialized forward costs is still compared
 
 
 @pytest.mark.smoke
@@ -99,14 +115,14 @@ def test_per_metric_thresholds_are_parsed_before_comparing():
 def test_write_and_load_round_trip(tmp_path):
     path = baseline_path("NVIDIA H200", tmp_path / "profiles" / "baselines")
     assert path.name == "nvidia-h200.json"
-    metrics = {"gpu_span_us": NOISY, "kernels": [341] * 5, "ddqn_overlap_ratio": [np.nan, 0.3, 0.3, 0.3, 0.3]}
+    metrics = {"gpu_span_us": NOISY, "kernels": [341] * 5, "cache_hit_ratio": [np.nan, 0.3, 0.3, 0.3, 0.3]}
     assert write_baseline(path, metrics, gpu="NVIDIA H200") == path
     doc = json.loads(path.read_text())
     assert doc["metrics"]["kernels"]["kind"] == "count" and doc["metrics"]["gpu_span_us"]["median"] == 1000.0
-    assert doc["metrics"]["ddqn_overlap_ratio"]["values"][0] is None  # NaN as null: strict JSON
+    assert doc["metrics"]["cache_hit_ratio"]["values"][0] is None  # NaN as null: strict JSON
     loaded = load_baseline(path)
     assert loaded.gpu == "NVIDIA H200" and loaded.metrics["gpu_span_us"] == NOISY
-    assert np.isnan(loaded.metrics["ddqn_overlap_ratio"][0])
+    assert np.isnan(loaded.metrics["cache_hit_ratio"][0])
     assert set(compare(metrics, loaded)["verdict"]) == {"PASS"}  # a run equal to its baseline passes
     assert loaded.config is None  # written without one: compared with any run
     with pytest.raises(ValueError, match="'kernels' has no values"):
