@@ -37,7 +37,11 @@ def _time_eager(fn, calls: int, reps: int) -> list[float]:
     return out
 
 
-def _time_graph(fn, calls: int, reps: int) -> list[float]:
+def time_graph(fn, calls: int, reps: int) -> list[float]:
+    """Microseconds per call of `fn` (a launch of CUDA work, no host sync) replayed from one CUDA graph that holds
+    `calls` calls: one value per replay, `reps` replays timed with CUDA events on the current device. `fn` runs once
+    on a side stream first (warm-up, as graph capture requires); a function that cannot be captured gives `reps`
+    NaNs. Used by this module's kernel bench and by the isolated sweeps in profiles/h200/experiments/."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -67,7 +71,7 @@ def run(reps: int, calls: int) -> pd.DataFrame:
                 for _ in range(3):
                     fn()
                 torch.cuda.synchronize()
-                for mode, timer in (("eager", _time_eager), ("graph", _time_graph)):
+                for mode, timer in (("eager", _time_eager), ("graph", time_graph)):
                     q = pd.Series(timer(fn, calls, reps)).quantile([0.2, 0.5, 0.8]).tolist()
                     rows.append(dict(kernel=name, provider=provider, mode=mode, metric="time_per_call", unit="us",
                                      p20=q[0], p50=q[1], p80=q[2], gpu=gpu, commit=commit or "unknown", date=date))

@@ -2,11 +2,13 @@
 isolated: each config's launch replayed 20 times in a CUDA graph, median of 7 replays; dh checked against the
 committed config's. Usage: python heads_bwd_sweep.py OUT.csv (on a CUDA machine, repo root on PYTHONPATH)."""
 import itertools
+import statistics
 import sys
 
 import pandas as pd
 import torch
 
+from kernels.bench import time_graph
 import kernels.heads as H
 
 dev = torch.device("cuda")
@@ -24,29 +26,6 @@ def launch():
     H.heads_backward(h, dq, w, gain, dh, dht, grads[0], grads[1].view(1 + d * a, hid), grads[2], grads[3], d)
 
 
-def graph_us(reps=20, rounds=7):
-    s = torch.cuda.Stream(dev)
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        launch()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(reps):
-            launch()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(rounds):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        graph.replay()
-        e1.record()
-        torch.cuda.synchronize()
-        times.append(e0.elapsed_time(e1) * 1000 / reps)
-    return sorted(times)[len(times) // 2]
-
-
 committed = (H.BWD_PROGRAMS, H.BWD_BLOCK_M, H.BWD_WARPS)
 launch()
 want = dh.clone()
@@ -58,7 +37,7 @@ for programs, block_m, warps in itertools.product((132, 264, 528, 1056), (32, 64
         launch()
         torch.cuda.synchronize()
         err = float((dh - want).abs().max())
-        us = graph_us()
+        us = statistics.median(time_graph(launch, 20, 7))
     except Exception as e:  # noqa: BLE001  (a config that does not compile is a row, not an abort)
         err, us = float("nan"), float("nan")
         print(f"{programs} {block_m} {warps}: {type(e).__name__}: {e}"[:200])
