@@ -17,9 +17,10 @@ static buffers, warm-up on a side stream, then `torch.cuda.graph`):
   forward     online net on s (TF32), activations kept for the backward (and their transposes, for the
               weight-gradient GEMMs)
   loss        fused Double-DQN TD loss: target, TD errors, loss, dLoss/dQ, new priorities, metrics
-  backward    the heads' and each layer's input- and weight-gradient kernels (split-precision FP32; the
-              input-gradient kernels also sum the bias gradients of the layer below, and the second layer's also
-              adds the first layer's weight gradient from its tiles in registers: kernels/linear.py)
+  backward    the heads' backward (IEEE FP32 FMAs: its products have 1 or A terms) and each layer's input- and
+              weight-gradient kernels (split-precision FP32; the input-gradient kernels also sum the bias
+              gradients of the layer below, and the second layer's also adds the first layer's weight gradient
+              from its tiles in registers: kernels/linear.py)
   optimizer   grad-norm + clip + Adam over the flat buffers, with the target update fused in (hard or Polyak, on
               the device-side steps that are multiples of target_update_interval)
   spectral_norm  all weight matrices projected to sigma = 1 in one launch
