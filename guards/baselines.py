@@ -27,7 +27,8 @@ Comparison (`compare`): a run is R' repeats of the same metrics.
   over 10 repeats of two commits with unchanged streams (profiles/baselines/nvidia-h200.json, and the one before it),
   so 5 repeats give no tolerance that holds, and more overlap is better while "_us" reads lower-is-better. The gate's
   criterion "DDQN overlapped" (> 0) catches the fault they stand for (the forward serialized:
-  guards/faults.py ddqn_serial), and the time it costs shows in dur_us / gpu_span_us.
+  guards/faults.py ddqn_serial), and the time it costs shows in dur_us / gpu_span_us. A run that measured them in
+  the baseline but not now (NaN: e.g. the DDQN kernels no longer assigned to their phase) still FAILs.
 
 Spread statistic: the baseline's run-to-run spread is the scaled median absolute deviation of its R repeat values,
 1.4826 x median(|x - median(x)|). Justification: R is small (about 5) and GPU timings are skewed by rare slow
@@ -88,7 +89,7 @@ class BaselineError(ValueError):
 class Threshold:
     """A parsed threshold: fail when `sign` x (run - baseline) of `statistic` exceeds `amount` (percent of the
     baseline's statistic if `percent`, else in the metric's own unit). sign +1: an increase is worse (times);
-    sign -1: a decrease is worse (rates, overlap ratios)."""
+    sign -1: a decrease is worse (rates, ratios)."""
 
     statistic: str
     sign: int
@@ -228,9 +229,10 @@ def compare(run_metrics: Mapping[str, Sequence[float]], baseline: Baseline, *,
     (that statistic of each side's values; for counts the baseline's median and the run value farthest from it);
     delta (run - baseline); allowed (worsening allowed: 0 for counts, max(threshold, k x spread) for timings);
     spread (`mad_spread` of the baseline's values); rule; verdict: PASS, FAIL, or "-" (metric only in the run, not
-    measured in the baseline, or in REPORTED_ONLY). A metric only in the baseline (or with no run values), or NaN in the run but not
-    in the baseline, FAILs.
-    `thresholds`: {metric: expression} overriding `default_threshold`; parsed before comparing (ValueError).
+    measured in the baseline, or a measured REPORTED_ONLY metric, whatever its value). A metric only in the
+    baseline (or with no run values), or NaN in the run but not in the baseline, FAILs.
+    `thresholds`: {metric: expression} overriding `default_threshold`; parsed before comparing (ValueError);
+    REPORTED_ONLY metrics get no verdict whatever their threshold.
     """
     rules = {m: parse_threshold((thresholds or {}).get(m, default_threshold(m)))
              for m in set(run_metrics) | set(baseline.metrics)}
@@ -256,9 +258,11 @@ def _compare_one(metric: str, run: Sequence[float] | None, base: Sequence[float]
         return {**row, "baseline": b, "run": worst, "delta": worst - b, "rule": "exact",
                 "verdict": "-" if math.isnan(b) else ("PASS" if worst == b else "FAIL")}
     r = _stat(stat, run)
-    if metric in REPORTED_ONLY:
-        return {**row, "baseline": b, "run": r, "delta": r - b,
-                "rule": "reported only: varies with the streams' scheduling; criterion 'DDQN overlapped' guards it"}
+    if metric in REPORTED_ONLY:  # no verdict on the value; a run that cannot measure it still FAILs
+        missing = math.isnan(r) and not math.isnan(b)
+        return {**row, "baseline": b, "run": r, "delta": r - b, "verdict": "FAIL" if missing else "-",
+                "rule": "reported only: varies with the streams' scheduling; criterion 'DDQN overlapped' guards it"
+                + ("; not measured in the run" if missing else "")}
     allowed = max(rule.allowed(b), k * row["spread"]) if not math.isnan(b) else math.nan
     sign = "-" if rule.sign < 0 else "+"
     text = f"{rule.statistic}:{sign}{rule.amount:g}{'%' if rule.percent else ''} or {k:g} x MAD spread"

@@ -40,8 +40,9 @@ def _time_eager(fn, calls: int, reps: int) -> list[float]:
 def time_graph(fn, calls: int, reps: int) -> list[float]:
     """Microseconds per call of `fn` (a launch of CUDA work, no host sync) replayed from one CUDA graph that holds
     `calls` calls: one value per replay, `reps` replays timed with CUDA events on the current device. `fn` runs once
-    on a side stream first (warm-up, as graph capture requires); a function that cannot be captured gives `reps`
-    NaNs. Used by this module's kernel bench and by the isolated sweeps in profiles/h200/experiments/."""
+    on a side stream first (warm-up, as graph capture requires) and the graph is replayed once untimed; a function
+    that cannot be captured gives `reps` NaNs. Used by this module's kernel bench and by the isolated sweeps in
+    profiles/h200/experiments/."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -55,6 +56,7 @@ def time_graph(fn, calls: int, reps: int) -> list[float]:
     except RuntimeError:
         torch.cuda.synchronize()
         return [float("nan")] * reps
+    graph.replay()  # untimed: the first replay also uploads the graph
     return [t / calls for t in _time_eager(graph.replay, 1, reps)]
 
 

@@ -28,9 +28,10 @@ from kernels._common import check_tensor
 # steps, 4 warps: 6.6 us for one net and 7.5 us for two, against 10.0 / 10.3 us with 128 rows and 64-wide steps
 _BLOCK_M = 64
 _BLOCK_K = 16
-# backward launch: programs in all (row groups x (1 + D) input blocks), rows per iteration, warps. From the H200
-# sweep at seed scale (profiles/h200/heads_bwd_sweep.csv, isolated): 264 x 64 rows x 4 warps 17.4 us; 132 x 32 x 8
-# (one program per SM) 60.3 us; 8 warps were 2-3.5x slower than 4 at every size
+# backward launch: programs in all (a target: row groups x (1 + D) input blocks, rounded to whole row blocks),
+# rows per iteration, warps. From the H200 sweep at seed scale (profiles/h200/heads_bwd_sweep.csv, isolated):
+# target 264 x 64 rows x 4 warps (256 programs of 128 rows launched) 17.4 us; target 132 x 32 x 8 (128 programs,
+# one per SM) 60.3 us; 8 warps were 2-3.5x slower than 4 at every size
 BWD_PROGRAMS, BWD_BLOCK_M, BWD_WARPS = 264, 64, 4
 
 
@@ -189,8 +190,9 @@ def heads_backward(h: torch.Tensor, dq: torch.Tensor, w_out: torch.Tensor, g_out
     h == 0); dht: ((1 + D) H, M) the same transposed (what the hidden layer's `linear_backward_weight` reads);
     db_h ((1 + D) H,) += sum_m dh, the hidden layers' bias gradient; dw_out (1 + D A, H), db_out (1 + D A,),
     dg_out (1 + D,): db_h and these are views of the zeroed gradient buffer.
-    All float32 contiguous on one device. Returns dh. Grid (row groups, 1 + D), about 132 programs; each keeps
-    its weight-gradient tile (BLOCK_J x next_pow2(H) floats, so H up to a few hundred) in registers over its rows.
+    All float32 contiguous on one device. Returns dh. Grid (row groups, 1 + D), at most about BWD_PROGRAMS
+    programs, each over a run of BWD_BLOCK_M-row blocks; each keeps its block's weight-gradient rows (BLOCK_R x
+    next_pow2(H) floats, so H up to a few hundred) in registers over its rows.
     Raises ValueError for wrong dtype, shape, device.
     """
     j, hidden, actions = _sizes(check_tensor("w_out", w_out, dtype=torch.float32, ndim=2), branches)

@@ -83,6 +83,9 @@ def test_stream_overlap_is_reported_not_compared():
         assert row.verdict == "-" and row.run == pytest.approx(run) and row.baseline == pytest.approx(want)
         assert row.rule.startswith("reported only")
     assert verdict(df, "gpu_span_us") == "FAIL"  # what a serialized forward costs is still compared
+    lost = compare({"ddqn_overlap_ratio": [np.nan], "ddqn_overlap_us": [np.nan]}, base)  # kernels lost their phase
+    lost = lost[lost.metric.str.startswith("ddqn_overlap")]
+    assert len(lost) == 2 and set(lost.verdict) == {"FAIL"} and lost.rule.str.endswith("not measured in the run").all()
 
 
 @pytest.mark.smoke
@@ -96,10 +99,10 @@ def test_structural_counts_compare_exactly():
 
 
 def test_metrics_on_one_side_only_and_nan():
-    base = Baseline("x", {"gpu_span_us": QUIET, "ddqn_overlap_ratio": [np.nan] * 5, "memsets": [1.0] * 5})
-    df = compare({"gpu_span_us": [np.nan] * 3, "ddqn_overlap_ratio": [0.1] * 3, "new_us": [1.0]}, base)
+    base = Baseline("x", {"gpu_span_us": QUIET, "cache_hit_ratio": [np.nan] * 5, "memsets": [1.0] * 5})
+    df = compare({"gpu_span_us": [np.nan] * 3, "cache_hit_ratio": [0.1] * 3, "new_us": [1.0]}, base)
     assert verdict(df, "gpu_span_us") == "FAIL"  # measured in the baseline, not in the run
-    assert verdict(df, "ddqn_overlap_ratio") == "-"  # not measured in the baseline
+    assert verdict(df, "cache_hit_ratio") == "-"  # not measured in the baseline
     assert verdict(df, "memsets") == "FAIL" and verdict(df, "new_us") == "-"
     assert list(df["metric"]) == sorted(df["metric"])
 

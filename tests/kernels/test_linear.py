@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import kernels.heads
 from kernels.heads import heads_backward, heads_forward, heads_reference
 from kernels.linear import (WeightTranspose, linear_backward_input, linear_backward_weight, linear_forward,
                             linear_reference)
@@ -174,8 +175,12 @@ def test_two_nets_in_one_launch_use_each_buffer():
         torch.testing.assert_close(y[z].cpu().double(), ref, **FWD_TOL)
 
 
-@pytest.mark.parametrize("m,branches,actions,hidden", [(50, 3, 4, 20), (140, 1, 2, 32)])
-def test_heads_forward_and_backward_match_float64(m, branches, actions, hidden):
+@pytest.mark.parametrize("m,branches,actions,hidden,programs", [
+    (50, 3, 4, 20, None), (140, 1, 2, 32, None),
+    (300, 1, 2, 16, 4), (517, 3, 5, 20, 4)])  # few backward programs: each runs several row blocks, as at seed scale
+def test_heads_forward_and_backward_match_float64(m, branches, actions, hidden, programs, monkeypatch):
+    if programs is not None:
+        monkeypatch.setattr(kernels.heads, "BWD_PROGRAMS", programs)
     gen = torch.Generator().manual_seed(m)
     j = 1 + branches * actions
     h = torch.relu(_rand(m, (1 + branches) * hidden, gen=gen))
