@@ -193,12 +193,14 @@ def heads_backward(h: torch.Tensor, dq: torch.Tensor, w_out: torch.Tensor, g_out
     All float32 contiguous on one device. Returns dh. Grid (row groups, 1 + D), at most about BWD_PROGRAMS
     programs, each over a run of BWD_BLOCK_M-row blocks; each keeps its block's weight-gradient rows (BLOCK_R x
     next_pow2(H) floats, so H up to a few hundred) in registers over its rows.
-    Raises ValueError for wrong dtype, shape, device.
+    Raises ValueError for wrong dtype, shape or device, or an h with no rows.
     """
     j, hidden, actions = _sizes(check_tensor("w_out", w_out, dtype=torch.float32, ndim=2), branches)
     dev = w_out.device
     check_tensor("h", h, dtype=torch.float32, ndim=2, device=dev)
     m = h.shape[0]
+    if m < 1:
+        raise ValueError(f"h must have at least one row, got shape {tuple(h.shape)}")
     for name, t, shape in (("h", h, (m, (1 + branches) * hidden)), ("dq", dq, (m, branches * actions)),
                            ("g_out", g_out, (1 + branches,)), ("dh", dh, (m, (1 + branches) * hidden)),
                            ("dht", dht, ((1 + branches) * hidden, m)), ("db_h", db_h, ((1 + branches) * hidden,)),

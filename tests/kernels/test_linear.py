@@ -220,6 +220,9 @@ def test_launchers_reject_bad_inputs():
     with pytest.raises(ValueError, match="w_out must be"):
         heads_forward(torch.randn(4, 32, device=DEVICE), torch.randn(6, 16, device=DEVICE),
                       torch.randn(6, device=DEVICE), torch.ones(2, device=DEVICE), torch.empty(4, 5, device=DEVICE), 4)
+    e = lambda *shape: torch.empty(*shape, device=DEVICE)  # noqa: E731
+    with pytest.raises(ValueError, match="h must have at least one row"):  # was a ZeroDivisionError
+        heads_backward(e(0, 8), e(0, 2), e(3, 4), e(2), e(0, 8), e(8, 0), e(8), e(3, 4), e(3), e(2), 1)
 
 
 @pytest.mark.gpu
