@@ -206,6 +206,7 @@ class SpectralNormTable:
                     tile: int = 8192) -> "SpectralNormTable":
         """Build the table for matrices of `shapes` [(rows, cols), ...] (row-major, torch Linear weight layout)
         starting at element `offsets` of params_buf (default: packed back to back from 0), on `device`.
+
         BLOCK_R (rows per slab) is the largest power of two <= 64 giving at least `min_slabs` slabs in all (or 1);
         `tile` (a power of two >= 16) bounds the register tiles BLOCK_R x BLOCK_C and BLOCK_S x BLOCK_C (elements).
         The defaults are the fastest of the H200 sweep at the seed-scale shapes (profiles/h200/
