@@ -11,6 +11,9 @@ backward GEMM (dx = dY W, dW = dY^T X) and the forward (Y = X W^T) in several pr
             into one accumulator make Triton 3.6 wait for each MMA; one dot lets it keep MMAs in flight:
             profiles/h200/triton36_hopper_notes.md section 3)
   cat-tma   cat with TMA loads (host tensor descriptors over [hi; lo] stacked K-contiguous operands; K-major only)
+  cat-ws    cat-tma warp-specialized (`tl.range(..., warp_specialize=True)`, 4 warps: Triton 3.6's Hopper pass adds
+            a producer warp group that issues the TMA loads and two consumer warp groups), with device-side
+            descriptors (3.6 mis-sizes host descriptors' boxes under it: triton36_hopper_notes.md section 1)
 and, for dW, with the operands also stored K-major (dY^T and X^T row-major), the layout Hopper's TF32 wgmma reads
 without a transpose. cuBLAS (torch.mm, IEEE FP32 and TF32) is timed beside them. Each row: the best of a few tile
 configs, GPU us per launch (30 launches replayed as one CUDA graph, median of 5 replays, CUDA events), and the max
@@ -31,7 +34,8 @@ import triton
 import triton.language as tl
 
 CONFIGS = [(128, 128, 32, 8, 3), (128, 64, 32, 4, 3), (128, 128, 32, 4, 3), (64, 128, 32, 4, 4), (128, 256, 32, 8, 3),
-           (64, 64, 32, 4, 4), (128, 64, 64, 4, 3), (128, 128, 32, 8, 4), (128, 128, 64, 8, 3)]
+           (64, 64, 32, 4, 4), (128, 64, 64, 4, 3), (128, 128, 32, 8, 4), (128, 128, 64, 8, 3), (128, 256, 32, 4, 3),
+           (128, 128, 64, 4, 3)]
 
 
 @triton.jit
@@ -104,7 +108,32 @@ def _probe_cat_tma_kernel(a_desc, b_desc, c_ptr, M, N, K, k_per_split,
     _write_c(c_ptr, row_a + tl.arange(0, BLOCK_M), row_b + tl.arange(0, BLOCK_N), M, N, K, k_per_split, acc)
 
 
-MODES = {"tf32x3": 0, "presplit": 1, "tf32": 2, "ieee": 3, "cat": 4, "cat-tma": 5}
+@triton.jit
+def _probe_cat_ws_kernel(a_ptr, b_ptr, c_ptr, M, N, K, k_per_split,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """cat-tma warp-specialized: a_ptr (2M, K) = [A_hi; A_lo], b_ptr (2N, K) = [B^T_hi; B^T_lo], both contiguous,
+    read through device-side descriptors; c_ptr (splits, M, N), one partial product per split-K slice (M % BLOCK_M
+    and N % BLOCK_N must be 0)."""
+    a_desc = tl.make_tensor_descriptor(a_ptr, shape=[2 * M, K], strides=[K, 1], block_shape=[BLOCK_M, BLOCK_K])
+    b_desc = tl.make_tensor_descriptor(b_ptr, shape=[2 * N, K], strides=[K, 1], block_shape=[BLOCK_N, BLOCK_K])
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    split = tl.program_id(2)
+    row_a = pid_m * BLOCK_M
+    row_b = pid_n * BLOCK_N
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kk in tl.range(0, 3 * k_per_split, BLOCK_K, warp_specialize=True):
+        seg = kk // k_per_split
+        k = split * k_per_split + kk - seg * k_per_split
+        a = a_desc.load([row_a + tl.where(seg == 2, M, 0), k])
+        b = b_desc.load([row_b + tl.where(seg == 1, N, 0), k])
+        acc = tl.dot(a, b.T, acc, input_precision="tf32")
+    # split-K partials are stored, not added: an atomic epilogue crashes the 3.6 Hopper pass (WSDataPartition)
+    offs_c = split * M * N + (row_a + tl.arange(0, BLOCK_M))[:, None] * N + (row_b + tl.arange(0, BLOCK_N))[None, :]
+    tl.store(c_ptr + offs_c, acc)
+
+
+MODES = {"tf32x3": 0, "presplit": 1, "tf32": 2, "ieee": 3, "cat": 4, "cat-tma": 5, "cat-ws": 6}
 
 
 def split_tf32(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -116,6 +145,15 @@ def split_tf32(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def _run(mode, a, b, c, m, n, k, splits, cfg, a_lo=None, b_lo=None):
     bm, bn, bk, warps, stages = cfg
     grid = (triton.cdiv(m, bm), triton.cdiv(n, bn), splits)
+    if mode == "cat-ws":
+        triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=c.device))
+        a_cat, b_cat = torch.cat([a, a_lo]), torch.cat([b.t(), b_lo.t()])
+        parts = torch.empty(splits, m, n, device=c.device) if splits > 1 else c
+        launch = lambda: _probe_cat_ws_kernel[grid](a_cat, b_cat, parts, m, n, k, k // splits, BLOCK_M=bm,  # noqa: E731
+                                                    BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages)
+        if splits == 1:
+            return launch
+        return lambda: (launch(), torch.sum(parts, 0, out=c))  # the partials' sum timed with the GEMM
     if mode == "cat-tma":
         from triton.tools.tensor_descriptor import TensorDescriptor
         a_desc = TensorDescriptor.from_tensor(torch.cat([a, a_lo]), [bm, bk])
@@ -210,15 +248,15 @@ def main(argv=None):
         for mode in modes:
             a_lo = b_lo = None
             aa, bb = a, b
-            if mode == "cat-tma" and (a.stride(1) != 1 or b.stride(0) != 1):
+            if mode in ("cat-tma", "cat-ws") and (a.stride(1) != 1 or b.stride(0) != 1):
                 continue  # TMA wants both operands K-contiguous
-            if mode in ("presplit", "cat", "cat-tma"):
+            if mode in ("presplit", "cat", "cat-tma", "cat-ws"):
                 aa, a_lo = split_tf32(a)
                 bb, b_lo = split_tf32(b)
             best = None
             for cfg in CONFIGS:
-                if m % cfg[0] or n % cfg[1] or (k // splits) % cfg[2]:
-                    continue
+                if m % cfg[0] or n % cfg[1] or (k // splits) % cfg[2] or (mode == "cat-ws" and cfg[3] != 4):
+                    continue  # warp specialization on sm90 in Triton 3.6 takes 4 warps only
                 c = torch.full((m, n), float("nan"), device="cuda")
                 try:
                     us = _time_us(_run(mode, aa, bb, c, m, n, k, splits, cfg, a_lo, b_lo))

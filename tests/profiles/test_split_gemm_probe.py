@@ -1,6 +1,6 @@
 """The split-GEMM probe's kernels (profiles/split_gemm_probe.py) against torch on the CPU interpreter, every mode and
-both the stored and the split-K (atomic) epilogue, the TMA mode's partial tiles; and the TF32 split it feeds the
-pre-split modes."""
+both the stored and the split-K epilogue (atomic, or for cat-ws partials summed after), the TMA mode's partial
+tiles; and the TF32 split it feeds the pre-split modes."""
 
 import pytest
 import torch
@@ -26,7 +26,7 @@ def test_probe_gemm_matches_torch(mode, splits):
     b = torch.randn(64, 32, generator=g).to(DEVICE).t().contiguous().t()  # a strided (K-major) operand
     a_lo = b_lo = None
     aa, bb = a, b
-    if mode in ("presplit", "cat", "cat-tma"):
+    if mode in ("presplit", "cat", "cat-tma", "cat-ws"):
         aa, a_lo = split_tf32(a)
         bb, b_lo = split_tf32(b)
     c = torch.full((64, 32), float("nan"), device=DEVICE)
