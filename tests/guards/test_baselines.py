@@ -72,9 +72,10 @@ def test_higher_is_better_metrics_fail_on_a_drop():
 
 
 def test_stream_overlap_is_reported_not_compared():
-    """The H200 baseline's five repeats of one commit: the overlap ratio is bimodal (0.50 once, ~0.77 four times),
+    """The H200 baseline's five repeats at b5d7f03: the overlap ratio is bimodal (0.50 once, ~0.77 four times),
     so its MAD is ~0.01 and a -5% rule would fail a run like the baseline's own 0.50 repeat; with _us read as
-    lower-is-better it would also fail more overlap. Both metrics are shown with the baseline's value, no verdict."""
+    lower-is-better it would also fail more overlap. (At 9b2edea all five sat at 0.927.) Both metrics are shown
+    with the baseline's value, no verdict."""
     ratio, overlap_us = [0.925, 0.761, 0.502, 0.769, 0.774], [9.49, 7.98, 5.15, 8.03, 8.17]
     base = Baseline("x", {"ddqn_overlap_ratio": ratio, "ddqn_overlap_us": overlap_us, "gpu_span_us": QUIET})
     df = compare({"ddqn_overlap_ratio": [0.502], "ddqn_overlap_us": [9.49], "gpu_span_us": [1100.0]}, base)
