@@ -88,23 +88,29 @@ def _probe_gemm_kernel(a_ptr, a_lo_ptr, b_ptr, b_lo_ptr, c_ptr, M, N, K, sam, sa
 
 
 @triton.jit
+def _cat_step(a_desc, b_desc, kk, split, k_per_split, row_a, row_b, M, N, acc):
+    """One step of the one-dot pre-split GEMM over a reduction three times as long: segment kk // k_per_split is
+    (hi, hi), (hi, lo) or (lo, hi), picked by row offset in the stacked [hi; lo] operands (A's lo rows start at M,
+    B^T's at N)."""
+    seg = kk // k_per_split
+    k = split * k_per_split + kk - seg * k_per_split
+    a = a_desc.load([row_a + tl.where(seg == 2, M, 0), k])
+    b = b_desc.load([row_b + tl.where(seg == 1, N, 0), k])
+    return tl.dot(a, b.T, acc, input_precision="tf32")
+
+
+@triton.jit
 def _probe_cat_tma_kernel(a_desc, b_desc, c_ptr, M, N, K, k_per_split,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """The same one-dot presplit GEMM with TMA loads: a_desc over (2M, K) = [A_hi; A_lo], b_desc over (2N, K) =
     [B^T_hi; B^T_lo] (both K-contiguous, the layout TF32 wgmma reads). Rows past M or N of a tile read the other
     part's rows (or zeros): they only reach outputs outside C, which the store masks."""
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
     split = tl.program_id(2)
-    row_a = pid_m * BLOCK_M
-    row_b = pid_n * BLOCK_N
+    row_a = tl.program_id(0) * BLOCK_M
+    row_b = tl.program_id(1) * BLOCK_N
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kk in range(0, 3 * k_per_split, BLOCK_K):
-        seg = kk // k_per_split
-        k = split * k_per_split + kk - seg * k_per_split
-        a = a_desc.load([row_a + tl.where(seg == 2, M, 0), k])
-        b = b_desc.load([row_b + tl.where(seg == 1, N, 0), k])
-        acc = tl.dot(a, b.T, acc, input_precision="tf32")
+        acc = _cat_step(a_desc, b_desc, kk, split, k_per_split, row_a, row_b, M, N, acc)
     _write_c(c_ptr, row_a + tl.arange(0, BLOCK_M), row_b + tl.arange(0, BLOCK_N), M, N, K, k_per_split, acc)
 
 
@@ -116,18 +122,12 @@ def _probe_cat_ws_kernel(a_ptr, b_ptr, c_ptr, M, N, K, k_per_split,
     and N % BLOCK_N must be 0)."""
     a_desc = tl.make_tensor_descriptor(a_ptr, shape=[2 * M, K], strides=[K, 1], block_shape=[BLOCK_M, BLOCK_K])
     b_desc = tl.make_tensor_descriptor(b_ptr, shape=[2 * N, K], strides=[K, 1], block_shape=[BLOCK_N, BLOCK_K])
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
     split = tl.program_id(2)
-    row_a = pid_m * BLOCK_M
-    row_b = pid_n * BLOCK_N
+    row_a = tl.program_id(0) * BLOCK_M
+    row_b = tl.program_id(1) * BLOCK_N
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kk in tl.range(0, 3 * k_per_split, BLOCK_K, warp_specialize=True):
-        seg = kk // k_per_split
-        k = split * k_per_split + kk - seg * k_per_split
-        a = a_desc.load([row_a + tl.where(seg == 2, M, 0), k])
-        b = b_desc.load([row_b + tl.where(seg == 1, N, 0), k])
-        acc = tl.dot(a, b.T, acc, input_precision="tf32")
+        acc = _cat_step(a_desc, b_desc, kk, split, k_per_split, row_a, row_b, M, N, acc)
     # split-K partials are stored, not added: an atomic epilogue crashes the 3.6 Hopper pass (WSDataPartition)
     offs_c = split * M * N + (row_a + tl.arange(0, BLOCK_M))[:, None] * N + (row_b + tl.arange(0, BLOCK_N))[None, :]
     tl.store(c_ptr + offs_c, acc)

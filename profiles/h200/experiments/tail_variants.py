@@ -3,7 +3,8 @@ _BLOCK_ADAM: 1024 as committed, 256 the fastest of tail_sweep.csv) x where the s
 stream (`end`: after the backward, as committed; `loss`: after the loss, beside the whole backward; `last`: before
 the backward's last kernel, dX2 with dW1). Each variant is the learner's own step body (HotLearner._body, as
 `hotloop bench` builds it) captured as its own CUDA graph over the same buffers, the tree update moved by wrapping
-the functions the body calls. Timed interleaved: 8 rounds x 60 replays per variant, one event pair per replay.
+the functions the body calls. Timed interleaved: 8 rounds x 60 replays per variant, one event pair per replay
+(trainer.bench.time_steps; the run of 2abfe9e had the same loop inline).
 Usage: python tail_variants.py OUT.csv (on a CUDA machine, repo root on PYTHONPATH)."""
 import itertools
 import sys
@@ -13,6 +14,7 @@ import torch
 
 import kernels.fused_adam as FA
 import trainer.step as S
+from trainer.bench import time_steps
 from trainer.config import preset
 
 dev = torch.device("cuda")
@@ -67,13 +69,7 @@ torch.cuda.synchronize()
 times = {k: [] for k in variants}
 for _ in range(8):
     for k, g in variants.items():
-        ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(60)]
-        for e0, e1 in ev:
-            e0.record()
-            g.replay()
-            e1.record()
-        torch.cuda.synchronize()
-        times[k] += [e0.elapsed_time(e1) * 1e3 for e0, e1 in ev]
+        times[k] += time_steps(g.replay, 60, dev)
 rows = [dict(block_adam=b, tree=p, committed=(b, p) == (committed, "end"), p20=pd.Series(t).quantile(0.2),
              p50=pd.Series(t).median(), p80=pd.Series(t).quantile(0.8)) for (b, p), t in times.items()]
 table = pd.DataFrame(rows)
