@@ -24,11 +24,12 @@ Comparison (`compare`): a run is R' repeats of the same metrics.
 
 - Reported, not compared (`REPORTED_ONLY`): ddqn_overlap_us and ddqn_overlap_ratio, how much of the Double-DQN
   forward ran beside the online one. That is a scheduling outcome, not a cost: on the H200 the ratio ranged 0.22-0.93
-  over 10 repeats of two commits with unchanged streams (profiles/baselines/nvidia-h200.json, and the one before it),
-  so 5 repeats give no tolerance that holds, and more overlap is better while "_us" reads lower-is-better. The gate's
-  criterion "DDQN overlapped" (> 0) catches the fault they stand for (the forward serialized:
-  guards/faults.py ddqn_serial), and the time it costs shows in dur_us / gpu_span_us. A run that measured them in
-  the baseline but not now (NaN: e.g. the DDQN kernels no longer assigned to their phase) still FAILs.
+  over 10 repeats of two commits with unchanged streams (the baselines recorded at a30c915 and b5d7f03:
+  profiles/h200/gate_faults/), so 5 repeats give no tolerance that holds, and more overlap is better while "_us"
+  reads lower-is-better. The gate's criterion "DDQN overlapped" (> 0) catches the fault they stand for (the forward
+  serialized: guards/faults.py ddqn_serial), and the time it costs shows in gpu_busy_us (and in dur_us /
+  gpu_span_us where the guarded step is GPU-bound). A run that measured them in the baseline but not now (NaN: e.g.
+  the DDQN kernels no longer assigned to their phase) still FAILs.
 
 Spread statistic: the baseline's run-to-run spread is the scaled median absolute deviation of its R repeat values,
 1.4826 x median(|x - median(x)|). Justification: R is small (about 5) and GPU timings are skewed by rare slow

@@ -144,6 +144,10 @@ def split_tf32(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _run(mode, a, b, c, m, n, k, splits, cfg, a_lo=None, b_lo=None):
     bm, bn, bk, warps, stages = cfg
+    if mode in ("cat-tma", "cat-ws") and (k % splits or (k // splits) % bk):
+        raise ValueError(f"{mode}: the reduction length k={k} must split into {splits} slices of whole {bk}-wide steps")
+    if mode == "cat-ws" and (m % bm or n % bn):
+        raise ValueError(f"cat-ws: m={m} and n={n} must be multiples of the tile's {bm} x {bn} (no partial tiles)")
     grid = (triton.cdiv(m, bm), triton.cdiv(n, bn), splits)
     if mode == "cat-ws":
         triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=c.device))

@@ -46,3 +46,16 @@ def test_probe_cat_tma_partial_tiles(splits):
     c = torch.full((48, 24), float("nan"), device=DEVICE)
     _run("cat-tma", aa, bb, c, 48, 24, 64, splits, (32, 16, 16, 4, 1), a_lo, b_lo)()
     torch.testing.assert_close(c, a @ b, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("mode, m, k, splits, problem", [("cat-ws", 48, 64, 1, "multiples of the tile"),
+                                                          ("cat-ws", 64, 64, 3, "whole 16-wide steps"),
+                                                          ("cat-tma", 64, 40, 1, "whole 16-wide steps")])
+def test_probe_tma_modes_refuse_shapes_they_cannot_tile(mode, m, k, splits, problem):
+    """Without the check, cat-ws writes past C on a partial tile and either mode drops the reduction's tail."""
+    a = torch.randn(m, k, generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    b = torch.randn(k, 32).to(DEVICE)
+    c = torch.full((m, 32), float("nan"), device=DEVICE)
+    with pytest.raises(ValueError, match=problem):
+        _run(mode, a, b, c, m, 32, k, splits, (32, 16, 16, 4, 1), a, b)
+    assert torch.isnan(c).all()  # nothing launched
