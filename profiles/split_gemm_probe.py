@@ -134,6 +134,10 @@ def _probe_cat_ws_kernel(a_ptr, b_ptr, c_ptr, M, N, K, k_per_split,
 
 
 MODES = {"tf32x3": 0, "presplit": 1, "tf32": 2, "ieee": 3, "cat": 4, "cat-tma": 5, "cat-ws": 6}
+PRESPLIT_MODES = ("presplit", "cat", "cat-tma", "cat-ws")
+"""Modes that read both operands as TF32 (hi, lo) parts split ahead of time (`split_tf32`)."""
+TMA_MODES = ("cat-tma", "cat-ws")
+"""Modes that load through tensor descriptors: both operands K-contiguous, whole reduction steps per split."""
 
 
 def split_tf32(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -144,7 +148,7 @@ def split_tf32(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _run(mode, a, b, c, m, n, k, splits, cfg, a_lo=None, b_lo=None):
     bm, bn, bk, warps, stages = cfg
-    if mode in ("cat-tma", "cat-ws") and (k % splits or (k // splits) % bk):
+    if mode in TMA_MODES and (k % splits or (k // splits) % bk):
         raise ValueError(f"{mode}: the reduction length k={k} must split into {splits} slices of whole {bk}-wide steps")
     if mode == "cat-ws" and (m % bm or n % bn):
         raise ValueError(f"cat-ws: m={m} and n={n} must be multiples of the tile's {bm} x {bn} (no partial tiles)")
@@ -252,9 +256,9 @@ def main(argv=None):
         for mode in modes:
             a_lo = b_lo = None
             aa, bb = a, b
-            if mode in ("cat-tma", "cat-ws") and (a.stride(1) != 1 or b.stride(0) != 1):
+            if mode in TMA_MODES and (a.stride(1) != 1 or b.stride(0) != 1):
                 continue  # TMA wants both operands K-contiguous
-            if mode in ("presplit", "cat", "cat-tma", "cat-ws"):
+            if mode in PRESPLIT_MODES:
                 aa, a_lo = split_tf32(a)
                 bb, b_lo = split_tf32(b)
             best = None

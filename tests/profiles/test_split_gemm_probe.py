@@ -5,7 +5,7 @@ tiles; and the TF32 split it feeds the pre-split modes."""
 import pytest
 import torch
 
-from profiles.split_gemm_probe import MODES, _run, split_tf32
+from profiles.split_gemm_probe import MODES, PRESPLIT_MODES, _run, split_tf32
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: the Triton interpreter (tests/conftest.py)
 
@@ -26,7 +26,7 @@ def test_probe_gemm_matches_torch(mode, splits):
     b = torch.randn(64, 32, generator=g).to(DEVICE).t().contiguous().t()  # a strided (K-major) operand
     a_lo = b_lo = None
     aa, bb = a, b
-    if mode in ("presplit", "cat", "cat-tma", "cat-ws"):
+    if mode in PRESPLIT_MODES:
         aa, a_lo = split_tf32(a)
         bb, b_lo = split_tf32(b)
     c = torch.full((64, 32), float("nan"), device=DEVICE)

@@ -4,7 +4,8 @@ stream (`end`: after the backward, as committed; `loss`: after the loss, beside 
 the backward's last kernel, dX2 with dW1). Each variant is the learner's own step body (HotLearner._body, as
 `hotloop bench` builds it) captured as its own CUDA graph over the same buffers, the tree update moved by wrapping
 the functions the body calls. Timed interleaved: 8 rounds x 60 replays per variant, one event pair per replay
-(trainer.bench.time_steps; the run of 2abfe9e had the same loop inline).
+(trainer.bench.time_steps), each graph from HotLearner.capture (the run of 2abfe9e had the same timing loop
+and one warm-up step plus capture inline).
 Usage: python tail_variants.py OUT.csv (on a CUDA machine, repo root on PYTHONPATH)."""
 import itertools
 import sys
@@ -45,17 +46,8 @@ def capture(block_adam, place):
     S.tree_update = real["tree_update"] if place == "end" else (lambda *a, **k: None)
     S.td_loss_forward = loss_then_tree if place == "loss" else real["td_loss_forward"]
     L.linear_backward_input = tree_then_input if place == "last" else real["bwd_input"]
-    warm = torch.cuda.Stream(dev)
-    warm.wait_stream(torch.cuda.current_stream(dev))
-    with torch.cuda.stream(warm):
-        L._body()
-    torch.cuda.current_stream(dev).wait_stream(warm)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        L._body()
-    torch.cuda.synchronize()
-    return graph
+    L.capture()  # the learner's own warm-up steps and capture of its patched body
+    return L.graph
 
 
 committed = FA._BLOCK_ADAM
