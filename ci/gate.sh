@@ -30,13 +30,13 @@
 #   HOTLOOP_SKIP_INSTALL=1    skip step 1 (the environment is set up already)
 #   HOTLOOP_PYTHON=python3    the interpreter (e.g. a venv's python where the system one is externally managed)
 #   HOTLOOP_PYTEST_ARGS=      more pytest arguments, shell-quoted, after -m "smoke or perf" (a later -m wins,
-#                             paths narrow the run), e.g. '-m smoke tests/unit/test_config.py'
+#                             paths narrow the run), e.g. '-m smoke tests/trainer/test_config.py'
 #   HOTLOOP_GATE_ARGS=        more `hotloop gate` arguments, shell-quoted, e.g. '--epoch-timeout 600 --set seed=2'
 #   HOTLOOP_BASELINE=         the baseline path (default profiles/baselines/<gpu-name-slug>.json)
 #   HOTLOOP_COMMIT=           the commit named in the summary when GITHUB_SHA is not set (default: git rev-parse
 #                             HEAD; set it where the checkout's .git is not the tested tree's)
 #   HOTLOOP_CLI=              the command that runs the hotloop CLI, shell-quoted (default:
-#                             "$HOTLOOP_PYTHON -m trainer.cli", i.e. `hotloop` from this checkout; tests use a stub)
+#                             "$HOTLOOP_PYTHON -m hotloop.guards.cli", i.e. `hotloop` from this checkout; tests use a stub)
 #
 # Exit code, decided at the end from every step's exit code (the highest applies):
 #   0  setup ok or skipped, every selected test passed, the gate passed, no FAIL row anywhere
@@ -82,7 +82,7 @@ split_args gate_extra "${HOTLOOP_GATE_ARGS:-}" HOTLOOP_GATE_ARGS
 if [[ -n ${HOTLOOP_CLI:-} ]]; then
   split_args cli "$HOTLOOP_CLI" HOTLOOP_CLI
 else
-  cli=("$PY" -m trainer.cli)
+  cli=("$PY" -m hotloop.guards.cli)
 fi
 hotloop() { "${cli[@]}" "$@"; }
 

@@ -10,7 +10,7 @@ written deliberately by `write_baseline` (`hotloop gate --update-baseline`)::
 over its K steps, `GuardReport.medians`); `median` and `spread` are written for readers and recomputed on load.
 NaN is stored as null. "config" (optional) is the configuration the baseline was measured with (device and
 learner resolved): a run whose configuration differs in a field that shapes the guarded step (`config_mismatch`,
-on the step identities guards.gate.step_identity builds) is not compared with it (a CartPole baseline says nothing
+on the step identities hotloop.guards.gate.step_identity builds) is not compared with it (a CartPole baseline says nothing
 about a seed-scale step, a GPU baseline nothing about a CPU run).
 
 Comparison (`compare`): a run is R' repeats of the same metrics.
@@ -154,7 +154,7 @@ _UNKNOWN = object()  # config_mismatch: a field neither side nor the defaults gi
 
 def config_mismatch(baseline_config: Mapping, run_config: Mapping, defaults: Mapping | None = None) -> list[str]:
     """The fields in which `run_config` differs from `baseline_config` (both Config.to_dict()-like, e.g. the step
-    identities of guards.gate.step_identity), outside CONFIG_FIELDS_IGNORED, as "field: baseline B, run R"
+    identities of hotloop.guards.gate.step_identity), outside CONFIG_FIELDS_IGNORED, as "field: baseline B, run R"
     strings, sorted by field. Empty when they agree.
 
     Fields on one side only (a baseline written before a field existed, or after one was removed) are read as

@@ -1,6 +1,6 @@
 """The seed's success criteria in one declarative table, and the verdicts a run gets against it.
 
-Rows are those of ../shared/DESIGN.md ("The seed's success criteria, as the guard measures them"). A row whose
+Rows are those of docs/criteria.md (the criteria table, with the metric and source of each). A row whose
 metric hotloop cannot measure yet has `measured_by = None`; the gate shows it as "not yet measured" and it
 neither passes nor fails a run.
 """
@@ -52,7 +52,7 @@ CRITERIA: tuple[Criterion, ...] = (
               "the second stream hides the Double-DQN forward"),
     Criterion("epoch 1 without hang", "epoch 1 finished under the hang watchdog", "==", "yes",
               "a hang (e.g. the seed's tree race) must fail fast with stacks, not time out CI",
-              measured_by="guards.watchdog.HangWatchdog"),
+              measured_by="hotloop.guards.watchdog.HangWatchdog"),
     Criterion("smoke suite", "pytest -m smoke", "==", "pass", "every part works end to end",
               measured_by="pytest -m smoke (not run by the gate)"),
 )

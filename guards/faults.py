@@ -1,7 +1,7 @@
 """Faults the gate must catch, injected into a running Trainer: mutation tests of the guards on the real hot path.
 
 `inject(trainer, name)` changes the step the gate guards (`Trainer.learner_step` with the hotloop learner,
-`Trainer.train_step` with the reference one) so that it commits one regression of ../shared/DESIGN.md's table;
+`Trainer.train_step` with the reference one) so that it commits one regression of docs/criteria.md's table;
 `hotloop gate --inject NAME` then has to FAIL the fault's criterion (`FAULTS[name].criterion`). Each fault keeps
 the step's math; it changes only what the criteria watch (a host read, a copy, a launch shape, a precision, a
 stream). Two kinds:
@@ -12,7 +12,8 @@ stream). Two kinds:
   stream dropped, and the CUDA graph is dropped so the next step re-captures it. fwd_fp32 / bwd_tf32 put cuBLAS
   GEMMs in place of the Triton ones; cuBLAS kernel names carry no phase, so these two run the step eagerly (no
   graph), where its record_function ranges name the phases.
-Source of the idea: mutation testing of a guard (../shared/CONVENTIONS.md item 8); the fault list is issue 5's.
+Source of the idea: mutation testing of a guard (mutmut / cosmic-ray; TorchRL's exact-count recompile test,
+`test/rb/test_composable.py::test_extend_sample_recompile`); the fault list is issue 5's.
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.linear import linear_forward
-from kernels.spectral_norm import SpectralNormTable, spectral_norm_
-from kernels.tf32_split import split_tf32
-from trainer.bench_variants import tf32_matmuls
+from hotloop.kernels.linear import linear_forward
+from hotloop.kernels.spectral_norm import SpectralNormTable, spectral_norm_
+from hotloop.kernels.tf32_split import split_tf32
+from hotloop.trainer.bench_variants import tf32_matmuls
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ def check_request(name: str | None, update_baseline: bool = False) -> None:
 
 
 def inject(trainer, name: str) -> Fault:
-    """Inject fault `name` into `trainer` (a trainer.loop.Trainer on CUDA) before its guarded steps; returns it.
+    """Inject fault `name` into `trainer` (a hotloop.trainer.loop.Trainer on CUDA) before its guarded steps; returns it.
 
     Raises ValueError for an unknown name (listing the valid ones), a learner fault with the reference learner,
     or a trainer not on CUDA (the faults are GPU regressions: a CPU run has no trace criteria to fail).
@@ -143,7 +144,7 @@ def _fwd_fp32(learner) -> None:
 
 def _bwd_tf32(learner) -> None:
     def input_grad(dy, wt, x, dxt, db, dx=None, *, weight_grad_below=None):
-        with tf32_matmuls(True):  # wt: the (2, K, N) TF32 split of g W^T (kernels.linear.WeightTranspose)
+        with tf32_matmuls(True):  # wt: the (2, K, N) TF32 split of g W^T (hotloop.kernels.linear.WeightTranspose)
             dz = torch.mm(dy, (wt[0] + wt[1]).t()).mul_(x > 0)
         if dxt is not None:
             dxt.copy_(dz.t())

@@ -1,9 +1,9 @@
 """`hotloop gate`: run a preset under the per-epoch timer and hang watchdog, then guard K steady-state learner
-steps (guards.guard.guard_steps: sync hooks + profiler trace) and judge every criterion of ../shared/DESIGN.md.
+steps (hotloop.guards.guard.guard_steps: sync hooks + profiler trace) and judge every criterion of docs/criteria.md.
 
 The guarded step: with the hotloop learner, `Trainer.learner_step` (the captured learner step: sampling, both
 forwards, loss, backward, optimizer, spectral norm, priority update), its kernels assigned to phases by name
-(trainer.step.PHASE_RULES); env stepping is not part of it (a vectorized env of 8 CartPoles runs tiny eager ops,
+(hotloop.trainer.step.PHASE_RULES); env stepping is not part of it (a vectorized env of 8 CartPoles runs tiny eager ops,
 single-block kernels by nature). With the reference learner, `Trainer.train_step` (env steps + learner step).
 
 Exit codes: 0 every measured criterion passed, 1 a criterion failed, 2 bad usage or input (raised by the CLI),
@@ -14,21 +14,22 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from importlib import resources
 from pathlib import Path
 
 import pandas as pd
 import torch
 
-from guards.baselines import Baseline, baseline_path, compare, config_mismatch, load_baseline, write_baseline
-from guards.faults import check_request
-from guards.faults import inject as inject_fault
-from guards.guard import GuardReport, guard_steps
-from profiles.epoch_table import format_table, write_table
-from profiles.provenance import device_name
-from trainer.config import ENV_SHAPE_FIELDS, Config, env_shape_fields
-from trainer.loop import Trainer, learner_kind, resolve_device
-from trainer.run import run_training
-from trainer.step import PHASE_RULES
+from hotloop.guards.baselines import Baseline, baseline_path, compare, config_mismatch, load_baseline, write_baseline
+from hotloop.guards.faults import check_request
+from hotloop.guards.faults import inject as inject_fault
+from hotloop.guards.guard import GuardReport, guard_steps
+from hotloop.profiles.epoch_table import format_table, write_table
+from hotloop.profiles.provenance import device_name
+from hotloop.trainer.config import ENV_SHAPE_FIELDS, Config, env_shape_fields
+from hotloop.trainer.loop import Trainer, learner_kind, resolve_device
+from hotloop.guards.run import run_training
+from hotloop.trainer.step import PHASE_RULES
 
 GUARD_STEP_RANGE = "guard_step"
 """Range name around each guarded step (the trainer opens "step" ranges itself)."""
@@ -36,18 +37,25 @@ TRACE_FILE = "trace.json.gz"
 """The first repeat's Kineto trace in the gate's run folder (gzipped Chrome trace JSON)."""
 
 
-BASELINES_DIR = Path(__file__).resolve().parents[1] / "profiles" / "baselines"
-"""The checkout's baselines folder, wherever the command is started from."""
+BASELINES_DIR = Path(str(resources.files("hotloop.profiles") / "baselines"))
+"""The installed baselines (package data of hotloop.profiles, read with importlib.resources; in a checkout,
+profiles/baselines/), wherever the command is started from."""
 
 
-def default_baseline() -> Path | None:
-    """BASELINES_DIR/<gpu-name-slug>.json of this machine's CUDA device 0, or None without CUDA."""
-    return baseline_path(torch.cuda.get_device_name(0), BASELINES_DIR) if torch.cuda.is_available() else None
+def default_baseline(folder: str | Path | None = None, gpu_name: str | None = None) -> Path | None:
+    """`folder`/<gpu-name-slug>.json (folder: BASELINES_DIR when None) for `gpu_name` (default: the name of this
+    machine's CUDA device 0); None when no name is given and there is no CUDA. The file need not exist.
+    Raises ValueError for a GPU name with no letter or digit (hotloop.guards.baselines.baseline_path)."""
+    if gpu_name is None:
+        if not torch.cuda.is_available():
+            return None
+        gpu_name = torch.cuda.get_device_name(0)
+    return baseline_path(gpu_name, BASELINES_DIR if folder is None else folder)
 
 
 def run_config(cfg: Config) -> dict:
     """The configuration a baseline records for a run of `cfg` on this machine: cfg.to_dict() with device and
-    learner resolved ("auto" -> what the run used: trainer.loop.resolve_device, learner_kind)."""
+    learner resolved ("auto" -> what the run used: hotloop.trainer.loop.resolve_device, learner_kind)."""
     device = resolve_device(cfg.device)
     return {**cfg.to_dict(), "device": str(device), "learner": learner_kind(cfg, device)}
 
@@ -56,7 +64,7 @@ def step_identity(config: Mapping, gpu: str) -> dict:
     """What shapes a guarded step, from a configuration dict (a baseline's "config", or `run_config`) and the GPU
     name ("cpu" for a CPU run; "" = unknown, left out): the config with device reduced to its type (cpu / cuda;
     "auto" resolved on this machine), learner "auto" resolved for that type (hotloop on cuda, reference elsewhere),
-    the ENV_SHAPE_FIELDS the env does not read dropped (trainer.config.env_shape_fields), plus "gpu"."""
+    the ENV_SHAPE_FIELDS the env does not read dropped (hotloop.trainer.config.env_shape_fields), plus "gpu"."""
     ident = dict(config)
     if "device" in ident:
         ident["device"] = resolve_device("auto").type if ident["device"] == "auto" else \
@@ -70,7 +78,7 @@ def step_identity(config: Mapping, gpu: str) -> dict:
 
 def baseline_mismatch(baseline: Baseline, cfg: Config) -> list[str] | None:
     """How a run of `cfg` on this machine differs from what `baseline` was measured with
-    (guards.baselines.config_mismatch of the two `step_identity`s, the GPU included); None when the baseline
+    (hotloop.guards.baselines.config_mismatch of the two `step_identity`s, the GPU included); None when the baseline
     records no configuration (a file written before baselines did), [] when they agree."""
     if baseline.config is None:
         return None
@@ -87,10 +95,10 @@ def run_gate(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress: bo
     trace.json.gz (the first repeat's Kineto trace: `hotloop inspect` reads it, Perfetto shows it).
 
     The guarded window (`guard_steps_n` steps after `guard_warmup`) is repeated `repeats` times; a criterion fails
-    if it fails in any repeat. With a `baseline` file (guards.baselines), the repeats' per-step medians are compared
+    if it fails in any repeat. With a `baseline` file (hotloop.guards.baselines), the repeats' per-step medians are compared
     with it (baseline.csv/.md, verdict per metric) and any FAIL fails the gate; with `update_baseline` the repeats
     are written as the new baseline instead (deliberately, never implicitly).
-    `inject`: a guards.faults fault name, injected after the epochs and before the guarded steps (mutation test
+    `inject`: a hotloop.guards.faults fault name, injected after the epochs and before the guarded steps (mutation test
     of the gate: it must then FAIL that fault's criterion); never together with update_baseline.
     Returns the exit code (0 pass, 1 a criterion or a baseline comparison failed). Raises ValueError for an
     unknown fault or inject together with update_baseline (the CLI turns it into exit 2)."""
@@ -121,7 +129,7 @@ def run_gate(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress: bo
     report.to_json(run_dir / "guard.json")
     regressions = _baseline_step(reports, baseline, update_baseline, run_dir, run_config(cfg))
     print("\nPer-epoch table\n" + format_table(epochs))
-    print(f"\nCriteria (../shared/DESIGN.md), {guard_steps_n} guarded steps after the epochs\n"
+    print(f"\nCriteria (docs/criteria.md), {guard_steps_n} guarded steps after the epochs\n"
           + format_table(verdicts[["criterion", "measured", "limit", "verdict", "status", "source"]]))
     failed = verdicts[verdicts.verdict == "FAIL"]
     print(f"\nrun folder: {run_dir} (its Kineto trace per step: hotloop inspect --step-range {GUARD_STEP_RANGE} "

@@ -1,16 +1,16 @@
-"""Guard any training step: run it under torch.profiler and `SyncHooks`, measure the ../shared/DESIGN.md criteria per
+"""Guard any training step: run it under torch.profiler and `SyncHooks`, measure the docs/criteria.md criteria per
 step, and return a verdict table.
 
 `guard_steps(step_fn, steps=K, warmup=W)` calls `step_fn()` W times unprofiled, then K times under torch.profiler
 (CPU + CUDA activities when CUDA is available) with one `record_function("step")` range per step and `SyncHooks`
-active, exports the trace to a file, reads it back with `profiles.kineto_reader`, computes `guards.step_metrics`
-and judges each row of `guards.criteria.CRITERIA`. Nothing in it is specific to hotloop's trainer: phases come from
+active, exports the trace to a file, reads it back with `hotloop.profiles.kineto_reader`, computes `hotloop.guards.step_metrics`
+and judges each row of `hotloop.guards.criteria.CRITERIA`. Nothing in it is specific to hotloop's trainer: phases come from
 the step's own `record_function` ranges or from a `phases` map of kernel names.
 
 Example: guard your own training step (run as a test in tests/guards/test_guard.py)::
 
     import torch
-    from guards.guard import guard_steps
+    from hotloop.guards.guard import guard_steps
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)).to(dev)
@@ -36,7 +36,7 @@ On a machine without CUDA the table reads (abridged)::
                 no event sync        0    == 0    PASS                                        measured   hook
            no D2D weight sync             == 0       -                          not measured (no CUDA)
                           ...
-         epoch 1 without hang           == yes       - not measured here: guards.watchdog.HangWatchdog
+         epoch 1 without hang           == yes       - not measured here: hotloop.guards.watchdog.HangWatchdog
 
 On CUDA the trace side is measured too. The `loss.item()` line reads a CUDA tensor, so the hook records it with
 this line as its call site and the trace shows its cudaStreamSynchronize: "no stream sync" is expected to FAIL
@@ -57,10 +57,10 @@ import pandas as pd
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from guards.criteria import CRITERIA, verdict_table
-from guards.step_metrics import PhaseRoles, PhaseRule, StepMetrics, step_metrics
-from guards.sync_hooks import EVENT_SYNC, STREAM_SYNC, SyncHooks
-from profiles.kineto_reader import read_kineto
+from hotloop.guards.criteria import CRITERIA, verdict_table
+from hotloop.guards.step_metrics import PhaseRoles, PhaseRule, StepMetrics, step_metrics
+from hotloop.guards.sync_hooks import EVENT_SYNC, STREAM_SYNC, SyncHooks
+from hotloop.profiles.kineto_reader import read_kineto
 
 # criterion -> the per-step trace column it is judged on (worst step); TF32 and DDQN rows are judged apart.
 TRACE_COLUMNS = {STREAM_SYNC: "stream_sync_calls", EVENT_SYNC: "event_sync_calls", "no D2D weight sync": "d2d_copies",
@@ -118,7 +118,7 @@ def guard_steps(step_fn: Callable[[], object], steps: int = 20, warmup: int = 3,
     """Run `step_fn()` `warmup` times, then `steps` times profiled and hooked, and judge the criteria.
 
     `step_fn`: any zero-argument callable doing one training step (its result is ignored). `phases`, `roles`,
-    `gemm_registry`: see `guards.step_metrics`. `step_range`: name of the record_function range put around each
+    `gemm_registry`: see `hotloop.guards.step_metrics`. `step_range`: name of the record_function range put around each
     step; it must not be opened inside `step_fn` (hotloop's own trainer opens "step" ranges, profiles/ranges.py:
     guard it with e.g. step_range="guard_step"). `trace_path`: where to keep the Kineto trace (a temporary file that
     is deleted if None). `cuda`: whether the step runs on a CUDA device, so that the CUDA side is profiled and the

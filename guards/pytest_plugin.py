@@ -1,8 +1,10 @@
 """hotloop's pytest plugin: the `gpu`, `perf` and `smoke` markers, their skips without CUDA, and fixtures that run
-a training step under the guard (guards.guard.guard_steps) and judge its verdicts.
+a training step under the guard (hotloop.guards.guard.guard_steps) and judge its verdicts.
 
-Load it from a conftest.py (`pytest_plugins = ["guards.pytest_plugin"]`, as tests/conftest.py does) or per run
-(`pytest -p guards.pytest_plugin`). Then:
+Installing hotloop registers it with pytest (a `pytest11` entry point named `hotloop`, as pytest-benchmark does), so
+every project that has hotloop installed can use it with nothing in its conftest.py; `-p no:hotloop` turns it off.
+It is inert until used: loading it imports neither torch nor the guard (the markers are registered; torch is
+imported only when a collected test carries `gpu` or `perf`, the guard only when a test asks for `guard`). Then:
 
 - `@pytest.mark.gpu` / `@pytest.mark.perf` tests skip on a machine where torch.cuda.is_available() is False, with
   that reason; `@pytest.mark.smoke` marks the fast end-to-end checks (`pytest -m smoke`, CPU and GPU).
@@ -29,10 +31,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-import pytest
-import torch
+from typing import TYPE_CHECKING
 
-from guards.guard import GuardReport, guard_steps
+import pytest
+
+if TYPE_CHECKING:
+    from hotloop.guards.guard import GuardReport
 
 MARKERS = {
     "gpu": "needs a CUDA GPU; skipped with the reason on a machine without one",
@@ -48,19 +52,25 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # markers, not keywords (a folder or a parametrize id named "gpu" is a keyword too)
+    needs_cuda = [item for item in items if item.get_closest_marker("gpu") or item.get_closest_marker("perf")]
+    if not needs_cuda:
+        return
+    import torch
+
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason=NO_CUDA_REASON)
-    for item in items:
-        if item.get_closest_marker("gpu") or item.get_closest_marker("perf"):  # markers, not keywords (a
-            # folder or a parametrize id named "gpu" is a keyword too)
-            item.add_marker(skip)
+    for item in needs_cuda:
+        item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")
 def guard() -> Callable[..., GuardReport]:
-    """`guard(step_fn, steps=20, warmup=3, **kwargs)`: guards.guard.guard_steps, whose docstring says what it
+    """`guard(step_fn, steps=20, warmup=3, **kwargs)`: hotloop.guards.guard.guard_steps, whose docstring says what it
     measures and raises."""
+    from hotloop.guards.guard import guard_steps
+
     return guard_steps
 
 

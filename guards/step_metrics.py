@@ -1,7 +1,7 @@
-"""Per-step metrics of every ../shared/DESIGN.md criterion that a trace can show, from the event schema of
-`profiles.trace_schema` (Kineto or Nsight, read by `profiles.kineto_reader` / `profiles.nsight_reader`).
+"""Per-step metrics of every docs/criteria.md criterion that a trace can show, from the event schema of
+`hotloop.profiles.trace_schema` (Kineto or Nsight, read by `hotloop.profiles.kineto_reader` / `hotloop.profiles.nsight_reader`).
 
-Steps and whole-trace counts come from `guards.trace_counts` (a GPU event belongs to the step that launched it,
+Steps and whole-trace counts come from `hotloop.profiles.trace_counts` (a GPU event belongs to the step that launched it,
 through its correlation id; a graph replay's kernels through their cudaGraphLaunch). Per-step columns, summed over
 the events of a step (`STEP_COLUMNS` lists the metric columns):
 
@@ -42,7 +42,7 @@ from fnmatch import fnmatchcase
 import numpy as np
 import pandas as pd
 
-from guards.trace_counts import (COUNT_COLUMNS, PROFILER_STEP, SYNC_COLUMNS, api_names, assign_steps, event_flags,
+from hotloop.profiles.trace_counts import (COUNT_COLUMNS, PROFILER_STEP, SYNC_COLUMNS, api_names, assign_steps, event_flags,
                                  step_ranges)
 
 TF32, FP32, GEMM = "tf32", "fp32", "gemm"
@@ -107,7 +107,7 @@ def gemm_precision(name: str, registry: Mapping[str, str] | None = None) -> str:
        the H200, `ampere_sgemm_*`, `cutlass_80_simt_sgemm*`): fp32.
     6. contains "gemm" or "gemv", or starts with "triton_tem_" (an Inductor GEMM template): "gemm"; else "".
 
-    Raises ValueError for a registry precision not in PRECISIONS. Source: ../shared/DESIGN.md (kernel names read
+    Raises ValueError for a registry precision not in PRECISIONS. Source: docs/h200_facts.md (kernel names read
     on the H200); cuBLAS/CUTLASS kernel naming (s = FP32 accumulate, 1688 = m16n8k8 MMA, ffma = CUDA-core FMA).
     """
     registry = registry or {}
@@ -171,7 +171,7 @@ def _regex(rule: str) -> re.Pattern:
 def step_metrics(df: pd.DataFrame, *, step_range_name: str | None = "step", domain: str | None = None,
                  phases: Mapping[PhaseRule, str] | None = None, roles: PhaseRoles = PhaseRoles(),
                  gemm_registry: Mapping[str, str] | None = None) -> StepMetrics:
-    """Per-step metrics (module docstring) of trace `df` (`profiles.trace_schema` schema).
+    """Per-step metrics (module docstring) of trace `df` (`hotloop.profiles.trace_schema` schema).
 
     Steps: the ranges of `trace_counts.step_ranges(df, step_range_name, domain)` (ProfilerStep#N if no range has
     that name); `step_range_name=None` makes the whole trace one step (range_name "trace"). Events outside every

@@ -2,10 +2,10 @@
 active and records every hit with its call site and step.
 
 Why hooks as well as the trace: on our H200 `torch.cuda.set_sync_debug_mode("error")` did not fire for
-`torch.cuda.synchronize()` or `torch.cuda.Event.synchronize()` (../shared/DESIGN.md, "Facts read on the H200"), and a
-trace cannot name the Python line that synced. The trace side is `guards.step_metrics`; `guards.guard` joins both.
+`torch.cuda.synchronize()` or `torch.cuda.Event.synchronize()` (docs/h200_facts.md, "Host syncs"), and a
+trace cannot name the Python line that synced. The trace side is `hotloop.guards.step_metrics`; `hotloop.guards.guard` joins both.
 
-Hooked APIs and the criterion of ../shared/DESIGN.md each hit counts against (HOOKED_APIS):
+Hooked APIs and the criterion of docs/criteria.md each hit counts against (HOOKED_APIS):
 
 - `torch.cuda.synchronize`, `torch.accelerator.synchronize` (cudaDeviceSynchronize) and
   `torch.cuda.Event.synchronize` (cudaEventSynchronize): "no event sync".

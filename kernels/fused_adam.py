@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import check_tensor
+from hotloop.kernels._common import check_tensor
 
 _BLOCK_NORM = 1024      # elements per program per grid-stride iteration of launch 1
 _BLOCK_ADAM = 1024      # elements per program of launch 2

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import check_tensor
+from hotloop.kernels._common import check_tensor
 
 # forward tiles from the H200 sweep at seed scale (profiles/h200/heads_fwd_sweep.csv): 64 rows, 16-wide reduction
 # steps, 4 warps: 6.6 us for one net and 7.5 us for two, against 10.0 / 10.3 us with 128 rows and 64-wide steps

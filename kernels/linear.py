@@ -43,8 +43,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import check_tensor
-from kernels.tf32_split import tf32_hi_lo
+from hotloop.kernels._common import check_tensor
+from hotloop.kernels.tf32_split import tf32_hi_lo
 
 _MIN_PROGRAMS = 132  # one program per SM of a 132-SM H100/H200 at least, where the shape allows
 
@@ -406,7 +406,7 @@ def linear_backward_weight(dyt: torch.Tensor, xt: torch.Tensor, w: torch.Tensor,
     TF32 parts [hi, lo] (kernels/tf32_split.py; the kernel splits dyt in registers: 3xTF32); w: (N, K) and
     g: (ceil(N / gain_group),) the layer's parameters; dw (N, K), dg like g: views of the gradient buffer, which
     the caller zeroes once before the backward. The bias gradient comes from whoever wrote dyt (`linear_backward_
-    input`, `kernels.heads.heads_backward`). Split over M into enough parts for >= 132 programs; fp32 atomic adds
+    input`, `hotloop.kernels.heads.heads_backward`). Split over M into enough parts for >= 132 programs; fp32 atomic adds
     make the summation order (and the last bits) vary run to run; dg gets one atomic per program for each gain group
     its tile can touch (at most 8; with smaller groups, one per row).
     Raises ValueError for wrong dtype, shape, device or contiguity, or gain_group < 1.

@@ -23,8 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import check_tensor
-from kernels.tf32_split import split_tf32, tf32_hi_lo
+from hotloop.kernels._common import check_tensor
+from hotloop.kernels.tf32_split import split_tf32, tf32_hi_lo
 
 _BLOCK = 1024
 
@@ -111,7 +111,7 @@ def _check_anneal_steps(anneal_steps) -> None:
 class CounterUniforms:
     """Uniforms a consumer kernel draws itself instead of reading them from memory (one launch fewer): u_i =
     Philox(seed + counter, i), bit for bit the stream `batch_uniforms` writes. Used by
-    `kernels.segment_tree.tree_sample`.
+    `hotloop.kernels.segment_tree.tree_sample`.
 
     counter: 0-dim int64 device tensor (read on the device only); seed: python int >= 0.
     Raises ValueError (from `check`) for a wrong counter or seed.
@@ -129,7 +129,7 @@ class CounterUniforms:
 class AnnealedBeta:
     """The importance-sampling exponent a consumer kernel computes itself: beta = start + (end - start) *
     min(1, counter / anneal_steps) (linear annealing, Schaul et al. 2016, Sec. 3.4), bit for bit the beta
-    `batch_uniforms` writes. Used by `kernels.segment_tree.tree_sample`.
+    `batch_uniforms` writes. Used by `hotloop.kernels.segment_tree.tree_sample`.
 
     counter: 0-dim int64 device tensor; start, end: python floats; anneal_steps: a number > 0.
     Raises ValueError (from `check`) for a wrong counter or anneal_steps.

@@ -2,7 +2,7 @@
 
 Source: Schaul, Quan, Antonoglou & Silver, "Prioritized Experience Replay", ICLR 2016 (arXiv:1511.05952), Sec. 3.3
 (proportional priorities), Sec. 3.4 (importance weights), App. B.2.1 (sum tree, stratified sampling). The kernels
-work in place on the layout of the plain-torch reference `trainer.replay.sum_tree.SumTree` (its `nodes`,
+work in place on the layout of the plain-torch reference `hotloop.kernels.sum_tree.SumTree` (its `nodes`,
 `max_value`, `bad_priority_count` tensors), so the trainer can swap them in: `nodes` is float32 (2P,), P = the
 next power of two >= capacity, node 1 the root, node i's children 2i and 2i+1, leaf j at P + j, padding leaves 0.
 
@@ -41,8 +41,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import check_tensor, interpreting
-from kernels.replay_batch import AnnealedBeta, CounterUniforms, annealed_beta, counter_uniforms
+from hotloop.kernels._common import check_tensor, interpreting
+from hotloop.kernels.replay_batch import AnnealedBeta, CounterUniforms, annealed_beta, counter_uniforms
 
 TOP_LEVELS = 7  # tree levels 0..6 (nodes 1..127) get block-reduced atomic adds in the update kernel
 REBUILD_LEVELS = 10  # levels per rebuild launch: one program reduces a tile of 2^10 nodes
@@ -155,7 +155,7 @@ def _tree_sample_kernel(nodes_ptr, u_ptr, counter_ptr, seed, idx_out_ptr, p_out_
     if pid < n_sample_progs:
         offs = pid * BLOCK + tl.arange(0, BLOCK)
         live = offs < batch
-        if PHILOX:  # CounterUniforms: the stream kernels.replay_batch.batch_uniforms writes
+        if PHILOX:  # CounterUniforms: the stream hotloop.kernels.replay_batch.batch_uniforms writes
             u = counter_uniforms(counter_ptr, seed, offs)
         else:
             u = tl.load(u_ptr + offs, mask=live, other=0.0)
@@ -198,7 +198,7 @@ def _tree_weights_kernel(w_ptr, partial_ptr, n_partials, beta_ptr, counter_ptr, 
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     live = offs < batch
     p = tl.load(w_ptr + offs, mask=live, other=1.0)
-    if ANNEAL:  # AnnealedBeta: the formula of kernels.replay_batch.batch_uniforms
+    if ANNEAL:  # AnnealedBeta: the formula of hotloop.kernels.replay_batch.batch_uniforms
         beta = annealed_beta(counter_ptr, beta_start, beta_end, anneal_steps)
     else:
         beta = tl.load(beta_ptr)
@@ -308,10 +308,10 @@ def tree_sample(nodes: torch.Tensor, capacity: int, size: torch.Tensor | int, ba
         size: N, the filled slots: python int in [1, capacity] or 0-dim int64 device tensor (unchecked); only
             "global" reads it (for "batch", N cancels out of the normalized weights).
         batch_size: B (int >= 1).
-        uniforms: (B,) float32 in [0, 1), one per stratum; or a `kernels.replay_batch.CounterUniforms`, drawn by
+        uniforms: (B,) float32 in [0, 1), one per stratum; or a `hotloop.kernels.replay_batch.CounterUniforms`, drawn by
             the sampling kernel itself (the `batch_uniforms` stream, without its launch).
         beta: 0-dim float32 device tensor, the importance-sampling exponent in [0, 1] (unchecked: no host sync);
-            or a `kernels.replay_batch.AnnealedBeta`, computed by the weights kernel itself.
+            or a `hotloop.kernels.replay_batch.AnnealedBeta`, computed by the weights kernel itself.
         out_indices: (B,) int64, written with the sampled slots.
         out_weights: (B,) float32, written with the importance weights in (0, 1].
         weight_norm: "batch" or "global".
@@ -385,7 +385,7 @@ def tree_rebuild(nodes: torch.Tensor) -> None:
 def sample_reference(tree, size: int, uniforms: torch.Tensor, beta: float,
                      weight_norm: str = "batch") -> tuple[torch.Tensor, torch.Tensor]:
     """Plain-torch reference of `tree_sample`: the index and weight lines of `PrioritizedReplay.sample`, with the
-    uniforms given instead of drawn. `tree` is a `trainer.replay.SumTree`; returns ((B,) int64, (B,) float32)."""
+    uniforms given instead of drawn. `tree` is a `hotloop.trainer.replay.SumTree`; returns ((B,) int64, (B,) float32)."""
     strata = torch.arange(uniforms.shape[0], device=uniforms.device, dtype=tree.dtype)
     idx = tree.find((strata + uniforms) * (tree.total() / uniforms.shape[0]))
     p = tree.leaves()[idx]
@@ -396,7 +396,7 @@ def sample_reference(tree, size: int, uniforms: torch.Tensor, beta: float,
 def bench_inputs(device: torch.device | str) -> dict:
     """Seed-scale inputs: a kernel tree and a reference `SumTree` of capacity 2^20 with equal random priorities,
     8192 update indices (heavy duplicates) and priorities, 8192 uniforms, beta, and output buffers."""
-    from trainer.replay.sum_tree import SumTree
+    from hotloop.kernels.sum_tree import SumTree
 
     capacity, batch = 1 << 20, 8192
     g = torch.Generator(device=device).manual_seed(0)

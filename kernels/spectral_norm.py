@@ -42,7 +42,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import check_tensor
+from hotloop.kernels._common import check_tensor
 
 # Weight shapes (out_features, in_features) of trainer/network.py's BranchingDuelingQNet at seed scale:
 # obs_dim 64, trunk_hidden (512, 256), head_hidden 80, action_nvec (4, 4, 4); module order trunk, value head,

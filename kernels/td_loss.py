@@ -4,7 +4,7 @@ the reduced metrics in one Triton launch.
 Sources: Double DQN target (van Hasselt, Guez & Silver 2016, "Deep RL with Double Q-learning") with the branching
 "mean" operator of BDQ (Tavakoli, Pardo & Kormushev 2018, "Action Branching Architectures for Deep RL");
 importance-weighted Huber/MSE TD loss and proportional priorities p = (|delta| + eps)^alpha (Schaul et al. 2016,
-PER); discrete CQL(H) regularizer (Kumar et al. 2020). The plain-torch terms it matches are `trainer/losses.py`
+PER); discrete CQL(H) regularizer (Kumar et al. 2020). The plain-torch terms it matches are `kernels/losses.py`
 (double_dqn_target, chosen_q, td_loss, cql_term) combined as in `trainer/learner.py` (objective = td_loss +
 cql_weight * cql; priorities from mean_d |td_d|).
 
@@ -32,8 +32,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import check_tensor
-from trainer.losses import chosen_q, cql_term, double_dqn_target, td_loss
+from hotloop.kernels._common import check_tensor
+from hotloop.kernels.losses import chosen_q, cql_term, double_dqn_target, td_loss
 
 METRIC_NAMES = ("objective", "td_loss", "td_abs_mean", "q_mean", "cql")
 """Slots of the `metrics` (5,) tensor, in order."""
@@ -325,7 +325,7 @@ def td_loss_reference(q: torch.Tensor, q_next_online: torch.Tensor, q_next_targe
                       action: torch.Tensor, reward: torch.Tensor, terminated: torch.Tensor, weights: torch.Tensor,
                       gamma: float, kind: str = "huber", huber_delta: float = 1.0, cql_weight: float = 0.0,
                       per_eps: float = 1e-6, per_alpha: float = 0.6) -> TDLossOutputs:
-    """Plain-torch reference built from trainer/losses.py, as trainer/learner.py combines them; any float dtype and
+    """Plain-torch reference built from kernels/losses.py, as trainer/learner.py combines them; any float dtype and
     device (tests upcast to float64). Same shapes as `td_loss_forward`; `objective` is differentiable w.r.t. q
     (call backward for the gradient), `grad` is None. Raises ValueError for an unknown kind (from td_loss)."""
     branches = q.shape[1]

@@ -1,14 +1,14 @@
 """Per-epoch tables as pandas DataFrames, and the run folder they are written to (CSV + markdown).
 
-Columns follow the unit-in-the-name convention (../shared/CONVENTIONS.md item 7): wall_s in seconds,
-*_per_s per second of wall time; loss, q_mean and mean_return_100 in the environment's reward units.
+Columns follow the unit-in-the-name convention of HTA's analysers (`hta/analyzers/cuda_kernel_analysis.py`):
+wall_s in seconds, *_per_s per second of wall time; loss, q_mean and mean_return_100 in the environment's reward units.
 
 Optional columns (OPTIONAL_COLUMNS, present only when the rows provide them), from the issue's table:
 - gpu_ms_per_step: milliseconds of the device stream's timeline per learner step, from two CUDA events recorded
-  at the epoch's start and at the end of its learner loop (profiles.epoch_timer.EpochTimer); NaN off CUDA.
+  at the epoch's start and at the end of its learner loop (hotloop.profiles.epoch_timer.EpochTimer); NaN off CUDA.
 - kernels_per_step, syncs_per_step: kernel launches and host syncs per learner step; NaN unless a guard measured
-  them (guards.trace_counts).
-- TELEMETRY_COLUMNS, NVML samples taken at epoch end, outside the hot loop (profiles.telemetry): sm_clock_mhz,
+  them (hotloop.profiles.trace_counts).
+- TELEMETRY_COLUMNS, NVML samples taken at epoch end, outside the hot loop (hotloop.profiles.telemetry): sm_clock_mhz,
   mem_clock_mhz (current clocks, MHz), power_w (board power, W), temp_c (GPU temperature, deg C),
   clocks_event_reasons (why clocks are below max, decoded names joined by "+", "none" for no reason),
   gpu_mem_used_gib (device memory used by all processes, GiB); NaN ("" for the reasons) without NVML.

@@ -1,8 +1,8 @@
-"""Read a torch.profiler (Kineto) Chrome-trace JSON file into the event schema of `profiles.trace_schema`.
+"""Read a torch.profiler (Kineto) Chrome-trace JSON file into the event schema of `hotloop.profiles.trace_schema`.
 
 Source: the Kineto trace format (Chrome Trace Event Format, JSON Object Format: `{"traceEvents": [...], ...}`);
 HTA `hta/common/trace_parser.py` for the parse-then-analyse split. Only complete events (`"ph": "X"`) are kept,
-as the expected counts in ../shared/traces/README.md were made; flow (`s`/`f`), metadata (`M`) and instant (`i`)
+as the expected counts in tests/data/traces/README.md were made; flow (`s`/`f`), metadata (`M`) and instant (`i`)
 events are skipped.
 
 Memory: the decompressed text is held in memory (at most `max_json_bytes`, default 512 MiB; a larger file is a
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from profiles.trace_schema import TraceReadError, TraceReadWarning, event_frame
+from hotloop.profiles.trace_schema import TraceReadError, TraceReadWarning, event_frame
 
 DEFAULT_MAX_JSON_BYTES = 512 * 2**20
 _CHUNK = 2**20
@@ -39,7 +39,7 @@ _LENIENT = json.JSONDecoder(strict=False)
 
 
 def read_kineto(path: str | Path, *, max_json_bytes: int = DEFAULT_MAX_JSON_BYTES) -> pd.DataFrame:
-    """The complete ("ph": "X") events of a Kineto trace as a DataFrame in the `profiles.trace_schema` schema.
+    """The complete ("ph": "X") events of a Kineto trace as a DataFrame in the `hotloop.profiles.trace_schema` schema.
 
     `path`: a .json file, plain or gzip-compressed (detected by its magic bytes, whatever the suffix:
     .json, .json.gz, .pt.trace.json, ...). Category -> kind: kernel, gpu_memcpy -> memcpy, gpu_memset -> memset,

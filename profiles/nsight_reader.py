@@ -1,8 +1,8 @@
 """Read an Nsight Systems SQLite export (`nsys export --type sqlite`) into the event schema of
-`profiles.trace_schema`.
+`hotloop.profiles.trace_schema`.
 
 Source: the Nsight Systems SQLite schema (export schema 3.x, checked on the H200's nsys 2025.3.2 export,
-../shared/traces/h200/nsys_matmul_nvtx.sqlite). Tables read:
+tests/data/traces/h200/nsys_matmul_nvtx.sqlite). Tables read:
 
 - CUPTI_ACTIVITY_KIND_KERNEL (required) -> kernel: name = demangledName (else shortName) via StringIds;
   gridX..Z, blockX..Z, streamId, deviceId, correlationId.
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from profiles.trace_schema import TraceReadError, event_frame
+from hotloop.profiles.trace_schema import TraceReadError, event_frame
 
 KERNEL_TABLE = "CUPTI_ACTIVITY_KIND_KERNEL"
 SQLITE_MAGIC = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite 3 database file
@@ -56,7 +56,7 @@ _QUERIES = {
 
 def read_nsight_sqlite(path: str | Path) -> pd.DataFrame:
     """The kernels, memcpys, memsets, CUDA runtime/driver calls and NVTX ranges of an Nsight Systems SQLite export
-    as a DataFrame in the `profiles.trace_schema` schema (see the module docstring for the table -> kind map).
+    as a DataFrame in the `hotloop.profiles.trace_schema` schema (see the module docstring for the table -> kind map).
 
     Raises TraceReadError (a ValueError) naming the file for: a missing or unreadable file, a file that is not
     an SQLite database (checked by its 16-byte header) or is a corrupt one, a database without

@@ -8,7 +8,7 @@ Steps (`profile`):
    cudaGraphLaunch's correlation id, where nsys's default `graph` level records a replay as one opaque span and the
    guards could not count its kernels). CMD's stdout and stderr go to this process's.
 2. On the bundled route only (below): the raw `.qdstrm` is converted to `.nsys-rep` by Nsight's QdstrmImporter with
-   `LD_LIBRARY_PATH=<repo>/.nsyslibs` prepended (the H200 lacks the libdw.so.1 / libelf.so.1 it needs).
+   `LD_LIBRARY_PATH=$HOTLOOP_NSYS_LIBS` (default ./.nsyslibs) prepended (the H200 lacks the libdw.so.1 / libelf.so.1 it needs).
 3. `nsys export --type sqlite -o OUT/report.sqlite <report>.nsys-rep`; the temporary folder in /tmp (the .qdstrm
    can be GBs even for a tiny program) is then removed.
 
@@ -24,7 +24,7 @@ Exit codes: 0 profiled, exported and counted; 1 the profiled command exited non-
 one, is still exported, counted and written) or nsys / its importer / the export failed; 2 bad usage or input: no
 CMD, a non-empty --out, no nsys found, or an export without CUDA kernels (e.g. CMD launched none).
 
-Sources: ../shared/h200/NSIGHT.md (the bundled route, seen working on the H200 on 2026-11-29); the Nsight Systems
+Sources: docs/nsight.md (the bundled route, seen working on the H200 on 2026-11-29); the Nsight Systems
 User Guide, "Profiling from the CLI" (`nsys profile` switches -t/--trace, -s/--sample, --cpuctxsw, --cuda-graph-trace, -o/--output,
 --force-overwrite; `nsys export` switches --type, -o/--output; https://docs.nvidia.com/nsight-systems/UserGuide/).
 """
@@ -45,14 +45,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from guards.inspect_cmd import format_file, read_trace, step_records
-from guards.trace_counts import count_per_step, count_totals
-from profiles.epoch_table import format_table, new_run_dir
-from profiles.trace_schema import TraceReadError
+from hotloop.profiles.inspect_cmd import format_file, read_trace, step_records
+from hotloop.profiles.trace_counts import count_per_step, count_totals
+from hotloop.profiles.epoch_table import format_table, new_run_dir
+from hotloop.profiles.trace_schema import TraceReadError
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+LIBS_ENV = "HOTLOOP_NSYS_LIBS"
+"""Environment variable naming the folder of the importer's libdw.so.1/libelf.so.1 (default: ./.nsyslibs)."""
 NSIGHT_COMPUTE_ROOTS = (Path("/opt/nvidia/nsight-compute"),)
-"""Where the bundled route looks for <version>/host/... (NSIGHT.md)."""
+"""Where the bundled route looks for <version>/host/... (docs/nsight.md)."""
 BUNDLED_NSYS = Path("host/target-linux-x64/nsys")
 BUNDLED_IMPORTER = Path("host/linux-desktop-glibc_2_11_3-x64/QdstrmImporter")
 LIBS_DIR = ".nsyslibs"
@@ -96,12 +97,18 @@ def _version_key(path: Path) -> tuple:
     return tuple(int(p) for p in re.findall(r"\d+", path.name))
 
 
-def find_nsys(repo_root: str | Path = REPO_ROOT, search_roots: tuple[Path, ...] | list[Path] = NSIGHT_COMPUTE_ROOTS
-              ) -> NsysRoute:
+def libs_dir() -> Path:
+    """The folder whose libraries the bundled QdstrmImporter loads: $HOTLOOP_NSYS_LIBS, else .nsyslibs in the
+    working directory (docs/nsight.md says how to fill it)."""
+    return Path(os.environ.get(LIBS_ENV) or LIBS_DIR).absolute()
+
+
+def find_nsys(libs: str | Path | None = None,
+              search_roots: tuple[Path, ...] | list[Path] = NSIGHT_COMPUTE_ROOTS) -> NsysRoute:
     """The nsys to use: `nsys` on PATH (shutil.which) -> a route without importer; else, under each of
     `search_roots` (default /opt/nvidia/nsight-compute), the newest <version>/ holding both the bundled
     host/target-linux-x64/nsys and host/linux-desktop-glibc_2_11_3-x64/QdstrmImporter -> that route, with
-    libs = `repo_root`/.nsyslibs (NSIGHT.md: where the importer's libdw.so.1/libelf.so.1 are put).
+    libs = `libs` (default `libs_dir()`: where the importer's libdw.so.1/libelf.so.1 are put, docs/nsight.md).
 
     Raises ValueError saying that both were looked for (PATH and the globs searched) and how to get either.
     """
@@ -113,13 +120,13 @@ def find_nsys(repo_root: str | Path = REPO_ROOT, search_roots: tuple[Path, ...] 
         for version in versions:
             nsys, importer = version / BUNDLED_NSYS, version / BUNDLED_IMPORTER
             if all(p.is_file() and os.access(p, os.X_OK) for p in (nsys, importer)):
-                return NsysRoute(nsys, importer, Path(repo_root) / LIBS_DIR)
+                return NsysRoute(nsys, importer, Path(libs) if libs is not None else libs_dir())
     looked = ", ".join(str(Path(r) / "*" / BUNDLED_NSYS) for r in search_roots) or "(no search roots)"
     raise ValueError(
         f"no Nsight Systems found: `nsys` is not on PATH, and no Nsight Compute with a bundled nsys and "
         f"QdstrmImporter was found ({looked}). Install Nsight Systems (CUDA toolkit or "
         f"https://developer.nvidia.com/nsight-systems) and put its bin/ on PATH, or use the bundled route of "
-        f"../shared/h200/NSIGHT.md (Nsight Compute under /opt/nvidia/nsight-compute plus {LIBS_DIR}/ in the repo)")
+        f"docs/nsight.md (Nsight Compute under /opt/nvidia/nsight-compute plus the importer's libraries in {libs_dir()} or ${LIBS_ENV})")
 
 
 def profile(cmd: list[str], out_dir: str | Path, route: NsysRoute, tmp_dir: str | Path | None = None) -> Path:
@@ -167,31 +174,31 @@ def _nsys_rep(base: Path, route: NsysRoute) -> Path:
         raise ProfileFailed(f"nsys wrote no report ({rep.name} or {raw.name}) in {base.parent}", 1)
     if route.importer is None:
         raise ProfileFailed(f"nsys left only the raw {raw.name} (its own QdstrmImporter failed; see "
-                            f"../shared/h200/NSIGHT.md)", 1)
+                            f"docs/nsight.md)", 1)
     env = dict(os.environ)
     if route.libs is not None:
         if not route.libs.is_dir():
             print(f"hotloop nsys: note: {route.libs} does not exist; the QdstrmImporter may fail for lack of "
-                  f"libdw.so.1/libelf.so.1 (../shared/h200/NSIGHT.md says how to fetch them)", file=sys.stderr)
+                  f"libdw.so.1/libelf.so.1 (docs/nsight.md says how to fetch them)", file=sys.stderr)
         env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(route.libs), env.get("LD_LIBRARY_PATH")) if p)
     imported = subprocess.run([str(route.importer), "-i", str(raw)], env=env)
     if imported.returncode or not rep.is_file():
         raise ProfileFailed(f"QdstrmImporter {route.importer} failed (status {imported.returncode}) to convert "
                             f"{raw} to {rep.name}; are libdw.so.1 and libelf.so.1 in {route.libs}? "
-                            f"(../shared/h200/NSIGHT.md)", imported.returncode or 1)
+                            f"(docs/nsight.md)", imported.returncode or 1)
     raw.unlink(missing_ok=True)  # GBs: free them before the export
     return rep
 
 
 def range_gpu_time(df: pd.DataFrame) -> pd.DataFrame:
-    """Per NVTX range (domain, name), over the CPU-side ranges of trace `df` (`profiles.trace_schema`; Nsight
+    """Per NVTX range (domain, name), over the CPU-side ranges of trace `df` (`hotloop.profiles.trace_schema`; Nsight
     NVTX_EVENTS push/pop and start/end ranges are kind user_annotation with their domain; Kineto record_function
     ranges too, domain ""): RANGE_COLUMNS =
 
     - count: number of ranges; cpu_total_us, cpu_median_us: sum and median of their CPU durations (microseconds);
     - kernels, gpu_kernel_us: number and summed duration (microseconds of GPU time, on any stream) of the kernels
       launched inside the ranges: a kernel whose launching CUDA runtime/driver call (same correlation id, as in
-      `guards.trace_counts.assign_steps`; a graph replay's kernels share their cudaGraphLaunch's) started inside
+      `hotloop.profiles.trace_counts.assign_steps`; a graph replay's kernels share their cudaGraphLaunch's) started inside
       the range, start <= call start <= end, on the same pid and tid. Nested ranges each count their kernels
       (inclusive). A correlation id carried by several calls counts once, at its earliest call.
 
@@ -237,7 +244,7 @@ def add_nsys_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
         "nsys", help="profile a command under Nsight Systems; print its guard counts and NVTX-range GPU time",
         usage="hotloop nsys [-h] [--out DIR] [--step-range NAME] [--domain NAME] -- CMD...",
         description="Run CMD under `nsys profile -t cuda,nvtx` (nsys from PATH, else the nsys bundled with Nsight "
-                    "Compute: ../shared/h200/NSIGHT.md), export the report to SQLite, print the whole-trace and "
+                    "Compute: docs/nsight.md), export the report to SQLite, print the whole-trace and "
                     "per-step counts as `hotloop inspect` does and the GPU kernel time per NVTX range; write "
                     "report.sqlite, counts.json (the keys of `hotloop inspect --json`) and ranges.csv into --out.",
         epilog="exit codes: 0 ok, 1 the profiled command (or nsys) failed (whatever was recorded is still "
@@ -256,8 +263,8 @@ def add_nsys_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
 def run_nsys(args: argparse.Namespace, search_roots: tuple[Path, ...] | list[Path] | None = None) -> int:
     """Run `hotloop nsys` for parsed `args` (cmd, out, step_range, domain); returns the exit code (module
     docstring). Errors go to stderr as `hotloop nsys: error: ...`; nothing is written before the usage checks
-    pass. `search_roots`: see `find_nsys` (default NSIGHT_COMPUTE_ROOTS, read at call time); the .nsyslibs folder
-    is REPO_ROOT's."""
+    pass. `search_roots`: see `find_nsys` (default NSIGHT_COMPUTE_ROOTS, read at call time); the importer's
+    libraries: `libs_dir()`."""
     def error(message: str, code: int) -> int:
         print(f"hotloop nsys: error: {message}", file=sys.stderr)
         return code
@@ -269,7 +276,7 @@ def run_nsys(args: argparse.Namespace, search_roots: tuple[Path, ...] | list[Pat
         return error(f"--out {args.out} exists and is not an empty folder; choose a new folder (nothing there is "
                      f"overwritten)", USAGE_ERROR)
     try:
-        route = find_nsys(REPO_ROOT, NSIGHT_COMPUTE_ROOTS if search_roots is None else search_roots)
+        route = find_nsys(None, NSIGHT_COMPUTE_ROOTS if search_roots is None else search_roots)
     except ValueError as exc:
         return error(str(exc), USAGE_ERROR)
     try:

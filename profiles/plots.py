@@ -12,7 +12,7 @@ PLOT_COLUMNS = ["epoch", "learner_steps", "wall_s", "learner_steps_per_s"]
 
 
 def plot_epochs(df: pd.DataFrame, path: str | Path) -> Path:
-    """Write a two-panel PNG of a per-epoch table (profiles.epoch_table) to `path` and return it.
+    """Write a two-panel PNG of a per-epoch table (hotloop.profiles.epoch_table) to `path` and return it.
 
     Top: step time in ms per learner step vs epoch: wall (wall_s / learner_steps * 1000) and gpu_ms_per_step.
     Bottom: learner_steps_per_s vs epoch. Both panels: sm_clock_mhz on a second y axis.

@@ -4,10 +4,10 @@
 Where ranges belong: around host-side launches (an epoch, a learner step, a CUDA graph replay, an eager phase's
 launches), never inside a Triton/CUDA kernel and never inside a region being captured into a CUDA graph. A range
 pushed during capture is recorded once on the host and is not part of the graph, so replays carry no range
-(../shared/DESIGN.md, "Facts read on the H200"); wrap `graph.replay()` in one range named after the phase(s) it
-runs instead. NVTX source: the `nvtx` package (https://nvidia.github.io/NVTX/python/), domain DOMAIN.
+(docs/h200_facts.md, "What torch.profiler (Kineto) traces show"); wrap `graph.replay()` in one range named after
+the phase(s) it runs instead. NVTX source: the `nvtx` package (https://nvidia.github.io/NVTX/python/), domain DOMAIN.
 
-Run `python -m profiles.ranges` to print the cost of one range on this machine (`range_cost_ns`).
+Run `python -m hotloop.profiles.ranges` to print the cost of one range on this machine (`range_cost_ns`).
 """
 
 from __future__ import annotations

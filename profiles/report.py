@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from profiles.epoch_table import EPOCH_COLUMNS, format_table
+from hotloop.profiles.epoch_table import EPOCH_COLUMNS, format_table
 
 BAD_INPUT = 2
 COMPARE_COLUMNS = ["column", "run1_median", "run2_median", "run2_run1_ratio"]

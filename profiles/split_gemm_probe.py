@@ -19,7 +19,7 @@ without a transpose. cuBLAS (torch.mm, IEEE FP32 and TF32) is timed beside them.
 configs, GPU us per launch (30 launches replayed as one CUDA graph, median of 5 replays, CUDA events), and the max
 error relative to max |C| against float64. The first run (17a2d76, profiles/h200/bench_notes.md) timed eager
 launches one by one, so its times include the host's launch latency; only its errors stand.
-Usage (GPU): python -m profiles.split_gemm_probe --out DIR [--modes cat,tf32] [--gemms K-major]
+Usage (GPU): python -m hotloop.profiles.split_gemm_probe --out DIR [--modes cat,tf32] [--gemms K-major]
 (writes split_gemm_probe.csv, prints a table).
 """
 
@@ -210,8 +210,8 @@ def cases(batch=8192, d_in=512, d_out=256):
 def _step_kernels(batch=8192, d_in=512, d_out=256):
     """The hot step's own backward launches (kernels/linear.py, gain 1, their K-major operands: W^T, dY^T, X^T) at
     the same shapes, timed the same way."""
-    from kernels.linear import linear_backward_input, linear_backward_weight
-    from kernels.tf32_split import split_tf32
+    from hotloop.kernels.linear import linear_backward_input, linear_backward_weight
+    from hotloop.kernels.tf32_split import split_tf32
 
     g = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(batch, d_in, device="cuda", generator=g).relu_()
@@ -227,10 +227,10 @@ def _step_kernels(batch=8192, d_in=512, d_out=256):
     ref_dw = dy.double().t() @ x.double()
     linear_backward_weight(dyt, xt, w, gain, dw, dg, d_out)
     err_dw = ((dw.double() - ref_dw).abs().max() / ref_dw.abs().max()).item()
-    return [dict(gemm="dx=dY W", impl="kernels.linear step kernel (W^T split; +ReLU mask, dx^T, db)",
+    return [dict(gemm="dx=dY W", impl="hotloop.kernels.linear step kernel (W^T split; +ReLU mask, dx^T, db)",
                  config="as in the step", rel_err=err_dx,
                  us=_time_us(lambda: linear_backward_input(dy, wt, x, dxt, db, dx=dx))),
-            dict(gemm="dW=dY^T X (K-major)", impl="kernels.linear step kernel (dY^T, X^T split; +dg)",
+            dict(gemm="dW=dY^T X (K-major)", impl="hotloop.kernels.linear step kernel (dY^T, X^T split; +dg)",
                  config="as in the step", rel_err=err_dw,
                  us=_time_us(lambda: linear_backward_weight(dyt, xt, w, gain, dw, dg, d_out)))]
 

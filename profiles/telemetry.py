@@ -1,6 +1,6 @@
 """NVML telemetry of one GPU via pynvml (nvidia-ml-py), sampled outside the hot loop (at epoch end).
 
-Columns: profiles.epoch_table.TELEMETRY_COLUMNS. Source: the NVML API reference (nvmlDeviceGetClockInfo,
+Columns: hotloop.profiles.epoch_table.TELEMETRY_COLUMNS. Source: the NVML API reference (nvmlDeviceGetClockInfo,
 nvmlDeviceGetPowerUsage, nvmlDeviceGetTemperature, nvmlDeviceGetCurrentClocksEventReasons - formerly
 ...ThrottleReasons -, nvmlDeviceGetMemoryInfo). Where NVML is missing (no driver, no GPU, a CPU run) every value
 is NaN and the reasons "", no exception escapes, and at most one warning line is logged per NvmlTelemetry.
@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import torch
 
-from profiles.epoch_table import TELEMETRY_COLUMNS
+from hotloop.profiles.epoch_table import TELEMETRY_COLUMNS
 
 log = logging.getLogger(__name__)
 

@@ -1,9 +1,9 @@
 """The one event schema that both trace readers produce, and the error they raise.
 
-`profiles.kineto_reader.read_kineto` (torch.profiler / Kineto Chrome-trace JSON) and
-`profiles.nsight_reader.read_nsight_sqlite` (Nsight Systems SQLite export) each return a pandas DataFrame with
+`hotloop.profiles.kineto_reader.read_kineto` (torch.profiler / Kineto Chrome-trace JSON) and
+`hotloop.profiles.nsight_reader.read_nsight_sqlite` (Nsight Systems SQLite export) each return a pandas DataFrame with
 exactly these columns (COLUMNS), in this order, with these dtypes (parse apart from analyse: HTA
-`hta/common/trace_parser.py`; the analysers in `guards/trace_counts.py` read only this schema):
+`hta/common/trace_parser.py`; the analysers in `profiles/trace_counts.py` read only this schema):
 
 - name (str): kernel / API / op / range name as the profiler wrote it. Nsight: the demangled kernel name, and
   CUDA runtime API names without Nsight's `_vNNNN` version suffix, so that they read as in Kineto.
@@ -28,7 +28,7 @@ exactly these columns (COLUMNS), in this order, with these dtypes (parse apart f
 - domain (str): NVTX domain name of an Nsight NVTX range; "" for the default domain and for all Kineto rows.
 
 Row order: by start_us (stable). There is no per-row "range" column: which step an event belongs to is analysis,
-done by `guards.trace_counts.assign_steps`.
+done by `hotloop.profiles.trace_counts.assign_steps`.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ replay insertion, episode returns) as device work with fixed addresses, captured
 Everything the step needs from one step to the next lives on the device: the observation buffer (the trainer's
 `obs`, updated in place), a step counter `t` (vector env steps taken), the replay's write position
 (`PrioritizedReplay.pos_t`) and the env's state (updated in place by `step(actions, uniforms)`). The random numbers
-are counter-based: one `kernels.replay_batch.batch_uniforms` launch draws Philox uniforms keyed by (seed + t, i)
+are counter-based: one `hotloop.kernels.replay_batch.batch_uniforms` launch draws Philox uniforms keyed by (seed + t, i)
 and writes epsilon(t) = eps_start + (eps_end - eps_start) * min(1, t / decay) (Mnih et al. 2015's linear decay, in
 vector steps), so eager runs and graph replays draw the same numbers and nothing is read on the host. Per env:
 column 0 decides exploration (u < epsilon), columns 1..D pick each branch's random action (floor(u * n_d)), the rest
@@ -19,12 +19,12 @@ import time
 
 import torch
 
-from kernels.replay_batch import batch_uniforms
-from trainer.envs import VecEnv
-from trainer.episodes import EpisodeReturns
-from trainer.learner import epsilon_greedy_from
-from trainer.replay import PrioritizedReplay
-from trainer.step import HotLearner
+from hotloop.kernels.replay_batch import batch_uniforms
+from hotloop.trainer.envs import VecEnv
+from hotloop.trainer.episodes import EpisodeReturns
+from hotloop.trainer.learner import epsilon_greedy_from
+from hotloop.trainer.replay import PrioritizedReplay
+from hotloop.trainer.step import HotLearner
 
 ACTOR_SEED_OFFSET = 1 << 40
 """Added to cfg.seed for the actor's Philox key, so that its stream never meets the learner's (seed + step)."""

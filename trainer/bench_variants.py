@@ -32,11 +32,12 @@ from typing import NamedTuple
 
 import torch
 
-from trainer.config import Config
-from trainer.learner import DQNLearner, UpdateMetrics
-from trainer.losses import branch_diversity_term, chosen_q, cql_term, double_dqn_target, td_loss
-from trainer.network import BranchingDuelingQNet
-from trainer.replay import PrioritizedBatch, PrioritizedReplay
+from hotloop.trainer.config import Config
+from hotloop.trainer.learner import DQNLearner, UpdateMetrics
+from hotloop.kernels.losses import branch_diversity_term, chosen_q, cql_term, double_dqn_target, td_loss
+from hotloop.trainer.network import BranchingDuelingQNet
+from hotloop.trainer.replay import PrioritizedBatch, PrioritizedReplay
+from hotloop.trainer.step import HotLearner
 
 SETUP_KINDS = ("none", "capture", "compile+capture")
 GRAPH_PRECISIONS = ("fp32", "tf32")
@@ -117,7 +118,7 @@ def forward_loss(online: BranchingDuelingQNet, target: BranchingDuelingQNet, cfg
     Shapes: obs/next_obs (B, obs_dim) float32, action (B, D) int64, reward/terminated/weights (B,) float32; all on
     the networks' device. Returns (total, loss, q_mean, cql, diversity, td_abs): `total` 0-dim with grad (what to
     backpropagate), the others detached: 0-dim float32 except td_abs (B,) float32 = mean_d |td|, the new
-    priorities' input. Source: trainer/learner.py (DQNLearner.update), trainer/losses.py.
+    priorities' input. Source: trainer/learner.py (DQNLearner.update), kernels/losses.py.
     """
     with torch.no_grad():
         next_online = online(next_obs)
@@ -150,10 +151,10 @@ def optimizer_step(online: torch.nn.Module, optimizer: torch.optim.Optimizer, ma
 
 def env_shapes(cfg: Config) -> tuple[int, tuple[int, ...]]:
     """(obs_dim, action_nvec) of the configured env: the config's own for `synthetic`, else read from one CPU copy
-    of the env (as `trainer.cli.check_env` builds it). Raises ValueError for an unusable env name."""
+    of the env (as `hotloop.guards.cli.check_env` builds it). Raises ValueError for an unusable env name."""
     if cfg.env == "synthetic":
         return cfg.obs_dim, tuple(cfg.action_nvec)
-    from trainer.envs import make_env
+    from hotloop.trainer.envs import make_env
 
     env = make_env(cfg.env, 1, "cpu", cfg.seed)
     shapes = int(env.obs_dim), tuple(int(n) for n in env.action_nvec)
@@ -416,3 +417,24 @@ def compile_update(state: BenchState) -> tuple[Callable[..., tuple[torch.Tensor,
 
     return (torch.compile(forward, mode=COMPILE_MODE, dynamic=False),
             torch.compile(optimize, mode=COMPILE_MODE, dynamic=False))
+
+
+def build_hotloop_variant(cfg: Config, device: torch.device) -> Variant:
+    """The `hotloop` row of `hotloop bench`: a HotLearner (hotloop.trainer.step) over a kernel-backed
+    PrioritizedReplay filled by `fill_random` (as the other rows' replay), captured (setup_s = warm-up + capture
+    seconds); `step` replays the graph.
+    Returns a Variant. Raises RuntimeError without CUDA, ValueError for an unsupported cfg."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise RuntimeError("hotloop: needs CUDA (the step is a captured CUDA graph)")
+    obs_dim, nvec = env_shapes(cfg)
+    replay = PrioritizedReplay(cfg.replay_capacity, obs_dim, len(nvec), alpha=cfg.per_alpha, eps=cfg.per_eps,
+                               device=device, use_kernels=True)
+    torch.manual_seed(cfg.seed)  # as BenchState: the other rows' replay holds the same kind of random data
+    fill_random(replay, cfg, nvec)
+    learner = HotLearner(cfg, obs_dim, nvec, device, replay)
+    capture_s = learner.capture()
+    return Variant("hotloop", learner.step, capture_s, "capture", "split",
+                   f"compile+warm-up {learner.warmup_s:.1f} s before the capture; flat buffers, fused Triton "
+                   "kernels, DDQN forward on a 2nd stream, one CUDA graph; TF32 forward, "
+                   "3xTF32 (FP32-accurate) backward; target update fused into Adam")

@@ -3,7 +3,7 @@
 Style after CleanRL's `Args` dataclass (cleanrl/dqn.py): one field per knob, each with a one-line docstring that
 `hotloop train --help` shows. Presets (`PRESETS`) are the only named configurations: `cartpole` learns
 CartPole-v1 on a CPU in minutes; `cartpole-fast` solves it in seconds with the hotloop learner on a GPU;
-`seed-scale` is the shape every perf number is quoted at (../shared/DESIGN.md).
+`seed-scale` is the shape every perf number is quoted at (docs/h200_facts.md).
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ class Config:
         validate(self)
 
     def env_shape(self) -> dict[str, Any]:
-        """The shape keyword arguments trainer.envs.make_env takes from this config (`env_shape_fields`)."""
+        """The shape keyword arguments hotloop.trainer.envs.make_env takes from this config (`env_shape_fields`)."""
         return {f: getattr(self, f) for f in env_shape_fields(self.env)}
 
     def to_dict(self) -> dict[str, Any]:

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.heads import heads_forward, heads_reference
-from kernels.linear import linear_forward, linear_reference
+from hotloop.kernels.heads import heads_forward, heads_reference
+from hotloop.kernels.linear import linear_forward, linear_reference
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,7 @@ class FlatLayout:
                 buf[o.g_offset:o.g_offset + 1 + self.branches])
 
     def sn_matrices(self) -> tuple[list[tuple[int, int]], list[int]]:
-        """(shapes, offsets) of every weight matrix for `kernels.spectral_norm.SpectralNormTable`: the trunk
+        """(shapes, offsets) of every weight matrix for `hotloop.kernels.spectral_norm.SpectralNormTable`: the trunk
         matrices, each (H, t_last) block of the stacked hidden layer, the value row (1, H) and each branch's (A, H)
         output block."""
         shapes, offsets = [], []
@@ -136,7 +136,7 @@ def flat_forward(layout: FlatLayout, buf: torch.Tensor, x: torch.Tensor, acts: l
     fused kernels. x: (R, obs_dim) float32 input rows (with `rows` (M,) int64, row m is x[rows[m]], e.g. replay
     storage); acts: one (M, width) or (nets, M, width) float32 output per layer of `layout.layers` (kept: the
     backward reads them); q: (M, D * A) or (nets, M, D * A), returned. `linear`: the layer launcher
-    (kernels.linear.linear_forward or a drop-in of the same signature). acts_t: optional, per layer None or a
+    (hotloop.kernels.linear.linear_forward or a drop-in of the same signature). acts_t: optional, per layer None or a
     (2, width, M) float32 output for the activations transposed and split into TF32 parts (nets = 1; the
     backward's weight-gradient GEMMs read them). Raises ValueError from the launchers."""
     p, x_zstride = layout.numel, 0

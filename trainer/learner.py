@@ -12,10 +12,10 @@ from typing import NamedTuple
 
 import torch
 
-from profiles.ranges import phase_range
-from trainer.config import Config
-from trainer.losses import branch_diversity_term, chosen_q, cql_term, double_dqn_target, td_loss
-from trainer.network import BranchingDuelingQNet
+from hotloop.profiles.ranges import phase_range
+from hotloop.trainer.config import Config
+from hotloop.kernels.losses import branch_diversity_term, chosen_q, cql_term, double_dqn_target, td_loss
+from hotloop.trainer.network import BranchingDuelingQNet
 
 
 def epsilon_greedy(greedy: torch.Tensor, action_nvec: torch.Tensor, epsilon: float,

@@ -14,17 +14,17 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from profiles.ranges import phase_range
-from trainer.actor import DeviceActor, capturable
-from trainer.config import Config
-from trainer.envs import make_env
-from trainer.episodes import EpisodeReturns
-from trainer.learner import DQNLearner
-from trainer.readback import AsyncReadback
-from trainer.replay import PrioritizedReplay
-from trainer.resume import restore_trainer, trainer_state
-from trainer.schedules import LinearSchedule
-from trainer.step import HotLearner
+from hotloop.profiles.ranges import phase_range
+from hotloop.trainer.actor import DeviceActor, capturable
+from hotloop.trainer.config import Config
+from hotloop.trainer.envs import make_env
+from hotloop.trainer.episodes import EpisodeReturns
+from hotloop.trainer.learner import DQNLearner
+from hotloop.trainer.readback import AsyncReadback
+from hotloop.trainer.replay import PrioritizedReplay
+from hotloop.trainer.resume import restore_trainer, trainer_state
+from hotloop.trainer.schedules import LinearSchedule
+from hotloop.trainer.step import HotLearner
 
 
 def resolve_device(name: str) -> torch.device:
@@ -86,12 +86,12 @@ class Trainer:
         cfg: the run's Config.
         on_phase: called with a phase name ("env_step", "sample", "update", "priority_update", "readback",
             "evaluate") as the loop enters it (each phase is also an NVTX range, and every learner step a "step"
-            range, via profiles.ranges.phase_range); the hang watchdog uses it to report where a hang happened.
+            range, via hotloop.profiles.ranges.phase_range); the hang watchdog uses it to report where a hang happened.
         on_progress: called with (learner steps done in this epoch, learner steps per epoch) every few steps.
     Counters (host ints): env_steps (transitions), learner_steps, epochs_done (set by run_epoch and restore).
     actor: the DeviceActor (trainer/actor.py) that runs the env steps with the hotloop learner and a capturable env,
         else None. obs: (N, obs_dim), the observation to act on next (read-only property, updated in place).
-    Checkpoint / resume: checkpoint_state and restore (trainer.resume).
+    Checkpoint / resume: checkpoint_state and restore (hotloop.trainer.resume).
     Raises ValueError for an unusable device or env name.
     """
 
@@ -258,13 +258,13 @@ class Trainer:
             yield self.run_epoch(epoch)
 
     def checkpoint_state(self) -> tuple[dict[str, torch.Tensor], dict]:
-        """(tensors, meta) to save with trainer.checkpoint.save_checkpoint: learner, optimizer, replay storage and
-        tree, finished-episode returns, RNG states, counters, config (trainer.resume.trainer_state). Some tensors
+        """(tensors, meta) to save with hotloop.trainer.checkpoint.save_checkpoint: learner, optimizer, replay storage and
+        tree, finished-episode returns, RNG states, counters, config (hotloop.trainer.resume.trainer_state). Some tensors
         are the live ones: save or clone them before the trainer runs again."""
         return trainer_state(self)
 
     def restore(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
-        """Load a `checkpoint_state` in place (trainer.resume.restore_trainer). The env is not restored: it is
+        """Load a `checkpoint_state` in place (hotloop.trainer.resume.restore_trainer). The env is not restored: it is
         reset with seed cfg.seed + 7919 * epoch (its episodes in progress are lost; their running returns restart
         at 0). Raises ValueError naming what does not match (config fields that change shapes, learner kind,
         device type, missing keys) before anything is changed."""

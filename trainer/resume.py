@@ -1,7 +1,7 @@
 """Checkpoint / resume of a Trainer: what its checkpoint holds, restoring it in place, and reading a run folder's.
 
 `run_training` writes <run folder>/checkpoint.pt (CHECKPOINT_FILE) after every epoch with
-trainer.checkpoint.save_checkpoint (atomic: temp file + rename; loaded with torch.load(weights_only=True), so loading
+hotloop.trainer.checkpoint.save_checkpoint (atomic: temp file + rename; loaded with torch.load(weights_only=True), so loading
 never unpickles arbitrary objects). Killing the process loses at most the epoch in progress.
 
 Tensors (name: what):
@@ -32,12 +32,12 @@ from typing import TYPE_CHECKING, NamedTuple
 import pandas as pd
 import torch
 
-from trainer.checkpoint import generator_state, load_checkpoint, rng_state, set_generator_state, set_rng_state
-from trainer.config import Config, env_shape_fields
-from trainer.step import HotLearner
+from hotloop.trainer.checkpoint import generator_state, load_checkpoint, rng_state, set_generator_state, set_rng_state
+from hotloop.trainer.config import Config, env_shape_fields
+from hotloop.trainer.step import HotLearner
 
 if TYPE_CHECKING:
-    from trainer.loop import Trainer
+    from hotloop.trainer.loop import Trainer
 
 CHECKPOINT_FILE = "checkpoint.pt"
 """The checkpoint's name in a run folder."""
@@ -212,7 +212,7 @@ def read_resume_point(run_dir: str | Path, cfg: Config) -> ResumePoint:
     again), and `check_compatible` the checkpoint with a trainer built from `cfg` (device resolved as Trainer does).
     Raises ValueError naming the file for a missing or unreadable checkpoint or table, a table without the
     checkpoint's epochs 1..epoch, or a mismatch."""
-    from trainer.loop import learner_kind, resolve_device
+    from hotloop.trainer.loop import learner_kind, resolve_device
 
     run_dir = Path(run_dir)
     tensors, meta = load_checkpoint(run_dir / CHECKPOINT_FILE)

@@ -9,7 +9,7 @@ static buffers, warm-up on a side stream, then `torch.cuda.graph`):
               the step (the side stream waits for the main one) orders both
   sample      tree_sample (stratified proportional sampling + importance weights, 2 launches; it draws its
               Philox uniforms and computes the annealed beta itself, keyed by the optimizer's device step count:
-              kernels.replay_batch.CounterUniforms, AnnealedBeta); then, after the online forward (the shorter
+              hotloop.kernels.replay_batch.CounterUniforms, AnnealedBeta); then, after the online forward (the shorter
               chain), gather_transitions (actions, rewards, terminal flags, and the observations transposed for
               the first layer's weight gradient; the forwards read the observations in place, by index)
   ddqn_forward  on the second stream, concurrent with the online forward: online and target net on s' in ONE
@@ -39,19 +39,19 @@ from contextlib import nullcontext
 
 import torch
 
-from kernels.fused_adam import FusedAdam
-from kernels.heads import heads_backward
-from kernels.linear import (MAX_FUSED_K0, WeightTranspose, linear_backward_input, linear_backward_weight,
+from hotloop.kernels.fused_adam import FusedAdam
+from hotloop.kernels.heads import heads_backward
+from hotloop.kernels.linear import (MAX_FUSED_K0, WeightTranspose, linear_backward_input, linear_backward_weight,
                             linear_forward)
-from kernels.replay_batch import AnnealedBeta, CounterUniforms, gather_transitions
-from kernels.segment_tree import tree_sample, tree_update
-from kernels.spectral_norm import SpectralNormTable, spectral_norm_
-from kernels.td_loss import METRIC_NAMES, TDLossOutputs, TDLossWorkspace, td_loss_forward
-from profiles.ranges import phase_range
-from trainer.config import Config
-from trainer.flat_net import FlatForward, FlatLayout, flat_forward
-from trainer.learner import epsilon_greedy
-from trainer.replay import PrioritizedReplay
+from hotloop.kernels.replay_batch import AnnealedBeta, CounterUniforms, gather_transitions
+from hotloop.kernels.segment_tree import tree_sample, tree_update
+from hotloop.kernels.spectral_norm import SpectralNormTable, spectral_norm_
+from hotloop.kernels.td_loss import METRIC_NAMES, TDLossOutputs, TDLossWorkspace, td_loss_forward
+from hotloop.profiles.ranges import phase_range
+from hotloop.trainer.config import Config
+from hotloop.trainer.flat_net import FlatForward, FlatLayout, flat_forward
+from hotloop.trainer.learner import epsilon_greedy
+from hotloop.trainer.replay import PrioritizedReplay
 
 METRICS = (*METRIC_NAMES, "grad_norm")
 """Names of the device metric slots `HotLearner.metric_sources` returns, in order."""
@@ -299,7 +299,7 @@ class HotLearner:
         """Device tensors holding the last step's metrics, named by `metric_names`: the TD loss's metric slots (5,),
         the pre-clip grad norm () and, with spectral norm on, the (1 + D,) hidden-layer and (1 + D,) output-layer
         gain views of params_buf (no copy, no kernel); overwritten by every step (publish them with
-        trainer.readback)."""
+        hotloop.trainer.readback)."""
         if not self.cfg.spectral_norm:
             return [self.td.metrics, self.adam.grad_norm]
         return [self.td.metrics, self.adam.grad_norm, self.layout.layers[-1].views(self.params)[2],
@@ -323,7 +323,7 @@ class HotLearner:
 
     @torch.no_grad()
     def act(self, obs: torch.Tensor, epsilon: float, generator: torch.Generator) -> torch.Tensor:
-        """Epsilon-greedy actions (N, D) int64 (trainer.learner.epsilon_greedy), as DQNLearner.act."""
+        """Epsilon-greedy actions (N, D) int64 (hotloop.trainer.learner.epsilon_greedy), as DQNLearner.act."""
         return epsilon_greedy(self.greedy(obs), self.action_nvec, epsilon, generator)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
@@ -341,29 +341,6 @@ class HotLearner:
         self.adam.load_state_dict({k[5:]: v for k, v in state.items() if k.startswith("adam.")})
 
 
-def build_hotloop_variant(cfg: Config, device: torch.device):
-    """The `hotloop` row of `hotloop bench`: a HotLearner over a kernel-backed PrioritizedReplay filled by
-    trainer.bench_variants.fill_random (as the other rows' replay), captured (setup_s = warm-up + capture
-    seconds); `step` replays the graph.
-    Returns a trainer.bench_variants.Variant. Raises RuntimeError without CUDA, ValueError for an unsupported cfg."""
-    from trainer.bench_variants import Variant, env_shapes, fill_random
-
-    device = torch.device(device)
-    if device.type != "cuda":
-        raise RuntimeError("hotloop: needs CUDA (the step is a captured CUDA graph)")
-    obs_dim, nvec = env_shapes(cfg)
-    replay = PrioritizedReplay(cfg.replay_capacity, obs_dim, len(nvec), alpha=cfg.per_alpha, eps=cfg.per_eps,
-                               device=device, use_kernels=True)
-    torch.manual_seed(cfg.seed)  # as BenchState: the other rows' replay holds the same kind of random data
-    fill_random(replay, cfg, nvec)
-    learner = HotLearner(cfg, obs_dim, nvec, device, replay)
-    capture_s = learner.capture()
-    return Variant("hotloop", learner.step, capture_s, "capture", "split",
-                   f"compile+warm-up {learner.warmup_s:.1f} s before the capture; flat buffers, fused Triton "
-                   "kernels, DDQN forward on a 2nd stream, one CUDA graph; TF32 forward, "
-                   "3xTF32 (FP32-accurate) backward; target update fused into Adam")
-
-
 PHASE_RULES = {
     r"_tree_sample|_tree_weights|_gather_transitions": "sample",
     r"_fwd_ddqn_|_heads_ddqn_": "ddqn_forward",
@@ -374,6 +351,6 @@ PHASE_RULES = {
     r"_spectral_norm_kernel": "spectral_norm",
     r"_tree_update": "priority_update",
 }
-"""Kernel-name regex -> phase of HotLearner's kernels, for guards.step_metrics (a graph replay carries no
+"""Kernel-name regex -> phase of HotLearner's kernels, for hotloop.guards.step_metrics (a graph replay carries no
 record_function ranges, so its kernels are assigned to phases by name; the gradient buffer's zero_() is the
 backward's one memset, a FillFunctor kernel)."""

@@ -6,9 +6,9 @@ import json
 import numpy as np
 import pytest
 
-from guards.baselines import (MAD_TO_SIGMA, Baseline, BaselineError, baseline_path, compare, config_mismatch,
+from hotloop.guards.baselines import (MAD_TO_SIGMA, Baseline, BaselineError, baseline_path, compare, config_mismatch,
                               default_threshold, load_baseline, mad_spread, parse_threshold, write_baseline)
-from trainer.config import preset
+from hotloop.trainer.config import preset
 
 QUIET = [1000.0, 1001.0, 999.0, 1000.0, 1000.5]  # spread ~1.5 us: the 5% rule (50 us) governs
 NOISY = [1000.0, 1030.0, 970.0, 1000.0, 1060.0]  # spread 44.5 us: 3 x spread (133 us) governs

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from guards.faults import _LEARNER_FAULTS, FAULTS, inject
-from trainer.config import preset
-from trainer.replay import PrioritizedReplay
-from trainer.step import HotLearner
+from hotloop.guards.faults import _LEARNER_FAULTS, FAULTS, inject
+from hotloop.trainer.config import preset
+from hotloop.trainer.replay import PrioritizedReplay
+from hotloop.trainer.step import HotLearner
 
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -66,9 +66,9 @@ def test_bad_requests_are_refused():
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", [None, *FAULTS])
 def test_each_fault_fails_its_criterion_on_the_gpu(name):
-    from guards.guard import guard_steps
-    from trainer.loop import Trainer
-    from trainer.step import PHASE_RULES
+    from hotloop.guards.guard import guard_steps
+    from hotloop.trainer.loop import Trainer
+    from hotloop.trainer.step import PHASE_RULES
 
     cfg = preset("seed-scale", batch_size=2048, replay_capacity=8192, num_envs=256, learning_starts=2048,
                  learner_steps_per_epoch=5, eval_episodes=0, device="cuda")
@@ -86,7 +86,7 @@ def test_each_fault_fails_its_criterion_on_the_gpu(name):
 
 
 def test_gate_cli_refuses_bad_fault_requests_before_training(tmp_path, capsys):
-    from trainer.cli import main
+    from hotloop.guards.cli import main
 
     out = tmp_path / "run"
     assert main(["gate", "--inject", "nope", "--device", "cpu", "--out", str(out)]) == 2

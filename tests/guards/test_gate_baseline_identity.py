@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from guards.baselines import Baseline
-from guards.gate import BASELINES_DIR, baseline_mismatch, default_baseline, run_config, step_identity
-from trainer.config import preset
+from hotloop.guards.baselines import Baseline
+from hotloop.guards.gate import BASELINES_DIR, baseline_mismatch, default_baseline, run_config, step_identity
+from hotloop.trainer.config import preset
 
 H200_CONFIG = preset("cartpole", device="cuda", epochs=2).to_dict()  # learner "auto", as the committed baseline
 
@@ -45,6 +45,6 @@ def test_the_default_baseline_lives_in_the_checkout_not_the_working_directory(mo
 def test_this_gpu_run_matches_the_committed_h200_baseline_identity():
     if torch.cuda.get_device_name(0) != "NVIDIA H200":
         pytest.skip("the committed baseline is the H200's")
-    from guards.baselines import load_baseline
+    from hotloop.guards.baselines import load_baseline
     base = load_baseline(BASELINES_DIR / "nvidia-h200.json")
     assert baseline_mismatch(base, preset("cartpole", device="cuda", epochs=1)) == []

@@ -9,11 +9,11 @@ import pytest
 import torch
 from test_step_metrics import learner_trace
 
-import guards.guard as guard_module
-from guards.criteria import CRITERIA
-from guards.guard import NO_CUDA, VERDICT_COLUMNS, evaluate, guard_steps
-from guards.step_metrics import step_metrics
-from guards.sync_hooks import SyncHooks
+import hotloop.guards.guard as guard_module
+from hotloop.guards.criteria import CRITERIA
+from hotloop.guards.guard import NO_CUDA, VERDICT_COLUMNS, evaluate, guard_steps
+from hotloop.guards.step_metrics import step_metrics
+from hotloop.guards.sync_hooks import SyncHooks
 
 GPU_ROWS = ["no D2D weight sync", "spectral norm fused", "no single-block kernels", "memsets only where needed",
             "TF32 forward only", "DDQN overlapped"]

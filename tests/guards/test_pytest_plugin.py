@@ -9,10 +9,10 @@ import pytest
 import torch
 from test_step_metrics import learner_trace
 
-from guards.guard import GuardReport, evaluate, guard_steps
-from guards.pytest_plugin import NO_CUDA_REASON, failing_rows
-from guards.step_metrics import step_metrics
-from guards.sync_hooks import SyncHooks
+from hotloop.guards.guard import GuardReport, evaluate, guard_steps
+from hotloop.guards.pytest_plugin import NO_CUDA_REASON, failing_rows
+from hotloop.guards.step_metrics import step_metrics
+from hotloop.guards.sync_hooks import SyncHooks
 
 pytest_plugins = ["pytester"]
 
@@ -40,17 +40,30 @@ def test_assert_criteria_fails_naming_the_criterion_and_its_evidence(assert_crit
     assert failing_rows(faulty, only="no stream sync") == rows  # one name as a str
     # A named criterion this run could not measure fails too: it would otherwise pass having measured nothing.
     unmeasured = failing_rows(faulty, only=["epoch 1 without hang", "no single-block kernels"])
-    assert unmeasured == ["epoch 1 without hang: not measured here: guards.watchdog.HangWatchdog"]
+    assert unmeasured == ["epoch 1 without hang: not measured here: hotloop.guards.watchdog.HangWatchdog"]
 
 
 def test_guard_fixture_is_guard_steps(guard):
     assert guard is guard_steps
 
 
+def test_the_plugin_is_a_pytest11_entry_point_and_inert_until_used():
+    import subprocess
+    import sys
+    from importlib.metadata import entry_points
+
+    found = [ep.value for ep in entry_points(group="pytest11") if ep.name == "hotloop"]
+    assert found == ["hotloop.guards.pytest_plugin"]
+    code = ("import sys, hotloop.guards.pytest_plugin; "
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('hotloop.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "['hotloop.guards', 'hotloop.guards.pytest_plugin']"
+
+
 def test_gpu_and_perf_tests_skip_with_the_reason_without_cuda(pytester):
     if torch.cuda.is_available():
         pytest.skip("checks the skip on a machine without CUDA")
-    pytester.makeconftest('pytest_plugins = ["guards.pytest_plugin"]')
+    # no conftest: the installed pytest11 entry point loads the plugin, as in any project that installs hotloop
     pytester.makepyfile(textwrap.dedent("""
         import pytest
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from guards.step_metrics import FP32, GEMM, TF32, PhaseRoles, gemm_precision, kernel_phases, step_metrics
-from profiles.kineto_reader import read_kineto
-from profiles.nsight_reader import read_nsight_sqlite
-from profiles.trace_schema import event_frame
+from hotloop.guards.step_metrics import FP32, GEMM, TF32, PhaseRoles, gemm_precision, kernel_phases, step_metrics
+from hotloop.profiles.kineto_reader import read_kineto
+from hotloop.profiles.nsight_reader import read_nsight_sqlite
+from hotloop.profiles.trace_schema import event_frame
 
 TRACES = Path(__file__).parents[1] / "data" / "traces"
 PROBE = TRACES / "h200" / "probe_eager_graph_twostream.json.gz"

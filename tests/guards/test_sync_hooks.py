@@ -6,7 +6,7 @@ import inspect
 import pytest
 import torch
 
-from guards.sync_hooks import EVENT_SYNC, HIT_COLUMNS, HOOKED_APIS, STREAM_SYNC, SyncHooks, is_device_sync
+from hotloop.guards.sync_hooks import EVENT_SYNC, HIT_COLUMNS, HOOKED_APIS, STREAM_SYNC, SyncHooks, is_device_sync
 
 OWNERS = {"torch.cuda": torch.cuda, "torch.accelerator": torch.accelerator, "torch.cuda.Stream": torch.cuda.Stream,
           "torch.cuda.Event": torch.cuda.Event, "torch.Tensor": torch.Tensor}

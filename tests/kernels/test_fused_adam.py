@@ -15,8 +15,8 @@ import math
 import pytest
 import torch
 
-import kernels.fused_adam as fa_mod
-from kernels.fused_adam import FusedAdam, adam_reference, bench_inputs, bench_pairs, reference_params
+import hotloop.kernels.fused_adam as fa_mod
+from hotloop.kernels.fused_adam import FusedAdam, adam_reference, bench_inputs, bench_pairs, reference_params
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = dict(rtol=2e-5, atol=2e-5)

@@ -12,11 +12,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-import kernels.heads
-from kernels.heads import heads_backward, heads_forward, heads_reference
-from kernels.linear import (WeightTranspose, linear_backward_input, linear_backward_weight, linear_forward,
+import hotloop.kernels.heads
+from hotloop.kernels.heads import heads_backward, heads_forward, heads_reference
+from hotloop.kernels.linear import (WeightTranspose, linear_backward_input, linear_backward_weight, linear_forward,
                             linear_reference)
-from kernels.tf32_split import split_tf32
+from hotloop.kernels.tf32_split import split_tf32
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 CPU_TOL = dict(rtol=1e-4, atol=1e-4)
@@ -180,7 +180,7 @@ def test_two_nets_in_one_launch_use_each_buffer():
     (300, 1, 2, 16, 4), (517, 3, 5, 20, 4)])  # few backward programs: each runs several row blocks, as at seed scale
 def test_heads_forward_and_backward_match_float64(m, branches, actions, hidden, programs, monkeypatch):
     if programs is not None:
-        monkeypatch.setattr(kernels.heads, "BWD_PROGRAMS", programs)
+        monkeypatch.setattr(hotloop.kernels.heads, "BWD_PROGRAMS", programs)
     gen = torch.Generator().manual_seed(m)
     j = 1 + branches * actions
     h = torch.relu(_rand(m, (1 + branches) * hidden, gen=gen))

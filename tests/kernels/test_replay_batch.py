@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.replay_batch import batch_uniforms, gather_reference, gather_transitions, uniforms_reference
+from hotloop.kernels.replay_batch import batch_uniforms, gather_reference, gather_transitions, uniforms_reference
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

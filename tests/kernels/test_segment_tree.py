@@ -1,4 +1,4 @@
-"""Tests of `kernels.segment_tree` against the plain-torch reference (`trainer.replay.SumTree`, `PrioritizedReplay`).
+"""Tests of `hotloop.kernels.segment_tree` against the plain-torch reference (`hotloop.trainer.replay.SumTree`, `PrioritizedReplay`).
 
 On CPU the kernels run on the Triton interpreter (tests/conftest.py); tests marked `gpu` run on the H200 only.
 Outputs are poisoned before each launch; inputs are fresh seeded random non-zero values; the reference is float64.
@@ -12,10 +12,10 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from kernels import segment_tree as st
-from kernels.replay_batch import AnnealedBeta, CounterUniforms, batch_uniforms, uniforms_reference
-from kernels.segment_tree import sample_reference, tree_insert, tree_rebuild, tree_sample, tree_update
-from trainer.replay import PrioritizedReplay, SumTree
+from hotloop.kernels import segment_tree as st
+from hotloop.kernels.replay_batch import AnnealedBeta, CounterUniforms, batch_uniforms, uniforms_reference
+from hotloop.kernels.segment_tree import sample_reference, tree_insert, tree_rebuild, tree_sample, tree_update
+from hotloop.trainer.replay import PrioritizedReplay, SumTree
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 CAPACITIES = [1, 3, 5, 1000, 1025, 4097]

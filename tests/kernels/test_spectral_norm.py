@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from kernels.spectral_norm import (SEED_SHAPES, SpectralNormTable, bench_inputs, bench_pairs, spectral_norm_,
+from hotloop.kernels.spectral_norm import (SEED_SHAPES, SpectralNormTable, bench_inputs, bench_pairs, spectral_norm_,
                                    spectral_norm_reference)
 
 ODD = [(1, 1), (3, 5), (7, 130), (130, 7), (257, 33)]
@@ -151,7 +151,7 @@ def test_table_layout_and_seed_grid():
 
 
 def test_seed_shapes_are_the_networks():
-    from trainer.network import BranchingDuelingQNet
+    from hotloop.trainer.network import BranchingDuelingQNet
 
     net = BranchingDuelingQNet(64, (4, 4, 4), (512, 256), 80, spectral_norm=False)
     shapes = [tuple(m.weight.shape) for m in net.modules() if isinstance(m, nn.Linear)]

@@ -1,4 +1,4 @@
-"""Fused Double-DQN TD loss (kernels/td_loss.py) vs the plain-torch terms of trainer/losses.py in float64.
+"""Fused Double-DQN TD loss (kernels/td_loss.py) vs the plain-torch terms of kernels/losses.py in float64.
 
 On CPU the kernel runs under the Triton interpreter (tests/conftest.py); `gpu` tests run natively on CUDA.
 """
@@ -6,7 +6,7 @@ On CPU the kernel runs under the Triton interpreter (tests/conftest.py); `gpu` t
 import pytest
 import torch
 
-from kernels.td_loss import (METRIC_NAMES, TDLossOutputs, TDLossWorkspace, _num_programs, bench_inputs,
+from hotloop.kernels.td_loss import (METRIC_NAMES, TDLossOutputs, TDLossWorkspace, _num_programs, bench_inputs,
                              fused_td_loss, td_loss_forward, td_loss_reference)
 
 FIELDS = ("objective", "target", "td", "per_sample", "priorities", "metrics")

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import torch
 
-from kernels.heads import heads_backward
-from kernels.linear import linear_backward_input, linear_backward_weight, linear_forward, linear_reference
-from kernels.tf32_split import split_tf32
+from hotloop.kernels.heads import heads_backward
+from hotloop.kernels.linear import linear_backward_input, linear_backward_weight, linear_forward, linear_reference
+from hotloop.kernels.tf32_split import split_tf32
 
 FP32_BOUND = 2e-6  # relative max error of a split-precision (3xTF32) result against float64
 

@@ -8,7 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.tf32_split import split_tf32, tf32_rna
+from hotloop.kernels.tf32_split import split_tf32, tf32_rna
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

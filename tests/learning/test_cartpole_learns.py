@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from trainer.config import preset
-from trainer.loop import Trainer
+from hotloop.trainer.config import preset
+from hotloop.trainer.loop import Trainer
 
 
 @pytest.mark.slow

@@ -14,12 +14,12 @@ import dataclasses
 
 import pytest
 
-from guards.baselines import compare, is_count, load_baseline
-from guards.criteria import CRITERIA
-from guards.gate import GUARD_STEP_RANGE, default_baseline
-from trainer.config import Config, preset
-from trainer.loop import Trainer
-from trainer.step import PHASE_RULES
+from hotloop.guards.baselines import compare, is_count, load_baseline
+from hotloop.guards.criteria import CRITERIA
+from hotloop.guards.gate import GUARD_STEP_RANGE, default_baseline
+from hotloop.trainer.config import Config, preset
+from hotloop.trainer.loop import Trainer
+from hotloop.trainer.step import PHASE_RULES
 
 GUARDED = [c.name for c in CRITERIA if c.measured_by is None]
 """Criteria a guarded window measures (the others are the watchdog's and pytest's own)."""

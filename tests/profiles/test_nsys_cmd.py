@@ -14,10 +14,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from profiles import nsys_cmd
-from profiles.nsight_reader import read_nsight_sqlite
-from profiles.nsys_cmd import NsysRoute, find_nsys, range_gpu_time
-from trainer.cli import main
+from hotloop.profiles import nsys_cmd
+from hotloop.profiles.nsight_reader import read_nsight_sqlite
+from hotloop.profiles.nsys_cmd import NsysRoute, find_nsys, range_gpu_time
+from hotloop.guards.cli import main
 
 EXPORT = Path(__file__).parents[1] / "data" / "traces" / "h200" / "nsys_matmul_nvtx.sqlite"
 HI = [sys.executable, "-c", "print('hi')"]
@@ -70,14 +70,14 @@ def _log(tmp_path: Path) -> list[dict]:
 @pytest.fixture
 def env(tmp_path, monkeypatch):
     """No nsys anywhere (PATH = an empty folder, no Nsight Compute root), temp files in tmp_path/tmp, a log of the
-    fake tools' calls at tmp_path/calls.jsonl, the repo root (for .nsyslibs) at tmp_path/repo."""
+    fake tools' calls at tmp_path/calls.jsonl, $HOTLOOP_NSYS_LIBS at tmp_path/repo/.nsyslibs."""
     for d in ("empty", "tmp", "repo", "opt"):
         (tmp_path / d).mkdir()
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     monkeypatch.setenv("FAKE_LOG", str(tmp_path / "calls.jsonl"))
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     monkeypatch.setattr(nsys_cmd, "NSIGHT_COMPUTE_ROOTS", (tmp_path / "opt",))
-    monkeypatch.setattr(nsys_cmd, "REPO_ROOT", tmp_path / "repo")
+    monkeypatch.setenv(nsys_cmd.LIBS_ENV, str(tmp_path / "repo" / ".nsyslibs"))
     return tmp_path
 
 
@@ -141,7 +141,7 @@ def test_bundled_route_when_nsys_is_not_on_path_runs_the_importer_with_nsyslibs(
     monkeypatch.setenv("LD_LIBRARY_PATH", "/usr/local/lib")
     _bundled(env / "opt", "2025.9.0")
     nsys, importer = _bundled(env / "opt", "2025.10.1")  # newest version first (numerically)
-    assert find_nsys(env / "repo", [env / "opt"]) == NsysRoute(nsys, importer, env / "repo" / ".nsyslibs")
+    assert find_nsys(None, [env / "opt"]) == NsysRoute(nsys, importer, env / "repo" / ".nsyslibs")
     out = env / "run"
     assert main(["nsys", "--out", str(out), "--", *HI]) == 0
     assert "per step (5 step ranges" in capsys.readouterr().out
@@ -171,7 +171,7 @@ def test_a_failing_importer_exits_1_naming_nsyslibs(env, capsys, monkeypatch):
 
 def test_path_nsys_is_preferred_over_the_bundled_one(path_nsys, env):
     _bundled(env / "opt")
-    assert find_nsys(env / "repo", [env / "opt"]) == NsysRoute(path_nsys)
+    assert find_nsys(None, [env / "opt"]) == NsysRoute(path_nsys)
 
 
 def test_no_nsys_anywhere_exits_2_naming_both_routes(env, capsys):
@@ -181,7 +181,7 @@ def test_no_nsys_anywhere_exits_2_naming_both_routes(env, capsys):
     assert "NSIGHT.md" in err and "Install Nsight Systems" in err
     assert not (env / "run").exists() and _log(env) == []
     with pytest.raises(ValueError, match="not on PATH"):
-        find_nsys(env / "repo", [env / "opt"])
+        find_nsys(None, [env / "opt"])
 
 
 def test_a_non_empty_out_exits_2_and_nothing_is_overwritten(path_nsys, env, capsys):
@@ -220,7 +220,7 @@ def test_range_gpu_time_of_the_real_export():
 
 
 def test_range_gpu_time_counts_ranges_per_thread_and_nested_ranges_inclusively():
-    from profiles.trace_schema import event_frame
+    from hotloop.profiles.trace_schema import event_frame
 
     rows = [  # (name, kind, start, dur, tid, correlation)
         ("outer", "user_annotation", 0, 100, "1", None), ("inner", "user_annotation", 10, 20, "1", None),

@@ -7,9 +7,9 @@ import types
 import pytest
 import torch
 
-from profiles import ranges
-from profiles.kineto_reader import read_kineto
-from profiles.ranges import DEFAULT_COLOR, PHASE_COLORS, nvtx_backend, phase_range, range_cost_ns
+from hotloop.profiles import ranges
+from hotloop.profiles.kineto_reader import read_kineto
+from hotloop.profiles.ranges import DEFAULT_COLOR, PHASE_COLORS, nvtx_backend, phase_range, range_cost_ns
 
 
 @pytest.fixture(autouse=True)

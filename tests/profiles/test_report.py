@@ -5,9 +5,9 @@ import math
 import pandas as pd
 import pytest
 
-from profiles.epoch_table import EPOCH_COLUMNS, epoch_frame, write_table
-from profiles.report import compare_runs
-from trainer.cli import main
+from hotloop.profiles.epoch_table import EPOCH_COLUMNS, epoch_frame, write_table
+from hotloop.profiles.report import compare_runs
+from hotloop.guards.cli import main
 
 
 def make_run(path, wall_s, extra=None):

@@ -2,8 +2,8 @@
 
 import pandas as pd
 
-from profiles.epoch_table import EPOCH_COLUMNS, OPTIONAL_COLUMNS
-from trainer.cli import main
+from hotloop.profiles.epoch_table import EPOCH_COLUMNS, OPTIONAL_COLUMNS
+from hotloop.guards.cli import main
 
 TINY = ["--set", "learner_steps_per_epoch=10", "--set", "learning_starts=32", "--set", "batch_size=16",
         "--set", "trunk_hidden=[8]", "--set", "head_hidden=4", "--set", "eval_episodes=0", "--no-progress"]

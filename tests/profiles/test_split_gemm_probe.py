@@ -5,7 +5,7 @@ tiles; and the TF32 split it feeds the pre-split modes."""
 import pytest
 import torch
 
-from profiles.split_gemm_probe import MODES, PRESPLIT_MODES, _run, split_tf32
+from hotloop.profiles.split_gemm_probe import MODES, PRESPLIT_MODES, _run, split_tf32
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: the Triton interpreter (tests/conftest.py)
 

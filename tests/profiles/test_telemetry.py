@@ -8,8 +8,8 @@ import types
 import pytest
 import torch
 
-from profiles.epoch_table import TELEMETRY_COLUMNS
-from profiles.telemetry import NvmlTelemetry, decode_clocks_event_reasons
+from hotloop.profiles.epoch_table import TELEMETRY_COLUMNS
+from hotloop.profiles.telemetry import NvmlTelemetry, decode_clocks_event_reasons
 
 BITS = {"GpuIdle": 0x1, "ApplicationsClocksSetting": 0x2, "SwPowerCap": 0x4, "HwSlowdown": 0x8,
         "SyncBoost": 0x10, "SwThermalSlowdown": 0x20, "HwThermalSlowdown": 0x40, "HwPowerBrakeSlowdown": 0x80,
@@ -73,7 +73,7 @@ def _unavailable(row):
 @pytest.mark.parametrize("broken", ["no module", "init fails"])
 def test_unavailable_nvml_gives_nan_and_one_warning_line(monkeypatch, caplog, broken):
     monkeypatch.setitem(sys.modules, "pynvml", None if broken == "no module" else fake_pynvml(fail=("init",)))
-    with caplog.at_level(logging.WARNING, logger="profiles.telemetry"):
+    with caplog.at_level(logging.WARNING, logger="hotloop.profiles.telemetry"):
         telemetry = NvmlTelemetry(torch.device("cuda", 0) if broken == "init fails" else 0)
         rows = [telemetry.sample(), telemetry.sample()]
     assert all(_unavailable(r) for r in rows) and list(rows[0]) == TELEMETRY_COLUMNS

@@ -2,9 +2,9 @@
 
 import torch
 
-from profiles.kineto_reader import read_kineto
-from trainer.config import preset
-from trainer.loop import Trainer
+from hotloop.profiles.kineto_reader import read_kineto
+from hotloop.trainer.config import preset
+from hotloop.trainer.loop import Trainer
 
 
 def test_trainer_phases_are_ranges_in_the_trace(tmp_path):

@@ -6,10 +6,10 @@ from typing import Any
 
 import torch
 
-from trainer.envs.base import StepResult, VecEnv
-from trainer.envs.cartpole import CartPoleVec
-from trainer.envs.gym_adapter import GymnasiumVecEnv
-from trainer.envs.synthetic import SyntheticBatchEnv
+from hotloop.trainer.envs.base import StepResult, VecEnv
+from hotloop.trainer.envs.cartpole import CartPoleVec
+from hotloop.trainer.envs.gym_adapter import GymnasiumVecEnv
+from hotloop.trainer.envs.synthetic import SyntheticBatchEnv
 
 __all__ = ["CartPoleVec", "GymnasiumVecEnv", "StepResult", "SyntheticBatchEnv", "VecEnv", "make_env"]
 

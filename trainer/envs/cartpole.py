@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from trainer.envs.base import StepResult, check_uniforms
+from hotloop.trainer.envs.base import StepResult, check_uniforms
 
 GRAVITY = 9.8
 MASSCART = 1.0

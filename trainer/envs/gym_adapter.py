@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainer.envs.base import StepResult
+from hotloop.trainer.envs.base import StepResult
 
 
 def _import_gymnasium() -> Any:

@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from trainer.envs.base import StepResult, check_uniforms
+from hotloop.trainer.envs.base import StepResult, check_uniforms
 
 NOISE_STD = 0.1
 SPECTRAL_SCALE = 0.9  # A ~ 0.9 * N(0, 1/obs_dim): spectral radius about 0.9, so observations neither die nor saturate

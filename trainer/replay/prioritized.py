@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 import torch
 
-from trainer.replay.sum_tree import SumTree, _check_tensor, _load_tensors
+from hotloop.kernels.sum_tree import SumTree, _check_tensor, _load_tensors
 
 
 class PrioritizedBatch(NamedTuple):
@@ -125,7 +125,7 @@ class PrioritizedReplay:
         self._aranges: dict[int, torch.Tensor] = {}  # kept for good: a captured graph reads them by address
         self.use_kernels = self.device.type == "cuda" if use_kernels is None else bool(use_kernels)
         if self.use_kernels:
-            from kernels import segment_tree
+            from hotloop.kernels import segment_tree
 
             self._kernels = segment_tree
 

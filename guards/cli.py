@@ -11,10 +11,10 @@ import sys
 import textwrap
 from pathlib import Path
 
-from guards.inspect_cmd import add_inspect_parser, run_inspect
-from profiles.nsys_cmd import add_nsys_parser, run_nsys
-from profiles.report import add_report_parser, run_report
-from trainer.config import PRESETS, Config, field_docs, parse_override, preset
+from hotloop.profiles.inspect_cmd import add_inspect_parser, run_inspect
+from hotloop.profiles.nsys_cmd import add_nsys_parser, run_nsys
+from hotloop.profiles.report import add_report_parser, run_report
+from hotloop.trainer.config import PRESETS, Config, field_docs, parse_override, preset
 
 USAGE_ERROR = 2
 
@@ -68,8 +68,11 @@ def build_parser() -> argparse.ArgumentParser:
     gate.add_argument("--repeats", type=int, default=1, metavar="R",
                       help="repeats of the guarded window; the baseline compares their medians (default 1)")
     gate.add_argument("--baseline", type=Path, metavar="JSON",
-                      help="baseline to compare with (default on CUDA: profiles/baselines/<gpu-name-slug>.json "
+                      help="baseline to compare with (default on CUDA: <baseline dir>/<gpu-name-slug>.json "
                            "when it exists and was measured with this configuration)")
+    gate.add_argument("--baseline-dir", type=Path, metavar="DIR",
+                      help="folder of per-GPU baselines (<gpu-name-slug>.json) the default baseline is looked up in "
+                           "(default: the ones installed with hotloop, hotloop.profiles/baselines/)")
     gate.add_argument("--no-baseline", action="store_true",
                       help="compare with no baseline (the criteria alone decide)")
     gate.add_argument("--update-baseline", action="store_true",
@@ -86,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_bench_parser(sub: argparse._SubParsersAction, fmt: type[argparse.HelpFormatter]) -> None:
-    """The `hotloop bench` subcommand (trainer/bench.py; imported only when it runs, as it needs torch)."""
+    """The `hotloop bench` subcommand (guards/bench.py; imported only when it runs, as it needs torch)."""
     bench = sub.add_parser(
         "bench", help="time learner-step variants side by side in one process; print and write bench.csv/.md",
         epilog=_config_epilog(), formatter_class=fmt,
@@ -102,7 +105,7 @@ def _add_bench_parser(sub: argparse._SubParsersAction, fmt: type[argparse.HelpFo
     bench.add_argument("--seed", type=int, help="override the preset's seed")
     bench.add_argument("--device", help="cpu, cuda, cuda:N or auto (default: the preset's, auto)")
     bench.add_argument("--variants", default="all", metavar="NAMES",
-                       help="comma-separated variants (trainer.bench.VARIANTS): eager, graph-fp32, graph-tf32, "
+                       help="comma-separated variants (hotloop.guards.bench.VARIANTS): eager, graph-fp32, graph-tf32, "
                             "compiled-split, compiled-tf32, hotloop; or all, graph (= graph-fp32,graph-tf32), "
                             "compiled (= compiled-split,compiled-tf32) (default all)")
     bench.add_argument("--steps", type=int, default=200, help="timed learner steps per variant (default 200)")
@@ -127,7 +130,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
 def check_env(cfg: Config) -> None:
     """Build one copy of the configured env on the CPU and close it; ValueError naming `env` if that fails (an
     unknown name, a Gymnasium id that does not exist or has unsupported spaces), before any run folder exists."""
-    from trainer.envs import make_env
+    from hotloop.trainer.envs import make_env
 
     try:
         env = make_env(cfg.env, 1, "cpu", cfg.seed, **cfg.env_shape())
@@ -138,13 +141,13 @@ def check_env(cfg: Config) -> None:
 
 def check_gate_args(args: argparse.Namespace, cfg: Config) -> None:
     """Gate-only options; resolves the baseline: --no-baseline -> none; an explicit --baseline must have been
-    measured with `cfg`'s step on this GPU (guards.gate.baseline_mismatch); the default one
+    measured with `cfg`'s step on this GPU (hotloop.guards.gate.baseline_mismatch); the default one
     (profiles/baselines/<gpu>.json) is dropped with a note on stderr when it was not. ValueError (naming the
     option) before any training."""
-    from guards.baselines import load_baseline
-    from guards.gate import baseline_mismatch, default_baseline
+    from hotloop.guards.baselines import load_baseline
+    from hotloop.guards.gate import baseline_mismatch, default_baseline
 
-    from guards.faults import check_request
+    from hotloop.guards.faults import check_request
 
     check_request(args.inject, args.update_baseline)
     if args.guard_steps < 1 or args.guard_warmup < 0 or args.repeats < 1:
@@ -152,10 +155,13 @@ def check_gate_args(args: argparse.Namespace, cfg: Config) -> None:
                          f"{args.guard_steps}, {args.repeats}, {args.guard_warmup}")
     explicit = args.baseline is not None
     if args.no_baseline:
-        if explicit or args.update_baseline:
-            raise ValueError("--no-baseline cannot be given with --baseline or --update-baseline")
+        if explicit or args.update_baseline or args.baseline_dir is not None:
+            raise ValueError("--no-baseline cannot be given with --baseline, --baseline-dir or --update-baseline")
         return
-    if not explicit and (found := default_baseline()) and (found.exists() or args.update_baseline):
+    if explicit and args.baseline_dir is not None:
+        raise ValueError("--baseline-dir cannot be given with --baseline (it names the folder the default one is "
+                         "looked up in)")
+    if not explicit and (found := default_baseline(args.baseline_dir)) and (found.exists() or args.update_baseline):
         args.baseline = found
     if args.update_baseline:
         if args.baseline is None:
@@ -182,7 +188,7 @@ def check_gate_args(args: argparse.Namespace, cfg: Config) -> None:
 def check_bench_args(args: argparse.Namespace) -> None:
     """Bench-only options: --variants (expanded into args.variant_names), --steps >= 1, --warmup >= 0; ValueError
     naming the option (and, for a bad variant, the valid ones)."""
-    from trainer.bench import expand_variants
+    from hotloop.guards.bench import expand_variants
 
     try:
         args.variant_names = expand_variants(args.variants)
@@ -208,9 +214,9 @@ def check_resume_args(args: argparse.Namespace) -> None:
 
 def prepare_resume(args: argparse.Namespace, cfg: Config) -> Path:
     """Read RUN_DIR's checkpoint and per-epoch table into args.resume_point and check them against `cfg`
-    (trainer.resume.read_resume_point) and that epochs are left to run; writes nothing. ValueError naming the
+    (hotloop.trainer.resume.read_resume_point) and that epochs are left to run; writes nothing. ValueError naming the
     problem."""
-    from trainer.resume import read_resume_point
+    from hotloop.trainer.resume import read_resume_point
 
     try:
         point = read_resume_point(args.resume, cfg)
@@ -228,8 +234,8 @@ def prepare_run(args: argparse.Namespace) -> tuple[Config, Path]:
     may exist unless it holds bench.csv/bench.md; train/gate: it must be new or empty; train --resume: the run
     folder, with its checkpoint read into args.resume_point).
     Raises ValueError (bad input, exit 2) naming what was wrong; nothing is written before every check passed."""
-    from profiles.epoch_table import new_run_dir
-    from trainer.loop import resolve_device
+    from hotloop.profiles.epoch_table import new_run_dir
+    from hotloop.trainer.loop import resolve_device
 
     resume = getattr(args, "resume", None)
     if resume is not None:
@@ -247,7 +253,7 @@ def prepare_run(args: argparse.Namespace) -> tuple[Config, Path]:
         return cfg, prepare_resume(args, cfg)
     if args.command == "bench":
         if args.out:
-            from trainer.bench import check_out_dir
+            from hotloop.guards.bench import check_out_dir
 
             check_out_dir(args.out)
     elif args.out and args.out.exists() and (not args.out.is_dir() or any(args.out.iterdir())):
@@ -278,26 +284,26 @@ def main(argv: list[str] | None = None) -> int:
         return USAGE_ERROR
     try:
         if args.command == "bench":
-            from trainer.bench import run_bench
-            from trainer.loop import resolve_device
+            from hotloop.guards.bench import run_bench
+            from hotloop.trainer.loop import resolve_device
 
             run_bench(cfg, resolve_device(cfg.device), args.variant_names, args.steps, args.warmup, run_dir)
             print(f"\nbench folder: {run_dir}")
             return 0
         if args.command == "gate":
-            from guards.gate import run_gate
+            from hotloop.guards.gate import run_gate
 
             return run_gate(cfg, run_dir, args.epoch_timeout, not args.no_progress, args.guard_steps,
                             args.guard_warmup, args.repeats, args.baseline, args.update_baseline, args.inject)
-        from profiles.epoch_table import format_table
-        from trainer.run import run_training
+        from hotloop.profiles.epoch_table import format_table
+        from hotloop.guards.run import run_training
 
         table, _ = run_training(cfg, run_dir, args.epoch_timeout, not args.no_progress,
                                 resume=args.resume_point if args.resume is not None else False)
         print("\nPer-epoch table\n" + format_table(table) + f"\n\nrun folder: {run_dir}")
         return 0
     except KeyboardInterrupt:
-        from trainer.resume import CHECKPOINT_FILE
+        from hotloop.trainer.resume import CHECKPOINT_FILE
 
         hint = (f"; continue with: hotloop train --resume {run_dir}"
                 if args.command == "train" and (run_dir / CHECKPOINT_FILE).exists() else "")

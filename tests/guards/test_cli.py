@@ -7,15 +7,15 @@ import sys
 import pandas as pd
 import pytest
 
-from profiles.epoch_table import EPOCH_COLUMNS
-from trainer.cli import main
+from hotloop.profiles.epoch_table import EPOCH_COLUMNS
+from hotloop.guards.cli import main
 
 TINY = ["--set", "learner_steps_per_epoch=20", "--set", "learning_starts=64", "--set", "batch_size=32",
         "--set", "trunk_hidden=[16]", "--set", "head_hidden=8", "--set", "eval_episodes=4", "--no-progress"]
 
 
 def _hotloop(*args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "trainer.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "hotloop.guards.cli", *args], capture_output=True, text=True,
                           timeout=timeout)
 
 
@@ -98,8 +98,8 @@ def test_gate_runs_and_writes_its_tables(tmp_path, capsys):
     assert all(verdicts[c]["verdict"] == "PASS" for c in measured)
     assert verdicts["no D2D weight sync"]["status"] == "not measured (no CUDA)"
     assert len(json.loads((out / "guard.json").read_text())["per_step"]) == 4
-    from guards.trace_counts import step_ranges
-    from profiles.kineto_reader import read_kineto
+    from hotloop.profiles.trace_counts import step_ranges
+    from hotloop.profiles.kineto_reader import read_kineto
     assert len(step_ranges(read_kineto(out / "trace.json.gz"), "guard_step")) == 4  # the kept trace, one repeat
     assert (out / "epochs.md").read_text().startswith("|")
     assert json.loads((out / "config.json").read_text())["learner_steps_per_epoch"] == 20
@@ -109,7 +109,7 @@ def test_gate_fails_naming_the_criterion_when_a_step_syncs(tmp_path, capsys, mon
     # Inject the fault: every learner step calls torch.cuda.synchronize() (stubbed, as this machine has no CUDA).
     import torch
 
-    from trainer.loop import Trainer
+    from hotloop.trainer.loop import Trainer
 
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
     clean_step = Trainer.train_step
@@ -177,10 +177,10 @@ def test_gate_refuses_a_baseline_of_another_configuration_before_training(tmp_pa
 
 
 def test_the_default_baseline_of_another_configuration_is_skipped_with_a_note(tmp_path, capsys, monkeypatch):
-    import guards.gate
+    import hotloop.guards.gate
 
     base = tmp_path / "gpu.json"
-    monkeypatch.setattr(guards.gate, "default_baseline", lambda: base)
+    monkeypatch.setattr(hotloop.guards.gate, "default_baseline", lambda folder=None: base)
     args = ["gate", "--epochs", "1", "--device", "cpu", "--guard-steps", "2", *TINY]
     assert main([*args, "--out", str(tmp_path / "a"), "--update-baseline"]) == 0 and base.exists()
     capsys.readouterr()

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from trainer.losses import branch_diversity_term, chosen_q, cql_term, double_dqn_target, td_loss
+from hotloop.kernels.losses import branch_diversity_term, chosen_q, cql_term, double_dqn_target, td_loss
 
 
 def test_double_dqn_target_hand_made_example():

@@ -1,10 +1,10 @@
 """`hotloop bench`: learner-step variants timed side by side in ONE process on one device, plus a roofline floor.
 
 Each variant (trainer/bench_variants.py: eager, graph-fp32, graph-tf32, compiled-split, compiled-tf32; and
-"hotloop", hotloop's own step, looked up as `trainer.step.build_hotloop_variant(cfg, device)`) is built, warmed up,
+"hotloop", hotloop's own step, built by `hotloop.trainer.bench_variants.build_hotloop_variant`) is built, warmed up,
 and timed step by step with CUDA events (host perf_counter on CPU); then 5 more steps run under
-`guards.guard.guard_steps` for the kernels per step. One row per variant; a variant that raises gets a row of NaN
-numbers with the error in `note`, and the others still run. ../shared/DESIGN.md asks for exactly this: "hotloop's
+`hotloop.guards.guard.guard_steps` for the kernels per step. One row per variant; a variant that raises gets a row of NaN
+numbers with the error in `note`, and the others still run. docs/h200_facts.md asks for exactly this: "hotloop's
 bench must measure its baselines itself, in the same run as its own step".
 
 Table columns (BENCH_COLUMNS): variant, precision, us_per_step_p20/p50/p80 (microseconds per learner step,
@@ -12,7 +12,8 @@ quantiles over the timed steps), kernels_per_step (median over the guarded steps
 replayed graph included; NaN off CUDA), setup_kind, setup_s (one-time setup seconds: capture / compile + capture),
 ratio_to_hotloop (us_per_step_p50 / the "hotloop" row's; NaN without one), roofline_floor_us (`roofline_floor_us`
 at the config's shapes), steps (timed steps; 0 for a failed row), gpu, commit, date (UTC), note.
-Output style after kernels/bench.py and Triton's tutorial benchmarks (../shared/CONVENTIONS.md item 6).
+Output style after profiles/kernel_bench.py, Triton's tutorial benchmarks (`python/tutorials/05-layer-norm.py`) and
+Liger-Kernel's `benchmark/scripts/utils.py`.
 """
 
 from __future__ import annotations
@@ -30,30 +31,21 @@ from typing import NamedTuple
 import pandas as pd
 import torch
 
-from profiles.provenance import commit_id, device_name
-from trainer.bench_variants import Variant, build_compiled, build_eager, build_graph, env_shapes
-from trainer.config import Config
+from hotloop.profiles.provenance import commit_id, device_name
+from hotloop.trainer.bench_variants import (Variant, build_compiled, build_eager, build_graph,
+                                            build_hotloop_variant, env_shapes)
+from hotloop.trainer.config import Config
 
 BENCH_COLUMNS = ["variant", "precision", "us_per_step_p20", "us_per_step_p50", "us_per_step_p80", "kernels_per_step",
                  "setup_kind", "setup_s", "ratio_to_hotloop", "roofline_floor_us", "steps", "gpu", "commit", "date",
                  "note"]
 GUARD_STEPS, GUARD_WARMUP = 5, 2
-"""Steps profiled by guards.guard.guard_steps for kernels_per_step, and its unprofiled warm-up steps."""
+"""Steps profiled by hotloop.guards.guard.guard_steps for kernels_per_step, and its unprofiled warm-up steps."""
 GUARD_STEP_RANGE = "bench_step"
 TF32_TFLOPS = 494.7
 """Dense TF32 tensor-core peak of an H100/H200 SXM, TFLOP/s (NVIDIA H100 datasheet: 989 with sparsity)."""
 COPY_GBS = 4250.0
-"""Copy bandwidth measured on the H200, GB/s (../shared/DESIGN.md, "Copy bandwidth ~4.25 TB/s")."""
-
-
-def _build_hotloop(cfg: Config, device: torch.device) -> Variant:
-    """`trainer.step.build_hotloop_variant(cfg, device)`, imported when called; RuntimeError naming the missing
-    piece when trainer/step.py or the function does not exist (yet)."""
-    try:
-        from trainer.step import build_hotloop_variant
-    except ImportError as exc:
-        raise RuntimeError(f"trainer.step.build_hotloop_variant is not available: {exc}") from exc
-    return build_hotloop_variant(cfg, device)
+"""Copy bandwidth measured on the H200, GB/s (docs/h200_facts.md, "Copy bandwidth ~4.25 TB/s")."""
 
 
 class VariantSpec(NamedTuple):
@@ -71,7 +63,7 @@ VARIANTS: dict[str, VariantSpec] = {
     "graph-tf32": VariantSpec(functools.partial(build_graph, precision="tf32"), "tf32", "capture"),
     "compiled-split": VariantSpec(functools.partial(build_compiled, precision="split"), "split", "compile+capture"),
     "compiled-tf32": VariantSpec(functools.partial(build_compiled, precision="tf32"), "tf32", "compile+capture"),
-    "hotloop": VariantSpec(_build_hotloop, "", ""),
+    "hotloop": VariantSpec(build_hotloop_variant, "", ""),
 }
 """The variants `hotloop bench` knows, in the default (table) order."""
 ALIASES: dict[str, tuple[str, ...]] = {
@@ -144,7 +136,7 @@ def roofline_floor_us(cfg: Config, obs_dim: int, action_nvec: tuple[int, ...], p
       - FLOPs, backward: two GEMMs per layer, dX and dW, 2 * B * in * out each; the first layer has no dX (its input
         is the observation): 2 * B * (2 S - in_0 * out_0). Run at `peak_tflops_bwd` (default 494.7 / 3: FP32
         accuracy from TF32 tensor cores with the 3xTF32 split).
-      - Bytes (each moved once at `peak_gbs`, default 4250 GB/s, the H200 copy bandwidth of ../shared/DESIGN.md):
+      - Bytes (each moved once at `peak_gbs`, default 4250 GB/s, the H200 copy bandwidth of docs/h200_facts.md):
         the gathered batch (obs and next_obs B * obs_dim float32, action B * D int64, reward, terminated, weights
         B float32); activations of the differentiated forward written once and read once in the backward
         (2 * B * sum(out) float32; the no-grad forwards on s' are assumed fused); parameters (P = weights + biases +
@@ -197,7 +189,7 @@ def time_steps(step: Callable[[], object], steps: int, device: torch.device) -> 
 
 
 def guard_summary(report, steps: int = GUARD_STEPS) -> tuple[float, str]:
-    """(kernels_per_step, gemm note) from a `guards.guard.GuardReport`: the median of its per-step "kernels" column
+    """(kernels_per_step, gemm note) from a `hotloop.guards.guard.GuardReport`: the median of its per-step "kernels" column
     (NaN when the report has no CUDA side), and "gemms/step tf32=.. fp32=.. other=.." from its GEMM table (kernel
     counts over `steps` guarded steps; "other" = GEMMs whose name does not tell the precision, e.g. Inductor Triton
     templates; "" without CUDA)."""
@@ -224,11 +216,11 @@ def _free(device: torch.device, compiled: bool) -> None:
 def _measure(name: str, spec: VariantSpec, cfg: Config, device: torch.device, steps: int, warmup: int,
              base: dict) -> dict:
     """Build, warm up, time and guard one variant; returns its row (raises what the build or the steps raise)."""
-    from guards.guard import guard_steps
+    from hotloop.guards.guard import guard_steps
 
     variant = spec.builder(cfg, device)
     if not isinstance(variant, Variant):
-        raise TypeError(f"the builder of {name!r} returned {type(variant).__name__}, expected trainer.bench_variants."
+        raise TypeError(f"the builder of {name!r} returned {type(variant).__name__}, expected hotloop.trainer.bench_variants."
                         f"Variant")
     try:
         for _ in range(warmup):
@@ -258,7 +250,7 @@ def run_bench(cfg: Config, device: torch.device | str, variants: list[str], step
               out_dir: str | Path | None = None,
               extra_variants: Mapping[str, Callable[[Config, torch.device], Variant]] = {}) -> pd.DataFrame:
     """Time each named variant's learner step on `device`, one after the other in this process; print the table,
-    write it as out_dir/bench.csv and out_dir/bench.md (profiles.epoch_table.write_table) when `out_dir` is given,
+    write it as out_dir/bench.csv and out_dir/bench.md (hotloop.profiles.epoch_table.write_table) when `out_dir` is given,
     and return it (columns BENCH_COLUMNS, one row per variant in the order asked).
 
     Args:
@@ -269,7 +261,7 @@ def run_bench(cfg: Config, device: torch.device | str, variants: list[str], step
         out_dir: folder for bench.csv / bench.md (created); must not hold either already (nothing is overwritten).
         extra_variants: {name: builder(cfg, device) -> Variant}, added to (or replacing) VARIANTS' builders.
     Per variant: build; `warmup` steps; `time_steps` (CUDA events per step, or perf_counter on CPU) -> p20/p50/p80
-    us per step; on CUDA `guards.guard.guard_steps(step, steps=5, warmup=2, step_range="bench_step")` -> kernels per
+    us per step; on CUDA `hotloop.guards.guard.guard_steps(step, steps=5, warmup=2, step_range="bench_step")` -> kernels per
     step (median of its "kernels" column) and GEMM kernels per step by precision (appended to the note); then the
     variant is deleted and the CUDA cache emptied (Dynamo reset after compiled ones) before the next is built.
     An exception while building or running a variant gives its row NaN numbers, steps 0 and note "<Type>: <msg>"
@@ -319,7 +311,7 @@ def run_bench(cfg: Config, device: torch.device | str, variants: list[str], step
     df["steps"] = df["steps"].astype("int64")
     hot = df.loc[df["variant"].eq("hotloop"), "us_per_step_p50"]
     df["ratio_to_hotloop"] = df["us_per_step_p50"] / hot.iloc[0] if len(hot) else math.nan
-    from profiles.epoch_table import format_table, write_table
+    from hotloop.profiles.epoch_table import format_table, write_table
 
     print(f"hotloop bench: {len(df)} variants, {steps} timed steps each, device {device} ({base['gpu']}), "
           f"batch {cfg.batch_size}, roofline floor {base['roofline_floor_us']:.1f} us")

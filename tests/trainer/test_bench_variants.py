@@ -8,9 +8,9 @@ import copy
 import pytest
 import torch
 
-from trainer.bench_variants import (BenchState, Variant, build_compiled, build_eager, build_graph, env_shapes,
+from hotloop.trainer.bench_variants import (BenchState, Variant, build_compiled, build_eager, build_graph, env_shapes,
                                     tf32_matmuls)
-from trainer.config import preset
+from hotloop.trainer.config import preset
 
 CPU = torch.device("cpu")
 

@@ -2,7 +2,7 @@
 
 import torch
 
-from trainer.replay import PrioritizedReplay
+from hotloop.trainer.replay import PrioritizedReplay
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 

@@ -2,7 +2,7 @@
 
 Each FILE is a Kineto (torch.profiler) JSON trace, plain or gzipped, or an Nsight Systems SQLite export; the
 format is told by the file's first bytes (SQLite's header, else JSON). Prints, per file, the whole-trace counts
-of `guards.trace_counts.count_totals` and, when the trace has step ranges, the per-step table of
+of `hotloop.profiles.trace_counts.count_totals` and, when the trace has step ranges, the per-step table of
 `count_per_step`. Exit 0 when every file was read, 2 when any could not be (each such error goes to stderr,
 naming the file; the other files are still reported).
 """
@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from guards.trace_counts import COUNT_COLUMNS, count_per_step, count_totals
-from profiles.epoch_table import format_table
-from profiles.kineto_reader import read_kineto
-from profiles.nsight_reader import SQLITE_MAGIC, read_nsight_sqlite
-from profiles.trace_schema import TraceReadError
+from hotloop.profiles.trace_counts import COUNT_COLUMNS, count_per_step, count_totals
+from hotloop.profiles.epoch_table import format_table
+from hotloop.profiles.kineto_reader import read_kineto
+from hotloop.profiles.nsight_reader import SQLITE_MAGIC, read_nsight_sqlite
+from hotloop.profiles.trace_schema import TraceReadError
 
 UNREADABLE_INPUT = 2
 
@@ -42,7 +42,7 @@ def add_inspect_parser(subparsers: argparse._SubParsersAction) -> argparse.Argum
 
 
 def read_trace(path: str | Path) -> pd.DataFrame:
-    """A trace file in the `profiles.trace_schema` schema: Nsight SQLite by its header, else Kineto JSON.
+    """A trace file in the `hotloop.profiles.trace_schema` schema: Nsight SQLite by its header, else Kineto JSON.
 
     Raises TraceReadError naming the file when it cannot be read.
     """
@@ -89,7 +89,7 @@ def step_records(steps: pd.DataFrame) -> list[dict]:
 
 def format_file(path: str, n_events: int, totals: dict, steps: pd.DataFrame) -> str:
     """The text `hotloop inspect` prints for one trace: a header, the whole-file counts table (`totals` as
-    guards.trace_counts.count_totals returns it) and, when `steps` has rows, the per-step counts table."""
+    hotloop.profiles.trace_counts.count_totals returns it) and, when `steps` has rows, the per-step counts table."""
     rows = [(col, totals[col]) for col in COUNT_COLUMNS]
     rows += [(f"sync_calls {api}", n) for api, n in totals["sync_calls"].items()] or [("sync_calls", 0)]
     lines = [f"== {path} ({n_events} events)", format_table(pd.DataFrame(rows, columns=["count", "events"]))]

@@ -11,16 +11,16 @@ import pandas as pd
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from guards.watchdog import HangWatchdog
-from profiles.epoch_table import epoch_frame, write_table
-from profiles.epoch_timer import EpochTimer
-from profiles.plots import plot_epochs
-from profiles.ranges import phase_range
-from profiles.telemetry import NvmlTelemetry
-from trainer.checkpoint import save_checkpoint
-from trainer.config import Config
-from trainer.loop import Trainer
-from trainer.resume import CHECKPOINT_FILE, ResumePoint, read_resume_point
+from hotloop.guards.watchdog import HangWatchdog
+from hotloop.profiles.epoch_table import epoch_frame, write_table
+from hotloop.profiles.epoch_timer import EpochTimer
+from hotloop.profiles.plots import plot_epochs
+from hotloop.profiles.ranges import phase_range
+from hotloop.profiles.telemetry import NvmlTelemetry
+from hotloop.trainer.checkpoint import save_checkpoint
+from hotloop.trainer.config import Config
+from hotloop.trainer.loop import Trainer
+from hotloop.trainer.resume import CHECKPOINT_FILE, ResumePoint, read_resume_point
 
 
 SETUP_LIMIT_S = 300.0
@@ -34,14 +34,14 @@ def run_training(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress
     max(epoch_limit_s, SETUP_LIMIT_S)) or the process exits 3 with every thread's stack.
 
     Writes run_dir/config.json at the start, run_dir/epochs.csv + epochs.md after every epoch (so a killed
-    run keeps its finished epochs), then run_dir/checkpoint.pt (trainer.resume: atomic, outside the timed epoch,
-    under the watchdog armed as "checkpoint N"), and run_dir/epochs.png (profiles.plots.plot_epochs) at the end.
+    run keeps its finished epochs), then run_dir/checkpoint.pt (hotloop.trainer.resume: atomic, outside the timed epoch,
+    under the watchdog armed as "checkpoint N"), and run_dir/epochs.png (hotloop.profiles.plots.plot_epochs) at the end.
     A one-line summary per epoch and a progress bar go to stderr. Each epoch runs inside a `phase_range("epoch")`.
-    resume: True reads run_dir's checkpoint and table (trainer.resume.read_resume_point, checked against `cfg`;
+    resume: True reads run_dir's checkpoint and table (hotloop.trainer.resume.read_resume_point, checked against `cfg`;
     ValueError before anything is written), a ResumePoint is used as read (the CLI reads it to validate the
     invocation); the trainer is restored (its env reset) and runs the epochs after the checkpoint's up to
     cfg.epochs, the table keeping the earlier rows. Killing the process loses at most the epoch in progress.
-    Returns the per-epoch DataFrame: profiles.epoch_table.EPOCH_COLUMNS first, then gpu_ms_per_step (CUDA events
+    Returns the per-epoch DataFrame: hotloop.profiles.epoch_table.EPOCH_COLUMNS first, then gpu_ms_per_step (CUDA events
     from the epoch's start to the loop's "readback" phase; NaN off CUDA), kernels_per_step and syncs_per_step
     (NaN: no guard counts them here), the NVML telemetry sampled after the epoch (NaN without NVML / on CPU);
     and what `after_epochs(trainer)` returned (None without it), called after the last epoch under the same

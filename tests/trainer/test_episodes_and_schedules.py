@@ -3,10 +3,10 @@ import math
 import pytest
 import torch
 
-from trainer.config import preset
-from trainer.episodes import EpisodeReturns
-from trainer.loop import Trainer
-from trainer.schedules import LinearSchedule
+from hotloop.trainer.config import preset
+from hotloop.trainer.episodes import EpisodeReturns
+from hotloop.trainer.loop import Trainer
+from hotloop.trainer.schedules import LinearSchedule
 
 
 def test_linear_schedule_values():
@@ -46,7 +46,7 @@ def test_episode_returns_ring():
 def test_epsilon_greedy_mixes_greedy_and_uniform_actions():
     import torch
 
-    from trainer.learner import epsilon_greedy
+    from hotloop.trainer.learner import epsilon_greedy
 
     nvec = torch.tensor([2, 5, 3])
     greedy = torch.stack([torch.full((4000,), v) for v in (1, 4, 0)], dim=1)

@@ -11,10 +11,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from guards.trace_counts import SYNC_COLUMNS, assign_steps, count_per_step, count_totals, step_ranges
-from profiles.kineto_reader import read_kineto
-from profiles.nsight_reader import COPY_KINDS, read_nsight_sqlite
-from profiles.trace_schema import COLUMNS, TraceReadError, TraceReadWarning
+from hotloop.profiles.trace_counts import SYNC_COLUMNS, assign_steps, count_per_step, count_totals, step_ranges
+from hotloop.profiles.kineto_reader import read_kineto
+from hotloop.profiles.nsight_reader import COPY_KINDS, read_nsight_sqlite
+from hotloop.profiles.trace_schema import COLUMNS, TraceReadError, TraceReadWarning
 
 TRACES = Path(__file__).parents[1] / "data" / "traces"
 NSYS = TRACES / "h200" / "nsys_matmul_nvtx.sqlite"

@@ -1,4 +1,4 @@
-"""Unit tests of `trainer.replay.PrioritizedReplay` (CPU, seeded random non-zero inputs)."""
+"""Unit tests of `hotloop.trainer.replay.PrioritizedReplay` (CPU, seeded random non-zero inputs)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from trainer.replay import PrioritizedBatch, PrioritizedReplay
+from hotloop.trainer.replay import PrioritizedBatch, PrioritizedReplay
 
 OBS_DIM, BRANCHES = 3, 2
 

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from trainer.config import preset
-from trainer.envs import CartPoleVec
-from trainer.loop import Trainer
+from hotloop.trainer.config import preset
+from hotloop.trainer.envs import CartPoleVec
+from hotloop.trainer.loop import Trainer
 
 pytestmark = pytest.mark.gpu
 

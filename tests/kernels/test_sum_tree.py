@@ -1,4 +1,4 @@
-"""Unit tests of `trainer.replay.SumTree` (CPU, seeded random non-zero inputs)."""
+"""Unit tests of `hotloop.trainer.replay.SumTree` (CPU, seeded random non-zero inputs)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import io
 import pytest
 import torch
 
-from trainer.replay import SumTree
+from hotloop.trainer.replay import SumTree
 
 CAPACITIES = [1, 3, 5, 1000, 1023, 1025]
 U32 = 2.0**-24  # unit roundoff of float32

@@ -14,11 +14,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.td_loss import td_loss_reference
-from trainer.config import preset
-from trainer.flat_net import FlatLayout, forward_reference
-from trainer.replay import PrioritizedReplay
-from trainer.step import METRICS, HotLearner
+from hotloop.kernels.td_loss import td_loss_reference
+from hotloop.trainer.config import preset
+from hotloop.trainer.flat_net import FlatLayout, forward_reference
+from hotloop.trainer.replay import PrioritizedReplay
+from hotloop.trainer.step import METRICS, HotLearner
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 GPU = DEVICE.type == "cuda"
@@ -162,8 +162,8 @@ def test_phase_rules_and_precisions_of_the_hot_kernels():
     replay (no record_function ranges inside it)."""
     import pandas as pd
 
-    from guards.step_metrics import gemm_precision, kernel_phases
-    from trainer.step import PHASE_RULES
+    from hotloop.guards.step_metrics import gemm_precision, kernel_phases
+    from hotloop.trainer.step import PHASE_RULES
 
     expected = {
         "_tree_sample_kernel": ("sample", ""),

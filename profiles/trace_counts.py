@@ -1,6 +1,6 @@
-"""Trace counters: the guard metrics of ../shared/DESIGN.md counted over the event schema of
-`profiles.trace_schema` (a Kineto or Nsight Systems trace read by `profiles.kineto_reader` /
-`profiles.nsight_reader`), for the whole trace and per training step.
+"""Trace counters: the guard metrics of docs/criteria.md counted over the event schema of
+`hotloop.profiles.trace_schema` (a Kineto or Nsight Systems trace read by `hotloop.profiles.kineto_reader` /
+`hotloop.profiles.nsight_reader`), for the whole trace and per training step.
 
 What each count is (one flag per event, `event_flags`):
 
@@ -17,7 +17,7 @@ What each count is (one flag per event, `event_flags`):
 - <api>_calls (SYNC_COLUMNS): runtime/driver calls of each API in SYNC_APIS.
 
 API names are compared after dropping CUPTI's per-thread-default-stream suffix `_ptsz` / `_ptds`.
-Source: the counts of ../shared/traces/README.md (made independently over the same "ph": "X" events), HTA
+Source: the counts of tests/data/traces/README.md (made independently over the same "ph": "X" events), HTA
 `hta/analyzers/cuda_kernel_analysis.py` for the analyser-returns-DataFrame style.
 """
 
@@ -68,8 +68,8 @@ def count_totals(df: pd.DataFrame) -> dict:
     """Whole-trace counts: {kernels, kernels_grid1, memcpy_dtod_events, memcpy_kernels, memset_events,
     fill_kernels, graph_launches, kernels_in_graphs: int, sync_calls: {API name: int}}.
 
-    `sync_calls` lists only the SYNC_APIS that occur (count > 0), as ../shared/traces/README.md's table does;
-    an empty dict means no host sync call. `df` is a trace in the `profiles.trace_schema` schema.
+    `sync_calls` lists only the SYNC_APIS that occur (count > 0), as tests/data/traces/README.md's table does;
+    an empty dict means no host sync call. `df` is a trace in the `hotloop.profiles.trace_schema` schema.
     """
     sums = event_flags(df).sum()
     totals = {col: int(sums[col]) for col in COUNT_COLUMNS}

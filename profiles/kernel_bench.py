@@ -1,12 +1,13 @@
 """Kernel benchmark: each hotloop kernel vs its plain-torch reference at seed scale, timed with CUDA events.
 
-Usage: `python -m kernels.bench [--out profiles/h200/kernels.csv] [--reps 20] [--calls 50]`. Each module's
+Usage: `python -m hotloop.profiles.kernel_bench [--out profiles/h200/kernels.csv] [--reps 20] [--calls 50]`. Each module's
 `bench_pairs(device)` gives (name, kernel, reference) zero-argument closures. Every closure is timed two ways:
 `eager` (`calls` back-to-back launches between two CUDA events: includes launch overhead) and `graph` (the same
 `calls` captured once in a CUDA graph and replayed: GPU time as the hot loop will see it; NaN when the closure
 cannot be captured). Each way is repeated `reps` times; the table reports p20/p50/p80 of microseconds per call.
 Output: long-format CSV (kernel, provider, mode, metric, unit, p20, p50, p80, gpu, commit, date), as
-../shared/CONVENTIONS.md item 6 asks, and the same table printed.
+in Triton's `python/tutorials/05-layer-norm.py` and Liger-Kernel's `benchmark/scripts/utils.py`, and the same
+table printed.
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from profiles.provenance import commit_id
+from hotloop.profiles.provenance import commit_id
 
-MODULES = ("kernels.segment_tree", "kernels.spectral_norm", "kernels.fused_adam", "kernels.td_loss")
+MODULES = ("hotloop.kernels.segment_tree", "hotloop.kernels.spectral_norm", "hotloop.kernels.fused_adam", "hotloop.kernels.td_loss")
 
 
 def _time_eager(fn, calls: int, reps: int) -> list[float]:
@@ -81,13 +82,13 @@ def run(reps: int, calls: int) -> pd.DataFrame:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kernels.bench", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m hotloop.profiles.kernel_bench", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="CSV path (a .md beside it gets the same table)")
     parser.add_argument("--reps", type=int, default=20, help="timed repetitions per provider and mode")
     parser.add_argument("--calls", type=int, default=50, help="calls per timed repetition")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
-        print("kernels.bench: needs a CUDA GPU (torch.cuda.is_available() is False)")
+        print("hotloop.profiles.kernel_bench: needs a CUDA GPU (torch.cuda.is_available() is False)")
         return 2
     df = run(args.reps, args.calls)
     print(df.to_string(index=False, float_format=lambda v: f"{v:.2f}"))

@@ -1,4 +1,4 @@
-"""Unit tests of `trainer.checkpoint` (CPU): atomic save, safe load, RNG state helpers."""
+"""Unit tests of `hotloop.trainer.checkpoint` (CPU): atomic save, safe load, RNG state helpers."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pickle
 import pytest
 import torch
 
-from trainer.checkpoint import (generator_state, load_checkpoint, rng_state, save_checkpoint, set_generator_state,
+from hotloop.trainer.checkpoint import (generator_state, load_checkpoint, rng_state, save_checkpoint, set_generator_state,
                                 set_rng_state)
 
 

@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from trainer.config import PRESETS, Config, field_docs, field_names, parse_override, preset
-from trainer.network import BranchingDuelingQNet
+from hotloop.trainer.config import PRESETS, Config, field_docs, field_names, parse_override, preset
+from hotloop.trainer.network import BranchingDuelingQNet
 
 
 @pytest.mark.smoke

@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from trainer.config import preset
-from trainer.loop import Trainer
+from hotloop.trainer.config import preset
+from hotloop.trainer.loop import Trainer
 
 SMALL = dict(device="cpu", epochs=1, learner_steps_per_epoch=30, learning_starts=64, batch_size=32,
              trunk_hidden=(16,), head_hidden=8, eval_episodes=2, replay_capacity=4096)

@@ -1,4 +1,4 @@
-"""Unit tests of `trainer.readback.AsyncReadback` (CPU, with a fake event for the in-flight paths; one GPU test)."""
+"""Unit tests of `hotloop.trainer.readback.AsyncReadback` (CPU, with a fake event for the in-flight paths; one GPU test)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from trainer.readback import AsyncReadback, Reading
+from hotloop.trainer.readback import AsyncReadback, Reading
 
 NAMES = ("loss", "q_mean", "grad_norm", "lr")
 
@@ -229,7 +229,7 @@ def test_requires_grad_source_links_no_graph():
 
 @pytest.mark.gpu
 def test_poll_does_not_wait_for_slow_kernel_gpu():
-    from guards.sync_hooks import SyncHooks
+    from hotloop.guards.sync_hooks import SyncHooks
 
     device = torch.device("cuda")
     rb = AsyncReadback(NAMES, device)
@@ -251,8 +251,8 @@ def test_poll_does_not_wait_for_slow_kernel_gpu():
 def test_hotloop_epoch_row_carries_the_published_head_norms():
     import math
 
-    from trainer.config import preset
-    from trainer.loop import Trainer
+    from hotloop.trainer.config import preset
+    from hotloop.trainer.loop import Trainer
 
     # On CUDA when present, else the Triton interpreter on CPU: the tiniest sizes; a readback after every step.
     cfg = preset("cartpole", learner="hotloop", trunk_hidden=(16,), head_hidden=16, batch_size=16,

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from trainer.network import BranchingDuelingQNet
+from hotloop.trainer.network import BranchingDuelingQNet
 
 
 def _net(**kw):

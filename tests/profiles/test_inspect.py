@@ -1,5 +1,5 @@
 """`hotloop inspect`: tables and --json per trace file, format told by the header, exit 2 naming an unreadable
-file while the others are still reported. The parser is built here the way trainer/cli.py wires it."""
+file while the others are still reported. The parser is built here the way guards/cli.py wires it."""
 
 import argparse
 import json
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from guards.inspect_cmd import add_inspect_parser, read_trace, run_inspect
+from hotloop.profiles.inspect_cmd import add_inspect_parser, read_trace, run_inspect
 
 TRACES = Path(__file__).parents[1] / "data" / "traces"
 NSYS = str(TRACES / "h200" / "nsys_matmul_nvtx.sqlite")
@@ -63,7 +63,7 @@ def test_format_is_told_by_the_header_not_the_suffix(tmp_path):
 
 
 def test_a_step_range_that_matches_nothing_is_said(capsys):
-    from trainer.cli import main
+    from hotloop.guards.cli import main
 
     from pathlib import Path
 
@@ -74,7 +74,7 @@ def test_a_step_range_that_matches_nothing_is_said(capsys):
 
 
 def test_a_sqlite_named_file_without_a_sqlite_header_is_named_as_such(tmp_path, capsys):
-    from trainer.cli import main
+    from hotloop.guards.cli import main
 
     bad = tmp_path / "report.sqlite"
     bad.write_bytes(b"")

@@ -8,10 +8,10 @@ import types
 import pytest
 import torch
 
-from trainer.actor import DeviceActor, capturable
-from trainer.config import preset
-from trainer.envs import CartPoleVec, GymnasiumVecEnv, SyntheticBatchEnv
-from trainer.loop import Trainer
+from hotloop.trainer.actor import DeviceActor, capturable
+from hotloop.trainer.config import preset
+from hotloop.trainer.envs import CartPoleVec, GymnasiumVecEnv, SyntheticBatchEnv
+from hotloop.trainer.loop import Trainer
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: the Triton interpreter (tests/conftest.py)
 TINY = dict(learner="hotloop", trunk_hidden=(16,), head_hidden=16, batch_size=16, learner_steps_per_epoch=2,
@@ -140,7 +140,7 @@ def _trainer_after_an_epoch():
 
 
 def test_the_step_after_a_restore_continues_the_run():
-    from trainer.resume import ENV_RESEED
+    from hotloop.trainer.resume import ENV_RESEED
 
     a = _trainer_after_an_epoch()
     tensors, meta = a.checkpoint_state()

@@ -7,14 +7,14 @@ import pandas as pd
 import pytest
 import torch
 
-from trainer.checkpoint import load_checkpoint, save_checkpoint
-from trainer.cli import main
-from trainer.config import preset
-from trainer.envs import make_env
-from trainer.loop import Trainer
-from trainer.resume import CHECKPOINT_FILE, ENV_RESEED
-from trainer.run import run_training
-from trainer.step import WARMUP_STEPS
+from hotloop.trainer.checkpoint import load_checkpoint, save_checkpoint
+from hotloop.guards.cli import main
+from hotloop.trainer.config import preset
+from hotloop.trainer.envs import make_env
+from hotloop.trainer.loop import Trainer
+from hotloop.trainer.resume import CHECKPOINT_FILE, ENV_RESEED
+from hotloop.guards.run import run_training
+from hotloop.trainer.step import WARMUP_STEPS
 
 TINY = dict(device="cpu", learner="reference", epochs=3, learner_steps_per_epoch=20, learning_starts=64,
             batch_size=16, eval_episodes=2, replay_capacity=500, trunk_hidden=(16,), head_hidden=8)

@@ -1,4 +1,4 @@
-"""Tests of trainer.envs: CartPoleVec parity with Gymnasium's CartPole-v1, the Gymnasium adapter, the synthetic env,
+"""Tests of hotloop.trainer.envs: CartPoleVec parity with Gymnasium's CartPole-v1, the Gymnasium adapter, the synthetic env,
 make_env, and every ValueError path."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from trainer.envs import CartPoleVec, GymnasiumVecEnv, StepResult, SyntheticBatchEnv, VecEnv, make_env
+from hotloop.trainer.envs import CartPoleVec, GymnasiumVecEnv, StepResult, SyntheticBatchEnv, VecEnv, make_env
 
 THETA_LIMIT = 12 * 2 * math.pi / 360
 
