@@ -21,7 +21,7 @@ the GPU tests the precision.
 
 Operand layouts. Hopper's TF32 tensor-core MMA (wgmma) reads fp32 operands from shared memory only K-major (the
 reduction axis contiguous); an operand stored the other way is copied into shared memory 4 bytes at a time instead
-of 16, and the GEMM runs 1.5-5x slower (profiles/h200/split_gemm_probe.md). So the backward reads copies laid out
+of 16, and the GEMM runs 1.5-5x slower (profiles/h200/kernels/split_gemm_probe.csv). So the backward reads copies laid out
 for it: W^T scaled by the gains (`WeightTranspose`, one launch for every layer but the first), and the
 batch-contiguous transposes X^T and dY^T, written by the kernels that produce X and dY (the forward's `yt`, the
 input gradient's `dxt`, the heads' backward, the replay gather's observations). The B operands, W^T and X^T, are
@@ -291,7 +291,7 @@ def linear_forward(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, g: torch.T
         if nets != 1:
             raise ValueError("yt (the transposed output) is for one net only (nets = 1)")
         check_tensor("yt", yt, dtype=torch.float32, shape=(2, n, m), device=dev)
-    # Tiles from the H200 sweep at seed-scale shapes (profiles/h200/linear_sweep.csv): 128 x 128 x 32, 4 warps,
+    # Tiles from the H200 sweep at seed-scale shapes (profiles/h200/kernels/linear_sweep.csv): 128 x 128 x 32, 4 warps,
     # 3 stages; 64 columns where they pad N less than 128 do (N = 320: two nets 28.2 -> 23.2 us);
     # BLOCK_N halves while there are fewer than 132 programs (one wave) and it can. With yt, 8 warps: the split
     # transposed store spills at 4 (108 bytes per thread at 128 x 64 with a gathered input, compiled for sm90 here;
@@ -354,7 +354,7 @@ def linear_backward_input(dy: torch.Tensor, wt: torch.Tensor, x: torch.Tensor, d
     check_tensor("db", db, dtype=torch.float32, shape=(k,), device=dev)
     if dx is not None:
         check_tensor("dx", dx, dtype=torch.float32, shape=(m, k), device=dev)
-    # the split-GEMM probe's best tf32x3 tiles with K-major operands (profiles/h200/split_gemm_probe.md):
+    # the split-GEMM probe's best tf32x3 tiles with K-major operands (profiles/h200/kernels/split_gemm_probe.csv):
     # 128 x 128 outputs, 32-wide reduction steps, 8 warps, 3 stages
     block_m, block_k = 128, _block(k, 128)
     fused = _fused_weight_args(weight_grad_below, k, m, block_k, dev, db)

@@ -1,6 +1,6 @@
 """Kernel benchmark: each hotloop kernel vs its plain-torch reference at seed scale, timed with CUDA events.
 
-Usage: `python -m hotloop.profiles.kernel_bench [--out profiles/h200/kernels.csv] [--reps 20] [--calls 50]`. Each module's
+Usage: `python -m hotloop.profiles.kernel_bench [--out profiles/h200/kernels/kernel_bench.csv] [--reps 20] [--calls 50]`. Each module's
 `bench_pairs(device)` gives (name, kernel, reference) zero-argument closures. Every closure is timed two ways:
 `eager` (`calls` back-to-back launches between two CUDA events: includes launch overhead) and `graph` (the same
 `calls` captured once in a CUDA graph and replayed: GPU time as the hot loop will see it; NaN when the closure

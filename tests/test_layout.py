@@ -8,6 +8,7 @@ written in, where it must report it."""
 from __future__ import annotations
 
 import ast
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -142,7 +143,8 @@ def test_a_bench_import_in_the_learner_step_is_reported(tmp_path):
 
 
 def _shared_citations(root: Path) -> list[str]:
-    """Tracked files of the product (everything but the data folders) that cite the workshop folder '../shared'."""
+    """Lines of the product's tracked files (everything but the data folders) that cite the workshop folder beside
+    the checkout, which a clone or an install does not have."""
     out = subprocess.run(["git", "grep", "-n", "-F", "../" + "shared", "--", ".", *(f":!{d}" for d in DATA_DIRS)],
                          cwd=root, capture_output=True, text=True)
     return out.stdout.splitlines()
@@ -152,3 +154,13 @@ def test_the_product_cites_nothing_outside_the_repo():
     if not (ROOT / ".git").exists():
         pytest.skip("needs a git checkout (git grep over the tracked files)")
     assert _shared_citations(ROOT) == []
+
+
+def test_a_citation_outside_the_repo_is_reported_outside_the_data_folders(tmp_path):
+    if shutil.which("git") is None:
+        pytest.skip("needs git")
+    cite = "see ../" + "shared/DESIGN.md\n"
+    root = _tree(tmp_path, {"guards/x.py": f"# {cite}", "profiles/h200/notes.md": cite, "README.md": "ok\n"})
+    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+    subprocess.run(["git", "add", "."], cwd=root, check=True)
+    assert _shared_citations(root) == [f"guards/x.py:1:# {cite.strip()}"]

@@ -1,4 +1,4 @@
-"""profiles/h200/ab_trees.sh: the trees the device part `ab` compares (one per commit), made in a fresh clone."""
+"""profiles/h200/device/ab_trees.sh: the trees the device part `ab` compares (one per commit), made in a fresh clone."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ def clone(tmp_path: Path) -> Path:
 
 
 def _run(repo: Path, *specs: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", "profiles/h200/ab_trees.sh", *specs], cwd=repo, capture_output=True, text=True)
+    return subprocess.run(["bash", str(ROOT / "profiles" / "h200" / "device" / "ab_trees.sh"), *specs], cwd=repo,
+                          capture_output=True, text=True)
 
 
 def test_makes_one_tree_per_commit_with_its_id(clone: Path) -> None:

@@ -8,9 +8,9 @@ import pandas as pd
 import pytest
 import torch
 
-from profiles.epoch_table import EPOCH_COLUMNS, OPTIONAL_COLUMNS, epoch_frame
-from profiles.epoch_timer import EpochTimer
-from profiles.plots import plot_epochs
+from hotloop.profiles.epoch_table import EPOCH_COLUMNS, OPTIONAL_COLUMNS, epoch_frame
+from hotloop.profiles.epoch_timer import EpochTimer
+from hotloop.profiles.plots import plot_epochs
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -72,9 +72,9 @@ def test_plot_epochs_names_missing_columns(tmp_path):
 
 
 def test_solved_at_sums_the_epochs_up_to_the_first_that_reached_the_threshold():
-    from profiles.epoch_table import solved_at
+    from hotloop.profiles.epoch_table import solved_at
 
-    root = Path(__file__).resolve().parents[2] / "profiles" / "h200" / "cartpole_fast"
+    root = Path(__file__).resolve().parents[1] / "data" / "cartpole_fast"
     summary = pd.read_csv(root / "summary.csv").set_index("run")
     for run in ("hot_s1", "hot_s3", "ref_s4"):  # the committed H200 table was computed from these epochs.csv
         got = solved_at(pd.read_csv(root / run / "epochs.csv"))

@@ -1,11 +1,12 @@
-"""Kineto vs Nsight Systems on the same trainer (issue 6): the H200 recordings in profiles/h200/nsys_seed_scale/.
+"""Kineto vs Nsight Systems on the same trainer (issue 6): the H200 recordings of profiles/h200/nsys/,
+copied to tests/data/nsys_seed_scale/.
 
 report.sqlite is `hotloop nsys` around `hotloop train --preset seed-scale --epochs 1 --set learner_steps_per_epoch=100`
 (NVTX ranges, every graph kernel recorded per node); kineto_trace.json.gz is the Kineto trace `hotloop gate` kept of
 20 guarded learner steps of the same configuration (config.json; the README there says how both were made). The
 two profilers both use CUPTI and cannot record one process together, so these are two processes of one
 configuration. Each learner step replays one CUDA graph inside an `update` range in both; per `update` range, both
-readers (profiles.nsight_reader, profiles.kineto_reader) must give the guards the same counts and the same kernels.
+readers (hotloop.profiles.nsight_reader, hotloop.profiles.kineto_reader) must give the guards the same counts and the same kernels.
 """
 
 from __future__ import annotations
@@ -15,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from guards.inspect_cmd import read_trace
-from guards.trace_counts import COUNT_COLUMNS, assign_steps, count_per_step, step_ranges
+from hotloop.profiles.inspect_cmd import read_trace
+from hotloop.profiles.trace_counts import COUNT_COLUMNS, assign_steps, count_per_step, step_ranges
 
-RUN = Path(__file__).resolve().parents[2] / "profiles" / "h200" / "nsys_seed_scale"
+RUN = Path(__file__).resolve().parents[1] / "data" / "nsys_seed_scale"
 
 
 @pytest.fixture(scope="module")

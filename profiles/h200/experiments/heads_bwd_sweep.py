@@ -1,6 +1,8 @@
-"""The heads' backward launch (kernels.heads BWD_PROGRAMS, BWD_BLOCK_M, BWD_WARPS) swept at the seed-scale shape,
+"""Last run at 28d1c2a (2026-11-30); public names only (it sets hotloop.kernels.heads' launch constants); edited after the run (775daae: timed through kernel_bench.time_graph), not re-run.
+
+The heads' backward launch (hotloop.kernels.heads BWD_PROGRAMS, BWD_BLOCK_M, BWD_WARPS) swept at the seed-scale shape,
 isolated: each config's launch replayed 20 times in a CUDA graph, median of 7 replays; dh checked against the
-committed config's. Usage: python heads_bwd_sweep.py OUT.csv (on a CUDA machine, repo root on PYTHONPATH)."""
+committed config's. Usage: python heads_bwd_sweep.py OUT.csv (on a CUDA machine, hotloop importable)."""
 import itertools
 import statistics
 import sys
@@ -8,8 +10,8 @@ import sys
 import pandas as pd
 import torch
 
-from kernels.bench import time_graph
-import kernels.heads as H
+from hotloop.profiles.kernel_bench import time_graph
+import hotloop.kernels.heads as H
 
 dev = torch.device("cuda")
 g = torch.Generator(device=dev).manual_seed(0)

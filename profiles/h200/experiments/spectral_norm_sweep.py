@@ -1,7 +1,9 @@
-"""The fused spectral norm's slab split (kernels.spectral_norm SpectralNormTable.from_shapes min_slabs, tile) at the
+"""Last run at bcbf331 (2026-11-30); public API only; edited after the run (775daae, 3e5344f: timed through kernel_bench.time_graph, `committed` marks the current default), not re-run.
+
+The fused spectral norm's slab split (hotloop.kernels.spectral_norm SpectralNormTable.from_shapes min_slabs, tile) at the
 seed-scale weight shapes, isolated: one power iteration, the launch replayed 20 times in a CUDA graph, median of 7
 replays; sigma checked against the first split's; `committed` marks the table's default split. Usage:
-python spectral_norm_sweep.py OUT.csv (on a CUDA machine, repo root on PYTHONPATH)."""
+python spectral_norm_sweep.py OUT.csv (on a CUDA machine, hotloop importable)."""
 import inspect
 import itertools
 import statistics
@@ -10,8 +12,8 @@ import sys
 import pandas as pd
 import torch
 
-from kernels.bench import time_graph
-from kernels.spectral_norm import SEED_SHAPES, SpectralNormTable, spectral_norm_
+from hotloop.profiles.kernel_bench import time_graph
+from hotloop.kernels.spectral_norm import SEED_SHAPES, SpectralNormTable, spectral_norm_
 
 dev = torch.device("cuda")
 g = torch.Generator().manual_seed(0)

@@ -1,18 +1,20 @@
-"""The launch shapes of the step's small kernels that were never swept, at seed scale, isolated: the fused TD loss
-(kernels.td_loss _BLOCK_B, samples per program) and the grad-norm + clip + Adam pair (kernels.fused_adam
+"""Last run at 1e3d901 (2026-11-30); it reaches into private members (the launch constants hotloop.kernels.td_loss._BLOCK_B, fused_adam._BLOCK_NORM and _BLOCK_ADAM): a record tied to that commit, not kept working against later code.
+
+The launch shapes of the step's small kernels that were never swept, at seed scale, isolated: the fused TD loss
+(hotloop.kernels.td_loss _BLOCK_B, samples per program) and the grad-norm + clip + Adam pair (hotloop.kernels.fused_adam
 _BLOCK_NORM / _BLOCK_ADAM, elements per program). Each config's launch replayed 20 times in a CUDA graph, median of
-7 replays (kernels.bench.time_graph); outputs checked against the committed config's. Usage:
-python tail_sweep.py OUT.csv (on a CUDA machine, repo root on PYTHONPATH)."""
+7 replays (hotloop.profiles.kernel_bench.time_graph); outputs checked against the committed config's. Usage:
+python tail_sweep.py OUT.csv (on a CUDA machine, hotloop importable)."""
 import statistics
 import sys
 
 import pandas as pd
 import torch
 
-import kernels.fused_adam as FA
-import kernels.td_loss as TD
-from kernels.bench import time_graph
-from trainer.flat_net import FlatLayout
+import hotloop.kernels.fused_adam as FA
+import hotloop.kernels.td_loss as TD
+from hotloop.profiles.kernel_bench import time_graph
+from hotloop.trainer.flat_net import FlatLayout
 
 dev = torch.device("cuda")
 g = torch.Generator(device=dev).manual_seed(0)

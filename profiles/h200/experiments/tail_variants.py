@@ -1,25 +1,28 @@
-"""The step's tail schedule, seed scale: the clip + Adam launch's elements per program (kernels.fused_adam
+"""Last run at b6da543 (2026-11-30; first run at 2abfe9e); it reaches into private members (HotLearner._on_side; hotloop.kernels.fused_adam._BLOCK_ADAM; it rebinds module globals of hotloop.trainer.step): a record tied to that commit, not kept working against later code.
+
+The step's tail schedule, seed scale: the clip + Adam launch's elements per program (hotloop.kernels.fused_adam
 _BLOCK_ADAM: 1024 as committed, 256 the fastest of tail_sweep.csv) x where the sum-tree update runs on the side
 stream (`end`: after the backward, as committed; `loss`: after the loss, beside the whole backward; `last`: before
 the backward's last kernel, dX2 with dW1). Each variant is the learner's own step body (HotLearner._body, as
 `hotloop bench` builds it) captured as its own CUDA graph over the same buffers, the tree update moved by wrapping
 the functions the body calls. Timed interleaved: 8 rounds x 60 replays per variant, one event pair per replay
-(trainer.bench.time_steps), each graph from HotLearner.capture (the run of 2abfe9e had the same timing loop
+(hotloop.guards.bench.time_steps), each graph from HotLearner.capture (the run of 2abfe9e had the same timing loop
 and one warm-up step plus capture inline).
-Usage: python tail_variants.py OUT.csv (on a CUDA machine, repo root on PYTHONPATH)."""
+Usage: python tail_variants.py OUT.csv (on a CUDA machine, hotloop importable)."""
 import itertools
 import sys
 
 import pandas as pd
 import torch
 
-import kernels.fused_adam as FA
-import trainer.step as S
-from trainer.bench import time_steps
-from trainer.config import preset
+import hotloop.kernels.fused_adam as FA
+import hotloop.trainer.step as S
+from hotloop.trainer.bench_variants import build_hotloop_variant
+from hotloop.guards.bench import time_steps
+from hotloop.trainer.config import preset
 
 dev = torch.device("cuda")
-L = S.build_hotloop_variant(preset("seed-scale"), dev).step.__self__
+L = build_hotloop_variant(preset("seed-scale"), dev).step.__self__
 rp = L.replay
 real = dict(tree_update=S.tree_update, td_loss_forward=S.td_loss_forward, bwd_input=L.linear_backward_input)
 

@@ -1,0 +1,157 @@
+#!/usr/bin/env bash
+# Batched H200 runs for the hotloop learner (device tool; the parts named run in order within one call).
+# Usage (repo root on the H200, .whl carried; .nsyslibs too for `nsys`):
+#   bash profiles/h200/device/device_run_hot.sh OUT_DIR COMMIT PART...
+# PART: tests    pytest -m "not slow" on the GPU (incl. the fault tests of tests/guards/test_faults.py)
+#       gate     clean gate x5 repeats writing the H200 baseline, then one gate per injected fault (guards/faults.py)
+#       marks    pytest -m perf, then pytest -m smoke (JUnit XML each)
+#       ranges   python -m hotloop.profiles.ranges: the cost of one phase range
+#       ci       ci/gate.sh clean, then with HOTLOOP_GATE_ARGS='--inject item' (must exit 1)
+#       nsys     hotloop nsys around a short seed-scale training run, then the gate on the same configuration
+#                (its Kineto trace.json.gz): the Kineto-vs-Nsight cross-check's two traces (needs .nsyslibs)
+#       kgate    the gate on a 100-step seed-scale run, no baseline: its Kineto trace.json.gz (per-kernel times)
+#       probe    python -m hotloop.profiles.split_gemm_probe: the backward GEMMs by precision, split placement and layout
+#       cpsweep  profiles/h200/device/cartpole_sweep_hot.sh: the hotloop learner on CartPole, 10 settings x 6 seeds
+#       bench1   hotloop bench: eager, graph-fp32, graph-tf32, compiled-split, hotloop
+#       benchhot hotloop bench: hotloop only
+#       bench3   hotloop bench: eager, graph-fp32, graph-tf32, hotloop (no compiled rows: ~2 minutes)
+#       bench2   hotloop bench: compiled-tf32, hotloop (the compile alone takes ~6 minutes)
+#       cartpole_fast  the cartpole-fast preset: hotloop on the GPU, seeds 1-6 one after another, while the reference
+#                learner runs the same seeds on CPU cores 8-13 (one core each, OMP_NUM_THREADS=1); wall time and
+#                steps to a mean return of 475 from epochs.csv, and each process's wall time
+#       seed3    hotloop train --preset seed-scale --epochs 3: the per-epoch wall time (learner steps/s) only
+#       seed200  hotloop train --preset seed-scale --epochs 200 (run folder in /dev/shm when it has room: the
+#                checkpoint is 0.6 GB per epoch)
+#       seed200&  the same in the background (the parts after it share the GPU with it); waited for at the end
+#       ab       the trees profiles/h200/device/ab_trees.sh made in .abtrees/ (carry it), side by side: `hotloop bench
+#                --variants hotloop` of each in its own process, two rounds in turn; then per tree a 100-step
+#                seed-scale gate trace (per-kernel medians) and, with AB_PYTEST set (shell words: test paths), that
+#                tree's own tests
+# Everything goes to /tmp/r; OUT_DIR gets results.tgz after every part (the device tool returns at most 8 files).
+set -u
+out=$1; commit=$2; shift 2
+rm -rf /tmp/r; mkdir -p /tmp/r  # a warm machine keeps the last call's files
+python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/dev/null
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HOTLOOP_COMMIT=$commit
+echo "commit $commit date $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
+HL="python3 -m hotloop.guards.cli"  # unquoted below: `timeout` needs a program, not a shell function
+SEED_SMALL=(--preset seed-scale --device cuda --epochs 1 --set learner_steps_per_epoch=100 --no-progress)
+for part in "$@"; do
+  t0=$SECONDS
+  case $part in
+    tests)
+      # PYTEST_SELECT (optional, shell words): test ids or paths instead of the whole suite
+      timeout 300 python3 -m pytest -q -p no:cacheprovider -m "not slow" -rs --junitxml=/tmp/r/junit.xml \
+        ${PYTEST_SELECT:-} > /tmp/r/pytest.log 2>&1
+      echo "pytest rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" /tmp/r/pytest.log | tail -n 25 ;;
+    gate)
+      timeout 200 $HL gate --preset cartpole --device cuda --epochs 2 --repeats 5 --no-progress --out /tmp/r/gate_clean \
+        --update-baseline > /tmp/r/gate_clean.log 2>&1; echo "clean rc=$?"; tail -n 4 /tmp/r/gate_clean.log
+      for f in item event_sync device_sync pageable_copy d2d_copy grid1 sn_split ddqn_serial fwd_fp32 bwd_tf32; do
+        timeout 60 $HL gate --preset cartpole --device cuda --epochs 1 --guard-steps 5 --no-progress --inject $f \
+          --out /tmp/r/gate_$f > /tmp/r/gate_$f.log 2>&1; echo "$f rc=$? $(grep -E '^FAIL' /tmp/r/gate_$f.log | tr '\n' ' ')"
+      done
+      cp profiles/baselines/*.json /tmp/r/ 2>/dev/null ;;
+    marks)
+      for m in perf smoke; do
+        timeout 240 python3 -m pytest -q -p no:cacheprovider -m $m -rs --junitxml=/tmp/r/junit_$m.xml \
+          > /tmp/r/pytest_$m.log 2>&1; echo "pytest -m $m rc=$?"; tail -n 3 /tmp/r/pytest_$m.log
+      done ;;
+    ranges) timeout 60 python3 -m hotloop.profiles.ranges 2>&1 | tee /tmp/r/ranges.txt ;;
+    ci)
+      HOTLOOP_SKIP_INSTALL=1 HOTLOOP_EPOCHS=2 HOTLOOP_RUN_DIR=/tmp/r/ci_clean timeout 280 bash ci/gate.sh \
+        > /tmp/r/ci_clean.log 2>&1; echo "ci clean rc=$?"; tail -n 8 /tmp/r/ci_clean.log
+      # the failing run's pytest step is narrowed to the smoke tests of one file: the gate is what must fail
+      HOTLOOP_SKIP_INSTALL=1 HOTLOOP_EPOCHS=1 HOTLOOP_RUN_DIR=/tmp/r/ci_item HOTLOOP_GATE_ARGS='--inject item' \
+        HOTLOOP_PYTEST_ARGS='tests/trainer/test_gpu_paths.py' \
+        timeout 280 bash ci/gate.sh > /tmp/r/ci_item.log 2>&1; echo "ci item rc=$?"; tail -n 8 /tmp/r/ci_item.log ;;
+    nsys)
+      timeout 300 $HL nsys --out /tmp/r/nsys -- python3 -m hotloop.guards.cli train "${SEED_SMALL[@]}" --out /tmp/r/nsys_run \
+        > /tmp/r/nsys.log 2>&1; echo "nsys rc=$?"; tail -n 40 /tmp/r/nsys.log
+      timeout 200 $HL gate "${SEED_SMALL[@]}" --no-baseline --out /tmp/r/kineto_gate > /tmp/r/kineto_gate.log 2>&1
+      echo "kineto gate rc=$?"; tail -n 3 /tmp/r/kineto_gate.log ;;
+    kgate)
+      timeout 200 $HL gate "${SEED_SMALL[@]}" --no-baseline --out /tmp/r/kgate > /tmp/r/kgate.log 2>&1
+      echo "kgate rc=$?"; grep -E "^(PASS|FAIL)|kernels" /tmp/r/kgate.log | head -n 30 ;;
+    cartpole_fast)
+      # the process wall time (start to exit, evaluations included) goes to each run's log's last line
+      for s in 1 2 3 4 5 6; do
+        ( p0=$EPOCHREALTIME; OMP_NUM_THREADS=1 taskset -c $((7 + s)) timeout 400 $HL train --preset cartpole-fast \
+          --device cpu --set learner=reference --no-progress --seed $s --out /tmp/r/cpfast_ref_s$s \
+          > /tmp/r/cpfast_ref_s$s.log 2>&1; echo "process_start_end $p0 $EPOCHREALTIME" >> /tmp/r/cpfast_ref_s$s.log ) &
+      done
+      for s in 1 2 3 4 5 6; do
+        p0=$EPOCHREALTIME
+        timeout 150 $HL train --preset cartpole-fast --device cuda --no-progress --seed $s --out /tmp/r/cpfast_hot_s$s \
+          > /tmp/r/cpfast_hot_s$s.log 2>&1; echo "hotloop seed $s rc=$?"
+        echo "process_start_end $p0 $EPOCHREALTIME" >> /tmp/r/cpfast_hot_s$s.log
+      done
+      wait
+      python3 - <<'PY'
+import glob, pandas as pd
+from hotloop.profiles.epoch_table import solved_at
+for f in sorted(glob.glob("/tmp/r/cpfast_*/epochs.csv")):
+    t = pd.read_csv(f); k = solved_at(t)
+    start, end = map(float, open(f.replace("/epochs.csv", ".log")).read().split("process_start_end")[-1].split())
+    proc = f"{end - start:.1f}"
+    print(f.split("/")[3], "epochs", len(t), "max", round(t.mean_return_100.max(), 1), "last",
+          round(t.mean_return_100.iloc[-1], 1), "epoch1", round(t.wall_s[0], 2), "s process", proc, "s to475:",
+          "never" if k is None else f"{k['learner_steps']} steps {k['env_steps']} env {k['wall_s']:.1f} s")
+PY
+      ;;
+    probe) timeout 300 python3 -m hotloop.profiles.split_gemm_probe --out /tmp/r 2>&1 | tee /tmp/r/split_gemm_probe.md ;;
+    cpsweep) timeout 500 bash profiles/h200/device/cartpole_sweep_hot.sh /tmp/r/cpsweep 2>&1 | tee /tmp/r/cpsweep.txt ;;
+    bench1) timeout 560 $HL bench --preset seed-scale --variants eager,graph,compiled-split,hotloop --out /tmp/r/bench1 \
+              > /tmp/r/bench1.log 2>&1; echo "rc=$?"; tail -n 12 /tmp/r/bench1.log ;;
+    benchhot) timeout 120 $HL bench --preset seed-scale --variants hotloop --out /tmp/r/benchhot \
+                > /tmp/r/benchhot.log 2>&1; echo "rc=$?"; tail -n 4 /tmp/r/benchhot.log ;;
+    bench3) timeout 300 $HL bench --preset seed-scale --variants eager,graph,hotloop --out /tmp/r/bench3 \
+              > /tmp/r/bench3.log 2>&1; echo "rc=$?"; tail -n 8 /tmp/r/bench3.log ;;
+    bench2) timeout 560 $HL bench --preset seed-scale --variants compiled-tf32,hotloop --out /tmp/r/bench2 \
+              > /tmp/r/bench2.log 2>&1; echo "rc=$?"; tail -n 8 /tmp/r/bench2.log ;;
+    seed3) timeout 200 $HL train --preset seed-scale --device cuda --epochs 3 --seed 1 --no-progress \
+             --out /tmp/r/seed3 > /tmp/r/seed3.log 2>&1; echo "seed3 rc=$?"; rm -f /tmp/r/seed3/checkpoint.pt
+           cut -d, -f1-6 /tmp/r/seed3/epochs.csv ;;
+    seed200 | 'seed200&')
+      shm=/dev/shm; (( $(df -Pk /dev/shm | awk 'NR==2 {print $4}') > 4000000 )) || shm=/tmp
+      seed200() {
+        timeout 570 $HL train --preset seed-scale --device cuda --epochs 200 --seed 1 --no-progress \
+          --out $shm/seed200 > /tmp/r/seed200.log 2>&1; echo "seed200 rc=$? (run folder in $shm)"
+        tail -n 3 /tmp/r/seed200.log
+        mkdir -p /tmp/r/seed200 && cp $shm/seed200/*.{csv,md,json,png} /tmp/r/seed200/ 2>/dev/null
+      }
+      if [[ $part == seed200 ]]; then seed200; else seed200 & bg=$!; fi ;;
+    ab)
+      trees=(.abtrees/*/)
+      [[ -d ${trees[0]} ]] || { echo "ab: no trees in .abtrees (make them with profiles/h200/device/ab_trees.sh, carry .abtrees)"; continue; }
+      for round in 1 2; do
+        for t in "${trees[@]}"; do
+          n=$(basename "$t")
+          (cd "$t" && PYTHONPATH=/tmp/site:$PWD HOTLOOP_COMMIT=$(cat COMMIT) timeout 150 $HL bench --preset seed-scale \
+            --variants hotloop --out /tmp/r/ab_${n}_$round > /tmp/r/ab_${n}_$round.log 2>&1
+           echo "ab $n ($(cat COMMIT)) round $round rc=$? us/step p20 p50 p80:" \
+             "$(awk '$1 == "hotloop" {print $3, $4, $5}' /tmp/r/ab_${n}_$round.log)")
+        done
+      done
+      for t in "${trees[@]}"; do
+        n=$(basename "$t")
+        (cd "$t" && export PYTHONPATH=/tmp/site:$PWD HOTLOOP_COMMIT=$(cat COMMIT)
+         timeout 200 $HL gate "${SEED_SMALL[@]}" --no-baseline --out /tmp/r/abgate_$n > /tmp/r/abgate_$n.log 2>&1
+         echo "ab $n gate rc=$?"
+         python3 -c "import sys; from hotloop.profiles.kineto_reader import read_kineto; k = read_kineto(sys.argv[1]);
+k = k[k.kind == 'kernel']; g = k.groupby(['name', 'grid_x', 'grid_y', 'grid_z']).dur_us.agg(['count', 'median'])
+print(g.sort_values('median', ascending=False).to_string())" /tmp/r/abgate_$n/trace.json.gz > /tmp/r/abkernels_$n.txt 2>&1
+         head -n 12 /tmp/r/abkernels_$n.txt | cut -c1-150
+         if [[ -n ${AB_PYTEST:-} ]]; then
+           timeout 300 python3 -m pytest -q -p no:cacheprovider -m "not slow" $AB_PYTEST > /tmp/r/abpytest_$n.log 2>&1
+           echo "ab $n pytest rc=$? $(tail -n 1 /tmp/r/abpytest_$n.log)"
+         fi)
+      done ;;
+    *) echo "unknown part $part" ;;
+  esac
+  if [[ -n ${bg:-} && $part == "${!#}" ]]; then wait "$bg"; fi  # the last part: wait for a background seed200
+  echo "== part $part took $((SECONDS - t0)) s"
+  # after every part, so that a call stopped by its time limit still returns what the finished parts wrote
+  (cd /tmp/r && tar czf "$out/results.tgz.tmp" --exclude='*.qdstrm' --exclude='checkpoint.pt' . \
+     && mv "$out/results.tgz.tmp" "$out/results.tgz")
+done
