@@ -14,12 +14,15 @@
 #              is the first line of `nvidia-smi --query-gpu=name --format=csv,noheader`, lowercased, each run
 #              of non-alphanumerics turned into one '-' ("NVIDIA H100 80GB HBM3" -> nvidia-h100-80gb-hbm3);
 #              "cpu" when HOTLOOP_DEVICE=cpu, and then no --baseline unless HOTLOOP_BASELINE is set.
+#              `hotloop gate` exits 0 pass, 1 a criterion or regression failed, 2 bad usage or input, 3 hang,
+#              70 internal error (an unexpected exception: one line in gate.log, the traceback in
+#              <run>/gate/error.log); any other code (a signal: 137 OOM-killed, 139 segfault) is a crash too.
 #   4. report  ci/report.py writes <run>/summary.md (status, steps, failing rows, the criteria table from
 #              criteria.md, the per-epoch table from epochs.md), appends it to $GITHUB_STEP_SUMMARY when that is
-#              set, and prints the failing rows LAST: pytest's FAILED/ERROR lines, the gate's error or hang
-#              line, then the criteria.csv rows whose verdict is FAIL.
+#              set, and prints the failing rows LAST: pytest's FAILED/ERROR lines, the gate's error, crash or
+#              hang line, then the criteria.csv rows whose verdict is FAIL.
 # The run folder keeps everything for upload: summary.md, junit.xml, setup.log, pytest.log, gate.log, and gate/,
-# the gate's own run folder (config.json, epochs.csv/.md, criteria.csv/.md/.json, ...).
+# the gate's own run folder (config.json, epochs.csv/.md, criteria.csv/.md/.json, error.log after a crash, ...).
 #
 # Environment (all optional):
 #   HOTLOOP_PRESET=cartpole   the gate's preset
@@ -40,12 +43,14 @@
 #
 # Exit code, decided at the end from every step's exit code (the highest applies):
 #   0  setup ok or skipped, every selected test passed, the gate passed, no FAIL row anywhere
-#   1  a test failed (pytest 1/2/3), a criterion or regression failed (gate 1), the gate crashed, or a FAIL row
-#      was found although the gate exited 0
+#   1  a test failed (pytest 1/2/3), a criterion or regression failed (gate 1), or a FAIL row was found
+#      although the gate exited 0
 #   2  bad usage or input: gate 2, pytest 4 (usage) or 5 (no test selected), a bad HOTLOOP_* value, or a run
 #      folder that is not empty
 #   3  hang: the gate's watchdog stopped an epoch (gate 3)
 #   4  setup failed (pip, or no importable torch); pytest and the gate are not run
+#   5  the gate crashed: an internal error (gate 70: "the gate crashed: internal error, see <run>/gate/error.log")
+#      or any other gate exit code (killed by a signal, ...); never reported as a criterion or regression failure
 set -euo pipefail
 
 invoke_dir=$PWD
@@ -243,7 +248,13 @@ case $pytest_rc in
 esac
 case $gate_rc in
   0) ;;
+  1) if ((code < 1)); then code=1; fi ;;
   2 | 3) if ((gate_rc > code)); then code=$gate_rc; fi ;;
-  *) if ((code < 1)); then code=1; fi ;;
+  70)
+    say "the gate crashed: internal error, see $run/gate/error.log"
+    code=5 ;;
+  *)
+    say "the gate crashed: exit $gate_rc (killed by a signal or an unexpected exit), see $run/gate.log"
+    code=5 ;;
 esac
 finish "$code"

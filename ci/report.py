@@ -10,7 +10,10 @@ gate's own run folder inside it (gate/: criteria.csv/.md, epochs.md, and any oth
   when given;
 * under GitHub Actions (GITHUB_ACTIONS=true) emits one `::error` annotation per failing row;
 * prints the console block whose LAST lines are the failing rows: pytest's FAILED/ERROR lines, the gate's
-  error or hang line, then the criteria rows with verdict FAIL.
+  error, crash or hang line, then the criteria rows with verdict FAIL.
+
+A gate that crashed (exit 70, an internal error: its traceback is gate/error.log; or any exit code the gate does
+not define, such as a signal's) is reported as "the gate crashed", never as "a criterion or regression failed".
 
 ci/gate.sh computes the exit code from the steps' exit codes and passes it in (--exit-code). The one thing this
 script adds: it never reports a pass when it finds a failing row (a FAIL verdict although the gate exited 0).
@@ -29,7 +32,11 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-GATE_EXIT = {0: "PASS", 1: "a criterion or regression failed", 2: "bad usage or input", 3: "hang (watchdog)"}
+GATE_EXIT = {0: "PASS", 1: "a criterion or regression failed", 2: "bad usage or input", 3: "hang (watchdog)",
+             70: "the gate crashed: internal error"}
+GATE_INTERNAL_ERROR = 70
+"""`hotloop gate`'s exit code for an unexpected exception (hotloop.guards.cli.INTERNAL_ERROR); traceback in
+gate/error.log."""
 PYTEST_EXIT = {0: "all selected tests passed", 1: "tests failed", 2: "interrupted", 3: "internal error",
                4: "usage error", 5: "no tests selected"}
 KNOWN_CRITERIA_COLUMNS = {"criterion", "metric", "limit", "measured", "status", "verdict", "why"}
@@ -136,13 +143,27 @@ def format_verdict_row(row: dict[str, str]) -> str:
     return f"FAIL {name}: {', '.join(parts)}" if parts else f"FAIL {name}"
 
 
-def gate_failure(run: Path, rc: int) -> list[str]:
-    """What explains a failed gate other than its FAIL rows: the watchdog's HANG line, an error line, or the
-    last lines of gate.log (a traceback's end)."""
+def gate_result(rc: int, gate_dir: Path) -> str:
+    """What the gate's exit code `rc` means, for the steps table and the failing section's title: GATE_EXIT's
+    words, with the traceback's path for an internal error (70); any code the gate does not define is a crash."""
+    if rc == GATE_INTERNAL_ERROR:
+        return f"{GATE_EXIT[rc]}, see {gate_dir / 'error.log'}"
+    return GATE_EXIT.get(rc, f"the gate crashed: exit {rc} (killed by a signal or an unexpected exit), see gate.log")
+
+
+def gate_failure(run: Path, rc: int, gate_dir: Path | None = None) -> list[str]:
+    """What explains a failed gate other than its FAIL rows: the watchdog's HANG line, the internal-error line
+    (exit 70; else the last lines of gate_dir/error.log, the traceback), an error line, or the last lines of
+    gate.log (a traceback's end)."""
     log = [line for line in _lines(run / "gate.log") if line.strip()]
     hang = [line.strip() for line in log if "HANG:" in line]
     if hang:
         return hang
+    if rc == GATE_INTERNAL_ERROR:
+        crash = [line.strip() for line in log if "internal error" in line and "hotloop" in line]
+        trace = [line.rstrip() for line in _lines((gate_dir or run / "gate") / "error.log") if line.strip()][-4:]
+        if crash or trace:
+            return crash or trace
     errors = [line.strip() for line in log if re.search(r"\berror\b", line) and "hotloop" in line]
     return errors or [line.rstrip() for line in log[-8:]] or ["(gate.log is empty)"]
 
@@ -165,7 +186,7 @@ def build(run: Path, gate_dir: Path, exit_code: int, info: list[tuple[str, str]]
         elif name == "pytest":
             result = pytest_result(run, rc)
         elif name == "gate":
-            result = GATE_EXIT.get(rc, f"exit {rc} (crashed or killed: see gate.log)")
+            result = gate_result(rc, gate_dir)
         else:
             result = "ok" if rc == 0 else "failed: see setup.log"
         step_rows.append((STEP_TITLES[name], "-" if rc is None else str(rc), result))
@@ -182,8 +203,8 @@ def build(run: Path, gate_dir: Path, exit_code: int, info: list[tuple[str, str]]
         else:
             rows = verdict_rows(gate_dir)
             if rc != 1 or not rows:  # exit 1 with FAIL rows is explained by the rows themselves
-                failing.append((f"hotloop gate (exit {rc}): {GATE_EXIT.get(rc, 'crashed or killed')}",
-                                gate_failure(run, rc)))
+                failing.append((f"hotloop gate (exit {rc}): {gate_result(rc, gate_dir)}",
+                                gate_failure(run, rc, gate_dir)))
     rows = verdict_rows(gate_dir)
     if rows:
         failing.append(("criteria (verdict FAIL)",

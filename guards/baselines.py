@@ -25,7 +25,7 @@ Comparison (`compare`): a run is R' repeats of the same metrics.
 - Reported, not compared (`REPORTED_ONLY`): ddqn_overlap_us and ddqn_overlap_ratio, how much of the Double-DQN
   forward ran beside the online one. That is a scheduling outcome, not a cost: on the H200 the ratio ranged 0.22-0.93
   over 10 repeats of two commits with unchanged streams (the baselines recorded at a30c915 and b5d7f03:
-  profiles/h200/gate_faults/), so 5 repeats give no tolerance that holds, and more overlap is better while "_us"
+  profiles/h200/gate/), so 5 repeats give no tolerance that holds, and more overlap is better while "_us"
   reads lower-is-better. The gate's criterion "DDQN overlapped" (> 0) catches the fault they stand for (the forward
   serialized: guards/faults.py ddqn_serial), and the time it costs shows in gpu_busy_us (and in dur_us /
   gpu_span_us where the guarded step is GPU-bound). A run that measured them in the baseline but not now (NaN: e.g.
@@ -197,8 +197,9 @@ def write_baseline(path: str | Path, metrics: Mapping[str, Sequence[float]], gpu
 
 def load_baseline(path: str | Path) -> Baseline:
     """Read a baseline file. Raises BaselineError (a ValueError) naming the file for: a missing or unreadable file,
-    invalid JSON (line and column), another schema version, a "config" that is not an object, or a metric whose
-    "values" is not a non-empty list of numbers or nulls."""
+    invalid JSON (line and column), text that is not UTF-8, a number too long to parse, arrays/objects nested too
+    deep for the parser (a RecursionError, reported as "nested too deep"), another schema version, a "config"
+    that is not an object, or a metric whose "values" is not a non-empty list of numbers or nulls."""
     try:
         doc = json.loads(Path(path).read_text())
     except FileNotFoundError:
@@ -207,6 +208,11 @@ def load_baseline(path: str | Path) -> Baseline:
         raise BaselineError(path, f"cannot read: {exc.strerror or exc}") from None
     except json.JSONDecodeError as exc:
         raise BaselineError(path, f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    except RecursionError:
+        raise BaselineError(path, "nested too deep to read (JSON arrays/objects nested beyond the parser's limit; "
+                                  "a baseline is at most four levels deep)") from None
+    except ValueError as exc:  # UnicodeDecodeError, a number beyond the int digit limit
+        raise BaselineError(path, f"cannot read: {exc}") from None
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA or not isinstance(doc.get("metrics"), dict):
         raise BaselineError(path, f'not a baseline: expected an object with "schema": {SCHEMA} and a "metrics" object')
     config = doc.get("config")
@@ -218,7 +224,10 @@ def load_baseline(path: str | Path) -> Baseline:
         if not (isinstance(values, list) and values
                 and all(v is None or type(v) in (int, float) for v in values)):
             raise BaselineError(path, f"metric {name!r}: \"values\" must be a non-empty list of numbers or nulls")
-        metrics[name] = [math.nan if v is None else float(v) for v in values]
+        try:
+            metrics[name] = [math.nan if v is None else float(v) for v in values]
+        except OverflowError:
+            raise BaselineError(path, f"metric {name!r}: a value is too large for a float") from None
     return Baseline(str(doc.get("gpu", "")), metrics, config)
 
 

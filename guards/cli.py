@@ -1,14 +1,27 @@
 """The `hotloop` command line: `hotloop train`, `hotloop gate`, `hotloop bench`, `hotloop inspect`,
 `hotloop report` and `hotloop nsys`.
 
-Exit codes: 0 success/pass, 1 a criterion failed, 2 bad usage or input, 3 hang (watchdog).
+Exit codes (`main`; ci/gate.sh and ci/README.md act on them):
+  0   success / pass
+  1   a criterion or a baseline regression failed (`hotloop gate`)
+  2   bad usage or input: a bad option, config value, config or baseline file, device, or a run that cannot fit in
+      the device's memory; found before anything is trained or written
+  3   hang: the watchdog stopped an epoch (guards/watchdog.py)
+  70  internal error (EX_SOFTWARE of sysexits.h): an unexpected exception; one line on stderr names its type,
+      message and where it was raised, and the full traceback is saved as <run folder>/error.log (or, when no run
+      folder exists yet, a temporary file the line names)
+  130 interrupted (Ctrl-C); the finished epochs stay in the run folder
+  141 stdout was closed early (e.g. piped into `head`), as 128 + SIGPIPE; nothing more is printed
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import tempfile
 import textwrap
+import traceback
 from pathlib import Path
 
 from hotloop.profiles.inspect_cmd import add_inspect_parser, run_inspect
@@ -17,6 +30,12 @@ from hotloop.profiles.report import add_report_parser, run_report
 from hotloop.trainer.config import PRESETS, Config, field_docs, parse_override, preset
 
 USAGE_ERROR = 2
+INTERNAL_ERROR = 70
+"""Exit code of an unexpected exception (EX_SOFTWARE, sysexits.h): never 1, which means "a criterion failed"."""
+INTERRUPTED = 130
+BROKEN_PIPE = 141
+ERROR_LOG = "error.log"
+"""The traceback of an internal error, in the run folder."""
 
 
 def _config_epilog() -> str:
@@ -46,7 +65,8 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hotloop", description="GPU-resident DQN trainer and the guards that keep its hot loop fast.",
-        epilog="exit codes: 0 ok, 1 a criterion failed, 2 bad usage or input, 3 hang")
+        epilog="exit codes: 0 ok, 1 a criterion or regression failed, 2 bad usage or input, 3 hang, "
+               "70 internal error (traceback in <run folder>/error.log), 130 interrupted, 141 stdout closed")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     fmt = argparse.RawDescriptionHelpFormatter
     train = sub.add_parser("train", help="train a preset and write its per-epoch table", epilog=_config_epilog(),
@@ -127,29 +147,92 @@ def config_from_args(args: argparse.Namespace) -> Config:
     return Config.from_dict(base)
 
 
-def check_env(cfg: Config) -> None:
-    """Build one copy of the configured env on the CPU and close it; ValueError naming `env` if that fails (an
-    unknown name, a Gymnasium id that does not exist or has unsupported spaces), before any run folder exists."""
+def check_env(cfg: Config) -> tuple[int, tuple[int, ...]]:
+    """Build one copy of the configured env on the CPU and close it; returns its (obs_dim, action_nvec).
+    ValueError naming `env` if that fails (an unknown name, a Gymnasium id that does not exist or has unsupported
+    spaces), before any run folder exists."""
     from hotloop.trainer.envs import make_env
 
     try:
         env = make_env(cfg.env, 1, "cpu", cfg.seed, **cfg.env_shape())
     except Exception as exc:  # third-party env constructors raise their own types (gymnasium.error.*)
         raise ValueError(f"config.env {cfg.env!r} cannot be used: {exc}") from exc
+    shape = int(env.obs_dim), tuple(int(n) for n in env.action_nvec)
     getattr(env, "close", lambda: None)()
+    return shape
+
+
+def check_learner(cfg: Config, device, action_nvec: tuple[int, ...]) -> None:
+    """The learner a run builds (hotloop.trainer.loop.learner_kind) must be able to run on `device` (a resolved
+    torch.device): the hotloop learner's Triton kernels need CUDA, or the Triton CPU interpreter (TRITON_INTERPRET=1,
+    tests), and its fused loss equal branch sizes and no diversity term (hotloop.trainer.step.check_supported).
+    ValueError naming config.learner."""
+    from hotloop.kernels._common import interpreting
+    from hotloop.trainer.loop import learner_kind
+    from hotloop.trainer.step import check_supported
+
+    if learner_kind(cfg, device) != "hotloop":
+        return
+    if device.type != "cuda" and not interpreting():
+        raise ValueError(f"config.learner 'hotloop' needs a CUDA device (its Triton kernels run on the GPU), this "
+                         f"run is on {device}: set learner=reference (or auto) or --device cuda")
+    try:
+        check_supported(cfg, action_nvec)
+    except ValueError as exc:
+        raise ValueError(f"config.learner: {exc}") from None
+
+
+def check_fits(cfg: Config, device, obs_dim: int, action_nvec: tuple[int, ...]) -> None:
+    """ValueError when the run's estimated memory (hotloop.trainer.memory_estimate.check_memory: replay, networks,
+    learner buffers, envs) exceeds what `device` has available, naming the fields, the estimate and the available
+    bytes."""
+    from hotloop.trainer.memory_estimate import check_memory
+
+    check_memory(cfg, device, obs_dim, action_nvec)
+
+
+def check_writable(path: Path, option: str) -> None:
+    """ValueError naming `option` unless the file `path` can be written later: an existing file must open for
+    writing (append mode, so nothing in it changes), else its first existing parent must be a folder in which a
+    file can be created (tried with a temporary file, removed at once). Catches read-only files and folders and
+    read-only file systems, also for root (whom os.access never refuses)."""
+    if path.is_dir():
+        raise ValueError(f"{option} {path} cannot be written: it is a folder")
+    if path.exists():
+        try:
+            with open(path, "ab"):
+                pass
+        except OSError as exc:
+            raise ValueError(f"{option} {path} cannot be written: {exc.strerror or exc} (a read-only file?)") \
+                from None
+        return
+    parent = next((p for p in path.parents if p.exists()), Path("."))
+    if not parent.is_dir():
+        raise ValueError(f"{option} {path} cannot be written: {parent} is not a folder")
+    try:
+        with tempfile.NamedTemporaryFile(dir=parent, prefix=".hotloop-write-check-"):
+            pass
+    except OSError as exc:
+        raise ValueError(f"{option} {path} cannot be written: no file can be created in {parent} "
+                         f"({exc.strerror or exc}; a read-only folder?)") from None
 
 
 def check_gate_args(args: argparse.Namespace, cfg: Config) -> None:
     """Gate-only options; resolves the baseline: --no-baseline -> none; an explicit --baseline must have been
     measured with `cfg`'s step on this GPU (hotloop.guards.gate.baseline_mismatch); the default one
-    (profiles/baselines/<gpu>.json) is dropped with a note on stderr when it was not. ValueError (naming the
-    option) before any training."""
+    (profiles/baselines/<gpu>.json) is dropped with a note on stderr when it was not; --inject needs a CUDA device
+    (and, for a learner fault, the hotloop learner); --update-baseline needs a baseline path that can be written
+    (`check_writable`). ValueError (naming the option) before any training."""
     from hotloop.guards.baselines import load_baseline
     from hotloop.guards.gate import baseline_mismatch, default_baseline
+    from hotloop.trainer.loop import learner_kind, resolve_device
 
     from hotloop.guards.faults import check_request
 
     check_request(args.inject, args.update_baseline)
+    if args.inject is not None:
+        device = resolve_device(cfg.device)
+        check_request(args.inject, device=device, learner=learner_kind(cfg, device))
     if args.guard_steps < 1 or args.guard_warmup < 0 or args.repeats < 1:
         raise ValueError(f"--guard-steps and --repeats must be >= 1 and --guard-warmup >= 0, got "
                          f"{args.guard_steps}, {args.repeats}, {args.guard_warmup}")
@@ -166,12 +249,14 @@ def check_gate_args(args: argparse.Namespace, cfg: Config) -> None:
     if args.update_baseline:
         if args.baseline is None:
             raise ValueError("--update-baseline needs --baseline PATH on a machine without CUDA")
-        parent = next((p for p in args.baseline.parents if p.exists()), Path("."))
-        if args.baseline.is_dir() or not parent.is_dir():
-            raise ValueError(f"--baseline {args.baseline} cannot be written (a folder, or below a file)")
+        check_writable(args.baseline, "--baseline")
     elif args.baseline is not None:
         baseline = load_baseline(args.baseline)  # a missing or broken baseline is bad input: fail before training
-        differ = baseline_mismatch(baseline, cfg)
+        try:
+            differ = baseline_mismatch(baseline, cfg)
+        except (RuntimeError, TypeError, AttributeError) as exc:  # e.g. "device": "tpu" in the file's config
+            raise ValueError(f"--baseline {args.baseline}: its \"config\" cannot be compared with this run: "
+                             f"{type(exc).__name__}: {exc}") from None
         if differ is None:
             print(f"hotloop gate: note: the baseline {args.baseline} records no configuration: compared as it is "
                   f"(rewrite it with --update-baseline to record one)", file=sys.stderr)
@@ -233,8 +318,16 @@ def prepare_run(args: argparse.Namespace) -> tuple[Config, Path]:
     """Validate everything an invocation of train/gate/bench asks for, then create its run folder (bench: --out
     may exist unless it holds bench.csv/bench.md; train/gate: it must be new or empty; train --resume: the run
     folder, with its checkpoint read into args.resume_point).
+
+    Checked, in this order, before anything is trained or written: the options and the config (values, types,
+    config file), the gate's options (baseline, --inject, --update-baseline's path), the device, the env, that
+    learning_starts fits the replay (hotloop.trainer.config.validate_run; train/gate), that the learner can run on
+    the device (`check_learner`; train/gate), that the run fits in the device's free memory (`check_fits`), the
+    checkpoint of a resumed run, and that the run folder can be created and written.
     Raises ValueError (bad input, exit 2) naming what was wrong; nothing is written before every check passed."""
     from hotloop.profiles.epoch_table import new_run_dir
+    from hotloop.profiles.run_lock import acquire
+    from hotloop.trainer.config import validate_run
     from hotloop.trainer.loop import resolve_device
 
     resume = getattr(args, "resume", None)
@@ -247,68 +340,176 @@ def prepare_run(args: argparse.Namespace) -> tuple[Config, Path]:
         raise ValueError(f"--epoch-timeout must be > 0 seconds, got {args.epoch_timeout}")
     if args.command == "gate":
         check_gate_args(args, cfg)
-    resolve_device(cfg.device)
-    check_env(cfg)
+    device = resolve_device(cfg.device)
+    if args.command != "bench":
+        validate_run(cfg)
+    if cfg.env == "synthetic":  # its shapes are the config's: estimate before building even one copy of it
+        check_fits(cfg, device, cfg.obs_dim, cfg.action_nvec)
+    obs_dim, action_nvec = check_env(cfg)
+    if args.command != "bench":
+        check_learner(cfg, device, action_nvec)
+    if cfg.env != "synthetic":
+        check_fits(cfg, device, obs_dim, action_nvec)
     if resume is not None:
+        _check_folder_writable(args.resume, "--resume")
+        args.run_lock = acquire(args.resume)  # before the checkpoint is read: no other run may write it meanwhile
         return cfg, prepare_resume(args, cfg)
     if args.command == "bench":
         if args.out:
             from hotloop.guards.bench import check_out_dir
 
             check_out_dir(args.out)
-    elif args.out and args.out.exists() and (not args.out.is_dir() or any(args.out.iterdir())):
-        raise ValueError(f"--out {args.out} exists and is not an empty folder; choose a new run folder "
-                         f"(nothing there is overwritten)")
+    if args.out:
+        _check_folder_writable(next((p for p in (args.out, *args.out.parents) if p.exists()), Path(".")), "--out")
+    if args.command == "bench":
+        try:
+            if args.out:
+                args.out.mkdir(parents=True, exist_ok=True)
+            return cfg, args.out or new_run_dir()
+        except OSError as exc:
+            raise ValueError(f"cannot create the run folder {args.out or 'profiles/runs/'}: "
+                             f"{exc.strerror or exc}") from exc
+    # train / gate: the run folder's lock is held from here to the end of main (one writer per folder: a second
+    # run on it is refused naming the holder's pid; hotloop.profiles.run_lock); --out must be new or empty
     try:
-        if args.out:
-            args.out.mkdir(parents=True, exist_ok=True)
-        return cfg, args.out or new_run_dir()
+        run_dir = args.out or new_run_dir()
     except OSError as exc:
-        raise ValueError(f"cannot create the run folder {args.out or 'profiles/runs/'}: {exc.strerror or exc}") \
-            from exc
+        raise ValueError(f"cannot create the run folder profiles/runs/: {exc.strerror or exc}") from exc
+    args.run_lock = acquire(run_dir, create=True, must_be_empty=True)
+    return cfg, run_dir
+
+
+def _check_folder_writable(folder: Path, option: str) -> None:
+    """ValueError naming `option` unless a file can be created in `folder` (tried with a temporary file, removed at
+    once; a path that is not a folder is left to the caller's own message)."""
+    if not folder.is_dir():
+        return
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".hotloop-write-check-"):
+            pass
+    except OSError as exc:
+        raise ValueError(f"{option}: no file can be created in {folder} ({exc.strerror or exc}; a read-only "
+                         f"folder?)") from None
+
+
+def report_internal_error(command: str, exc: BaseException, run_dir: Path | None) -> int:
+    """Report an unexpected exception `exc` of `hotloop <command>` and return INTERNAL_ERROR (70).
+
+    The full traceback goes to <run_dir>/error.log when the run folder exists, else (or when that cannot be
+    written) to a new temporary file (tempfile.mkstemp, prefix hotloop-<command>-error-); one line on stderr names
+    the exception's type and message, where it was raised (file:line in function) and the traceback's file. If no
+    file can be written, the traceback follows that line on stderr."""
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    log = None
+    if run_dir is not None and run_dir.is_dir():
+        try:
+            (run_dir / ERROR_LOG).write_text(text)
+            log = run_dir / ERROR_LOG
+        except OSError:
+            log = None
+    if log is None:
+        try:
+            fd, name = tempfile.mkstemp(prefix=f"hotloop-{command}-error-", suffix=".log")
+            with os.fdopen(fd, "w") as fh:
+                fh.write(text)
+            log = Path(name)
+        except OSError:
+            log = None
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f"raised at {frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}; " if frames else ""
+    message = " ".join(str(exc).split())
+    message = message if len(message) <= 300 else message[:297] + "..."
+    head = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+    tail = f"full traceback in {log}" if log is not None else "the traceback could not be saved; it follows"
+    print(f"hotloop {command}: internal error: {head} ({where}{tail})", file=sys.stderr)
+    if log is None:
+        print(text, file=sys.stderr, end="")
+    return INTERNAL_ERROR
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the `hotloop` console script; returns the exit code."""
+    """Entry point of the `hotloop` console script; returns the exit code (module docstring: 0 ok, 1 a criterion
+    or regression failed, 2 bad usage or input, 3 hang, 70 internal error, 130 interrupted, 141 stdout closed).
+    argparse's own usage errors exit 2 through SystemExit; a ValueError from the checks before the run is bad input
+    (2); any other exception, and any exception once the run has started, is reported by `report_internal_error`
+    and gives 70."""
     args = build_parser().parse_args(argv)
-    if args.command == "inspect":
-        return run_inspect(args)
-    if args.command == "report":
-        return run_report(args)
-    if args.command == "nsys":
-        return run_nsys(args)
+    run_dir: Path | None = None
     try:
-        cfg, run_dir = prepare_run(args)
-    except ValueError as exc:
-        print(f"hotloop {args.command}: error: {exc}", file=sys.stderr)
-        return USAGE_ERROR
+        return _main(args, run_dir)
+    finally:
+        lock = getattr(args, "run_lock", None)  # taken by prepare_run (train / gate); released on every path
+        if lock is not None:
+            lock.release()
+
+
+def _main(args: argparse.Namespace, run_dir: Path | None) -> int:
+    """`main` after parsing; returns the exit code."""
     try:
-        if args.command == "bench":
-            from hotloop.guards.bench import run_bench
-            from hotloop.trainer.loop import resolve_device
-
-            run_bench(cfg, resolve_device(cfg.device), args.variant_names, args.steps, args.warmup, run_dir)
-            print(f"\nbench folder: {run_dir}")
-            return 0
-        if args.command == "gate":
-            from hotloop.guards.gate import run_gate
-
-            return run_gate(cfg, run_dir, args.epoch_timeout, not args.no_progress, args.guard_steps,
-                            args.guard_warmup, args.repeats, args.baseline, args.update_baseline, args.inject)
-        from hotloop.profiles.epoch_table import format_table
-        from hotloop.guards.run import run_training
-
-        table, _ = run_training(cfg, run_dir, args.epoch_timeout, not args.no_progress,
-                                resume=args.resume_point if args.resume is not None else False)
-        print("\nPer-epoch table\n" + format_table(table) + f"\n\nrun folder: {run_dir}")
-        return 0
+        if args.command == "inspect":
+            return run_inspect(args)
+        if args.command == "report":
+            return run_report(args)
+        if args.command == "nsys":
+            return run_nsys(args)
+        try:
+            cfg, run_dir = prepare_run(args)
+        except ValueError as exc:
+            print(f"hotloop {args.command}: error: {exc}", file=sys.stderr)
+            return USAGE_ERROR
+        return _execute(args, cfg, run_dir)
     except KeyboardInterrupt:
+        if run_dir is None:
+            print(f"\nhotloop {args.command}: interrupted", file=sys.stderr)
+            return INTERRUPTED
         from hotloop.trainer.resume import CHECKPOINT_FILE
 
         hint = (f"; continue with: hotloop train --resume {run_dir}"
                 if args.command == "train" and (run_dir / CHECKPOINT_FILE).exists() else "")
         print(f"\nhotloop {args.command}: interrupted; the finished epochs are in {run_dir}{hint}", file=sys.stderr)
-        return 130
+        return INTERRUPTED
+    except BrokenPipeError:  # stdout closed by its reader: not a crash; keep the exit flush from raising again
+        _stdout_to_devnull()
+        return BROKEN_PIPE
+    except Exception as exc:  # the contract: an unexpected exception is exit 70 (never 1, "a criterion failed")
+        return report_internal_error(args.command, exc, run_dir)
+
+
+def _stdout_to_devnull() -> None:
+    """Point stdout's file descriptor at os.devnull, so that the interpreter's last flush cannot raise
+    BrokenPipeError again (and turn the exit code into 120); a stdout without a descriptor is left alone."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+
+
+def _execute(args: argparse.Namespace, cfg: Config, run_dir: Path) -> int:
+    """Run the validated train/gate/bench invocation in `run_dir`; returns its exit code (exceptions: `main`)."""
+    if args.command == "bench":
+        from hotloop.guards.bench import run_bench
+        from hotloop.trainer.loop import resolve_device
+
+        run_bench(cfg, resolve_device(cfg.device), args.variant_names, args.steps, args.warmup, run_dir)
+        print(f"\nbench folder: {run_dir}")
+        return 0
+    if args.command == "gate":
+        from hotloop.guards.gate import run_gate
+
+        return run_gate(cfg, run_dir, args.epoch_timeout, not args.no_progress, args.guard_steps,
+                        args.guard_warmup, args.repeats, args.baseline, args.update_baseline, args.inject)
+    from hotloop.profiles.epoch_table import format_table
+    from hotloop.guards.run import run_training
+
+    table, _ = run_training(cfg, run_dir, args.epoch_timeout, not args.no_progress,
+                            resume=args.resume_point if args.resume is not None else False)
+    print("\nPer-epoch table\n" + format_table(table) + f"\n\nrun folder: {run_dir}")
+    return 0
 
 
 if __name__ == "__main__":

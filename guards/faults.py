@@ -53,13 +53,27 @@ FAULTS: dict[str, Fault] = {f.name: f for f in (
 )}
 
 
-def check_request(name: str | None, update_baseline: bool = False) -> None:
+def check_request(name: str | None, update_baseline: bool = False, *, device: torch.device | str | None = None,
+                  learner: str | None = None) -> None:
     """Raise ValueError for a fault `name` that is not in FAULTS, or any fault with update_baseline (a faulty run
-    must never become a baseline). None (no fault) passes."""
+    must never become a baseline). None (no fault) passes.
+
+    When given (the CLI passes both, so that a request `inject` would refuse fails before any training):
+    `device` (the run's resolved device): every fault needs a CUDA device (the faults are GPU regressions; a CPU
+    run has no trace criteria to fail); `learner` ("hotloop" or "reference", the run's resolved learner kind): a
+    learner fault (FAULTS[name].hot_only) needs the hotloop learner."""
     if name is not None and name not in FAULTS:
         raise ValueError(f"--inject: unknown fault {name!r}; choose one of {sorted(FAULTS)}")
     if name is not None and update_baseline:
         raise ValueError("--inject cannot be combined with --update-baseline (a faulty run is no baseline)")
+    if name is None:
+        return
+    if device is not None and torch.device(device).type != "cuda":
+        raise ValueError(f"--inject {name}: the faults are GPU regressions and need a CUDA device, this run is on "
+                         f"{device} (pass --device cuda on a machine with a GPU)")
+    if learner is not None and FAULTS[name].hot_only and learner != "hotloop":
+        raise ValueError(f"--inject {name}: the fault changes the hotloop learner; this run uses the {learner!r} "
+                         f"learner (set learner=hotloop or leave it auto on CUDA)")
 
 
 def inject(trainer, name: str) -> Fault:

@@ -6,8 +6,9 @@ forwards, loss, backward, optimizer, spectral norm, priority update), its kernel
 (hotloop.trainer.step.PHASE_RULES); env stepping is not part of it (a vectorized env of 8 CartPoles runs tiny eager ops,
 single-block kernels by nature). With the reference learner, `Trainer.train_step` (env steps + learner step).
 
-Exit codes: 0 every measured criterion passed, 1 a criterion failed, 2 bad usage or input (raised by the CLI),
-3 hang (the watchdog ends the process).
+Exit codes: 0 every measured criterion passed, 1 a criterion or a baseline regression failed, 2 bad usage or input
+(raised by the CLI, before training), 3 hang (the watchdog ends the process), 70 internal error (an unexpected
+exception: the CLI saves its traceback as <run folder>/error.log; hotloop.guards.cli.report_internal_error).
 """
 
 from __future__ import annotations
@@ -100,9 +101,12 @@ def run_gate(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress: bo
     are written as the new baseline instead (deliberately, never implicitly).
     `inject`: a hotloop.guards.faults fault name, injected after the epochs and before the guarded steps (mutation test
     of the gate: it must then FAIL that fault's criterion); never together with update_baseline.
-    Returns the exit code (0 pass, 1 a criterion or a baseline comparison failed). Raises ValueError for an
-    unknown fault or inject together with update_baseline (the CLI turns it into exit 2)."""
-    check_request(inject, update_baseline)
+    Returns the exit code (0 pass, 1 a criterion or a baseline comparison failed). Raises ValueError, before
+    training, for an unknown fault, inject together with update_baseline, inject on a device that is not CUDA or
+    a learner fault with the reference learner (hotloop.guards.faults.check_request; the CLI checks the same
+    before it makes the run folder and turns it into exit 2)."""
+    device = resolve_device(cfg.device)
+    check_request(inject, update_baseline, device=device, learner=learner_kind(cfg, device))
 
     def guard(trainer: Trainer) -> list[GuardReport]:
         if inject is not None:
@@ -148,15 +152,37 @@ def run_gate(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress: bo
 def _baseline_step(reports: list[GuardReport], baseline: Path | None, update: bool, run_dir: Path,
                    config: dict) -> pd.DataFrame:
     """Write (with `config`, a `run_config`) or compare the baseline; returns the failing comparison rows (empty when none or no
-    baseline)."""
+    baseline).
+
+    The repeats' medians leave out the timing of damaged steps (steps holding a trace anomaly:
+    hotloop.guards.step_metrics), so those steps are out of the comparison; the written table (baseline.csv/.md) has
+    a `note` column saying so on the timing rows ("repeat 1: timing of steps 3, 7 left out: kernel with ts 0 ..."),
+    and the note is printed under the table. When every guarded step of every repeat is damaged there is no timing
+    to compare: those rows get verdict "-" and a rule saying why, instead of a FAIL for a missing value."""
     if baseline is None:
         return pd.DataFrame()
     metrics = {m: [r.medians.get(m, float("nan")) for r in reports] for m in reports[0].medians}
+    note = "; ".join(f"repeat {i + 1}: {r.timing_note}" for i, r in enumerate(reports) if r.timing_note)
     if update:
         write_baseline(baseline, metrics, gpu=device_name(torch.device(config["device"])), config=config)
-        print(f"\nbaseline written: {baseline} ({len(reports)} repeats, {len(metrics)} metrics)")
+        print(f"\nbaseline written: {baseline} ({len(reports)} repeats, {len(metrics)} metrics)"
+              + (f"\nnote: {note}" if note else ""))
         return pd.DataFrame()
     table = compare(metrics, load_baseline(baseline))
+    timing = table["kind"].eq("timing")
+    table["note"] = ""
+    table.loc[timing, "note"] = note
+    if all(_every_step_damaged(r) for r in reports):
+        lost = timing & table["run"].isna() & table["verdict"].eq("FAIL")
+        table.loc[lost, ["verdict", "rule"]] = ["-", "not compared: the timing of every guarded step was left out "
+                                                     "(trace anomalies, see note)"]
     write_table(table, run_dir, "baseline")
-    print(f"\nBaseline comparison ({baseline})\n" + format_table(table))
+    print(f"\nBaseline comparison ({baseline})\n" + format_table(table.drop(columns="note"))
+          + (f"\nnote: {note}" if note else ""))
     return table[table.verdict == "FAIL"]
+
+
+def _every_step_damaged(report: GuardReport) -> bool:
+    """Whether every guarded step of `report` holds a trace anomaly (its per_step "anomaly" column is never "")."""
+    anomaly = report.per_step.get("anomaly")
+    return anomaly is not None and len(anomaly) > 0 and bool(anomaly.ne("").all())

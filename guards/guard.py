@@ -50,7 +50,7 @@ from __future__ import annotations
 import json
 import tempfile
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -79,8 +79,11 @@ class GuardReport:
     for the overlap ratio, "yes"/"no" for TF32), limit ("== 0"), verdict (PASS / FAIL / "-" when not measured),
     status ("measured" or "not measured (<why>)"), source (hook / trace / both: the ways that saw the fault when it
     failed, else the ways that measured it), evidence (call sites, API and kernel names with counts over all steps).
-    per_step: `StepMetrics.per_step` plus stream_sync_hook_hits and event_sync_hook_hits. medians: its medians.
-    hits: `SyncHooks.frame()`. gemms: `StepMetrics.gemms`. cuda: whether the CUDA side was profiled.
+    per_step: `StepMetrics.per_step` plus stream_sync_hook_hits and event_sync_hook_hits. medians: its medians
+    (timings over the undamaged steps only: hotloop.guards.step_metrics). hits: `SyncHooks.frame()`. gemms:
+    `StepMetrics.gemms`. cuda: whether the CUDA side was profiled. anomalies: `StepMetrics.anomalies` (the trace's
+    anomalies, hotloop.profiles.trace_anomalies.count_anomalies). timing_note: `StepMetrics.timing_note` ("" or
+    which steps' timing was left out and why).
     """
 
     verdicts: pd.DataFrame
@@ -89,6 +92,8 @@ class GuardReport:
     hits: pd.DataFrame
     gemms: pd.DataFrame
     cuda: bool
+    anomalies: dict = field(default_factory=dict)
+    timing_note: str = ""
 
     @property
     def failed(self) -> list[str]:
@@ -96,13 +101,14 @@ class GuardReport:
         return list(self.verdicts.loc[self.verdicts["verdict"].eq("FAIL"), "criterion"])
 
     def to_json(self, path: str | Path) -> Path:
-        """Write {"cuda", "verdicts", "per_step", "medians", "hits", "gemms"} (tables as lists of records, NaN as
-        null) to `path`; returns it as a Path."""
+        """Write {"cuda", "verdicts", "per_step", "medians", "hits", "gemms", "anomalies", "timing_note"} (tables
+        as lists of records, NaN as null) to `path`; returns it as a Path."""
         def records(df: pd.DataFrame) -> list[dict]:
             return json.loads(df.to_json(orient="records"))
         doc = {"cuda": self.cuda, "verdicts": records(self.verdicts), "per_step": records(self.per_step),
                "medians": json.loads(pd.Series(self.medians, dtype="float64").to_json()),
-               "hits": records(self.hits), "gemms": records(self.gemms)}
+               "hits": records(self.hits), "gemms": records(self.gemms), "anomalies": self.anomalies,
+               "timing_note": self.timing_note}
         path = Path(path)
         path.write_text(json.dumps(doc, indent=2) + "\n")
         return path
@@ -153,7 +159,8 @@ def guard_steps(step_fn: Callable[[], object], steps: int = 20, warmup: int = 3,
     hits = hooks.frame()
     per_step = with_hook_counts(metrics.per_step, hits)
     medians = {**metrics.medians, **{c: float(per_step[c].median()) for c in HOOK_COLUMNS.values()}}
-    return GuardReport(evaluate(metrics, hits, cuda, roles), per_step, medians, hits, metrics.gemms, cuda)
+    return GuardReport(evaluate(metrics, hits, cuda, roles), per_step, medians, hits, metrics.gemms, cuda,
+                       metrics.anomalies, metrics.timing_note)
 
 
 def with_hook_counts(per_step: pd.DataFrame, hits: pd.DataFrame) -> pd.DataFrame:
@@ -169,7 +176,9 @@ def with_hook_counts(per_step: pd.DataFrame, hits: pd.DataFrame) -> pd.DataFrame
 def evaluate(metrics: StepMetrics, hits: pd.DataFrame, cuda: bool, roles: PhaseRoles = PhaseRoles()) -> pd.DataFrame:
     """The verdict table (GuardReport.verdicts, columns VERDICT_COLUMNS) from step metrics, the hook hits
     (`SyncHooks.frame()`, steps numbered as metrics.per_step) and whether the trace has a CUDA side. Without CUDA
-    only the sync rows are measured (by the hooks); the others get status NO_CUDA."""
+    only the sync rows are measured (by the hooks); the others get status NO_CUDA. "DDQN overlapped" (a timing)
+    is the median over the undamaged steps (`hotloop.guards.step_metrics`: a step holding a trace anomaly); when
+    every step is damaged it is not measured, and its status says why."""
     per_step = with_hook_counts(metrics.per_step, hits)
     measured, status, source, evidence = {}, {}, {}, dict(metrics.evidence)
     for criterion, col in TRACE_COLUMNS.items():
@@ -213,9 +222,12 @@ def _judge_tf32(per_step, cuda, roles, measured, status, source) -> None:
 
 def _judge_overlap(per_step, cuda, roles, measured, status, source) -> None:
     name = "DDQN overlapped"
-    ratio = per_step["ddqn_overlap_ratio"].median()
+    clean = per_step["anomaly"].eq("") if "anomaly" in per_step else pd.Series(True, index=per_step.index)
+    ratio = per_step.loc[clean, "ddqn_overlap_ratio"].median()
     if not cuda:
         status[name] = NO_CUDA
+    elif len(per_step) and not clean.any():
+        status[name] = "not measured (timing of every step left out: trace anomalies)"
     elif pd.isna(ratio):
         status[name] = f"not measured (needs kernels of phases {roles.ddqn_forward!r} and {roles.online_forward!r})"
     else:

@@ -16,11 +16,12 @@ from hotloop.profiles.epoch_table import epoch_frame, write_table
 from hotloop.profiles.epoch_timer import EpochTimer
 from hotloop.profiles.plots import plot_epochs
 from hotloop.profiles.ranges import phase_range
+from hotloop.profiles.run_lock import acquire, remove_temp_files
 from hotloop.profiles.telemetry import NvmlTelemetry
 from hotloop.trainer.checkpoint import save_checkpoint
 from hotloop.trainer.config import Config
 from hotloop.trainer.loop import Trainer
-from hotloop.trainer.resume import CHECKPOINT_FILE, ResumePoint, read_resume_point
+from hotloop.trainer.resume import CHECKPOINT_FILE, ResumePoint, checkpoint_identity, read_resume_point
 
 
 SETUP_LIMIT_S = 300.0
@@ -33,22 +34,50 @@ def run_training(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress
     """Train `cfg.epochs` epochs; each epoch must finish within `epoch_limit_s` seconds (the setup within
     max(epoch_limit_s, SETUP_LIMIT_S)) or the process exits 3 with every thread's stack.
 
-    Writes run_dir/config.json at the start, run_dir/epochs.csv + epochs.md after every epoch (so a killed
-    run keeps its finished epochs), then run_dir/checkpoint.pt (hotloop.trainer.resume: atomic, outside the timed epoch,
+    First takes run_dir's lock (hotloop.profiles.run_lock.acquire; re-entrant, so a caller that already holds it,
+    as the CLI does from where it creates or opens the folder, keeps it past this call) and removes the temp files a
+    killed writer left (run_lock.remove_temp_files: `.checkpoint.pt.*.tmp`, `.epochs.csv.*.tmp`, ...), both before
+    anything else is read or written; the lock is released (one hold) on return or on any error.
+    Writes run_dir/config.json next, run_dir/epochs.csv + epochs.md after every epoch (so a killed
+    run keeps its finished epochs; each file replaced atomically, hotloop.profiles.epoch_table.write_table), then
+    run_dir/checkpoint.pt (hotloop.trainer.resume: atomic, outside the timed epoch,
     under the watchdog armed as "checkpoint N"), and run_dir/epochs.png (hotloop.profiles.plots.plot_epochs) at the end.
     A one-line summary per epoch and a progress bar go to stderr. Each epoch runs inside a `phase_range("epoch")`.
     resume: True reads run_dir's checkpoint and table (hotloop.trainer.resume.read_resume_point, checked against `cfg`;
     ValueError before anything is written), a ResumePoint is used as read (the CLI reads it to validate the
-    invocation); the trainer is restored (its env reset) and runs the epochs after the checkpoint's up to
-    cfg.epochs, the table keeping the earlier rows. Killing the process loses at most the epoch in progress.
+    invocation) after checking that the checkpoint is still the file it was read from (ResumePoint.source; else
+    ValueError: another run wrote it since); the trainer is restored (its env reset) and runs the epochs after the
+    checkpoint's up to cfg.epochs, the table keeping the earlier rows. Killing the process loses at most the epoch
+    in progress.
     Returns the per-epoch DataFrame: hotloop.profiles.epoch_table.EPOCH_COLUMNS first, then gpu_ms_per_step (CUDA events
     from the epoch's start to the loop's "readback" phase; NaN off CUDA), kernels_per_step and syncs_per_step
     (NaN: no guard counts them here), the NVML telemetry sampled after the epoch (NaN without NVML / on CPU);
     and what `after_epochs(trainer)` returned (None without it), called after the last epoch under the same
     watchdog (armed as "after epochs", `epoch_limit_s` long): the gate guards steady-state steps there.
+    Raises hotloop.profiles.run_lock.RunFolderLocked (a ValueError; exit 2 in the CLI) naming the holder's pid when
+    another live process holds run_dir, before anything is written; ValueError for a folder that is missing.
     """
     console = Console(stderr=True, soft_wrap=True)
-    point = resume if isinstance(resume, ResumePoint) else read_resume_point(run_dir, cfg) if resume else None
+    run_dir = Path(run_dir)
+    with acquire(run_dir) as lock:
+        if lock.stale_pid is not None:
+            console.print(f"hotloop: {run_dir}: took over the lock left by pid {lock.stale_pid} (no longer running)")
+        for path in remove_temp_files(run_dir):
+            console.print(f"hotloop: removed {path.name}, a temp file left by a killed write")
+        return _run_locked(console, cfg, run_dir, epoch_limit_s, show_progress, after_epochs, resume)
+
+
+def _run_locked(console: Console, cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress: bool,
+                after_epochs: Callable[[Trainer], object] | None,
+                resume: bool | ResumePoint) -> tuple[pd.DataFrame, object]:
+    """run_training's work, with run_dir's lock held."""
+    if isinstance(resume, ResumePoint):
+        point = resume
+        if point.source is not None and checkpoint_identity(run_dir / CHECKPOINT_FILE) != point.source:
+            raise ValueError(f"{run_dir / CHECKPOINT_FILE} changed since it was read for this resume (another run "
+                             f"wrote it): resume again to continue from the checkpoint as it is now")
+    else:
+        point = read_resume_point(run_dir, cfg) if resume else None
     cfg.save(run_dir / "config.json")
     rows: list[dict] = list(point.rows) if point is not None else []
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),

@@ -26,6 +26,13 @@ the events of a step (`STEP_COLUMNS` lists the metric columns):
 - ddqn_kernel_us, ddqn_overlap_us, ddqn_overlap_ratio: kernel time of the Double-DQN forward phase, the part of it
   that runs at the same time as online-forward kernels of another stream, and their ratio (NaN without both).
 
+Damaged steps (`hotloop.profiles.trace_anomalies`): a step holding an anomalous event (a kernel of ts 0 or dur 0,
+a negative duration, a launch with no GPU event, a step range whose end was never written, ...) keeps its counts
+(every event with a clear meaning is counted where it belongs; a range with no valid end runs to its thread's last
+event), but its timing columns (names ending _us / _ms / _s / _ratio, `hotloop.guards.baselines.is_count`) are
+left out of the medians, so of the baseline comparison too, and `StepMetrics.timing_note` says which steps and
+why. The interval metrics of every step use only events with a valid time (start > 0, dur >= 0, both finite).
+
 Phases (`kernel_phases`): a caller's map {kernel-name regex or callable: phase} first (first match wins; needed for
 graph replays, whose inner record_function ranges are not replayed), else the innermost enclosing Kineto
 `gpu_user_annotation` range (record_function around eager work) on the same device and stream, ignoring step ranges.
@@ -36,14 +43,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 
 import numpy as np
 import pandas as pd
 
+from hotloop.guards.baselines import is_count
+from hotloop.profiles.trace_anomalies import count_anomalies, valid_time
 from hotloop.profiles.trace_counts import (COUNT_COLUMNS, PROFILER_STEP, SYNC_COLUMNS, api_names, assign_steps, event_flags,
-                                 step_ranges)
+                                 step_anomalies, step_ranges)
 
 TF32, FP32, GEMM = "tf32", "fp32", "gemm"
 PRECISIONS = (TF32, FP32, GEMM, "")
@@ -56,6 +65,10 @@ STEP_COLUMNS = ("stream_sync_calls", "event_sync_calls", "blocking_memcpy_calls"
                 "d2d_copies", "memsets", "spectral_norm_launches", "fwd_gemms", "fwd_gemms_not_tf32", "bwd_gemms",
                 "bwd_gemms_tf32", "gpu_kernel_us", "gpu_busy_us", "gpu_span_us", "ddqn_kernel_us",
                 "ddqn_overlap_us", "ddqn_overlap_ratio")
+ANOMALY_COLUMNS = ("anomalies", "anomaly")
+"""Last per-step columns: the step's anomalous events (int) and what they are (str, "" for a clean step)."""
+TIMING_NOTE_STEPS = 10
+"""How many damaged steps `timing_note` names before summing up the rest."""
 PhaseRule = str | Callable[[pd.DataFrame], pd.Series]
 
 
@@ -81,16 +94,24 @@ class StepMetrics:
     """Result of `step_metrics`.
 
     per_step: one row per step: step, range_name, start_us, dur_us (the CPU step range), the event_flags counts
-    (trace_counts.COUNT_COLUMNS, SYNC_COLUMNS), then STEP_COLUMNS. medians: {column: median over steps (float)} of
-    every numeric column but step and start_us.
-    evidence: {criterion name: ["<name> x<count over all steps>", ...]} naming the events behind each trace metric.
+    (trace_counts.COUNT_COLUMNS, SYNC_COLUMNS), then STEP_COLUMNS, then ANOMALY_COLUMNS (anomalies: int, anomaly:
+    str; a step with anomaly != "" is damaged). medians: {column: median (float)} of every numeric column but step,
+    start_us and anomalies: counts over all steps, timings (`hotloop.guards.baselines.is_count` False) over the
+    undamaged steps only (NaN when every step is damaged).
+    evidence: {criterion name: ["<name> x<count over all steps>", ...]} naming the events behind each trace metric;
+    "DDQN overlapped" (a timing) ends with `timing_note` when there is one.
     gemms: GEMM kernels inside steps: columns phase ("" if none), precision, name, kernels (count).
+    anomalies: `hotloop.profiles.trace_anomalies.count_anomalies` of the whole trace.
+    timing_note: "" or which steps' timing was left out and why, e.g. "timing of steps 3, 7 left out: kernel with
+    ts 0, dur 0 (steps 3, 7)".
     """
 
     per_step: pd.DataFrame
     medians: dict[str, float]
     evidence: dict[str, list[str]]
     gemms: pd.DataFrame
+    anomalies: dict = field(default_factory=dict)
+    timing_note: str = ""
 
 
 def gemm_precision(name: str, registry: Mapping[str, str] | None = None) -> str:
@@ -176,13 +197,15 @@ def step_metrics(df: pd.DataFrame, *, step_range_name: str | None = "step", doma
     Steps: the ranges of `trace_counts.step_ranges(df, step_range_name, domain)` (ProfilerStep#N if no range has
     that name); `step_range_name=None` makes the whole trace one step (range_name "trace"). Events outside every
     step are not counted. `phases`, `roles`: see `kernel_phases`, `PhaseRoles`; `gemm_registry`: see
-    `gemm_precision`. Times are microseconds on the trace's clock. An empty per_step (no step ranges) gives NaN
-    medians. Raises ValueError for a bad registry precision or regex.
+    `gemm_precision`. Times are microseconds on the trace's clock (the whole-trace step spans the events with a
+    valid time). An empty per_step (no step ranges) gives NaN medians. Damaged steps: module docstring. Raises
+    ValueError for a bad registry precision or regex.
     """
     if step_range_name is None:
-        end = (df["start_us"] + df["dur_us"]).max()
-        ranges = pd.DataFrame({"step": [0], "range_name": ["trace"], "start_us": [df["start_us"].min()],
-                               "dur_us": [end - df["start_us"].min()]})
+        timed = df[valid_time(df)]
+        start, end = timed["start_us"].min(), (timed["start_us"] + timed["dur_us"]).max()
+        ranges = pd.DataFrame({"step": [0], "range_name": ["trace"], "start_us": [start], "dur_us": [end - start],
+                               "anomaly": [""]})
         steps = pd.Series(0, index=df.index, dtype="Int64")
     else:
         ranges = step_ranges(df, step_range_name, domain)
@@ -193,16 +216,45 @@ def step_metrics(df: pd.DataFrame, *, step_range_name: str | None = "step", doma
     precision = names.map({n: gemm_precision(n, gemm_registry) for n in names.unique()})
     ev = _event_metrics(df, phase, precision, roles)
     per_step = ev.groupby(steps).sum().reindex(ranges["step"], fill_value=0).reset_index(drop=True)
-    per_step = pd.concat([ranges, per_step, _interval_metrics(df[kernel], phase, steps, roles, ranges)], axis=1)
-    per_step = per_step[[*ranges.columns, *COUNT_COLUMNS, *SYNC_COLUMNS, *STEP_COLUMNS]]
-    cols = list(per_step.columns.drop(["step", "range_name", "start_us"]))
-    medians = {c: float(per_step[c].median()) if len(per_step) else float("nan") for c in cols}
+    timed = kernel & valid_time(df)
+    per_step = pd.concat([ranges.drop(columns="anomaly"), per_step,
+                          _interval_metrics(df[timed], phase, steps, roles, ranges),
+                          step_anomalies(df, ranges, steps)], axis=1)
+    per_step = per_step[["step", "range_name", "start_us", "dur_us", *COUNT_COLUMNS, *SYNC_COLUMNS, *STEP_COLUMNS,
+                         *ANOMALY_COLUMNS]]
+    clean = per_step["anomaly"].eq("")
+    cols = [c for c in per_step.columns if c not in ("step", "range_name", "start_us", *ANOMALY_COLUMNS)]
+    medians = {c: float(per_step[c][clean | is_count(c)].median()) if len(per_step) else float("nan") for c in cols}
     in_step = steps.notna()
     gemm = kernel & precision.ne("") & in_step
     gemms = (pd.DataFrame({"phase": phase[gemm], "precision": precision[gemm], "name": df.loc[gemm, "name"]})
              .value_counts(sort=False).rename("kernels").reset_index())
-    return StepMetrics(per_step, medians, _evidence(df[in_step], ev[in_step], phase[in_step], precision[in_step],
-                                                    roles), gemms)
+    note = timing_note(per_step)
+    evidence = _evidence(df[in_step], ev[in_step], phase[in_step], precision[in_step], roles)
+    if note:
+        evidence["DDQN overlapped"].append(note)
+    return StepMetrics(per_step, medians, evidence, gemms, count_anomalies(df), note)
+
+
+def timing_note(per_step: pd.DataFrame, max_steps: int = TIMING_NOTE_STEPS) -> str:
+    """"" when no step of `per_step` (a StepMetrics.per_step: columns step, anomaly) is damaged, else which steps'
+    timing was left out of the medians and why: "timing of steps 3, 7 left out: kernel with ts 0, dur 0 (steps 3,
+    7)", each distinct reason (a step's reasons joined by "; ") with its steps, groups joined by " | "; at most
+    `max_steps` steps are named per list, the rest counted ("+N more"). Every step damaged: "timing of every step
+    (N) left out: ...". Raises KeyError without those columns."""
+    damaged = per_step[per_step["anomaly"].ne("")]
+    if damaged.empty:
+        return ""
+
+    def named(steps: pd.Series) -> str:
+        shown = ", ".join(str(int(s)) for s in steps.iloc[:max_steps])
+        more = len(steps) - max_steps
+        return f"step{'s' * (len(steps) != 1)} {shown}" + (f" +{more} more" if more > 0 else "")
+
+    head = (f"timing of every step ({len(per_step)}) left out" if len(damaged) == len(per_step)
+            else f"timing of {named(damaged['step'])} left out")
+    by_reason = damaged.groupby("anomaly", sort=False)["step"]
+    return head + ": " + " | ".join(f"{reason} ({named(steps)})" for reason, steps in by_reason)
 
 
 def _event_metrics(df: pd.DataFrame, phase: pd.Series, precision: pd.Series, roles: PhaseRoles) -> pd.DataFrame:
@@ -223,7 +275,7 @@ def _event_metrics(df: pd.DataFrame, phase: pd.Series, precision: pd.Series, rol
     fwd, bwd = is_gemm & phase.isin(roles.forward), is_gemm & phase.isin(roles.backward)
     out["fwd_gemms"], out["fwd_gemms_not_tf32"] = fwd.astype("int64"), (fwd & precision.ne(TF32)).astype("int64")
     out["bwd_gemms"], out["bwd_gemms_tf32"] = bwd.astype("int64"), (bwd & precision.eq(TF32)).astype("int64")
-    out["gpu_kernel_us"] = df["dur_us"].where(kernel, 0.0)
+    out["gpu_kernel_us"] = df["dur_us"].where(kernel & valid_time(df), 0.0)
     return out
 
 
@@ -239,7 +291,8 @@ def _pageable_async_copies(df: pd.DataFrame, api: pd.Series) -> pd.Series:
 
 def _interval_metrics(kernels: pd.DataFrame, phase: pd.Series, steps: pd.Series, roles: PhaseRoles,
                       ranges: pd.DataFrame) -> pd.DataFrame:
-    """Per step (rows aligned with `ranges`): gpu_busy_us, gpu_span_us and the DDQN overlap columns."""
+    """Per step (rows aligned with `ranges`): gpu_busy_us, gpu_span_us and the DDQN overlap columns, over the
+    `kernels` given (the caller passes those with a valid time)."""
     rows = []
     k = kernels.assign(end=kernels["start_us"] + kernels["dur_us"], phase=phase[kernels.index],
                        step=steps[kernels.index])

@@ -30,6 +30,10 @@ Design (every launcher: fixed grids from shapes, >= 2 programs, no host syncs, n
   leaf priority plus one partial minimum per program (of the batch, or of the stored leaves for "global");
   launch 2 (multi-block) reduces the few partials redundantly in every program and turns the priorities into
   weights in place. The partials buffer is fully overwritten each call.
+- Zero priorities: the rule of `hotloop.kernels.sum_tree` (module docstring), inside the same launches: the
+  update/insert kernel floors every value it writes at `floor` (PRIORITY_FLOOR = 2^-126 by default); the sampling
+  kernel's partial minima take only priorities > 0 (+inf if none) and, when the stored root is not > 0, it picks
+  the uniform stratified index over the N filled slots; the weights kernel clamps into [MIN_WEIGHT, 1].
 - `tree_rebuild`: each program rebuilds a 2^10-leaf subtree in registers (exact pairwise fl(left + right), bit for
   bit the reference's level-by-level sums); ceil(log2(P) / 10) launches. The last launch covers the top (a single
   subtree): 2 programs compute it redundantly and each stores a disjoint half (nodes alternate between them).
@@ -43,6 +47,8 @@ import triton.language as tl
 
 from hotloop.kernels._common import check_tensor, interpreting
 from hotloop.kernels.replay_batch import AnnealedBeta, CounterUniforms, annealed_beta, counter_uniforms
+from hotloop.kernels.sum_tree import (MIN_WEIGHT, PRIORITY_FLOOR, check_floor, importance_weights, positive_min,
+                                      stratified_indices)
 
 TOP_LEVELS = 7  # tree levels 0..6 (nodes 1..127) get block-reduced atomic adds in the update kernel
 REBUILD_LEVELS = 10  # levels per rebuild launch: one program reduces a tile of 2^10 nodes
@@ -85,7 +91,7 @@ def _device_or_int(name: str, value: object, device: torch.device, minimum: int)
 
 @triton.jit
 def _tree_update_kernel(nodes_ptr, idx_ptr, val_ptr, n, capacity, start_ptr, start_val, first,
-                        max_ptr, bad_ptr, DEPTH: tl.constexpr, INSERT: tl.constexpr,
+                        max_ptr, bad_ptr, floor, DEPTH: tl.constexpr, INSERT: tl.constexpr,
                         START_ON_DEVICE: tl.constexpr, TOP: tl.constexpr, BLOCK: tl.constexpr):
     pid = tl.program_id(0)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
@@ -117,6 +123,7 @@ def _tree_update_kernel(nodes_ptr, idx_ptr, val_ptr, n, capacity, start_ptr, sta
                 v = tl.load(val_ptr + o, mask=o < n, other=0.0)
                 repl = tl.maximum(repl, tl.max(tl.where((v >= 0.0) & (v <= 3.4028234663852886e38), v, 0.0), 0))
             value = tl.where(bad, repl, raw)
+    value = tl.where(value < floor, floor, value)  # the floor (after the sanitize rule): no written leaf below it
     leaf = slot + (1 << DEPTH)
     old = tl.atomic_xchg((nodes_ptr + leaf).to(tl.pointer_type(tl.int32), bitcast=True),
                          value.to(tl.int32, bitcast=True), mask=ok, sem="relaxed")
@@ -159,7 +166,8 @@ def _tree_sample_kernel(nodes_ptr, u_ptr, counter_ptr, seed, idx_out_ptr, p_out_
             u = counter_uniforms(counter_ptr, seed, offs)
         else:
             u = tl.load(u_ptr + offs, mask=live, other=0.0)
-        mass = (offs.to(tl.float32) + u) * tl.math.div_rn(tl.load(nodes_ptr + 1), batch_f)
+        root = tl.load(nodes_ptr + 1)
+        mass = (offs.to(tl.float32) + u) * tl.math.div_rn(root, batch_f)
         node = tl.full([BLOCK], 1, tl.int64)
         for _ in range(DEPTH):
             left = 2 * node
@@ -169,11 +177,19 @@ def _tree_sample_kernel(nodes_ptr, u_ptr, counter_ptr, seed, idx_out_ptr, p_out_
             mass = tl.where(go_right, mass - left_sum, mass)
             node = left + go_right.to(tl.int64)
         idx = tl.minimum(node - (1 << DEPTH), capacity - 1)
+        # no mass (root not > 0: all leaves 0): the uniform stratified index over the N filled slots
+        if SIZE_ON_DEVICE:
+            n_filled = tl.minimum(tl.load(size_ptr), capacity)
+        else:
+            n_filled = tl.minimum(size_val, capacity)
+        flat = ((offs.to(tl.float32) + u) * tl.math.div_rn(n_filled.to(tl.float32), batch_f)).to(tl.int64)
+        flat = tl.maximum(tl.minimum(flat, n_filled - 1), 0)
+        idx = tl.where(root > 0.0, idx, flat)
         p = tl.load(nodes_ptr + (1 << DEPTH) + idx)
         tl.store(idx_out_ptr + offs, idx, mask=live)
         tl.store(p_out_ptr + offs, p, mask=live)
-        if not GLOBAL:
-            tl.store(partial_ptr + pid, tl.min(tl.where(live, p, float("inf")), 0))
+        if not GLOBAL:  # p_min candidates: the batch's priorities > 0 (+inf if none)
+            tl.store(partial_ptr + pid, tl.min(tl.where(live & (p > 0.0), p, float("inf")), 0))
     else:
         leaf_block = pid - n_sample_progs  # names differ from the other branch's: no merged types
         slots = leaf_block * LEAF_BLOCK + tl.arange(0, LEAF_BLOCK)
@@ -183,12 +199,13 @@ def _tree_sample_kernel(nodes_ptr, u_ptr, counter_ptr, seed, idx_out_ptr, p_out_
             size = size_val
         stored = (slots < size) & (slots < capacity)
         leaves = tl.load(nodes_ptr + (1 << DEPTH) + slots, mask=stored, other=float("inf"))
-        tl.store(partial_ptr + leaf_block, tl.min(leaves, 0))
+        tl.store(partial_ptr + leaf_block, tl.min(tl.where(leaves > 0.0, leaves, float("inf")), 0))  # leaves > 0
 
 
 @triton.jit
 def _tree_weights_kernel(w_ptr, partial_ptr, n_partials, beta_ptr, counter_ptr, beta_start, beta_end, anneal_steps,
-                         batch, ANNEAL: tl.constexpr, BLOCK: tl.constexpr, PBLOCK: tl.constexpr):
+                         batch, ANNEAL: tl.constexpr, BLOCK: tl.constexpr, PBLOCK: tl.constexpr,
+                         MIN_W: tl.constexpr):
     pid = tl.program_id(0)
     lo = tl.full([PBLOCK], float("inf"), tl.float32)
     for s in range(0, n_partials, PBLOCK):  # every program reduces the (few) partials redundantly
@@ -202,7 +219,12 @@ def _tree_weights_kernel(w_ptr, partial_ptr, n_partials, beta_ptr, counter_ptr, 
         beta = annealed_beta(counter_ptr, beta_start, beta_end, anneal_steps)
     else:
         beta = tl.load(beta_ptr)
-    w = tl.exp2(beta * tl.log2(tl.math.div_rn(p_min, p)))
+    ratio = tl.math.div_rn(p_min, p)  # p = 0 or p_min = +inf: +inf, a weight clamped to 1 below
+    # a ratio below 2^-126 (subnormal or 0) goes through the difference of logs, which reads no subnormal (the
+    # maxima only keep the branch not taken off log2(0))
+    lg = tl.where(ratio >= MIN_W, tl.log2(tl.maximum(ratio, MIN_W)), tl.log2(p_min) - tl.log2(tl.maximum(p, MIN_W)))
+    w = tl.exp2(beta * lg)
+    w = tl.minimum(tl.maximum(w, MIN_W), 1.0)  # into [MIN_WEIGHT, 1]: an underflow to 0 is raised to MIN_WEIGHT
     tl.store(w_ptr + offs, tl.where(beta == 0.0, 1.0, w), mask=live)  # x^0 = 1, as torch.pow (even 0^0, nan^0)
 
 
@@ -223,7 +245,7 @@ def _tree_rebuild_kernel(nodes_ptr, in_start, n_sub, LEVELS: tl.constexpr):
 
 
 def tree_update(nodes: torch.Tensor, indices: torch.Tensor, values: torch.Tensor, capacity: int,
-                max_value: torch.Tensor, bad_count: torch.Tensor) -> None:
+                max_value: torch.Tensor, bad_count: torch.Tensor, floor: float = PRIORITY_FLOOR) -> None:
     """Set leaf priorities in place and propagate the changes to every ancestor, in one launch.
 
     Args:
@@ -235,30 +257,35 @@ def tree_update(nodes: torch.Tensor, indices: torch.Tensor, values: torch.Tensor
         values: (B,) float32 priorities. Sanitize rule, as `SumTree.update`: NaN, +-inf or negative values are
             replaced by max(max_value, largest finite non-negative value of the whole batch) and counted in
             `bad_count` (a graph-safe error counter for the host to read later, asynchronously); 0 is valid.
+            Then floored, as `SumTree.update`: a value below `floor` is written as `floor` (in the same launch).
         capacity: number of real leaves (int >= 1).
         max_value: 0-dim float32, raised in place to the batch's largest finite non-negative value (atomic max on
             the int32 bit pattern, which orders non-negative floats like their values).
         bad_count: 0-dim int64, incremented in place by the sanitized values plus the skipped indices.
+        floor: finite float >= 0, the smallest value written (default PRIORITY_FLOOR = 2^-126, the smallest normal
+            float32, so no written leaf is 0; 0.0: no floor, a 0 is stored and makes the leaf unsampleable).
 
     Raises:
-        ValueError: a wrong type, dtype, shape or device (naming the argument), or capacity not an int >= 1.
+        ValueError: a wrong type, dtype, shape or device (naming the argument), capacity not an int >= 1, or a
+            bad floor.
     """
     _, depth = _check_nodes(nodes, capacity)
     check_tensor("indices", indices, dtype=torch.int64, ndim=1, device=nodes.device)
     check_tensor("values", values, dtype=torch.float32, shape=(indices.shape[0],), device=nodes.device)
     check_tensor("max_value", max_value, dtype=torch.float32, shape=(), device=nodes.device)
     check_tensor("bad_count", bad_count, dtype=torch.int64, shape=(), device=nodes.device)
+    floor = check_floor(floor)
     n = indices.shape[0]
     if n == 0:
         return
     block = _block()
     _tree_update_kernel[(_grid(n, block),)](
-        nodes, indices, values, n, capacity, nodes, 0, 0, max_value, bad_count,
+        nodes, indices, values, n, capacity, nodes, 0, 0, max_value, bad_count, floor,
         DEPTH=depth, INSERT=False, START_ON_DEVICE=False, TOP=min(TOP_LEVELS, depth), BLOCK=block, num_warps=1)
 
 
 def tree_insert(nodes: torch.Tensor, start_pos: torch.Tensor | int, count: int, capacity: int,
-                max_value: torch.Tensor) -> None:
+                max_value: torch.Tensor, floor: float = PRIORITY_FLOOR) -> None:
     """Give `count` new ring slots the current max priority (read on the device), in one launch.
 
     As `PrioritizedReplay.add`: the slots are (start_pos + i) % capacity for i in [0, count); when count >
@@ -269,23 +296,25 @@ def tree_insert(nodes: torch.Tensor, start_pos: torch.Tensor | int, count: int, 
         start_pos: the ring's write position: a python int >= 0 or a 0-dim int64 device tensor (>= 0, unchecked).
         count: number of transitions added (python int >= 0; a fixed shape, not a per-step value).
         capacity: number of real leaves (int >= 1).
-        max_value: 0-dim float32, the priority the new leaves get (not modified).
+        max_value: 0-dim float32, the priority the new leaves get (not modified), floored at `floor`.
+        floor: finite float >= 0 (default PRIORITY_FLOOR = 2^-126), as in `tree_update`.
 
     Raises:
-        ValueError: a wrong type, dtype, shape or device, capacity < 1, count < 0 or start_pos < 0.
+        ValueError: a wrong type, dtype, shape or device, capacity < 1, count < 0, start_pos < 0 or a bad floor.
     """
     _, depth = _check_nodes(nodes, capacity)
     start_t, start_v = _device_or_int("start_pos", start_pos, nodes.device, 0)
     if isinstance(count, bool) or not isinstance(count, int) or count < 0:
         raise ValueError(f"count must be an int >= 0, got {count!r}")
     check_tensor("max_value", max_value, dtype=torch.float32, shape=(), device=nodes.device)
+    floor = check_floor(floor)
     kept = min(count, capacity)
     if kept == 0:
         return
     block = _block()
     _tree_update_kernel[(_grid(kept, block),)](
         nodes, nodes, nodes, kept, capacity, nodes if start_t is None else start_t, start_v, count - kept,
-        max_value, max_value, DEPTH=depth, INSERT=True, START_ON_DEVICE=start_t is not None,
+        max_value, max_value, floor, DEPTH=depth, INSERT=True, START_ON_DEVICE=start_t is not None,
         TOP=min(TOP_LEVELS, depth), BLOCK=block, num_warps=1)
 
 
@@ -297,16 +326,21 @@ def tree_sample(nodes: torch.Tensor, capacity: int, size: torch.Tensor | int, ba
     Sample k's mass is (k + u_k) * (root / B) (the stored root, as the reference), and its leaf is found by the
     reference's descent: go right when mass >= left sum and the right subtree has weight, or when the left one
     has none. So the index is always < capacity and of a non-zero leaf whenever any leaf is non-zero, also for
-    masses within rounding of the total or a root that differs from the sum of the leaves.
-    Weights w_i = (N P(i))^-beta / max_j w_j = (p_min / p_i)^beta, p_min the smallest priority of the batch
-    ("batch", the reference default) or of leaves [0, size) ("global"); computed as exp2(beta log2(p_min / p_i))
-    (a few float32 ulp from torch.pow).
+    masses within rounding of the total or a root that differs from the sum of the leaves. A stored root that is
+    not > 0 (no mass: all leaves 0) gives the uniform stratified index min(floor((k + u_k) * (N / B)), N - 1)
+    instead (`hotloop.kernels.sum_tree.stratified_indices`).
+    Weights w_i = (N P(i))^-beta / max_j w_j = (p_min / p_i)^beta, p_min the smallest priority > 0 of the batch
+    ("batch", the reference default) or of leaves [0, size) ("global"), +inf if there is none; computed as
+    exp2(beta log2(p_min / p_i)) (a few float32 ulp from torch.pow; exp2(beta (log2 p_min - log2 p_i)) where the
+    ratio is below 2^-126) and clamped into [MIN_WEIGHT, 1] (x / 0 = +inf), so each is finite and in (0, 1]
+    whatever the leaves: 1 for a zero leaf and on a tree with no mass (`hotloop.kernels.sum_tree.importance_weights`).
 
     Args:
         nodes: (2P,) float32 tree.
         capacity: number of real leaves (int >= 1).
-        size: N, the filled slots: python int in [1, capacity] or 0-dim int64 device tensor (unchecked); only
-            "global" reads it (for "batch", N cancels out of the normalized weights).
+        size: N, the filled slots: python int in [1, capacity] or 0-dim int64 device tensor (unchecked; clamped
+            to [1, capacity] where read); read by "global" (p_min over [0, N)) and by the no-mass fallback (for
+            "batch", N cancels out of the normalized weights).
         batch_size: B (int >= 1).
         uniforms: (B,) float32 in [0, 1), one per stratum; or a `hotloop.kernels.replay_batch.CounterUniforms`, drawn by
             the sampling kernel itself (the `batch_uniforms` stream, without its launch).
@@ -352,7 +386,7 @@ def tree_sample(nodes: torch.Tensor, capacity: int, size: torch.Tensor | int, ba
         out_weights, partials, n_partials, nodes if anneal else beta, beta.counter if anneal else out_indices,
         float(beta.start) if anneal else 0.0, float(beta.end) if anneal else 0.0,
         float(beta.anneal_steps) if anneal else 1.0, batch_size, ANNEAL=anneal, BLOCK=block, PBLOCK=256,
-        num_warps=1)
+        MIN_W=MIN_WEIGHT, num_warps=1)
 
 
 def tree_rebuild(nodes: torch.Tensor) -> None:
@@ -385,12 +419,13 @@ def tree_rebuild(nodes: torch.Tensor) -> None:
 def sample_reference(tree, size: int, uniforms: torch.Tensor, beta: float,
                      weight_norm: str = "batch") -> tuple[torch.Tensor, torch.Tensor]:
     """Plain-torch reference of `tree_sample`: the index and weight lines of `PrioritizedReplay.sample`, with the
-    uniforms given instead of drawn. `tree` is a `hotloop.trainer.replay.SumTree`; returns ((B,) int64, (B,) float32)."""
-    strata = torch.arange(uniforms.shape[0], device=uniforms.device, dtype=tree.dtype)
-    idx = tree.find((strata + uniforms) * (tree.total() / uniforms.shape[0]))
+    uniforms given instead of drawn (`hotloop.kernels.sum_tree.stratified_indices`, `positive_min`,
+    `importance_weights`). `tree` is a `hotloop.kernels.sum_tree.SumTree`, size an int in [1, capacity], uniforms
+    (B,) float32 on its device; returns ((B,) int64, (B,) float32 in (0, 1]). ValueError as `stratified_indices`."""
+    idx = stratified_indices(tree, uniforms, size)
     p = tree.leaves()[idx]
-    p_min = p.min() if weight_norm == "batch" else tree.leaves()[:size].min()
-    return idx, (p_min / p).pow(beta).to(torch.float32)
+    p_min = positive_min(p if weight_norm == "batch" else tree.leaves()[:size])
+    return idx, importance_weights(p, p_min, beta)
 
 
 def bench_inputs(device: torch.device | str) -> dict:

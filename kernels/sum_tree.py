@@ -8,12 +8,31 @@ has children 2i and 2i+1, and leaf j (the priority of item j) is node P + j. Lea
 with weight 0 and node 0 is unused. Every method is a fixed number of vectorized tensor ops (one step per tree
 level) on fixed shapes, so it runs on any device and never reads a tensor value back to the host.
 
+Zero priorities (the rule both the reference here and the Triton kernels of kernels/segment_tree.py follow):
+- every priority written through `SumTree.update` (and `tree_update` / `tree_insert`) is floored at
+  PRIORITY_FLOOR = 2^-126, the smallest normal float32, after the sanitize rule: a 0 (or a value that underflowed,
+  e.g. (0 + 1e-30)^2 in float32) is stored as 2^-126, so no written leaf is 0. `floor=0.0` turns the floor off
+  (a generic sum tree whose zero leaves are unsampleable; the tests of the descent use it).
+- importance weights (`importance_weights`) normalize by p_min = the smallest POSITIVE priority of the batch or of
+  the stored leaves (`positive_min`; +inf when there is none) and are clamped into [MIN_WEIGHT, 1], MIN_WEIGHT =
+  2^-126, with x / 0 = +inf: so every weight is finite and in (0, 1] whatever the leaves (a zero leaf sampled,
+  weights that underflow float32, a p_min taken over leaves the sampled one is not among).
+- a tree whose stored root is not > 0 (all leaves 0: no mass) samples uniformly over the N filled slots,
+  index_k = min(floor((k + u_k) * N / B), N - 1) (`stratified_indices`); its weights are all 1.
+
 This is the reference implementation: correctness first; faster kernels are tested against it.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
+
+PRIORITY_FLOOR = 2.0**-126
+"""Smallest priority a leaf is written with (the smallest normal float32, torch.finfo(torch.float32).tiny)."""
+MIN_WEIGHT = 2.0**-126
+"""Smallest importance weight returned (the smallest normal float32): weights are clamped into [MIN_WEIGHT, 1]."""
 
 
 def _check_tensor(
@@ -66,7 +85,9 @@ class SumTree:
     Sanitize rule: a NaN, +-inf or negative weight passed to `update` is replaced by `max_value` (taken after
     including the finite, non-negative weights of the same batch) and counted in `bad_priority_count`. The item
     thus stays sampleable, with the highest priority, until its next update; it is never silently dropped.
-    A weight of exactly 0 is valid and makes the leaf unsampleable.
+    Floor rule (after sanitizing): a weight below `update`'s `floor` (default PRIORITY_FLOOR = 2^-126) is
+    written as `floor`, so a 0 (valid, not counted) leaves the item sampleable with a negligible probability;
+    with floor=0.0 a weight of exactly 0 is stored and makes the leaf unsampleable.
 
     Raises:
         ValueError: capacity not an int >= 1, or dtype not a floating torch.dtype.
@@ -94,23 +115,27 @@ class SumTree:
         """The (capacity,) `dtype` weights, a view into `nodes` (write through `update`, not this view)."""
         return self.nodes[self.num_leaves : self.num_leaves + self.capacity]
 
-    def update(self, indices: torch.Tensor, values: torch.Tensor) -> None:
+    def update(self, indices: torch.Tensor, values: torch.Tensor, floor: float = PRIORITY_FLOOR) -> None:
         """Set leaf weights, then recompute every ancestor of a changed leaf from its two children.
 
         Args:
             indices: (B,) int64 leaf indices on the tree's device; each must lie in [0, capacity) (not checked:
                 checking would read values back to the host). Duplicates are allowed: the LAST occurrence in
                 the batch wins, deterministically on every device.
-            values: (B,) floating weights on the tree's device (cast to `dtype`); sanitized per the class rule.
+            values: (B,) floating weights on the tree's device (cast to `dtype`); sanitized per the class rule,
+                then floored: a value below `floor` is written as `floor` (`max_value` is raised by the values
+                before the floor).
+            floor: a finite float >= 0 (default PRIORITY_FLOOR = 2^-126, the smallest normal float32; 0.0: no floor).
 
         Internal nodes are recomputed level by level (log2(P) vectorized steps) as exactly left + right, so the
         tree never accumulates drift from incremental deltas.
 
         Raises:
-            ValueError: wrong type, dtype, shape or device of `indices` or `values`.
+            ValueError: wrong type, dtype, shape or device of `indices` or `values`, or a bad `floor`.
         """
         _check_tensor("indices", indices, self.device, dtype=torch.int64, ndim=1)
         _check_tensor("values", values, self.device, kind="float", shape=(indices.shape[0],))
+        check_floor(floor)
         if indices.shape[0] == 0:
             return
         values = values.to(self.dtype)
@@ -118,6 +143,8 @@ class SumTree:
         self.bad_priority_count.add_(bad.sum())
         torch.maximum(self.max_value, torch.where(bad, 0.0, values).max(), out=self.max_value)
         values = torch.where(bad, self.max_value, values)
+        if floor > 0:
+            values = torch.where(values < floor, floor, values)
         # Last occurrence wins: a stable sort keeps equal indices in batch order, so the last of each run of
         # equal sorted indices is the batch's last occurrence; every duplicate then writes that same value.
         sorted_idx, perm = torch.sort(indices, stable=True)
@@ -180,6 +207,65 @@ class SumTree:
             ValueError: a key missing, or a tensor of the wrong type, shape or dtype (nothing is changed then).
         """
         _load_tensors(self.state_dict(), state)
+
+
+def check_floor(floor: object) -> float:
+    """`floor` as a float; ValueError unless it is a finite int or float >= 0 (not a bool)."""
+    if isinstance(floor, bool) or not isinstance(floor, (int, float)) or not (math.isfinite(floor) and floor >= 0):
+        raise ValueError(f"floor must be a finite float >= 0, got {floor!r}")
+    return float(floor)
+
+
+def positive_min(values: torch.Tensor) -> torch.Tensor:
+    """The smallest element > 0 of `values` (any shape, floating, any device) as a 0-dim tensor of its dtype on its
+    device; +inf when no element is > 0 (an empty tensor, all zeros). No host sync. p_min of the weight rule."""
+    return torch.where(values > 0, values, torch.inf).amin() if values.numel() else values.new_full((), torch.inf)
+
+
+def importance_weights(p: torch.Tensor, p_min: torch.Tensor, beta: float) -> torch.Tensor:
+    """PER importance weights, Schaul et al. 2016 Sec. 3.4: w_i = (N P(i))^-beta / max_j w_j = (p_min / p_i)^beta,
+    computed in p's dtype (as 2^(beta (log2 p_min - log2 p_i)) where p_min / p_i < 2^-126, so that no subnormal
+    ratio loses precision), then cast to float32 and clamped into [MIN_WEIGHT, 1] (the module's zero-priority rule).
+
+    Args:
+        p: (B,) floating, the sampled leaves' priorities (>= 0; a 0 gives p_min / 0 = +inf -> weight 1).
+        p_min: 0-dim, the normalizer from `positive_min` (> 0, or +inf when there is no positive priority: weight 1).
+        beta: the exponent in [0, 1] (unchecked; 0 gives all weights 1, as torch.pow(x, 0) = 1 for every x).
+
+    Returns:
+        (B,) float32 weights on p's device, each finite and in (0, 1].
+    """
+    ratio = p_min / p
+    small = torch.exp2(beta * (torch.log2(p_min) - torch.log2(p)))
+    return torch.where(ratio >= MIN_WEIGHT, ratio.pow(beta), small).to(torch.float32).clamp_(MIN_WEIGHT, 1.0)
+
+
+def stratified_indices(tree: SumTree, uniforms: torch.Tensor, size: int) -> torch.Tensor:
+    """Stratified proportional sampling (Schaul et al. 2016, App. B.2.1): sample k of B gets the leaf
+    `tree.find((k + u_k) * total / B)`; a tree whose stored root is not > 0 (no mass) gets the uniform stratified
+    index min(floor((k + u_k) * (N / B)), N - 1) over the N = size filled slots instead (N / B a float32 quotient).
+
+    Args:
+        tree: the SumTree. uniforms: (B,) floating in [0, 1) on the tree's device. size: N, int in [1, capacity].
+
+    Returns:
+        (B,) int64 indices in [0, min(size, capacity)) when the tree has no mass, else as `SumTree.find`.
+        No host sync (the no-mass case is a torch.where).
+
+    Raises:
+        ValueError: `uniforms` not a 1-D floating tensor on the tree's device, or size not an int >= 1.
+    """
+    _check_tensor("uniforms", uniforms, tree.device, kind="float", ndim=1)
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ValueError(f"size must be an int >= 1, got {size!r}")
+    batch = uniforms.shape[0]
+    strata = torch.arange(batch, device=tree.device, dtype=tree.dtype)
+    found = tree.find((strata + uniforms) * (tree.total() / batch))
+    n = min(size, tree.capacity)
+    scale = torch.tensor(float(n), dtype=torch.float32) / torch.tensor(float(batch), dtype=torch.float32)
+    mass = (strata.to(torch.float32) + uniforms.to(torch.float32)) * scale.to(tree.device)
+    uniform = mass.to(torch.int64).clamp_(0, n - 1)
+    return torch.where(tree.total() > 0, found, uniform)
 
 
 def _load_tensors(targets: dict[str, torch.Tensor], state: dict) -> None:

@@ -16,6 +16,8 @@ Optional columns (OPTIONAL_COLUMNS, present only when the rows provide them), fr
 
 from __future__ import annotations
 
+import os
+import secrets
 from collections.abc import Iterable
 from datetime import datetime, timezone
 from pathlib import Path
@@ -71,11 +73,62 @@ def new_run_dir(root: str | Path = "profiles/runs", prefix: str = "") -> Path:
 
 
 def write_table(df: pd.DataFrame, run_dir: Path, stem: str) -> list[Path]:
-    """Write `df` as run_dir/<stem>.csv and run_dir/<stem>.md (GitHub markdown); returns both paths."""
+    """Write `df` as run_dir/<stem>.csv and run_dir/<stem>.md (GitHub markdown); returns both paths.
+
+    Each file is replaced atomically: both are first written to temp files in run_dir (`.<stem>.csv.<random>.tmp`,
+    `.<stem>.md.<random>.tmp`; hotloop.profiles.run_lock.TEMP_GLOB) and fsynced, then renamed over the old ones
+    (os.replace, atomic on POSIX) and the folder fsynced; a process killed at any point leaves each file whole,
+    old or new, never a torn row (a kill between the two renames: the new CSV with the old markdown). On an error
+    the temp files are removed and the files not yet renamed are left untouched; the error (OSError from the file
+    system, or what pandas raised) passes through. Sources: POSIX rename(2), Python os.replace."""
+    run_dir = Path(run_dir)
     csv, md = run_dir / f"{stem}.csv", run_dir / f"{stem}.md"
-    df.to_csv(csv, index=False)
-    md.write_text(df.to_markdown(index=False, floatfmt=".4g") + "\n")
+    texts = [(csv, df.to_csv(index=False)), (md, df.to_markdown(index=False, floatfmt=".4g") + "\n")]
+    temps: list[str] = []
+    try:
+        for path, text in texts:
+            fd, tmp = _create_temp(path)
+            temps.append(tmp)
+            with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+        for (path, _), tmp in zip(texts, temps):
+            os.replace(tmp, path)
+    except BaseException:
+        for tmp in temps:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+        raise
+    _fsync_dir(run_dir)
     return [csv, md]
+
+
+def _create_temp(path: Path) -> tuple[int, str]:
+    """Create `.<name>.<8 hex>.tmp` next to `path` (O_EXCL; mode 0666 less the umask, as a plain open would make
+    the file); returns (fd, its path)."""
+    while True:
+        tmp = str(path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666), tmp
+        except FileExistsError:
+            continue
+
+
+def _fsync_dir(directory: Path) -> None:
+    """fsync the folder so the renames are durable (POSIX); skipped where folders cannot be opened or fsynced."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def format_table(df: pd.DataFrame) -> str:

@@ -1,24 +1,32 @@
 """Atomic checkpoints of named tensors + plain JSON metadata, loaded without unpickling arbitrary objects.
 
-File layout: `torch.save` of {"format": "hotloop-checkpoint", "version": 1, "tensors": {name: CPU tensor},
-"meta": JSON-compatible dict}. Saving writes a temp file in the destination's directory, fsyncs it and renames it
-over the destination (`os.replace`, atomic on POSIX), so a crash leaves either the old or the new checkpoint, never
-a torn one. Loading uses `torch.load(weights_only=True)`, whose restricted unpickler refuses any global that is not
-a tensor/storage/plain container, so a hostile file cannot run code. Sources: the write-temp/fsync/rename pattern
-(POSIX rename(2); Python `os.replace`), torch.serialization's weights_only unpickler.
+File layout: `torch.save` of {"format": "hotloop-checkpoint", "version": 2, "tensors": {name: CPU tensor},
+"meta": JSON-compatible dict, "sha256": {name: hex digest}}; each digest (`tensor_digest`) is SHA-256 over the
+tensor's dtype and shape and its bytes in row-major order, and loading recomputes and compares them, so flipped
+bytes inside the tensor data (which torch.load itself reads without complaint) are refused. Version 1 (no digests,
+written before they were added) still loads, with a warning that its tensor bytes cannot be verified. Saving writes
+a temp file in the destination's directory, fsyncs it and renames it over the destination (`os.replace`, atomic on
+POSIX), so a crash leaves either the old or the new checkpoint, never a torn one. Loading uses
+`torch.load(weights_only=True)`, whose restricted unpickler refuses any global that is not a tensor/storage/plain
+container, so a hostile file cannot run code. Sources: the write-temp/fsync/rename pattern
+(POSIX rename(2); Python `os.replace`), torch.serialization's weights_only unpickler, hashlib's SHA-256 (FIPS 180-4).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 
-FORMAT, VERSION = "hotloop-checkpoint", 1
+FORMAT, VERSION = "hotloop-checkpoint", 2
+READABLE_VERSIONS = (1, 2)
+"""Versions load_checkpoint reads: 2 (with tensor digests), 1 (without: loaded with a warning)."""
 MetaValue = int | float | str | bool | list | dict | None
 
 
@@ -27,7 +35,8 @@ def save_checkpoint(path: str | os.PathLike, tensors: Mapping[str, torch.Tensor]
     """Write `tensors` (str name -> tensor, any dtype/shape/device; stored detached, as compact CPU copies) and
     `meta` (str key -> JSON-serializable value; stored as its JSON round trip, so tuples come back as lists) to
     `path` atomically; returns `path` as a Path. The temp file (`.<name>.*.tmp`, mode 0600 from mkstemp) lives in
-    the same directory; on any error it is removed and an existing file at `path` is left untouched.
+    the same directory; on any error it is removed and an existing file at `path` is left untouched. Each tensor's
+    `tensor_digest` is stored with it (verified by load_checkpoint).
     Raises ValueError for a non-str name, a non-tensor value, a non-str or non-JSON-serializable meta key/value
     (naming the key), a missing parent directory or a `path` that is a directory; OSError from the file system."""
     path = Path(path)
@@ -52,8 +61,9 @@ def save_checkpoint(path: str | os.PathLike, tensors: Mapping[str, torch.Tensor]
         raise ValueError(f"checkpoint {path}: directory {path.parent} does not exist")
     if path.is_dir():
         raise ValueError(f"checkpoint {path} is a directory")
-    payload = {"format": FORMAT, "version": VERSION, "meta": plain_meta,
-               "tensors": {name: _host_copy(t) for name, t in tensors.items()}}
+    host = {name: _host_copy(t) for name, t in tensors.items()}
+    payload = {"format": FORMAT, "version": VERSION, "meta": plain_meta, "tensors": host,
+               "sha256": {name: tensor_digest(t) for name, t in host.items()}}
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -77,8 +87,10 @@ def load_checkpoint(path: str | os.PathLike, device: torch.device | str | None =
     Uses torch.load(weights_only=True): a file that would need any other global (a custom class, a __reduce__
     payload) is refused before it is built. Raises ValueError naming the path for a missing file, content torch
     cannot read (truncated, corrupt, or not a torch file; the torch error is chained), a file that is not a
-    hotloop checkpoint of this version, or a device that is not cpu or an available cuda; PermissionError passes
-    through. Corruption inside tensor data bytes is not detected (no checksum)."""
+    hotloop checkpoint of a READABLE_VERSIONS version, a device that is not cpu or an available cuda, or a tensor
+    whose bytes do not match the digest stored with it (naming the first such tensor, in the file's order; the
+    digests are computed on the CPU copies torch.load made, before any move to `device`); PermissionError passes
+    through. A version-1 file (no digests) loads with a UserWarning saying its bytes are unverified."""
     path = Path(path)
     device = torch.device("cpu" if device is None else device)
     if device.type not in ("cpu", "cuda") or (device.type == "cuda" and not torch.cuda.is_available()):
@@ -86,20 +98,57 @@ def load_checkpoint(path: str | os.PathLike, device: torch.device | str | None =
     if not path.is_file():
         raise ValueError(f"checkpoint {path}: no such file")
     try:
-        obj = torch.load(path, map_location=device, weights_only=True)
+        obj = torch.load(path, map_location="cpu", weights_only=True)
     except PermissionError:
         raise
     except Exception as exc:  # corrupt bytes surface as many types: RuntimeError, UnpicklingError, EOFError, OSError..
         raise ValueError(f"checkpoint {path} cannot be read ({type(exc).__name__}: {exc})") from exc
     if not isinstance(obj, dict) or obj.get("format") != FORMAT:
         raise ValueError(f"checkpoint {path} is not a {FORMAT} file (format key missing or wrong)")
-    if obj.get("version") != VERSION:
-        raise ValueError(f"checkpoint {path} has version {obj.get('version')!r}, this code reads {VERSION}")
+    version = obj.get("version")
+    if isinstance(version, bool) or version not in READABLE_VERSIONS:
+        raise ValueError(f"checkpoint {path} has version {version!r}, this code reads "
+                         f"{' and '.join(map(str, READABLE_VERSIONS))}")
     tensors, meta = obj.get("tensors"), obj.get("meta")
     if (not isinstance(tensors, dict) or not isinstance(meta, dict)
             or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in tensors.items())):
         raise ValueError(f"checkpoint {path} is malformed: 'tensors' must map str -> tensor and 'meta' be a dict")
+    if version == 1:
+        warnings.warn(f"checkpoint {path} is version 1, written without tensor checksums: its tensor bytes cannot be "
+                      f"verified (the next save writes version {VERSION}, with them)", UserWarning, stacklevel=2)
+    else:
+        _verify_digests(path, tensors, obj.get("sha256"))
+    if device.type != "cpu":
+        tensors = {name: t.to(device) for name, t in tensors.items()}
     return tensors, meta
+
+
+def tensor_digest(t: torch.Tensor) -> str:
+    """SHA-256 (hex) of a tensor's dtype, shape and data bytes in row-major order (any layout; a CUDA tensor is
+    copied to the host). Two tensors have the same digest exactly when they are equal bytewise with the same dtype
+    and shape (NaN payloads and -0.0 included)."""
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"tensor_digest needs a torch.Tensor, got {type(t).__name__}")
+    t = t.detach().to("cpu").contiguous()
+    h = hashlib.sha256(f"{t.dtype}{tuple(t.shape)}".encode())
+    if t.numel():
+        h.update(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
+    return h.hexdigest()
+
+
+def _verify_digests(path: Path, tensors: dict[str, torch.Tensor], digests: object) -> None:
+    """ValueError naming `path` unless `digests` maps exactly the tensors' names to their tensor_digest."""
+    if not isinstance(digests, dict) or not all(isinstance(v, str) for v in digests.values()):
+        raise ValueError(f"checkpoint {path} is malformed: version {VERSION} needs 'sha256', a dict of tensor "
+                         f"name -> hex digest")
+    if set(digests) != set(tensors):
+        raise ValueError(f"checkpoint {path} is corrupt: tensors without a checksum "
+                         f"{sorted(set(tensors) - set(digests))[:5]}, checksums without a tensor "
+                         f"{sorted(set(digests) - set(tensors))[:5]}")
+    for name, t in tensors.items():
+        if tensor_digest(t) != digests[name]:
+            raise ValueError(f"checkpoint {path} is corrupt: tensor {name!r} ({t.dtype}, {tuple(t.shape)}) does not "
+                             f"match its sha256 checksum; the file's bytes changed after it was written")
 
 
 def rng_state(device: torch.device | str) -> dict[str, torch.Tensor]:

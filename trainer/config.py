@@ -12,6 +12,7 @@ import ast
 import dataclasses
 import json
 import math
+import reprlib
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -125,10 +126,15 @@ class Config:
 
     @classmethod
     def load(cls, path: str | Path) -> "Config":
-        """Read a JSON file written by `save`; raises ValueError on unreadable or invalid content."""
+        """Read a JSON file written by `save`; raises ValueError naming the file on unreadable or invalid content
+        (a missing file, not UTF-8, invalid JSON, numbers too long to parse, nesting too deep for the parser, not
+        an object) or on a bad field (`from_dict`)."""
         try:
             data = json.loads(Path(path).read_text())
-        except (OSError, json.JSONDecodeError) as exc:
+        except RecursionError:
+            raise ValueError(f"config file {path}: nested too deep to read (JSON arrays/objects nested beyond the "
+                             f"parser's limit; a config is one flat object)") from None
+        except (OSError, ValueError) as exc:  # ValueError: JSONDecodeError, UnicodeDecodeError, int digit limit
             raise ValueError(f"config file {path}: {exc}") from exc
         if not isinstance(data, dict):
             raise ValueError(f"config file {path}: expected a JSON object, got {type(data).__name__}")
@@ -160,7 +166,28 @@ def _check_types(cfg: Config) -> None:
             ok = isinstance(value, tuple) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
             want = "a list of ints"
         if not ok:
-            raise ValueError(f"config.{f.name} must be {want}, got {value!r}")
+            raise ValueError(f"config.{f.name} must be {want}, got {_short_repr(value)}")
+
+
+def _short_repr(value: object) -> str:
+    """repr(value) cut to a readable length (at most 160 characters) and nesting depth (reprlib), for error
+    messages about any input."""
+    r = reprlib.Repr()
+    r.maxstring, r.maxother, r.maxlist, r.maxtuple, r.maxlevel = 60, 60, 6, 6, 3
+    text = r.repr(value)
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+def validate_run(cfg: Config) -> None:
+    """Checks a training run of `cfg` needs beyond `validate` (which every Config passes, also those that only
+    build a learner or a replay in tests): ValueError when config.learning_starts exceeds config.replay_capacity
+    (the replay cannot hold the transitions collected before the first learner step: the prefill would overwrite
+    its own first ones, so the setting cannot mean what it says). The CLI calls it before training
+    (hotloop.guards.cli.prepare_run)."""
+    if cfg.learning_starts > cfg.replay_capacity:
+        raise ValueError(f"config.learning_starts ({cfg.learning_starts}) exceeds config.replay_capacity "
+                         f"({cfg.replay_capacity}): the replay cannot hold the transitions collected before the "
+                         f"first learner step; lower learning_starts or raise replay_capacity")
 
 
 def validate(cfg: Config) -> None:
@@ -184,6 +211,7 @@ def validate(cfg: Config) -> None:
     for name in ("weight_decay", "per_alpha", "cql_weight", "diversity_weight", "eval_episodes"):
         if not getattr(cfg, name) >= 0:
             raise ValueError(f"config.{name} must be >= 0, got {getattr(cfg, name)!r}")
+    _check_per_floor(cfg.per_eps, cfg.per_alpha)
     if cfg.learner not in ("auto", "hotloop", "reference"):
         raise ValueError(f"config.learner must be 'auto', 'hotloop' or 'reference', got {cfg.learner!r}")
     if cfg.loss not in ("huber", "mse"):
@@ -195,6 +223,27 @@ def validate(cfg: Config) -> None:
     if cfg.batch_size > cfg.replay_capacity:
         raise ValueError(f"config.batch_size ({cfg.batch_size}) exceeds config.replay_capacity "
                          f"({cfg.replay_capacity})")
+
+
+_F32_TINY, _F32_MAX = 2.0**-126, float.fromhex("0x1.fffffep+127")
+"""float32's smallest normal and largest finite value (_F32_TINY is hotloop.kernels.sum_tree.PRIORITY_FLOOR)."""
+
+
+def _check_per_floor(per_eps: float, per_alpha: float) -> None:
+    """ValueError unless per_eps and per_eps ** per_alpha (the priority of a zero TD error) are normal float32
+    values, in [2^-126, float32 max]: else a zero TD error's priority underflows to 0 in float32 (the tree would
+    store its 2^-126 floor instead) or overflows to inf (sanitized). Both fields must already be > 0 resp. >= 0."""
+    normal = f"float32's normal range [{_F32_TINY!r}, {_F32_MAX!r}]"
+    if not _F32_TINY <= per_eps <= _F32_MAX:
+        raise ValueError(f"config.per_eps must be within {normal}, got {per_eps!r}")
+    try:
+        value = per_eps**per_alpha
+    except OverflowError:
+        value = math.inf
+    if not _F32_TINY <= value <= _F32_MAX:
+        raise ValueError(f"config.per_eps ** config.per_alpha = {per_eps!r} ** {per_alpha!r} = {value!r} must be "
+                         f"within {normal}: a zero TD error's priority would {'underflow' if value < 1 else 'overflow'}"
+                         " float32")
 
 
 def field_names() -> list[str]:
@@ -227,7 +276,7 @@ def env_shape_fields(env: str) -> tuple[str, ...]:
 PRESETS: dict[str, dict[str, Any]] = {
     "cartpole": {},
     # Solves CartPole-v1 in seconds with the hotloop learner on a GPU (issue 4; the settings of the CPU sweep
-    # profiles/cpu/cartpole_sweep_2026-11-29/, kept by the GPU sweep profiles/h200/cartpole_sweep_hot.sh).
+    # profiles/cpu/cartpole_sweep/, kept by the GPU sweep profiles/h200/device/cartpole_sweep_hot.sh).
     "cartpole-fast": dict(
         num_envs=64, epochs=24, learner_steps_per_epoch=500, lr=7e-4, spectral_norm=False, tau=0.05,
         target_update_interval=1, max_grad_norm=1.0, eps_decay_fraction=0.1,
@@ -248,7 +297,8 @@ def preset(name: str, **overrides: Any) -> Config:
 
 
 def parse_override(text: str) -> tuple[str, Any]:
-    """Parse one `key=value` override (value as a Python literal, else a string); ValueError if malformed."""
+    """Parse one `key=value` override (value as a Python literal, else a string); ValueError if malformed.
+    An int field (and each width of a list-of-ints field) also takes an integral float such as 1e6, as an int."""
     if "=" not in text:
         raise ValueError(f"override {text!r} is not of the form key=value")
     key, raw = text.split("=", 1)
@@ -260,12 +310,23 @@ def parse_override(text: str) -> tuple[str, Any]:
         return key, raw.strip().lower() in ("true", "1", "yes")
     try:
         value = ast.literal_eval(raw)
-    except (ValueError, SyntaxError):
+    except (ValueError, SyntaxError, RecursionError, MemoryError, TypeError):
         value = raw
-    if expected is tuple and isinstance(value, (int, list)):
+    if expected is tuple and isinstance(value, (int, float, list)):
         value = tuple(value) if isinstance(value, list) else (value,)
+    if expected is tuple and isinstance(value, tuple):
+        value = tuple(_integral(v) for v in value)
+    if expected is int:
+        value = _integral(value)
     if expected is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     if not isinstance(value, expected):
         raise ValueError(f"override {text!r}: {key} takes a {expected.__name__}, got {type(value).__name__}")
     return key, value
+
+
+def _integral(value: Any) -> Any:
+    """A finite float with no fractional part (1e6, 32.0) as an int; anything else unchanged."""
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return int(value)
+    return value

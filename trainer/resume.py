@@ -2,7 +2,10 @@
 
 `run_training` writes <run folder>/checkpoint.pt (CHECKPOINT_FILE) after every epoch with
 hotloop.trainer.checkpoint.save_checkpoint (atomic: temp file + rename; loaded with torch.load(weights_only=True), so loading
-never unpickles arbitrary objects). Killing the process loses at most the epoch in progress.
+never unpickles arbitrary objects; each tensor's SHA-256 is stored and verified on load). Killing the process loses
+at most the epoch in progress. `read_resume_point` refuses a torn epochs.csv (`check_table_complete`) and a
+checkpoint whose tensor bytes changed; the run folder's single writer is ensured by its lock
+(hotloop.profiles.run_lock, taken by run_training).
 
 Tensors (name: what):
   learner.*        reference learner: learner.online.<key> and learner.target.<key> (the nets' state_dicts, with the
@@ -26,6 +29,9 @@ extend).
 
 from __future__ import annotations
 
+import csv
+import io
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -55,11 +61,14 @@ _META_TYPES = {"epoch": int, "env_steps": int, "learner_steps": int, "learner_up
 
 class ResumePoint(NamedTuple):
     """A run folder's checkpoint, read by `read_resume_point`: tensors and meta as load_checkpoint returns them,
-    and the per-epoch table's rows of the epochs it holds (1..epoch)."""
+    the per-epoch table's rows of the epochs it holds (1..epoch), and `source`, the checkpoint file's identity when
+    it was read (`checkpoint_identity`; None when not read from a file), so that a user of the point can tell
+    whether another run has written the checkpoint since."""
 
     tensors: dict[str, torch.Tensor]
     meta: dict
     rows: list[dict]
+    source: tuple[int, int, int, int] | None = None
 
     @property
     def epoch(self) -> int:
@@ -206,15 +215,60 @@ def _load_learner(trainer: Trainer, tensors: dict[str, torch.Tensor], meta: dict
     learner.steps = meta["learner_updates"]
 
 
+def checkpoint_identity(path: str | Path) -> tuple[int, int, int, int] | None:
+    """(st_dev, st_ino, st_size, st_mtime_ns) of the file at `path`, None if there is none. save_checkpoint renames
+    a new file over the old one, so every save changes it (a new inode)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def check_table_complete(table: str | Path) -> None:
+    """Raise ValueError naming `table` (a per-epoch CSV) and the row when a row is torn: fewer or more fields than
+    the header, a quoted field left open, or a last row without its line end (to_csv ends every row with one), the
+    marks of a write that stopped part-way (the table of a run killed while writing it before writes were atomic,
+    or a damaged file). Resuming from it would keep the torn row's missing values as NaN. An empty file passes
+    (pandas' reader refuses it). OSError and UnicodeDecodeError from reading pass through."""
+    table = Path(table)
+    text = table.read_text(encoding="utf-8")
+    if not text:
+        return
+    reader = csv.reader(io.StringIO(text, newline=""))
+    header, row_no, line = None, 0, 0
+    try:
+        for row in reader:
+            if header is None:
+                header = row
+                continue
+            row_no, line = row_no + 1, reader.line_num
+            if len(row) != len(header):
+                raise ValueError(f"{table}: row {row_no} (line {line}) is torn: {len(row)} fields where the header "
+                                 f"has {len(header)}; the table was cut off by a write that did not finish (or "
+                                 f"damaged): restore it or start a new run")
+    except csv.Error as exc:
+        raise ValueError(f"{table}: row {row_no + 1} (line {reader.line_num}) is torn ({exc}); the table was cut off "
+                         f"by a write that did not finish (or damaged): restore it or start a new run") from exc
+    if not text.endswith(("\n", "\r")):
+        where = f"row {row_no} (line {line}, the last)" if row_no else "the header (line 1)"
+        raise ValueError(f"{table}: {where} is torn: it has no line end; the table was cut off by a write that did "
+                         f"not finish (or damaged): restore it or start a new run")
+
+
 def read_resume_point(run_dir: str | Path, cfg: Config) -> ResumePoint:
-    """Read run_dir's checkpoint (on the CPU) and the rows of its epochs.csv up to the checkpoint's epoch (rows of a
-    later epoch, written before the process died ahead of that epoch's checkpoint, are dropped: that epoch runs
-    again), and `check_compatible` the checkpoint with a trainer built from `cfg` (device resolved as Trainer does).
-    Raises ValueError naming the file for a missing or unreadable checkpoint or table, a table without the
-    checkpoint's epochs 1..epoch, or a mismatch."""
+    """Read run_dir's checkpoint (on the CPU; its tensor checksums verified by load_checkpoint) and the rows of its
+    epochs.csv up to the checkpoint's epoch (rows of a later epoch, written before the process died ahead of that
+    epoch's checkpoint, are dropped: that epoch runs again), and `check_compatible` the checkpoint with a trainer
+    built from `cfg` (device resolved as Trainer does). Writes nothing and takes no lock: a caller that goes on to
+    run takes the folder's lock first (hotloop.profiles.run_lock.acquire) or compares `source` after taking it.
+    Raises ValueError naming the file for a missing or unreadable checkpoint or table, a checkpoint whose tensor
+    bytes do not match their checksums (naming the tensor), a torn table (`check_table_complete`, naming the row),
+    a table without the checkpoint's epochs 1..epoch, or a mismatch."""
     from hotloop.trainer.loop import learner_kind, resolve_device
 
     run_dir = Path(run_dir)
+    source = checkpoint_identity(run_dir / CHECKPOINT_FILE)
     tensors, meta = load_checkpoint(run_dir / CHECKPOINT_FILE)
     device = resolve_device(cfg.device)
     try:
@@ -222,6 +276,10 @@ def read_resume_point(run_dir: str | Path, cfg: Config) -> ResumePoint:
     except ValueError as exc:
         raise ValueError(f"{run_dir / CHECKPOINT_FILE}: {exc}") from exc
     table = run_dir / "epochs.csv"
+    try:
+        check_table_complete(table)  # its own ValueError names the file and the torn row
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{table} cannot be read ({exc}); resuming needs the run's per-epoch table") from exc
     try:
         frame = pd.read_csv(table, dtype={"clocks_event_reasons": object})
     except (OSError, ValueError, UnicodeDecodeError) as exc:  # pandas' parser and empty-file errors are ValueErrors
@@ -234,4 +292,4 @@ def read_resume_point(run_dir: str | Path, cfg: Config) -> ResumePoint:
         raise ValueError(f"{table} holds epochs {frame['epoch'].tolist()}, the checkpoint 1..{epoch}")
     if "clocks_event_reasons" in frame.columns:  # a text column: "" (no reason) reads back as NaN
         frame["clocks_event_reasons"] = frame["clocks_event_reasons"].fillna("")
-    return ResumePoint(tensors, meta, frame.to_dict("records"))
+    return ResumePoint(tensors, meta, frame.to_dict("records"), source)

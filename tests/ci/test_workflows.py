@@ -69,7 +69,9 @@ def test_workflow_pins_actions_and_keeps_artifacts():
     assert "runs-on: [self-hosted, linux, x64, gpu-h100]" in text
     assert re.search(r"^permissions:\n  contents: read\n", text, re.M)
     assert re.search(r"^concurrency:\n  group: .*github\.ref", text, re.M)
-    assert "run: bash ci/gate.sh" in text and "run: bash .ci/run" in text
+    assert "bash ci/gate.sh || rc=$?" in text and "run: bash .ci/run" in text
+    assert 'echo "exit-code=$rc" >> "$GITHUB_OUTPUT"' in text and "5) echo \"::error title=ci/gate.sh exit 5::" \
+        "the gate crashed: internal error, not a regression" in text
     assert text.count("actions/upload-artifact@") == 2 and text.count("if: always()") == 2
     assert 'python-version: "3.11"' in text
 
@@ -144,6 +146,13 @@ if "--sleep" in args:
     import time; time.sleep(120)
 out = Path(args[args.index("--out") + 1])
 out.mkdir(parents=True)
+if "--crash" in args:  # what hotloop.guards.cli does on an unexpected exception
+    (out / "error.log").write_text("Traceback (most recent call last):\n  ...\nRuntimeError: stub crash\n")
+    print(f"hotloop gate: internal error: RuntimeError: stub crash (full traceback in {out / 'error.log'})",
+          file=sys.stderr)
+    sys.exit(70)
+if "--killed" in args:  # the OOM killer's SIGKILL, as a shell reports it
+    sys.exit(137)
 rows = [dict(criterion="no stream sync", metric="syncs, per step", limit="== 0", measured="3", status="measured",
              verdict="FAIL", why="stalls"),
         dict(criterion="epoch 1 without hang", metric="m", limit="== yes", measured="yes", status="measured",
@@ -231,3 +240,70 @@ def test_gate_sh_refuses_a_run_folder_that_is_not_empty(tmp_path):
     (tmp_path / "run" / "criteria.csv").write_text("stale\n")
     rc, out = _gate(_env(HOTLOOP_RUN_DIR=str(tmp_path / "run")), timeout=60)
     assert rc == 2 and "is not empty" in out[-1]
+
+
+def test_gate_sh_reports_a_crashed_gate_as_a_crash_not_a_regression(tmp_path):
+    """gate exit 70 (internal error) -> ci/gate.sh exit 5, "the gate crashed: internal error, see .../error.log";
+    a gate killed by a signal -> 5 as well; neither is ever "a criterion or regression failed"."""
+    rc, out = _gate(_stub_env(tmp_path, HOTLOOP_GATE_ARGS="--crash"), timeout=120)
+    run = tmp_path / "run"
+    assert rc == 5, "\n".join(out[-20:])
+    assert f"ci/gate.sh: the gate crashed: internal error, see {run}/gate/error.log" in out
+    assert out[-3:] == [
+        "ci/gate.sh: FAIL (exit 5); the failing rows:",
+        f"--- hotloop gate (exit 70): the gate crashed: internal error, see {run}/gate/error.log",
+        f"  hotloop gate: internal error: RuntimeError: stub crash (full traceback in {run}/gate/error.log)",
+    ], "\n".join(out[-12:])
+    assert not any("a criterion or regression failed" in line for line in out)
+    summary = (run / "summary.md").read_text()
+    assert "## hotloop CI gate: FAIL (exit 5)" in summary and "| hotloop gate | 70 | the gate crashed" in summary
+
+
+def test_gate_sh_reports_a_killed_gate_as_a_crash(tmp_path):
+    rc, out = _gate(_stub_env(tmp_path, HOTLOOP_GATE_ARGS="--killed"), timeout=120)
+    assert rc == 5, "\n".join(out[-20:])
+    assert any(line.startswith("ci/gate.sh: the gate crashed: exit 137") for line in out)
+    assert out[-2].startswith("--- hotloop gate (exit 137): the gate crashed: exit 137 (killed by a signal")
+    assert not any("a criterion or regression failed" in line for line in out)
+
+
+CRASHING_CLI = """
+import sys
+
+import hotloop.trainer.loop as loop
+from hotloop.guards.cli import main
+
+
+def crash(self, epoch):
+    raise RuntimeError("injected crash in epoch %d" % epoch)
+
+
+loop.Trainer.run_epoch = crash
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_gate_sh_with_the_real_cli_crashing_points_at_its_error_log(tmp_path):
+    """The real `hotloop gate`, its epoch raising: exit 70 with error.log in the gate's folder; ci/gate.sh exit 5."""
+    run = tmp_path / "run"
+    (tmp_path / "crashing_cli.py").write_text(CRASHING_CLI)
+    rc, out = _gate(_env(HOTLOOP_RUN_DIR=str(run), HOTLOOP_GATE_ARGS=TINY_GATE,
+                         HOTLOOP_CLI=f"{shlex.quote(sys.executable)} {shlex.quote(str(tmp_path / 'crashing_cli.py'))}",
+                         HOTLOOP_PYTEST_ARGS=f"-p no:cacheprovider {_test_file(tmp_path, True)}"))
+    assert rc == 5, "\n".join(out[-40:])
+    assert out[-2] == f"--- hotloop gate (exit 70): the gate crashed: internal error, see {run}/gate/error.log"
+    assert out[-1].startswith("  hotloop gate: internal error: RuntimeError: injected crash in epoch 1 (raised at ")
+    assert out[-1].endswith(f"in crash; full traceback in {run}/gate/error.log)")
+    assert "RuntimeError: injected crash in epoch 1" in (run / "gate" / "error.log").read_text()
+    assert not any("a criterion or regression failed" in line for line in out)
+
+
+def test_gate_sh_documents_the_same_codes_as_ci_readme():
+    """The codes table at the top of ci/gate.sh and the one in ci/README.md name the same codes."""
+    header = GATE.read_text().split("set -euo pipefail")[0]
+    codes = re.findall(r"^#   (\d+)  ", header.split("# Exit code")[1], re.M)
+    readme = (REPO / "ci" / "README.md").read_text()
+    table = re.findall(r"^\| (\d+) \| ", readme, re.M)
+    assert codes == table == ["0", "1", "2", "3", "4", "5"]
+    assert "the gate crashed: internal error, see <run>/gate/error.log" in header
+    assert "the gate crashed: internal error, see `<run>/gate/error.log`" in readme

@@ -165,10 +165,21 @@ def test_a_baseline_remembers_its_config_and_names_the_fields_a_run_differs_in(t
     ('{"schema": 1, "metrics": {"kernels": {"values": []}}}', "'kernels'"),
     ('{"schema": 1, "metrics": {"kernels": {"values": ["341"]}}}', "'kernels'"),
     ('{"schema": 1, "config": [1], "metrics": {}}', '"config" must be an object'),
+    pytest.param('{"schema": 1, "metrics": {"k": {"values": ' + "[" * 100_000 + "]" * 100_000 + "}}}",
+                 "nested too deep", id="nested-100000-deep"),
+    pytest.param('{"schema": 1, "metrics": ' + "{" * 100_000, "nested too deep|invalid JSON", id="unclosed-100000"),
+    pytest.param(b'{"schema": 1, "gpu": "\xff", "metrics": {}}', "cannot read: 'utf-8' codec can't decode",
+                 id="not-utf8"),
+    pytest.param('{"schema": 1, "metrics": {"k": {"values": [' + "9" * 5000 + "]}}}",
+                 "cannot read: .*(digits|conversion)", id="5000-digit-int"),
+    pytest.param('{"schema": 1, "metrics": {"k": {"values": [' + "9" * 400 + "]}}}",
+                 "'k': a value is too large for a float", id="400-digit-int"),
 ])
 def test_load_errors_name_the_file(tmp_path, text, problem):
     path = tmp_path / "nvidia-h200.json"
-    if text is not None:
+    if isinstance(text, bytes):
+        path.write_bytes(text)
+    elif text is not None:
         path.write_text(text)
     with pytest.raises(BaselineError, match=problem) as info:
         load_baseline(path)

@@ -196,3 +196,231 @@ def test_the_default_baseline_of_another_configuration_is_skipped_with_a_note(tm
 def test_gate_rejects_a_missing_baseline_before_training(tmp_path, capsys):
     assert main(["gate", "--out", str(tmp_path / "r"), "--baseline", str(tmp_path / "none.json"), *TINY]) == 2
     assert "no such baseline file" in capsys.readouterr().err and not (tmp_path / "r").exists()
+
+
+# --- checks before training (issue 22): each case used to train (or make the run folder) and then crash ----------
+
+_RUN = ["--epochs", "1", "--device", "cpu", *TINY]
+
+
+def _fast(command: str) -> list[str]:
+    """One tiny epoch on the CPU (and two guarded steps for the gate)."""
+    return [*_RUN, "--guard-steps", "2"] if command == "gate" else _RUN
+_ROOT = hasattr(__import__("os"), "geteuid") and __import__("os").geteuid() == 0
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["gate", "--inject", "item"], "--inject item: the faults are GPU regressions and need a CUDA device"),
+    (["gate", "--inject", "sn_split"], "need a CUDA device"),
+    (["train", "--set", "replay_capacity=1e12"], "replay 56.8 TB (replay_capacity=1000000000000"),
+    (["gate", "--set", "replay_capacity=1000000000000"], "does not fit in cpu's memory"),
+    (["train", "--set", "trunk_hidden=[1e6,1e6]"], "networks 24 TB (trunk_hidden=[1000000, 1000000]"),
+    (["gate", "--set", "trunk_hidden=[1000000,1000000]"], "is available"),
+    (["train", "--set", "num_envs=10000000000000"], "envs 2.76 PB (num_envs=10000000000000"),
+    (["gate", "--set", "learning_starts=2000", "--set", "replay_capacity=1000"],
+     "config.learning_starts (2000) exceeds config.replay_capacity (1000)"),
+])
+def test_what_can_be_checked_before_training_exits_2_and_writes_nothing(argv, match, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main([argv[0], *_fast(argv[0]), *argv[1:], "--out", str(out)])  # argv's --set after TINY's == 2
+    err = capsys.readouterr().err
+    assert match in err and f"hotloop {argv[0]}: error: " in err
+    assert not out.exists()
+
+
+def test_the_hotloop_learner_without_cuda_is_refused_before_the_run_folder(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # the tests' CPU interpreter would run it
+    out = tmp_path / "run"
+    assert main(["gate", "--set", "learner=hotloop", *_fast("gate"), "--out", str(out)]) == 2
+    assert "config.learner 'hotloop' needs a CUDA device" in capsys.readouterr().err
+    assert not out.exists()
+    assert main(["train", "--set", "learner=hotloop", "--set", "diversity_weight=0.1", *_RUN,
+                 "--out", str(out)]) == 2
+    assert "needs a CUDA device" in capsys.readouterr().err and not out.exists()
+
+
+def test_the_memory_check_compares_with_the_devices_free_memory(tmp_path, capsys, monkeypatch):
+    import hotloop.trainer.memory_estimate as mem
+
+    monkeypatch.setattr(mem, "available_memory", lambda device: (1000, "a stub"))
+    out = tmp_path / "run"
+    assert main(["train", *_RUN, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "1 kB is available (a stub)" in err and "replay_capacity=100000" in err and not out.exists()
+
+
+_READ_ONLY_BASELINES = [pytest.param(p, id=p) for p in ("/sys/hotloop-test-baseline.json", "/proc/version",
+                                                         "/proc/hotloop-test/nvidia-h200.json")]
+
+
+@pytest.mark.skipif(not __import__("os").path.isdir("/proc/self"), reason="needs Linux /proc and /sys")
+@pytest.mark.parametrize("baseline", _READ_ONLY_BASELINES)
+def test_update_baseline_to_a_path_that_cannot_be_written_exits_2_before_training(baseline, tmp_path, capsys):
+    # /sys refuses new files and /proc/version writes even for root (whom a chmod never stops)
+    out = tmp_path / "run"
+    assert main(["gate", "--update-baseline", "--baseline", baseline, *_fast("gate"), "--out", str(out)]) == 2
+    assert f"--baseline {baseline} cannot be written" in capsys.readouterr().err
+    assert not out.exists()
+
+
+@pytest.mark.skipif(_ROOT, reason="root writes read-only files and folders; the /proc, /sys cases cover it")
+def test_update_baseline_into_a_read_only_folder_or_file_exits_2_before_training(tmp_path, capsys):
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    (folder / "old.json").write_text("{}")
+    (folder / "old.json").chmod(0o444)
+    folder.chmod(0o555)
+    try:
+        for baseline in (folder / "new.json", folder / "sub" / "new.json", folder / "old.json"):
+            out = tmp_path / "run"
+            argv = ["gate", "--update-baseline", "--baseline", str(baseline), *_fast("gate"), "--out", str(out)]
+            assert main(argv) == 2
+            assert f"--baseline {baseline} cannot be written" in capsys.readouterr().err
+            assert not out.exists()
+    finally:
+        folder.chmod(0o755)
+    assert (folder / "old.json").read_text() == "{}"
+
+
+def _nested(depth: int) -> str:
+    return '{"lr": ' + "[" * depth + "]" * depth + "}"
+
+
+def test_a_config_or_baseline_nested_100000_deep_exits_2_naming_the_file(tmp_path, capsys):
+    deep = tmp_path / "deep.json"
+    deep.write_text(_nested(100_000))
+    out = tmp_path / "run"
+    assert main(["train", "--config", str(deep), "--no-progress", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"config file {deep}: nested too deep" in err and "Traceback" not in err
+    deep.write_text('{"schema": 1, "metrics": {"dur_us": {"values": ' + "[" * 100_000 + "]" * 100_000 + "}}}")
+    assert main(["gate", "--baseline", str(deep), *_fast("gate"), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"{deep}: nested too deep" in err and "Traceback" not in err
+    assert not out.exists()
+
+
+# --- crashes: exit 70, one line on stderr, the traceback in the run folder's error.log ---------------------------
+
+def test_a_crash_during_the_run_exits_70_with_the_traceback_in_error_log(tmp_path, capsys, monkeypatch):
+    from hotloop.guards.cli import ERROR_LOG, INTERNAL_ERROR
+    from hotloop.trainer.loop import Trainer
+
+    def crash(self, epoch):
+        raise RuntimeError("injected crash\nwith a second line")
+
+    monkeypatch.setattr(Trainer, "run_epoch", crash)
+    for command in ("gate", "train"):
+        out = tmp_path / command
+        assert main([command, *_fast(command), "--out", str(out)]) \
+            == INTERNAL_ERROR == 70
+        err = capsys.readouterr().err
+        lines = [line for line in err.splitlines() if "internal error" in line]
+        assert lines == [f"hotloop {command}: internal error: RuntimeError: injected crash with a second line "
+                         f"(raised at {__file__}:{crash.__code__.co_firstlineno + 1} in crash; "
+                         f"full traceback in {out / ERROR_LOG})"], err
+        assert "Traceback" not in err and "a criterion" not in err
+        log = (out / ERROR_LOG).read_text()
+        assert log.startswith("Traceback (most recent call last):") and "in run_epoch" not in log
+        assert "RuntimeError: injected crash\nwith a second line" in log and "run_training" in log
+        assert (out / "config.json").exists()  # what the run wrote before the crash is kept
+
+
+def test_a_late_write_failure_is_a_crash_not_a_failed_criterion(tmp_path, capsys, monkeypatch):
+    import hotloop.guards.gate
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(hotloop.guards.gate, "write_baseline", full_disk)
+    out = tmp_path / "run"
+    assert main(["gate", *_fast("gate"), "--update-baseline", "--baseline", str(tmp_path / "b.json"),
+                 "--out", str(out)]) == 70
+    assert "internal error: OSError: [Errno 28] No space left on device" in capsys.readouterr().err
+    assert "OSError" in (out / "error.log").read_text() and (out / "criteria.csv").exists()
+
+
+def test_a_crash_before_the_run_folder_exists_saves_the_traceback_in_a_temp_file(tmp_path, capsys, monkeypatch):
+    import re
+    from pathlib import Path
+
+    import hotloop.guards.cli as cli
+
+    def broken_env(cfg):
+        raise KeyError("a bug in the checks")
+
+    monkeypatch.setattr(cli, "check_env", broken_env)
+    monkeypatch.setattr(cli.tempfile, "tempdir", str(tmp_path))
+    out = tmp_path / "run"
+    assert main(["train", *_RUN, "--out", str(out)]) == 70
+    err = capsys.readouterr().err
+    m = re.search(r"hotloop train: internal error: KeyError: 'a bug in the checks' \(raised at .*test_cli\.py:\d+ "
+                  r"in broken_env; full traceback in (\S+)\)$", err.strip())
+    assert m, err
+    log = Path(m[1])
+    assert log.parent == tmp_path and log.name.startswith("hotloop-train-error-")
+    assert "KeyError: 'a bug in the checks'" in log.read_text()
+    assert not out.exists()
+
+
+def test_ctrl_c_stays_130(tmp_path, capsys, monkeypatch):
+    from hotloop.trainer.loop import Trainer
+
+    def interrupt(self, epoch):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Trainer, "run_epoch", interrupt)
+    out = tmp_path / "run"
+    assert main(["train", *_RUN, "--out", str(out)]) == 130
+    assert f"interrupted; the finished epochs are in {out}" in capsys.readouterr().err
+    assert not (out / "error.log").exists()
+
+
+def test_the_exit_codes_are_in_the_help(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert "70 internal error" in out and "1 a criterion or regression failed" in out
+
+
+def test_a_closed_stdout_is_141_not_a_crash(tmp_path, capsys, monkeypatch):
+    import hotloop.guards.cli as cli
+
+    def closed(*args):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(cli, "_execute", closed)
+    assert main(["train", *_RUN, "--out", str(tmp_path / "run")]) == 141
+    assert "internal error" not in capsys.readouterr().err and not (tmp_path / "run" / "error.log").exists()
+
+
+HOLD_LOCK = """
+import sys
+from hotloop.profiles.run_lock import acquire
+lock = acquire(sys.argv[1], create=True)
+print("locked", flush=True)
+sys.stdin.read()
+lock.release()
+"""
+
+
+@pytest.mark.parametrize("command", ["train", "gate", "resume"])
+def test_a_second_run_on_a_held_run_folder_exits_2_naming_the_holder(tmp_path, capsys, command):
+    run = tmp_path / "run"
+    if command == "resume":  # a finished run to resume, then another process takes its folder
+        assert main(["train", "--epochs", "1", "--device", "cpu", *TINY, "--out", str(run), "--no-progress"]) == 0
+        capsys.readouterr()
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(run)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        before = sorted(p.name for p in run.iterdir())
+        argv = (["train", "--resume", str(run), "--epochs", "2"] if command == "resume" else
+                [command, "--epochs", "1", "--device", "cpu", *TINY, "--out", str(run), "--no-progress"])
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert f"in use by another hotloop run (pid {holder.pid}" in err
+        assert sorted(p.name for p in run.iterdir()) == before  # nothing written by the refused run
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=30)

@@ -95,3 +95,45 @@ def test_gate_cli_refuses_bad_fault_requests_before_training(tmp_path, capsys):
                  "--device", "cpu", "--out", str(out)]) == 2
     assert "update-baseline" in capsys.readouterr().err
     assert not out.exists() or not any(out.iterdir())
+
+
+@pytest.mark.smoke
+def test_check_request_refuses_what_inject_would_refuse_before_any_training():
+    from hotloop.guards.faults import check_request
+
+    with pytest.raises(ValueError, match="--inject item: the faults are GPU regressions and need a CUDA device"):
+        check_request("item", device="cpu", learner="reference")
+    with pytest.raises(ValueError, match="--inject sn_split: the fault changes the hotloop learner"):
+        check_request("sn_split", device="cuda", learner="reference")
+    check_request("item", device="cuda", learner="reference")  # a wrapper fault works with either learner
+    check_request("sn_split", device=torch.device("cuda:0"), learner="hotloop")
+    check_request(None, device="cpu", learner="reference")
+    check_request("item")  # without device and learner: only the name (inject checks the trainer itself)
+
+
+def test_gate_cli_refuses_a_fault_on_the_cpu_before_training(tmp_path, capsys):
+    from hotloop.guards.cli import main
+
+    out = tmp_path / "run"
+    assert main(["gate", "--inject", "item", "--device", "cpu", "--epochs", "1", "--no-progress",
+                 "--set", "learner_steps_per_epoch=20", "--set", "learning_starts=64", "--out", str(out)]) == 2
+    assert "need a CUDA device" in capsys.readouterr().err and not out.exists()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(FAULTS))
+def test_the_gate_cli_catches_each_fault_with_exit_1_not_a_crash(name, tmp_path, capsys):
+    """A mutation run counts a fault as caught only when the gate exits 1 with that fault's criterion FAIL: exit 70
+    (an internal error, traceback in the run folder's error.log) is a crash, never a caught fault."""
+    import json
+
+    from hotloop.guards.cli import ERROR_LOG, INTERNAL_ERROR, main
+
+    out = tmp_path / "run"
+    rc = main(["gate", "--preset", "cartpole", "--device", "cuda", "--epochs", "1", "--guard-steps", "5",
+               "--no-progress", "--no-baseline", "--set", "learner_steps_per_epoch=200", "--inject", name,
+               "--out", str(out)])
+    assert rc != INTERNAL_ERROR, f"the gate crashed: {(out / ERROR_LOG).read_text()}"
+    assert rc == 1, capsys.readouterr().out[-2000:]
+    verdicts = {v["criterion"]: v["verdict"] for v in json.loads((out / "criteria.json").read_text())}
+    assert verdicts[FAULTS[name].criterion] == "FAIL"

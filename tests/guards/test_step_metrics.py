@@ -34,11 +34,12 @@ def trace(path: Path) -> pd.DataFrame:
 
 
 class TraceBuilder:
-    """Hand-built traces in the trace schema: CPU step ranges, CUDA calls (1 us apart on thread "1"), and GPU
-    activity linked to its call by correlation id, optionally inside a gpu_user_annotation phase range."""
+    """Hand-built traces in the trace schema: CPU step ranges, CUDA calls (1 us apart on thread "1", from 1 us: a
+    timestamp <= 0 is a trace anomaly), and GPU activity linked to its call by correlation id, optionally inside a
+    gpu_user_annotation phase range."""
 
     def __init__(self):
-        self.rows, self.t, self.corr = [], 0.0, 0
+        self.rows, self.t, self.corr = [], 1.0, 0
 
     @contextlib.contextmanager
     def step(self, name="step"):
@@ -299,3 +300,75 @@ def test_gemm_registry_for_triton_kernels():
     assert gemm_precision("triton_tem_fused_mm_1", registry) == GEMM  # unregistered template: unknown precision
     with pytest.raises(ValueError, match="precisions must be one of"):
         gemm_precision("x", {"x": "fp16"})
+
+
+def test_a_kernel_with_ts_0_and_dur_0_is_counted_flagged_and_left_out_of_the_timing_medians():
+    """Issue 22 item 5: Kineto writes a kernel whose CUPTI timestamps were not taken as ts 0, dur 0; on real clocks
+    (~1.6e15 us) it made one step's gpu_span_us 1.6e15 and the median 8e14, a "regression" to any baseline."""
+    b = TraceBuilder()
+    for k in range(3):
+        g = 1.6e15 + 1000.0 * k
+        with b.step():
+            b.gpu(TF32_H200, g + 20, 20, phase="forward")
+            if k == 1:
+                b.gpu("void at::native::vectorized_elementwise_kernel<4>", 0.0, 0.0)  # the damaged event
+    m = step_metrics(b.frame())
+    ps = m.per_step
+    assert list(ps["kernels"]) == [1, 2, 1]  # still counted, in the step that launched it
+    assert list(ps["gpu_span_us"]) == [20.0, 20.0, 20.0]  # intervals from events with a valid time only
+    assert m.medians["gpu_span_us"] == 20.0 and m.medians["kernels"] == 1.0
+    assert list(ps["anomaly"]) == ["", "kernel with ts 0, dur 0", ""] and list(ps["anomalies"]) == [0, 1, 0]
+    assert m.timing_note == "timing of step 1 left out: kernel with ts 0, dur 0 (step 1)"
+    assert m.evidence["DDQN overlapped"][-1] == m.timing_note
+    assert m.anomalies["counts"]["ts_not_positive"] == 1 and m.anomalies["counts"]["gpu_dur_zero"] == 1
+
+
+def test_timing_medians_use_only_undamaged_steps_and_counts_use_all():
+    b = TraceBuilder()
+    for k in range(4):
+        with b.step():
+            b.gpu(TF32_H200, 1000.0 * (k + 1), 10.0 * (k + 1))
+            if k >= 2:
+                b.gpu("lost_kernel", 0.0, 0.0)
+    m = step_metrics(b.frame())
+    assert m.medians["gpu_kernel_us"] == 15.0  # steps 0 and 1 (10 and 20 us); 2 and 3 are damaged
+    assert m.medians["kernels"] == 1.5  # counts over every step: 1, 1, 2, 2
+    assert m.timing_note == "timing of steps 2, 3 left out: kernel with ts 0, dur 0 (steps 2, 3)"
+    all_bad = step_metrics(b.frame(), step_range_name=None)  # one whole-trace step, damaged
+    assert pd.isna(all_bad.medians["gpu_span_us"]) and all_bad.medians["kernels"] == 6.0
+    assert all_bad.timing_note.startswith("timing of every step (1) left out: kernel with ts 0, dur 0 x2")
+    assert all_bad.per_step["start_us"].iloc[0] > 0  # the whole-trace span starts at the first valid time
+
+
+def test_a_step_range_with_a_negative_duration_still_holds_its_launch_and_sync():
+    """Issue 22 item 5: a step range whose end was never written (dur = 0 - start) held a launch and a
+    cudaStreamSynchronize that were counted in no step (sync count 0). The range runs to its thread's last event."""
+    b = TraceBuilder()
+    for k in range(3):
+        with b.step():
+            b.gpu(TF32_H200, 1000.0 * (k + 1), 20)
+            b.call("cudaStreamSynchronize")
+    df = b.frame()
+    second = df.index[df["kind"].eq("user_annotation")][1]
+    df.loc[second, "dur_us"] = -df.loc[second, "start_us"]
+    m = step_metrics(df)
+    ps = m.per_step
+    assert list(ps["stream_sync_calls"]) == [1, 1, 1] and list(ps["kernels"]) == [1, 1, 1]
+    assert list(ps["anomaly"] != "") == [False, True, False]
+    assert ps["anomaly"].iloc[1] == "range 'step' with dur < 0 (end read as its thread's last event)"
+    assert m.medians["dur_us"] == ps["dur_us"].iloc[0]  # the repaired range's duration is a guess: left out
+
+
+def test_a_launch_without_its_kernel_damages_the_step_but_a_captured_launch_does_not():
+    b = TraceBuilder()
+    with b.step():
+        b.call("cudaStreamBeginCapture_v2")
+        b.call("cudaLaunchKernel")  # recorded into a graph: runs nothing
+        b.call("cudaStreamEndCapture")
+        b.gpu(TF32_H200, 1000, 20)
+    with b.step():
+        b.call("cudaLaunchKernel_ptsz")  # its kernel is missing although later kernels were recorded
+        b.gpu(TF32_H200, 2000, 20)
+    m = step_metrics(b.frame())
+    assert list(m.per_step["anomaly"]) == ["", "cudaLaunchKernel with no GPU event"]
+    assert m.anomalies["counts"]["launch_without_gpu"] == 1

@@ -15,6 +15,7 @@ from scipy.stats import chisquare
 from hotloop.kernels import segment_tree as st
 from hotloop.kernels.replay_batch import AnnealedBeta, CounterUniforms, batch_uniforms, uniforms_reference
 from hotloop.kernels.segment_tree import sample_reference, tree_insert, tree_rebuild, tree_sample, tree_update
+from hotloop.kernels.sum_tree import MIN_WEIGHT, PRIORITY_FLOOR
 from hotloop.trainer.replay import PrioritizedReplay, SumTree
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -151,10 +152,10 @@ def test_sanitize_matches_reference_and_counts() -> None:
     nodes, max_value, bad = _state(ref)
     nan, inf = float("nan"), float("inf")
     steps = [([0, 1, 2, 3, 4], [0.5, nan, inf, -inf, -2.0]), ([0, 1], [3.0, nan]), ([2], [0.0]), ([3, 4], [-0.0, 2.0])]
-    for idx, vals in steps:
+    for idx, vals in steps:  # floor=0.0: zeros are stored as 0 (the floor has its own tests)
         idx, vals = torch.tensor(idx, device=DEV), torch.tensor(vals, device=DEV)
-        tree_update(nodes, idx, vals, 5, max_value, bad)
-        ref.update(idx, vals)
+        tree_update(nodes, idx, vals, 5, max_value, bad, floor=0.0)
+        ref.update(idx, vals, floor=0.0)
         assert torch.equal(nodes, ref.nodes) and torch.equal(max_value, ref.max_value)
         assert torch.equal(bad, ref.bad_priority_count)
     assert nodes[8:13].tolist() == [3.0, 3.0, 0.0, 0.0, 2.0] and int(bad) == 5
@@ -211,10 +212,9 @@ def test_sample_capacity_3_equal_priorities_hits_every_leaf() -> None:
     assert idx.tolist() == [0, 1, 2] and w.tolist() == [1.0, 1.0, 1.0]
 
 
-@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the all-zero tree's weights are 0/0 = NaN, as the reference
 def test_sample_masses_at_total_land_on_non_zero_leaves() -> None:
     ref = SumTree(5, DEV)
-    ref.update(torch.arange(5, device=DEV), torch.tensor([1.0, 0.0, 2.0, 0.0, 0.0], device=DEV))
+    ref.update(torch.arange(5, device=DEV), torch.tensor([1.0, 0.0, 2.0, 0.0, 0.0], device=DEV), floor=0.0)
     below_one = torch.nextafter(torch.tensor(1.0), torch.tensor(0.0)).item()
     idx, _ = _sample(ref.nodes, 5, 5, torch.tensor([below_one], device=DEV), 1.0)  # mass within rounding of total
     assert idx.tolist() == [2]
@@ -223,8 +223,8 @@ def test_sample_masses_at_total_land_on_non_zero_leaves() -> None:
     one = SumTree(1, DEV)
     one.update(torch.tensor([0], device=DEV), torch.tensor([0.3], device=DEV))
     assert _sample(one.nodes, 1, 1, torch.tensor([0.2, 0.9], device=DEV), 0.5)[0].tolist() == [0, 0]
-    empty, _ = _sample(SumTree(5, DEV).nodes, 5, 5, torch.tensor([0.0, 0.5], device=DEV), 0.5)
-    assert torch.all((empty >= 0) & (empty < 5))
+    empty, w = _sample(SumTree(5, DEV).nodes, 5, 5, torch.tensor([0.0, 0.5], device=DEV), 0.5)
+    assert torch.all((empty >= 0) & (empty < 5)) and w.tolist() == [1.0, 1.0]  # no mass: uniform, weights 1
 
 
 @pytest.mark.parametrize("scale", [1.25, 0.75])
@@ -250,7 +250,7 @@ def test_sample_matches_reference_on_sparse_wide_range_tree(capacity: int, weigh
     leaves *= torch.rand(capacity, generator=g, device=DEV) < 0.3
     leaves[capacity // 2] = 1.0  # at least one non-zero leaf
     ref = SumTree(capacity, DEV)
-    ref.update(torch.arange(capacity, device=DEV), leaves)
+    ref.update(torch.arange(capacity, device=DEV), leaves, floor=0.0)  # zero leaves stay 0 (unsampleable)
     u = torch.rand(777, generator=g, device=DEV)
     u[:4] = torch.tensor([0.0, 0.5, 0.9999999, 0.99999994], device=DEV)
     beta = 0.6
@@ -437,6 +437,9 @@ _B = torch.tensor(0.5, device=DEV)
         (lambda: tree_insert(_nodes(), 0, -1, 5, _M), "count"),
         (lambda: tree_insert(_nodes(), 0, True, 5, _M), "count"),
         (lambda: tree_insert(_nodes(), 0, 2, 5, _C), "max_value"),
+        (lambda: tree_update(_nodes(), _I, _V, 5, _M, _C, floor=-1.0), "floor"),
+        (lambda: tree_update(_nodes(), _I, _V, 5, _M, _C, floor=float("inf")), "floor"),
+        (lambda: tree_insert(_nodes(), 0, 2, 5, _M, floor=_M), "floor"),
         (lambda: tree_sample(_nodes(), 5, 0, 2, _V / 2, _B, *_poisoned(2)), "size"),
         (lambda: tree_sample(_nodes(), 5, 6, 2, _V / 2, _B, *_poisoned(2)), "size"),
         (lambda: tree_sample(_nodes(), 5, _C.int(), 2, _V / 2, _B, *_poisoned(2)), "size"),
@@ -462,6 +465,150 @@ _B = torch.tensor(0.5, device=DEV)
 def test_value_errors(call, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def _random_tree(capacity: int, seed: int, zero_fraction: float = 0.0) -> SumTree:
+    """A reference tree with priorities exp(2 N(0, 1)), a fraction of them set to exactly 0 (floor=0.0 writes them:
+    zero leaves as an old checkpoint's tree may hold them; the API floors them now)."""
+    g = _gen(seed)
+    leaves = torch.exp(torch.randn(capacity, generator=g, device=DEV) * 2)
+    leaves[torch.rand(capacity, generator=g, device=DEV) < zero_fraction] = 0.0
+    ref = SumTree(capacity, DEV)
+    ref.update(torch.arange(capacity, device=DEV), leaves, floor=0.0)
+    return ref
+
+
+def test_kernels_default_to_the_priority_floor() -> None:
+    """The captured learner step (trainer/step.py) and the replay call tree_update / tree_insert with the default
+    floor: so no leaf they write is 0."""
+    import inspect
+
+    for fn in (tree_update, tree_insert):
+        assert inspect.signature(fn).parameters["floor"].default == PRIORITY_FLOOR == 2.0**-126
+
+
+@pytest.mark.parametrize("capacity", [5, 1000, 1025])
+@pytest.mark.parametrize("floor", [None, 0.25, 0.0])
+def test_update_floors_zero_subnormal_and_underflowed_values_as_reference(capacity: int, floor) -> None:
+    g = _gen(capacity + 50)
+    ref = SumTree(capacity, DEV)
+    ref.update(torch.arange(capacity, device=DEV), torch.exp(torch.randn(capacity, generator=g, device=DEV)))
+    nodes, max_value, bad = _state(ref)
+    n = 3 * capacity
+    indices = torch.randperm(capacity, generator=g, device=DEV)[: max(capacity // 2, 1)]
+    indices = indices.repeat(1 + n // indices.numel())[:n].sort().values  # duplicates of unique values: no races
+    uniq = torch.unique(indices)
+    table = torch.exp(torch.randn(capacity, generator=g, device=DEV) * 2)
+    pick = torch.rand(capacity, generator=g, device=DEV)
+    table[pick < 0.4] = 0.0
+    table[(pick >= 0.4) & (pick < 0.5)] = -0.0
+    table[(pick >= 0.5) & (pick < 0.6)] = 1e-40  # subnormal
+    table[(pick >= 0.6) & (pick < 0.7)] = torch.tensor(1e-30, device=DEV) ** 2  # underflowed to 0
+    values = table[indices]  # every duplicate writes the same value: the leaf result is defined
+    kw = {} if floor is None else {"floor": floor}
+    tree_update(nodes, indices, values, capacity, max_value, bad, **kw)
+    ref.update(indices, values, **kw)
+    p = ref.num_leaves
+    assert torch.equal(nodes[p:], ref.nodes[p:]) and torch.equal(max_value, ref.max_value) and int(bad) == 0
+    want_floor = PRIORITY_FLOOR if floor is None else floor
+    if want_floor > 0:
+        assert torch.all(nodes[p:][uniq] >= want_floor) and torch.all(nodes[p : p + capacity] > 0)
+        low = table[uniq] < want_floor
+        assert torch.all(nodes[p:][uniq][low] == want_floor)
+    else:
+        assert torch.equal(nodes[p:][uniq], table[uniq])
+    _assert_consistent(nodes, capacity)
+
+
+@pytest.mark.parametrize("on_device", [False, True])
+def test_insert_floors_a_zero_max_value_as_reference(on_device: bool) -> None:
+    """A max_value of 0 (a corrupted checkpoint) still inserts positive leaves: the floor, as the reference."""
+    capacity = 300
+    ref = _random_tree(capacity, seed=61)
+    ref.max_value.zero_()
+    nodes, max_value, _ = _state(ref)
+    start = 250
+    tree_insert(nodes, torch.tensor(start, device=DEV) if on_device else start, 90, capacity, max_value)
+    slots = (start + torch.arange(90, device=DEV)) % capacity
+    ref.update(slots, ref.max_value.expand(90))
+    assert torch.equal(nodes[ref.num_leaves :], ref.nodes[ref.num_leaves :])
+    assert torch.all(nodes[ref.num_leaves + slots] == PRIORITY_FLOOR) and float(max_value) == 0.0
+    _assert_consistent(nodes, capacity)
+
+
+@pytest.mark.parametrize("capacity", [5, 1000, 4097])
+@pytest.mark.parametrize("weight_norm", ["batch", "global"])
+@pytest.mark.parametrize("size_on_device", [False, True])
+def test_sample_with_zero_leaves_matches_reference_with_weights_in_the_unit_interval(
+        capacity: int, weight_norm: str, size_on_device: bool) -> None:
+    """Zero leaves among the stored ones ("global": the old p_min was 0, every weight 0): p_min is the smallest
+    positive priority; the kernel equals the reference; every weight is finite, in (0, 1], and not all are 1."""
+    ref = _random_tree(capacity, seed=capacity + 7, zero_fraction=0.3)
+    ref.update(torch.tensor([capacity // 3], device=DEV), torch.tensor([0.0], device=DEV), floor=0.0)  # >= 1 zero
+    ref.update(torch.tensor([capacity - 1], device=DEV), torch.tensor([2.0], device=DEV))  # >= 2 positive
+    size = capacity
+    g = _gen(capacity + 8)
+    u = torch.rand(513, generator=g, device=DEV)
+    idx, w = _sample(ref.nodes, capacity, torch.tensor(size, device=DEV) if size_on_device else size, u, 0.6,
+                     weight_norm)
+    ref_idx, ref_w = sample_reference(ref, size, u, 0.6, weight_norm)
+    assert torch.equal(idx, ref_idx) and torch.all(ref.leaves()[idx] > 0)
+    torch.testing.assert_close(w, ref_w, rtol=1e-5, atol=0)
+    assert torch.all(torch.isfinite(w)) and torch.all((w > 0) & (w <= 1)) and bool(w.min() < 1)
+    leaves = ref.leaves()[:size].double()
+    pool = leaves[idx] if weight_norm == "batch" else leaves
+    torch.testing.assert_close(w.double(), (pool[pool > 0].min() / leaves[idx]) ** 0.6, rtol=1e-5, atol=0)
+
+
+@pytest.mark.parametrize("weight_norm", ["batch", "global"])
+@pytest.mark.parametrize("size_on_device", [False, True])
+@pytest.mark.parametrize("counter", [False, True])
+def test_sample_without_mass_is_uniform_over_the_filled_slots_with_unit_weights(weight_norm: str,
+                                                                               size_on_device: bool,
+                                                                               counter: bool) -> None:
+    """An all-zero tree (old code: index capacity - 1 and NaN weights, 0/0): the uniform stratified index
+    min(floor((k + u_k) * N / B), N - 1) over the N filled slots, all weights 1, as the reference."""
+    capacity, size, batch, seed = 1025, 700, 333, 5
+    ref = _random_tree(capacity, seed=71)
+    ref.update(torch.arange(capacity, device=DEV), torch.zeros(capacity, device=DEV), floor=0.0)
+    assert float(ref.total()) == 0.0
+    step = torch.tensor(17, dtype=torch.int64, device=DEV)
+    u = torch.full((batch,), float("nan"), device=DEV)
+    batch_uniforms(step, u, torch.empty((), device=DEV), seed, 0.4, 1.0, 100)
+    out_i, out_w = _poisoned(batch)
+    tree_sample(ref.nodes, capacity, torch.tensor(size, device=DEV) if size_on_device else size, batch,
+                CounterUniforms(step, seed) if counter else u, AnnealedBeta(step, 0.4, 1.0, 100) if counter else
+                torch.tensor(0.7, device=DEV), out_i, out_w, weight_norm=weight_norm)
+    ref_i, ref_w = sample_reference(ref, size, u, 0.7, weight_norm)
+    assert torch.equal(out_i, ref_i) and torch.equal(out_w, ref_w) and torch.all(out_w == 1.0)
+    k = torch.arange(batch, device=DEV, dtype=torch.float64)
+    assert torch.equal(out_i, ((k + u.double()) * size / batch).floor().long().clamp(max=size - 1))
+    assert torch.all((out_i >= 0) & (out_i < size))
+
+
+@pytest.mark.parametrize("beta", [0.3, 1.0])
+def test_sample_extreme_priority_ratios_keep_weights_positive_as_reference(beta: float) -> None:
+    """Leaves at the floor 2^-126 beside leaves near 1e36: (p_min / p)^beta is subnormal or underflows float32;
+    the weights stay in [MIN_WEIGHT, 1] and equal the reference (logs where the ratio is below 2^-126)."""
+    capacity = 1000
+    g = _gen(81)
+    ref = SumTree(capacity, DEV)
+    leaves = torch.exp(torch.randn(capacity, generator=g, device=DEV)) * 1e35
+    leaves[torch.rand(capacity, generator=g, device=DEV) < 0.2] = 0.0  # floored
+    ref.update(torch.arange(capacity, device=DEV), leaves)
+    assert float(ref.leaves().min()) == PRIORITY_FLOOR and torch.isfinite(ref.total())
+    u = torch.rand(777, generator=g, device=DEV)
+    for weight_norm in ("batch", "global"):
+        idx, w = _sample(ref.nodes, capacity, capacity, u, beta, weight_norm)
+        ref_idx, ref_w = sample_reference(ref, capacity, u, beta, weight_norm)
+        assert torch.equal(idx, ref_idx)
+        torch.testing.assert_close(w, ref_w, rtol=1e-5, atol=0)
+        assert torch.all(torch.isfinite(w)) and torch.all((w >= MIN_WEIGHT) & (w <= 1))
+    if beta == 1.0:  # "global": every ratio 2^-126 / p_i < 2^-126
+        assert torch.all(w[ref.leaves()[idx] > 1.0] == MIN_WEIGHT)
+    else:
+        exact = (PRIORITY_FLOOR / ref.leaves()[idx].double()) ** beta  # ~1e-45: normal after ^0.3
+        torch.testing.assert_close(w.double(), exact, rtol=1e-5, atol=0)
 
 
 @pytest.mark.gpu

@@ -7,6 +7,8 @@ import io
 import pytest
 import torch
 
+from hotloop.kernels.sum_tree import (MIN_WEIGHT, PRIORITY_FLOOR, importance_weights, positive_min,
+                                      stratified_indices)
 from hotloop.trainer.replay import SumTree
 
 CAPACITIES = [1, 3, 5, 1000, 1023, 1025]
@@ -37,8 +39,9 @@ def _assert_invariants(tree: SumTree) -> None:
 
 
 def _tree_with(leaves: list[float]) -> SumTree:
+    """A tree holding exactly `leaves` (floor=0.0: zero leaves stay 0, unsampleable)."""
     tree = SumTree(len(leaves), "cpu")
-    tree.update(torch.arange(len(leaves)), torch.tensor(leaves))
+    tree.update(torch.arange(len(leaves)), torch.tensor(leaves), floor=0.0)
     return tree
 
 
@@ -97,7 +100,7 @@ def test_find_never_enters_empty_subtree_at_rounding_boundaries() -> None:
     capacity = 1025
     leaves = torch.exp(torch.randn(capacity, generator=g) * 3) * (torch.rand(capacity, generator=g) < 0.3)
     tree = SumTree(capacity, "cpu")
-    tree.update(torch.arange(capacity), leaves)
+    tree.update(torch.arange(capacity), leaves, floor=0.0)
     total = tree.total()
     edges = torch.cumsum(tree.leaves(), 0)  # float32 prefix sums: the left/right decision boundaries
     masses = torch.cat([
@@ -165,7 +168,9 @@ def test_sanitize_replaces_bad_priorities_by_max_and_counts_them() -> None:
     assert tree.bad_priority_count.item() == 4
     tree.update(torch.tensor([0, 1]), torch.tensor([3.0, nan]))  # max includes the same batch's valid 3.0
     assert tree.leaves().tolist() == [3.0, 3.0, 1.0, 1.0, 1.0] and tree.max_value.item() == 3.0
-    tree.update(torch.tensor([2]), torch.tensor([0.0]))  # zero is valid, not counted
+    tree.update(torch.tensor([2]), torch.tensor([0.0]))  # zero is valid, not counted: stored as the floor
+    assert tree.leaves()[2].item() == 2.0**-126 and tree.bad_priority_count.item() == 5
+    tree.update(torch.tensor([2]), torch.tensor([0.0]), floor=0.0)  # without the floor: stored as 0
     assert tree.leaves()[2].item() == 0.0 and tree.bad_priority_count.item() == 5
     _assert_invariants(tree)
 
@@ -202,8 +207,92 @@ def test_state_dict_round_trip() -> None:
         (lambda: SumTree(4, "cpu").find(torch.ones(2, 2)), "masses"),
         (lambda: SumTree(4, "cpu").find(torch.ones(2, device="meta")), "masses"),
         (lambda: SumTree(4, "cpu").load_state_dict({}), "nodes"),
+        (lambda: SumTree(4, "cpu").update(torch.tensor([0, 1]), torch.ones(2), floor=-1e-3), "floor"),
+        (lambda: SumTree(4, "cpu").update(torch.tensor([0, 1]), torch.ones(2), floor=float("nan")), "floor"),
+        (lambda: SumTree(4, "cpu").update(torch.tensor([0, 1]), torch.ones(2), floor=True), "floor"),
+        (lambda: stratified_indices(SumTree(4, "cpu"), torch.rand(3), 0), "size"),
+        (lambda: stratified_indices(SumTree(4, "cpu"), torch.rand(3, dtype=torch.float64).long(), 2), "uniforms"),
     ],
 )
 def test_value_errors(make, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         make()
+
+
+def test_update_floors_zero_subnormal_and_underflowed_values() -> None:
+    """Zero-priority rule: every written value below the floor (0, -0.0, a subnormal, a float32 underflow) is
+    stored as the floor (default 2^-126); max_value and bad_priority_count see the values before the floor."""
+    g = _gen(31)
+    capacity = 1025
+    tree = SumTree(capacity, "cpu")
+    values = torch.exp(torch.randn(capacity, generator=g) * 3)
+    special = torch.randperm(capacity, generator=g)[:40]
+    values[special[:10]] = 0.0
+    values[special[10:20]] = -0.0
+    values[special[20:30]] = 1e-40  # subnormal float32
+    values[special[30:]] = torch.tensor(1e-30) ** 2  # underflows float32 to 0
+    tree.update(torch.arange(capacity), values)
+    want = torch.where(values < PRIORITY_FLOOR, PRIORITY_FLOOR, values)
+    assert torch.equal(tree.leaves(), want) and torch.all(tree.leaves() > 0)
+    assert tree.leaves()[special].eq(PRIORITY_FLOOR).all() and tree.bad_priority_count.item() == 0
+    assert tree.max_value.item() == max(1.0, float(values.max()))
+    _assert_invariants(tree)
+    tree.update(special, torch.zeros(40), floor=0.25)  # another floor
+    assert torch.all(tree.leaves()[special] == 0.25)
+    tree.update(special, torch.zeros(40), floor=0.0)  # no floor: zeros stored, leaves unsampleable
+    assert torch.all(tree.leaves()[special] == 0.0)
+    found = tree.find(torch.rand(4000, generator=g) * tree.total())
+    assert torch.all(tree.leaves()[found] > 0)
+    _assert_invariants(tree)
+
+
+def test_floored_float64_tree_stores_the_same_floor() -> None:
+    tree = SumTree(4, "cpu", dtype=torch.float64)
+    tree.update(torch.arange(4), torch.tensor([0.0, 1e-300, 2.5, 1e-38], dtype=torch.float64))
+    assert tree.leaves().tolist() == [PRIORITY_FLOOR, PRIORITY_FLOOR, 2.5, PRIORITY_FLOOR]
+
+
+def test_positive_min_ignores_zero_and_is_inf_without_positive_values() -> None:
+    g = _gen(32)
+    x = torch.rand(500, generator=g) + 0.01
+    x[torch.randperm(500, generator=g)[:50]] = 0.0
+    assert positive_min(x).item() == x[x > 0].min().item()
+    assert positive_min(torch.zeros(7)).item() == float("inf")
+    assert positive_min(torch.zeros(0)).item() == float("inf")
+    assert positive_min(torch.tensor([0.0, -0.0, 3.0])).item() == 3.0
+
+
+def test_importance_weights_rule_is_finite_and_in_the_unit_interval() -> None:
+    g = _gen(33)
+    p = torch.exp(torch.randn(300, generator=g) * 2)
+    p_min = positive_min(p)
+    for beta in (0.0, 0.4, 1.0):  # the standard formula on positive priorities
+        w = importance_weights(p, p_min, beta)
+        torch.testing.assert_close(w.double(), (p_min.double() / p.double()) ** beta, rtol=1e-6, atol=0)
+    special = torch.tensor([0.0, PRIORITY_FLOOR, 3e38, 1.0])
+    ratio = torch.tensor([2.0**-100, 2.0**-140, 2.0**-149, 0.0])  # p_min / p: normal, subnormal, the least, 0
+    w = importance_weights(torch.full((4,), 2.0**100), 2.0**100 * ratio, 0.25)  # logs where the ratio < 2^-126
+    torch.testing.assert_close(w.double(), torch.tensor([2.0**-25, 2.0**-35, 2.0 ** (-149 / 4), MIN_WEIGHT],
+                                                        dtype=torch.float64), rtol=1e-5, atol=0)
+    for p_min_, beta, want in [(PRIORITY_FLOOR, 0.5, [1.0, 1.0, MIN_WEIGHT, 2.0**-63]),  # (2^-126 / 3e38)^0.5 < 2^-126
+                               (PRIORITY_FLOOR, 1.0, [1.0, 1.0, MIN_WEIGHT, PRIORITY_FLOOR]),
+                               (float("inf"), 0.7, [1.0, 1.0, 1.0, 1.0]),
+                               (2.0, 1.0, [1.0, 1.0, MIN_WEIGHT, 1.0]),  # p_i < p_min: 1; 2 / 3e38 subnormal
+                               (PRIORITY_FLOOR, 0.0, [1.0, 1.0, 1.0, 1.0])]:
+        w = importance_weights(special, torch.tensor(p_min_), beta)
+        assert w.dtype == torch.float32 and torch.all(torch.isfinite(w)) and torch.all((w > 0) & (w <= 1))
+        torch.testing.assert_close(w, torch.tensor(want), rtol=1e-5, atol=0)
+
+
+def test_stratified_indices_are_find_with_mass_and_uniform_without() -> None:
+    g = _gen(34)
+    tree = SumTree(1000, "cpu")
+    tree.update(torch.arange(700), torch.rand(700, generator=g) + 0.05)
+    u = torch.rand(333, generator=g)
+    strata = torch.arange(333, dtype=torch.float32)
+    assert torch.equal(stratified_indices(tree, u, 700), tree.find((strata + u) * (tree.total() / 333)))
+    tree.update(torch.arange(700), torch.zeros(700), floor=0.0)
+    assert tree.total().item() == 0.0
+    idx = stratified_indices(tree, u, 700)
+    assert torch.equal(idx, ((strata.double() + u.double()) * 700 / 333).floor().long().clamp(max=699))
+    assert torch.all((idx >= 0) & (idx < 700)) and torch.bincount(idx // 100).min() >= 40  # spread over the slots

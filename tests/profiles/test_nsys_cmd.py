@@ -146,7 +146,7 @@ def test_bundled_route_when_nsys_is_not_on_path_runs_the_importer_with_nsyslibs(
     assert main(["nsys", "--out", str(out), "--", *HI]) == 0
     assert "per step (5 step ranges" in capsys.readouterr().out
     assert (out / "report.sqlite").read_bytes() == EXPORT.read_bytes()
-    monkeypatch.setenv("FAKE_QDSTRM", "1")  # bundled nsys leaves only the raw .qdstrm (NSIGHT.md)
+    monkeypatch.setenv("FAKE_QDSTRM", "1")  # bundled nsys leaves only the raw .qdstrm (docs/nsight.md)
     out2 = env / "run2"
     assert main(["nsys", "--out", str(out2), "--", *HI]) == 0
     calls = _log(env)[2:]
@@ -165,7 +165,7 @@ def test_a_failing_importer_exits_1_naming_nsyslibs(env, capsys, monkeypatch):
     monkeypatch.setenv("FAKE_IMPORTER_FAILS", "1")
     assert main(["nsys", "--out", str(env / "run"), "--", *HI]) == 1
     err = capsys.readouterr().err
-    assert "QdstrmImporter" in err and ".nsyslibs" in err and "NSIGHT.md" in err
+    assert "QdstrmImporter" in err and ".nsyslibs" in err and "docs/nsight.md" in err
     assert list((env / "run").iterdir()) == [] and list((env / "tmp").iterdir()) == []
 
 
@@ -178,7 +178,7 @@ def test_no_nsys_anywhere_exits_2_naming_both_routes(env, capsys):
     assert main(["nsys", "--out", str(env / "run"), "--", *HI]) == 2
     err = capsys.readouterr().err
     assert "`nsys` is not on PATH" in err and "Nsight Compute" in err and str(env / "opt") in err
-    assert "NSIGHT.md" in err and "Install Nsight Systems" in err
+    assert "docs/nsight.md" in err and "Install Nsight Systems" in err
     assert not (env / "run").exists() and _log(env) == []
     with pytest.raises(ValueError, match="not on PATH"):
         find_nsys(None, [env / "opt"])

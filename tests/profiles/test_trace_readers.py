@@ -1,6 +1,7 @@
 """Trace readers and counters against real traces: the exact counts of tests/data/traces/README.md (made by an
 independent script over all "ph": "X" events), per-step attribution, the schema both readers share, and each
-documented read error."""
+documented read error; the trace anomalies (hotloop.profiles.trace_anomalies) each flagged and named, window edges
+apart, and a step range with no valid end running to its thread's last event."""
 
 import functools
 import gzip
@@ -11,10 +12,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from hotloop.profiles.trace_anomalies import ANOMALY_COLUMNS, anomaly_flags, anomaly_reasons, describe_anomalies
 from hotloop.profiles.trace_counts import SYNC_COLUMNS, assign_steps, count_per_step, count_totals, step_ranges
 from hotloop.profiles.kineto_reader import read_kineto
 from hotloop.profiles.nsight_reader import COPY_KINDS, read_nsight_sqlite
-from hotloop.profiles.trace_schema import COLUMNS, TraceReadError, TraceReadWarning
+from hotloop.profiles.trace_schema import COLUMNS, TraceReadError, TraceReadWarning, event_frame
 
 TRACES = Path(__file__).parents[1] / "data" / "traces"
 NSYS = TRACES / "h200" / "nsys_matmul_nvtx.sqlite"
@@ -248,3 +250,87 @@ def test_read_errors_name_the_file_and_the_problem(tmp_path, make, reader, match
     with pytest.raises(TraceReadError, match=match) as exc:
         reader(path)
     assert str(exc.value).startswith(f"{path}: ") and isinstance(exc.value, ValueError)
+
+
+# Trace anomalies (hotloop.profiles.trace_anomalies): counted, not absorbed; events kept where their meaning is clear.
+
+
+@pytest.mark.parametrize("rel", sorted(README_COUNTS))
+def test_the_real_traces_hold_no_anomalies(rel):
+    anomalies = count_totals(trace(rel))["anomalies"]
+    assert anomalies["events"] == 0 and set(anomalies["counts"].values()) == {0}
+    assert describe_anomalies(anomalies).startswith("none")
+
+
+def test_gpu_events_launched_before_the_trace_began_are_a_window_edge_not_an_anomaly():
+    df = trace("kineto-public/trace_diff_test_test.json.gz")
+    anomalies = count_totals(df)["anomalies"]
+    # 614 kernels/copies/memsets whose correlation ids are below every recorded call's: launched in the warm-up
+    assert anomalies["window_edge"] == {"gpu_launched_before_trace": 614, "launches_after_gpu_trace": 0}
+    assert anomalies["counts"]["gpu_without_launch"] == 0
+    assert describe_anomalies(anomalies) == ("none (window edges, not anomalies: 614 GPU events launched before the "
+                                             "trace's first CUDA call)")
+
+
+def test_a_negative_duration_step_range_runs_to_its_threads_last_event(tmp_path):
+    """Issue 22 item 5 at the counting layer: the step whose range has dur = 0 - start (its end never written)
+    holds its launch and its cudaStreamSynchronize (before: counted in no step, sync count 0)."""
+    t = 1.7e12
+    k = dict(grid=[64, 1, 1], block=[128, 1, 1], stream=7, device=0)
+    events = [
+        _x("ProfilerStep#1", "user_annotation", t, 100),
+        _x("cudaLaunchKernel", "cuda_runtime", t + 10, 5, correlation=1),
+        _x("k", "kernel", t + 20, 10, correlation=1, **k),
+        _x("ProfilerStep#2", "user_annotation", t + 200, -(t + 200)),  # unset end
+        _x("cudaLaunchKernel", "cuda_runtime", t + 210, 5, correlation=2),
+        _x("k", "kernel", t + 220, 10, correlation=2, **k),
+        _x("cudaStreamSynchronize", "cuda_runtime", t + 240, 30, correlation=3),
+    ]
+    df = read_kineto(_write_trace(tmp_path / "t.json", events))
+    ranges = step_ranges(df)
+    assert list(ranges["dur_us"]) == [100.0, 70.0]  # to the sync's end: the last event of thread 1
+    steps = count_per_step(df)
+    assert list(steps["cudaStreamSynchronize_calls"]) == [0, 1] and list(steps["kernels"]) == [1, 1]
+    assert list(steps["anomalies"]) == [0, 1]
+    assert steps["anomaly"].iloc[1] == "range 'ProfilerStep#2' with dur < 0 (end read as its thread's last event)"
+
+
+def test_each_anomaly_is_flagged_and_named():
+    t = 1.7e12
+    rows = [
+        dict(name="cudaLaunchKernel", kind="runtime", start_us=t, dur_us=1, correlation=1, tid="1"),
+        dict(name="k0", kind="kernel", start_us=0.0, dur_us=0.0, correlation=1, tid="7"),  # Kineto's unset times
+        dict(name="cudaLaunchKernel", kind="runtime", start_us=t + 1, dur_us=1, correlation=2, tid="1"),  # lost kernel
+        dict(name="k_orphan", kind="kernel", start_us=t + 5, dur_us=2, correlation=3, tid="7"),  # no call, mid-trace
+        dict(name="cudaMemsetAsync", kind="runtime", start_us=t + 6, dur_us=1, correlation=4, tid="1"),  # 0 bytes: ok
+        dict(name="cudaLaunchKernel", kind="runtime", start_us=t + 7, dur_us=1, correlation=5, tid="1"),
+        dict(name="k5", kind="kernel", start_us=t + 9, dur_us=float("nan"), correlation=5, tid="7"),
+        dict(name="aten::mm", kind="cpu_op", start_us=t + 8, dur_us=0.0, tid="1"),  # sub-us CPU op: not an anomaly
+        dict(name="fwd", kind="annotation", start_us=t + 9, dur_us=-3.0, tid="7"),
+        dict(name="cudaLaunchKernel", kind="runtime", start_us=t + 20, dur_us=1, correlation=9, tid="1"),  # edge
+    ]
+    df = event_frame({c: [r.get(c, "" if c in ("name", "tid") else None) for r in rows]
+                      for c in ("name", "kind", "start_us", "dur_us", "correlation", "tid")})
+    flags = anomaly_flags(df)
+    by_name = {n: [c for c in ANOMALY_COLUMNS if f[c]] for n, (_, f) in zip(df["name"], flags.iterrows())}
+    assert by_name["k0"] == ["ts_not_positive", "gpu_dur_zero"]
+    assert by_name["k_orphan"] == ["gpu_without_launch"] and by_name["k5"] == ["time_not_finite"]
+    assert by_name["aten::mm"] == [] and by_name["cudaMemsetAsync"] == [] and by_name["fwd"] == ["dur_negative"]
+    launches = flags.loc[df["name"].eq("cudaLaunchKernel"), "launch_without_gpu"].tolist()
+    assert launches == [False, True, False, False]  # the last one ran after the GPU side stopped: a window edge
+    reasons = set(anomaly_reasons(df, flags)) - {""}
+    assert reasons == {"kernel with ts 0, dur 0", "cudaLaunchKernel with no GPU event", "kernel with no launching call",
+                       "kernel with non-finite ts/dur", "GPU range 'fwd' with dur < 0"}
+    totals = count_totals(df)
+    assert totals["kernels"] == 3 and totals["anomalies"]["events"] == 5
+    assert totals["anomalies"]["window_edge"] == {"gpu_launched_before_trace": 0, "launches_after_gpu_trace": 1}
+
+
+def test_a_call_with_no_valid_start_is_in_no_step_but_still_counted():
+    t = 1.7e12
+    df = event_frame({"name": ["step", "cudaStreamSynchronize", "cudaStreamSynchronize"],
+                      "kind": ["user_annotation", "runtime", "runtime"], "start_us": [t, 0.0, t + 1],
+                      "dur_us": [10.0, 1.0, 1.0], "tid": ["1", "1", "1"]})
+    steps = count_per_step(df)
+    assert list(steps["cudaStreamSynchronize_calls"]) == [1] and list(steps["anomalies"]) == [0]
+    assert count_totals(df)["sync_calls"] == {S: 2} and count_totals(df)["anomalies"]["events"] == 1

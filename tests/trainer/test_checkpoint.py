@@ -1,4 +1,4 @@
-"""Unit tests of `hotloop.trainer.checkpoint` (CPU): atomic save, safe load, RNG state helpers."""
+"""Unit tests of `hotloop.trainer.checkpoint` (CPU): atomic save, safe load, tensor checksums, RNG state helpers."""
 
 from __future__ import annotations
 
@@ -7,12 +7,15 @@ import json
 import math
 import os
 import pickle
+import struct
+import warnings
+import zipfile
 
 import pytest
 import torch
 
 from hotloop.trainer.checkpoint import (generator_state, load_checkpoint, rng_state, save_checkpoint, set_generator_state,
-                                set_rng_state)
+                                set_rng_state, tensor_digest)
 
 
 def _tensors(seed: int) -> dict[str, torch.Tensor]:
@@ -164,6 +167,68 @@ def test_truncated_file_raises(tmp_path):
             load_checkpoint(path)
 
 
+def flip_tensor_byte(path, entry_index: int = 0, offset: int | None = None) -> str:
+    """Flip one bit of one byte inside the data of the `entry_index`-th tensor storage record of the torch zip file
+    at `path` (the middle byte unless `offset`), in place, as a disk or copy error would; returns the record name.
+    torch.load reads such a file without complaint."""
+    with zipfile.ZipFile(path) as z:
+        infos = sorted((i for i in z.infolist() if "/data/" in i.filename and i.file_size > 0),
+                       key=lambda i: i.header_offset)
+    info = infos[entry_index]
+    data = bytearray(open(path, "rb").read())
+    name_len, extra_len = struct.unpack("<HH", data[info.header_offset + 26:info.header_offset + 30])
+    start = info.header_offset + 30 + name_len + extra_len
+    data[start + (info.file_size // 2 if offset is None else offset)] ^= 0x01
+    open(path, "wb").write(bytes(data))
+    return info.filename
+
+
+def test_a_flipped_tensor_byte_is_refused_naming_the_tensor(tmp_path):
+    tensors = _tensors(0)
+    path = save_checkpoint(tmp_path / "ck.pt", tensors, META)
+    good = path.read_bytes()
+    with zipfile.ZipFile(path) as z:
+        n_records = sum(1 for i in z.infolist() if "/data/" in i.filename and i.file_size > 0)
+    assert n_records == sum(1 for t in tensors.values() if t.numel())
+    for k in range(n_records):
+        path.write_bytes(good)
+        flip_tensor_byte(path, k)
+        raw = torch.load(path, weights_only=True)["tensors"]  # what torch reads: no error, one tensor changed
+        changed = [n for n, t in tensors.items() if not torch.equal(raw[n], t.detach())]
+        assert len(changed) == 1, changed
+        with pytest.raises(ValueError, match=f"ck.pt is corrupt: tensor '{changed[0]}' .*does not match its sha256"):
+            load_checkpoint(path)
+    path.write_bytes(good)
+    _assert_same(load_checkpoint(path)[0], tensors)
+
+
+def test_digests_cover_dtype_shape_and_every_byte():
+    a = torch.arange(12, dtype=torch.float32)
+    assert tensor_digest(a) == tensor_digest(a.clone()) == tensor_digest(torch.arange(12.0))
+    assert tensor_digest(a) != tensor_digest(a.reshape(3, 4))                 # same bytes, other shape
+    assert tensor_digest(a) != tensor_digest(a.view(torch.int32))             # same bytes, other dtype
+    assert tensor_digest(a.reshape(3, 4).t()) == tensor_digest(a.reshape(3, 4).t().contiguous())  # row-major order
+    assert tensor_digest(torch.tensor(0.0)) != tensor_digest(torch.tensor(-0.0))
+    assert len({tensor_digest(t) for t in _tensors(0).values()}) == len(_tensors(0))
+    with pytest.raises(ValueError, match="torch.Tensor"):
+        tensor_digest([1.0])
+
+
+def test_a_version_1_checkpoint_loads_with_a_warning(tmp_path):
+    """Written before the checksums (no "sha256"): accepted, with a UserWarning that its bytes are unverified."""
+    path = tmp_path / "old.pt"
+    torch.save({"format": "hotloop-checkpoint", "version": 1, "tensors": {"w": torch.ones(3)}, "meta": {"epoch": 1}},
+               path)
+    with pytest.warns(UserWarning, match="old.pt is version 1, written without tensor checksums"):
+        tensors, meta = load_checkpoint(path)
+    assert torch.equal(tensors["w"], torch.ones(3)) and meta == {"epoch": 1}
+    save_checkpoint(path, tensors, meta)  # the next save is version 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_checkpoint(path)
+    assert torch.load(path, weights_only=True)["version"] == 2
+
+
 def test_missing_file_raises_naming_path(tmp_path):
     path = tmp_path / "nope" / "ck.pt"
     with pytest.raises(ValueError, match=f"{path}: no such file"):
@@ -176,7 +241,11 @@ def test_missing_file_raises_naming_path(tmp_path):
     ({"tensors": {}, "meta": {}}, "not a hotloop-checkpoint file"),
     ({"format": "other", "version": 1, "tensors": {}, "meta": {}}, "not a hotloop-checkpoint file"),
     ([torch.ones(1)], "not a hotloop-checkpoint file"),
-    ({"format": "hotloop-checkpoint", "version": 2, "tensors": {}, "meta": {}}, "version 2"),
+    ({"format": "hotloop-checkpoint", "version": 3, "tensors": {}, "meta": {}}, "version 3, this code reads 1 and 2"),
+    ({"format": "hotloop-checkpoint", "version": True, "tensors": {}, "meta": {}}, "version True"),
+    ({"format": "hotloop-checkpoint", "version": 2, "tensors": {}, "meta": {}}, "malformed: version 2 needs 'sha256'"),
+    ({"format": "hotloop-checkpoint", "version": 2, "tensors": {"a": torch.ones(1)}, "meta": {}, "sha256": {}},
+     r"corrupt: tensors without a checksum \['a'\]"),
     ({"format": "hotloop-checkpoint", "tensors": {}, "meta": {}}, "version None"),
     ({"format": "hotloop-checkpoint", "version": 1, "tensors": {"a": 1}, "meta": {}}, "malformed"),
     ({"format": "hotloop-checkpoint", "version": 1, "tensors": {}, "meta": [1]}, "malformed"),

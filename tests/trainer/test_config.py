@@ -71,3 +71,49 @@ def test_parse_override():
         parse_override("nope=1")
     with pytest.raises(ValueError, match="batch_size takes a int, got str"):
         parse_override("batch_size=big")
+
+
+def test_integral_floats_are_taken_for_int_fields():
+    assert parse_override("replay_capacity=1e12") == ("replay_capacity", 10**12)
+    assert parse_override("trunk_hidden=[1e6, 1e6]") == ("trunk_hidden", (10**6, 10**6))
+    assert parse_override("trunk_hidden=64.0") == ("trunk_hidden", (64,))
+    with pytest.raises(ValueError, match="batch_size takes a int, got float"):
+        parse_override("batch_size=1.5")
+    with pytest.raises(ValueError, match="a list of ints"):
+        preset("cartpole", **dict([parse_override("trunk_hidden=[1.5]")]))
+    deep = "[" * 10_000 + "]" * 10_000  # too deep for Python's parser: taken as a string, refused as one
+    with pytest.raises(ValueError, match="trunk_hidden takes a tuple, got str"):
+        parse_override(f"trunk_hidden={deep}")
+
+
+def test_learning_starts_beyond_the_replay_is_refused_for_a_run():
+    from hotloop.trainer.config import validate_run
+
+    cfg = preset("cartpole", learning_starts=1000, replay_capacity=999)  # a Config still (learner-only tests)
+    with pytest.raises(ValueError, match=r"config.learning_starts \(1000\) exceeds config.replay_capacity \(999\)"):
+        validate_run(cfg)
+    validate_run(preset("cartpole", learning_starts=999, replay_capacity=999))
+    for name in PRESETS:
+        validate_run(preset(name))
+
+
+def test_config_files_that_cannot_be_read_name_the_file(tmp_path):
+    bad = tmp_path / "c.json"
+    bad.write_text('{"lr": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    with pytest.raises(ValueError, match=r"c\.json: nested too deep to read"):
+        Config.load(bad)
+    bad.write_bytes(b'{"lr": "\xff"}')
+    with pytest.raises(ValueError, match=r"config file .*c\.json: 'utf-8' codec can't decode"):
+        Config.load(bad)
+    bad.write_text('{"replay_capacity": ' + "9" * 5000 + "}")
+    with pytest.raises(ValueError, match=r"config file .*c\.json: .*(digits|integer string conversion)"):
+        Config.load(bad)
+    bad.write_text('{"replay_capacity": 1e400}')
+    with pytest.raises(ValueError, match="replay_capacity must be an int, got inf"):
+        Config.load(bad)
+
+
+def test_type_errors_show_a_short_value():
+    with pytest.raises(ValueError) as exc:
+        preset("cartpole", env=["x" * 10_000] * 1000)
+    assert len(str(exc.value)) < 300 and "config.env must be a str" in str(exc.value)

@@ -1,18 +1,30 @@
 """Checkpoint / resume: the round trip restores identical buffers, the continuation is deterministic, the CLI's
-`train --resume`, and a run killed mid-epoch loses at most that epoch."""
+`train --resume`, and a run killed mid-epoch loses at most that epoch. The run folder: one writer at a time (its
+lock; a killed run's lock taken over), a torn table or a corrupt checkpoint refused at resume, leftover temp files
+removed."""
 
 import json
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import zipfile
+from contextlib import contextmanager
+from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
 
+from hotloop.profiles.run_lock import LOCK_FILE, RunFolderLocked
 from hotloop.trainer.checkpoint import load_checkpoint, save_checkpoint
 from hotloop.guards.cli import main
 from hotloop.trainer.config import preset
 from hotloop.trainer.envs import make_env
 from hotloop.trainer.loop import Trainer
-from hotloop.trainer.resume import CHECKPOINT_FILE, ENV_RESEED
+from hotloop.trainer.resume import CHECKPOINT_FILE, ENV_RESEED, check_table_complete, read_resume_point
 from hotloop.guards.run import run_training
 from hotloop.trainer.step import WARMUP_STEPS
 
@@ -215,3 +227,168 @@ def test_hotloop_learner_round_trip():
     assert (b.learner_steps, b.learner.steps, b.epochs_done) == (4, updates, 2)
     # the device actor resumes its counter-based randomness (and epsilon) at the step the checkpoint was taken
     assert b.actor is not None and int(b.actor.t) == meta["env_steps"] // hot["num_envs"] == int(a.actor.t)
+
+
+# --- The run folder: one writer (its lock), whole files, leftovers removed, corrupt state refused. ---
+
+HOLDER = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+os.ftruncate(fd, 0)
+os.write(fd, f"{os.getpid()}\\n".encode())
+print("locked", flush=True)
+sys.stdin.read()
+"""
+"""Another process holding a run folder's lock (flock on its lock file, its pid written in it) until stdin ends."""
+
+
+@contextmanager
+def _held_by_other_process(run_dir: Path):
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(run_dir / LOCK_FILE)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "locked"
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.stdin.close()
+            proc.wait(timeout=30)
+
+
+def _listing(run_dir: Path) -> dict[str, int]:
+    return {p.name: p.stat().st_mtime_ns for p in run_dir.iterdir()}
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> Path:
+    """A run folder of two finished epochs (TINY config), made by run_training; copy it before changing it."""
+    run_dir = tmp_path_factory.mktemp("finished") / "run"
+    run_dir.mkdir()
+    run_training(preset("cartpole", **{**TINY, "epochs": 2}), run_dir, 60.0, show_progress=False)
+    return run_dir
+
+
+@pytest.fixture
+def run_copy(finished_run, tmp_path) -> Path:
+    return Path(shutil.copytree(finished_run, tmp_path / "run"))
+
+
+def test_a_run_folder_held_by_a_live_run_is_refused_naming_its_pid(tmp_path, run_copy):
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    with _held_by_other_process(fresh) as proc:
+        with pytest.raises(ValueError, match=f"run folder {fresh} is in use by another hotloop run \\(pid {proc.pid}"):
+            run_training(preset("cartpole", **TINY), fresh, 60.0, show_progress=False)
+        assert _listing(fresh) == {LOCK_FILE: (fresh / LOCK_FILE).stat().st_mtime_ns}  # no config.json, nothing
+    before = _listing(run_copy)
+    with _held_by_other_process(run_copy) as proc:  # two `--resume R` at once: the second one is refused
+        for resume in (True, read_resume_point(run_copy, preset("cartpole", **TINY))):
+            with pytest.raises(RunFolderLocked, match=f"pid {proc.pid}"):
+                run_training(preset("cartpole", **TINY), run_copy, 60.0, show_progress=False, resume=resume)
+        assert {k: v for k, v in _listing(run_copy).items() if k != LOCK_FILE} == before
+
+
+def test_a_lock_left_by_a_killed_run_is_taken_over(run_copy, capsys):
+    with _held_by_other_process(run_copy) as proc:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    assert (run_copy / LOCK_FILE).read_text() == f"{proc.pid}\n"  # stale: its holder is dead
+    capsys.readouterr()
+    table, _ = run_training(preset("cartpole", **TINY), run_copy, 60.0, show_progress=False, resume=True)
+    assert table.epoch.tolist() == [1, 2, 3]
+    assert f"took over the lock left by pid {proc.pid}" in capsys.readouterr().err
+    assert not (run_copy / LOCK_FILE).exists()  # released at the end of the run
+
+
+def test_the_lock_is_held_while_the_run_writes(tmp_path):
+    seen = []
+
+    def probe(trainer):  # called inside run_training: another process must be refused now
+        out = subprocess.run([sys.executable, "-c", HOLDER, str(tmp_path / LOCK_FILE)], capture_output=True,
+                             text=True, timeout=60)
+        seen.append((out.returncode, (tmp_path / LOCK_FILE).read_text()))
+
+    run_training(preset("cartpole", **{**TINY, "epochs": 1}), tmp_path, 60.0, show_progress=False, after_epochs=probe)
+    assert seen == [(1, f"{os.getpid()}\n")]
+    assert LOCK_FILE not in _listing(tmp_path)
+
+
+@pytest.mark.parametrize("cut", ["mid_row", "no_line_end", "open_quote"])
+def test_a_torn_table_is_refused_at_resume(run_copy, capsys, cut):
+    table = run_copy / "epochs.csv"
+    text = table.read_text()
+    lines = text.splitlines(keepends=True)
+    assert len(lines) == 3  # header and epochs 1, 2
+    torn = {"mid_row": "".join(lines[:2]) + lines[2][:len(lines[2]) // 2],  # a kill mid-write, before atomic writes
+            "no_line_end": text[:-1],
+            "open_quote": "".join(lines[:2]) + '2,"20'}[cut]
+    table.write_text(torn)
+    with pytest.raises(ValueError, match="epochs.csv: row 2 \\(line 3(, the last)?\\) is torn"):
+        read_resume_point(run_copy, preset("cartpole", **TINY))
+    before = _listing(run_copy)
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run_copy), "--epochs", "3", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "epochs.csv: row 2 (line 3" in err and "is torn" in err and "restore it or start a new run" in err
+    assert _listing(run_copy) == before
+
+
+def test_check_table_complete_passes_whole_tables(tmp_path):
+    path = tmp_path / "t.csv"
+    for text in ("", "a,b\n", "a,b\n1,2\n", 'a,b\n1,"x\ny"\n', "a,b\r\n1,2\r\n"):
+        path.write_text(text, newline="")
+        check_table_complete(path)
+    path.write_text("a,b\n1,2,3\n")
+    with pytest.raises(ValueError, match="row 1 \\(line 2\\) is torn: 3 fields where the header has 2"):
+        check_table_complete(path)
+    path.write_text("a,b")
+    with pytest.raises(ValueError, match="the header \\(line 1\\) is torn: it has no line end"):
+        check_table_complete(path)
+
+
+def test_leftover_temp_files_are_removed_at_start_and_at_resume(tmp_path, run_copy, capsys):
+    leftovers = [".checkpoint.pt.x1y2z3_q.tmp", ".epochs.csv.0a1b2c3d.tmp", ".epochs.md.0a1b2c3d.tmp"]
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    for d in (fresh, run_copy):
+        for name in leftovers:
+            (d / name).write_bytes(b"half a file")
+    capsys.readouterr()
+    run_training(preset("cartpole", **{**TINY, "epochs": 1}), fresh, 60.0, show_progress=False)
+    assert "removed .checkpoint.pt.x1y2z3_q.tmp, a temp file left by a killed write" in capsys.readouterr().err
+    run_training(preset("cartpole", **TINY), run_copy, 60.0, show_progress=False, resume=True)
+    for d in (fresh, run_copy):
+        assert sorted(_listing(d)) == ["checkpoint.pt", "config.json", "epochs.csv", "epochs.md", "epochs.png"], d
+
+
+def test_a_checkpoint_with_a_flipped_tensor_byte_is_refused_at_resume(run_copy, capsys):
+    path = run_copy / CHECKPOINT_FILE
+    expected = load_checkpoint(path)[0]
+    with zipfile.ZipFile(path) as z:  # flip one bit in the middle of the last tensor storage record, in place
+        info = max((i for i in z.infolist() if "/data/" in i.filename and i.file_size), key=lambda i: i.header_offset)
+    data = bytearray(path.read_bytes())
+    name_len, extra_len = struct.unpack("<HH", data[info.header_offset + 26:info.header_offset + 30])
+    data[info.header_offset + 30 + name_len + extra_len + info.file_size // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    raw = torch.load(path, weights_only=True)["tensors"]  # torch itself reads it without complaint
+    changed = [n for n, t in expected.items() if not torch.equal(raw[n], t)]
+    assert len(changed) == 1
+    with pytest.raises(ValueError, match=f"checkpoint {path} is corrupt: tensor '{changed[0]}'"):
+        read_resume_point(run_copy, preset("cartpole", **TINY))
+    before = _listing(run_copy)
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run_copy), "--epochs", "3", "--no-progress"]) == 2
+    assert f"is corrupt: tensor '{changed[0]}'" in capsys.readouterr().err
+    assert _listing(run_copy) == before
+
+
+def test_a_resume_point_is_refused_once_another_run_wrote_the_checkpoint(run_copy):
+    cfg = preset("cartpole", **TINY)
+    point = read_resume_point(run_copy, cfg)
+    assert point.source is not None and point.epoch == 2
+    save_checkpoint(run_copy / CHECKPOINT_FILE, point.tensors, point.meta)  # "another run" saved since
+    before = _listing(run_copy)
+    with pytest.raises(ValueError, match="changed since it was read for this resume"):
+        run_training(cfg, run_copy, 60.0, show_progress=False, resume=point)
+    assert _listing(run_copy) == before

@@ -18,7 +18,8 @@ from typing import NamedTuple
 
 import torch
 
-from hotloop.kernels.sum_tree import SumTree, _check_tensor, _load_tensors
+from hotloop.kernels.sum_tree import (SumTree, _check_tensor, _load_tensors, importance_weights, positive_min,
+                                      stratified_indices)
 
 
 class PrioritizedBatch(NamedTuple):
@@ -57,7 +58,10 @@ class PrioritizedReplay:
         obs_dim: length of one flat observation (int >= 1).
         num_branches: action columns per transition (int >= 1).
         alpha: priority exponent (float >= 0); 0 gives uniform sampling.
-        eps: added to |TD error| so every priority is > 0 (float > 0).
+        eps: added to |TD error| so every priority is > 0 (float > 0). A priority that still underflows float32
+            (eps^alpha < 2^-126, e.g. eps=1e-30, alpha=2 with a zero TD error) is written as the tree's floor
+            PRIORITY_FLOOR = 2^-126 (hotloop.kernels.sum_tree), never as 0; Config validation refuses such
+            per_eps / per_alpha.
         device: where storage, tree and every returned tensor live.
         obs_dtype: dtype of stored observations (obs and next_obs passed to `add` must have it).
         generator: torch.Generator on `device` for the sampling uniforms; None uses the global generator.
@@ -67,8 +71,10 @@ class PrioritizedReplay:
             values (not necessarily the last).
 
     Priority space: the tree's leaves and `max_priority` hold p^alpha = (|delta| + eps)^alpha, i.e. the values
-    that are proportional to the sampling probability. `max_priority` (0-dim float32, starts at 1.0, only grows,
-    device-side) is the largest such value written so far; new transitions get it as their leaf.
+    that are proportional to the sampling probability, floored at 2^-126 (the zero-priority rule of
+    hotloop.kernels.sum_tree, the same on both paths: no written leaf is 0, weights are finite and in (0, 1]).
+    `max_priority` (0-dim float32, starts at 1.0, only grows, device-side) is the largest such value written so
+    far; new transitions get it as their leaf.
 
     Attributes:
         tree: the `SumTree` of priorities (float32); its sanitize rule applies (NaN/inf/negative -> max_priority).
@@ -217,10 +223,13 @@ class PrioritizedReplay:
         and the sample is the leaf whose prefix-sum interval contains mass_k, so P(i) = p_i / T.
 
         Importance weights (Schaul et al. Sec. 3.4): w_i = (N * P(i))^-beta / max_j w_j with N = len(self),
-        computed as the equal (p_min / p_i)^beta, where p_min is the smallest p_j over
+        computed as the equal (p_min / p_i)^beta, where p_min is the smallest p_j > 0 over
           - weight_norm="batch" (default, as in Schaul et al. Algorithm 1 and most implementations): the batch;
           - weight_norm="global": all N stored items (one O(capacity) min reduction per call), so w_max is the
             weight of the least likely item in the buffer and weights are comparable across batches.
+        Zero priorities (hotloop.kernels.sum_tree's rule, both paths): p_min ignores zero leaves (+inf if all are
+        0), weights are clamped into [2^-126, 1] (a zero leaf's is 1), and a tree with no mass (root not > 0)
+        samples uniformly over the N filled slots with all weights 1; so every weight is finite and in (0, 1].
 
         Args:
             batch_size: B, int >= 1.
@@ -250,22 +259,23 @@ class PrioritizedReplay:
                                       weights, weight_norm)
             stored = (self.obs, self.action, self.reward, self.next_obs, self.terminated)
             return PrioritizedBatch(*(t[idx] for t in stored), indices=idx, weights=weights)
-        strata = torch.arange(batch_size, device=self.device, dtype=dtype)
-        idx = self.tree.find((strata + u) * (self.tree.total() / batch_size))
+        idx = stratified_indices(self.tree, u, self.size)
         p = self.tree.leaves()[idx]
-        p_min = p.min() if weight_norm == "batch" else self.tree.leaves()[: self.size].min()
-        weights = (p_min / p).pow(beta).to(torch.float32)
+        p_min = positive_min(p if weight_norm == "batch" else self.tree.leaves()[: self.size])
+        weights = importance_weights(p, p_min, beta)
         stored = (self.obs, self.action, self.reward, self.next_obs, self.terminated)
         return PrioritizedBatch(*(t[idx] for t in stored), indices=idx, weights=weights)
 
     def update_priorities(self, indices: torch.Tensor, td_errors: torch.Tensor) -> None:
-        """Set the priorities of sampled slots to p = (|td_error| + eps)^alpha; raise max_priority to max(p).
+        """Set the priorities of sampled slots to p = max((|td_error| + eps)^alpha, 2^-126); raise max_priority to
+        max(p).
 
         Args:
             indices: (B,) int64 slots from `PrioritizedBatch.indices` (must be filled slots; not checked, as that
                 would need a host sync). With duplicates, the last occurrence wins.
             td_errors: (B,) floating TD errors on the replay's device. A NaN/inf one is sanitized by the tree
-                (stored as max_priority, counted in `bad_priority_count`).
+                (stored as max_priority, counted in `bad_priority_count`). A priority below 2^-126 (one that
+                underflowed float32) is stored as 2^-126 (the tree's floor), never as 0.
 
         Raises:
             ValueError: naming the argument, for a wrong type, dtype, shape or device.

@@ -23,7 +23,8 @@
 #       seed200  hotloop train --preset seed-scale --epochs 200 (run folder in /dev/shm when it has room: the
 #                checkpoint is 0.6 GB per epoch)
 #       seed200&  the same in the background (the parts after it share the GPU with it); waited for at the end
-#       ab       the trees profiles/h200/device/ab_trees.sh made in .abtrees/ (carry it), side by side: `hotloop bench
+#       ab       the trees profiles/h200/device/ab_trees.sh made in .abtrees/ (carry it; trees of the hotloop.* layout
+#                only, each installed into its own /tmp/site_<tree>), side by side: `hotloop bench
 #                --variants hotloop` of each in its own process, two rounds in turn; then per tree a 100-step
 #                seed-scale gate trace (per-kernel medians) and, with AB_PYTEST set (shell words: test paths), that
 #                tree's own tests
@@ -31,8 +32,16 @@
 set -u
 out=$1; commit=$2; shift 2
 rm -rf /tmp/r; mkdir -p /tmp/r  # a warm machine keeps the last call's files
+# hotloop installs as the `hotloop.*` package (pyproject's package-dir mapping): the checkout itself is not
+# importable from PYTHONPATH. Install it (no network: the image's setuptools, no build isolation) with the
+# carried wheels (.whl: nvtx, gymnasium, ...) into /tmp/site.
+install_tree() {  # install_tree SRC TARGET: the hotloop of SRC into TARGET
+  python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target "$2" "$1" \
+    > "/tmp/r/install_$(basename "$2").log" 2>&1 || { echo "install of $1 failed:"; tail -n 5 "/tmp/r/install_$(basename "$2").log"; }
+}
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/dev/null
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HOTLOOP_COMMIT=$commit
+install_tree . /tmp/site
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 HOTLOOP_COMMIT=$commit
 echo "commit $commit date $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
 HL="python3 -m hotloop.guards.cli"  # unquoted below: `timeout` needs a program, not a shell function
 SEED_SMALL=(--preset seed-scale --device cuda --epochs 1 --set learner_steps_per_epoch=100 --no-progress)
@@ -46,10 +55,12 @@ for part in "$@"; do
       echo "pytest rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" /tmp/r/pytest.log | tail -n 25 ;;
     gate)
       timeout 200 $HL gate --preset cartpole --device cuda --epochs 2 --repeats 5 --no-progress --out /tmp/r/gate_clean \
-        --update-baseline > /tmp/r/gate_clean.log 2>&1; echo "clean rc=$?"; tail -n 4 /tmp/r/gate_clean.log
+        --baseline-dir profiles/baselines --update-baseline > /tmp/r/gate_clean.log 2>&1; echo "clean rc=$?"; tail -n 4 /tmp/r/gate_clean.log
       for f in item event_sync device_sync pageable_copy d2d_copy grid1 sn_split ddqn_serial fwd_fp32 bwd_tf32; do
         timeout 60 $HL gate --preset cartpole --device cuda --epochs 1 --guard-steps 5 --no-progress --inject $f \
-          --out /tmp/r/gate_$f > /tmp/r/gate_$f.log 2>&1; echo "$f rc=$? $(grep -E '^FAIL' /tmp/r/gate_$f.log | tr '\n' ' ')"
+          --out /tmp/r/gate_$f > /tmp/r/gate_$f.log 2>&1; rc=$?
+        # only exit 1 with the fault's criterion FAIL is a caught fault: 70 is a crash, 2 a refused injection
+        echo "$f rc=$rc$( ((rc == 70)) && echo ' (CRASH: not a kill)') $(grep -E '^FAIL' /tmp/r/gate_$f.log | tr '\n' ' ')"
       done
       cp profiles/baselines/*.json /tmp/r/ 2>/dev/null ;;
     marks)
@@ -124,10 +135,11 @@ PY
     ab)
       trees=(.abtrees/*/)
       [[ -d ${trees[0]} ]] || { echo "ab: no trees in .abtrees (make them with profiles/h200/device/ab_trees.sh, carry .abtrees)"; continue; }
+      for t in "${trees[@]}"; do install_tree "$t" "/tmp/site_$(basename "$t")"; done
       for round in 1 2; do
         for t in "${trees[@]}"; do
           n=$(basename "$t")
-          (cd "$t" && PYTHONPATH=/tmp/site:$PWD HOTLOOP_COMMIT=$(cat COMMIT) timeout 150 $HL bench --preset seed-scale \
+          (cd "$t" && PYTHONPATH=/tmp/site_$n:/tmp/site HOTLOOP_COMMIT=$(cat COMMIT) timeout 150 $HL bench --preset seed-scale \
             --variants hotloop --out /tmp/r/ab_${n}_$round > /tmp/r/ab_${n}_$round.log 2>&1
            echo "ab $n ($(cat COMMIT)) round $round rc=$? us/step p20 p50 p80:" \
              "$(awk '$1 == "hotloop" {print $3, $4, $5}' /tmp/r/ab_${n}_$round.log)")
@@ -135,7 +147,7 @@ PY
       done
       for t in "${trees[@]}"; do
         n=$(basename "$t")
-        (cd "$t" && export PYTHONPATH=/tmp/site:$PWD HOTLOOP_COMMIT=$(cat COMMIT)
+        (cd "$t" && export PYTHONPATH=/tmp/site_$n:/tmp/site HOTLOOP_COMMIT=$(cat COMMIT)
          timeout 200 $HL gate "${SEED_SMALL[@]}" --no-baseline --out /tmp/r/abgate_$n > /tmp/r/abgate_$n.log 2>&1
          echo "ab $n gate rc=$?"
          python3 -c "import sys; from hotloop.profiles.kineto_reader import read_kineto; k = read_kineto(sys.argv[1]);

@@ -1,0 +1,180 @@
+"""How many bytes a training run of a Config allocates on its device, and whether the device has them free.
+
+Checked before anything is trained or written (hotloop.guards.cli.prepare_run), so that a config asking for more
+memory than the machine has (`replay_capacity=1e12`, `trunk_hidden=[1e6, 1e6]`) stops with exit 2 naming the
+fields, instead of an allocator traceback after the run folder was made.
+
+The estimate (`estimate_memory`) follows the real layouts, in bytes (float32 = 4, int64 = 8):
+
+- replay (trainer/replay/prioritized.py `PrioritizedReplay`): per transition obs and next_obs (obs_dim float32
+  each), the action (one int64 per branch), reward and terminated flag (float32 each); plus the sum tree
+  (kernels/sum_tree.py `SumTree.nodes`: 2 P float32, P = capacity rounded up to a power of two).
+- networks: P parameters (trainer/flat_net.py `FlatLayout.numel`, the same count as trainer/network.py's
+  BranchingDuelingQNet with its gains), kept 6 times: online, target, gradients, Adam's two moments
+  (kernels/fused_adam.py), and the hotloop learner's transposed weights (the reference learner's spectral-norm
+  vectors are far smaller).
+- learner buffers at batch size B (trainer/step.py `HotLearner`; the reference learner's autograd activations are
+  fewer): per hidden unit 8 floats per sample (activations, their TF32-split transposes, the Double-DQN forward's
+  two nets, the pre-activation gradients), per Q output 8 (Q, Q of s' for both nets, the TD loss's outputs and
+  gradient), per observation element 4 (the sampled obs and next_obs, the transposed split obs), and 16 for the
+  sampled indices, weights, rewards and flags.
+- envs: num_envs + eval_episodes copies of the observation, final observation, noise and step uniforms (6 floats
+  per observation element) and the acting forward's activations; the synthetic env's (obs_dim, obs_dim) and
+  (obs_dim, sum of branch sizes) matrices.
+
+It leaves out what does not scale with the config (CUDA context, Triton workspaces, the CUDA graph's pool, small
+counters) and counts the learner's buffers for the larger of the two learners, so it is an estimate, not a bound:
+on the H200, seed-scale (hotloop learner) was estimated at 931 MB, and torch.cuda.max_memory_allocated read 877 MB
+after the Trainer was built and had run one train step (798 MB before it). The check refuses a run only when the
+estimate exceeds the free memory, so a run within a few percent of the device's free memory may be refused.
+
+Available memory (`available_memory`): on CUDA, the free bytes of `torch.cuda.mem_get_info`; on the CPU,
+MemAvailable of /proc/meminfo (else os.sysconf's available physical pages), capped by the cgroup's limit minus its
+usage where one is set (cgroup v2 memory.max / memory.current, v1 memory.limit_in_bytes / memory.usage_in_bytes).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from hotloop.trainer.config import Config
+
+FLOAT32 = 4
+INT64 = 8
+NET_COPIES = 6
+"""Copies of the P parameters a learner keeps: online, target, gradients, Adam's two moments, transposed weights."""
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes a run allocates on its device, by part (ints, bytes), and the parameter count `params` (P)."""
+
+    replay: int
+    nets: int
+    learner: int
+    envs: int
+    params: int
+
+    @property
+    def total(self) -> int:
+        """replay + nets + learner + envs, in bytes."""
+        return self.replay + self.nets + self.learner + self.envs
+
+
+def param_count(obs_dim: int, action_nvec: tuple[int, ...], trunk_hidden: tuple[int, ...], head_hidden: int) -> int:
+    """Parameters P of the branching dueling Q-network (trainer/flat_net.py FlatLayout.numel for equal branches;
+    BranchingDuelingQNet's weights, biases and gains otherwise): each trunk layer W (t_i, t_{i-1}) + b + 1 gain;
+    the stacked hidden layer ((1 + D) H, t_last) + (1 + D) H biases + 1 + D gains; the output layer
+    (1 + sum(A_d), H) + 1 + sum(A_d) biases + 1 + D gains. Python ints (no overflow for any size)."""
+    widths = (obs_dim, *trunk_hidden)
+    p = sum(a * b + b + 1 for a, b in zip(widths, widths[1:]))
+    d, h, outs = len(action_nvec), head_hidden, 1 + sum(action_nvec)
+    p += (1 + d) * h * widths[-1] + (1 + d) * h + (1 + d)
+    p += outs * h + outs + (1 + d)
+    return p
+
+
+def replay_bytes(capacity: int, obs_dim: int, num_branches: int) -> int:
+    """Bytes of `PrioritizedReplay(capacity, obs_dim, num_branches)` (float32 observations): obs and next_obs
+    (capacity, obs_dim) float32, action (capacity, num_branches) int64, reward and terminated (capacity,) float32,
+    and the sum tree's 2 P float32 nodes, P = the next power of two >= capacity (kernels/sum_tree.py)."""
+    leaves = 1 << (capacity - 1).bit_length()
+    return capacity * (2 * obs_dim * FLOAT32 + num_branches * INT64 + 2 * FLOAT32) + 2 * leaves * FLOAT32
+
+
+def estimate_memory(cfg: Config, obs_dim: int, action_nvec: tuple[int, ...]) -> MemoryEstimate:
+    """The bytes a run of `cfg` allocates on its device (module docstring: what each part counts), for the env's
+    `obs_dim` and `action_nvec` (the env reports them; the synthetic env takes cfg's). Pure arithmetic on Python
+    ints: nothing is allocated, and no size is too large to estimate."""
+    d, q = len(action_nvec), 1 + sum(action_nvec)
+    hidden = sum(cfg.trunk_hidden) + (1 + d) * cfg.head_hidden
+    params = param_count(obs_dim, tuple(action_nvec), tuple(cfg.trunk_hidden), cfg.head_hidden)
+    learner = cfg.batch_size * FLOAT32 * (8 * hidden + 8 * q + 4 * obs_dim + 16)
+    envs = (cfg.num_envs + cfg.eval_episodes) * FLOAT32 * (6 * obs_dim + hidden + q + 2 * d + 8)
+    if cfg.env == "synthetic":
+        envs += obs_dim * (obs_dim + 2 * sum(action_nvec)) * FLOAT32
+    return MemoryEstimate(replay_bytes(cfg.replay_capacity, obs_dim, d), NET_COPIES * params * FLOAT32, learner,
+                          envs, params)
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def _cgroup_room() -> int | None:
+    """Bytes left under this process's cgroup memory limit (limit - usage); None where no limit is set."""
+    for limit_file, usage_file in (("memory.max", "memory.current"),
+                                   ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes")):
+        root = Path("/sys/fs/cgroup")
+        limit, usage = _read_int(root / limit_file), _read_int(root / usage_file)
+        if limit is not None and usage is not None and limit < 1 << 60:  # v1 reports "no limit" as ~2^63
+            return max(0, limit - usage)
+    return None
+
+
+def available_memory(device: torch.device, meminfo: str | Path = "/proc/meminfo") -> tuple[int | None, str]:
+    """(bytes free for a run on `device`, where that number comes from); (None, why) when it cannot be read.
+
+    CUDA: torch.cuda.mem_get_info(device)'s free bytes (this creates the CUDA context). CPU: MemAvailable of
+    `meminfo` (kB), else os.sysconf SC_AVPHYS_PAGES x SC_PAGE_SIZE; capped by the cgroup's limit minus usage."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free), f"free memory of {device} (torch.cuda.mem_get_info)"
+    avail, source = None, ""
+    try:
+        for line in Path(meminfo).read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                avail, source = int(line.split()[1]) * 1024, f"MemAvailable in {meminfo}"
+                break
+    except (OSError, ValueError, IndexError):
+        pass
+    if avail is None:
+        try:
+            avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+            source = "available physical pages (os.sysconf)"
+        except (OSError, ValueError, AttributeError):
+            return None, "no MemAvailable in /proc/meminfo and no os.sysconf SC_AVPHYS_PAGES"
+    room = _cgroup_room()
+    if room is not None and room < avail:
+        avail, source = room, "the cgroup's memory limit minus its usage (/sys/fs/cgroup)"
+    return avail, source
+
+
+def format_bytes(n: int) -> str:
+    """`n` bytes as a short decimal string: 512 B, 1.5 kB, 8.8 TB, 1.2e+03 EB."""
+    value, units = float(n), ["B", "kB", "MB", "GB", "TB", "PB", "EB"]
+    for unit in units[:-1]:
+        if value < 1000:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.3g} {unit}"
+        value /= 1000
+    return f"{value:.3g} {units[-1]}"
+
+
+def check_memory(cfg: Config, device: torch.device, obs_dim: int, action_nvec: tuple[int, ...],
+                 available: tuple[int | None, str] | None = None) -> MemoryEstimate:
+    """Raise ValueError when the run's `estimate_memory` exceeds the memory available on `device`
+    (`available_memory`, or `available` as (bytes, source) when given), naming each part with the config fields it
+    comes from, the estimate and what is available. Returns the estimate; an unreadable amount of available memory
+    skips the comparison."""
+    est = estimate_memory(cfg, obs_dim, action_nvec)
+    free, source = available if available is not None else available_memory(device)
+    if free is None or est.total <= free:
+        return est
+    branches = f"{len(action_nvec)} action branch{'es' if len(action_nvec) != 1 else ''}"
+    parts = [
+        f"replay {format_bytes(est.replay)} (replay_capacity={cfg.replay_capacity}, obs_dim={obs_dim}, {branches})",
+        f"networks {format_bytes(est.nets)} (trunk_hidden={list(cfg.trunk_hidden)}, head_hidden={cfg.head_hidden}: "
+        f"{est.params} parameters x {NET_COPIES} copies)",
+        f"learner buffers {format_bytes(est.learner)} (batch_size={cfg.batch_size})",
+        f"envs {format_bytes(est.envs)} (num_envs={cfg.num_envs}, eval_episodes={cfg.eval_episodes})",
+    ]
+    raise ValueError(f"the run does not fit in {device}'s memory: it needs an estimated {format_bytes(est.total)}, "
+                     f"{format_bytes(free)} is available ({source}): {'; '.join(parts)}; lower the largest of them")
