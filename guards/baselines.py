@@ -4,7 +4,10 @@ A baseline file is `profiles/baselines/<gpu-name-slug>.json` (`baseline_path`; "
 written deliberately by `write_baseline` (`hotloop gate --update-baseline`)::
 
     {"schema": 1, "gpu": "NVIDIA H200", "config": {the run's Config fields},
-     "metrics": {"gpu_span_us": {"kind": "timing", "values": [R values], "median": m, "spread": s}, ...}}
+     "metrics": {"gpu_span_us": {"kind": "timing", "values": [R values], "median": m, "spread": s}, ...},
+     "epoch_metrics": {"steady": true, "epochs": [2, 3, ...],
+                       "metrics": {"learner_steps_per_s": {"kind": "timing", "values": [one per epoch], ...},
+                                   "gpu_ms_per_step": {...}}}}
 
 `values` holds one value per repeat (R repeats of the guarded steps on that GPU; each value is that repeat's median
 over its K steps, `GuardReport.medians`); `median` and `spread` are written for readers and recomputed on load.
@@ -30,6 +33,19 @@ Comparison (`compare`): a run is R' repeats of the same metrics.
   serialized: guards/faults.py ddqn_serial), and the time it costs shows in gpu_busy_us (and in dur_us /
   gpu_span_us where the guarded step is GPU-bound). A run that measured them in the baseline but not now (NaN: e.g.
   the DDQN kernels no longer assigned to their phase) still FAILs.
+
+Epoch throughput (`epoch_metrics`, `compare_epochs`): the per-epoch table (hotloop.profiles.epoch_table) is compared
+too, so that a regression of the whole loop (acting, env stepping, readback, logging: work outside the guarded
+steps) fails the gate even when no structural count moves. EPOCH_METRICS are learner_steps_per_s (higher is better,
+"median:-5%") and gpu_ms_per_step (lower is better, "median:+5%"), one value per steady-state epoch: every epoch but
+the first, which compiles the kernels and captures the CUDA graphs (a 1-epoch run has only that one, flagged not
+steady: `EpochMetrics.steady`). They are stored under "epoch_metrics" (optional: a file written before it loads,
+and `compare_epochs` then reports "epoch throughput: no baseline values (rewrite with --update-baseline)") and
+compared by the same rule as the step timings: median of the run's steady epochs against the median of the
+baseline's, worse by more than max(5%, 3 x MAD spread of the baseline's epochs) FAILs. Both are timings whatever
+their names say (`gpu_ms_per_step` does not end in a TIMING_SUFFIX); the rows are named EPOCH_PREFIX + metric
+("epoch_learner_steps_per_s"), so they sit apart from the step metrics in one table. A side whose epochs are not
+steady is not compared (verdict "-"): the first epoch's time is mostly compilation.
 
 Spread statistic: the baseline's run-to-run spread is the scaled median absolute deviation of its R repeat values,
 1.4826 x median(|x - median(x)|). Justification: R is small (about 5) and GPU timings are skewed by rare slow
@@ -141,12 +157,93 @@ def baseline_path(gpu_name: str, root: str | Path = "profiles/baselines") -> Pat
 
 @dataclass(frozen=True)
 class Baseline:
-    """A loaded baseline: `gpu` name, `metrics` {metric: [one value per repeat]} (NaN where not measured) and the
-    `config` it was measured with (a Config.to_dict(); None in a file written without one)."""
+    """A loaded baseline: `gpu` name, `metrics` {metric: [one value per repeat]} (NaN where not measured), the
+    `config` it was measured with (a Config.to_dict(); None in a file written without one) and `epochs`, its
+    per-epoch throughput (`EpochMetrics`; None in a file written before baselines held it)."""
 
     gpu: str
     metrics: dict[str, list[float]]
     config: dict | None = None
+    epochs: EpochMetrics | None = None
+
+
+EPOCH_METRICS = ("learner_steps_per_s", "gpu_ms_per_step")
+"""Columns of the per-epoch table (hotloop.profiles.epoch_table) compared with the baseline, one value per epoch."""
+EPOCH_PREFIX = "epoch_"
+"""`compare_epochs` names its rows EPOCH_PREFIX + metric, apart from the guarded steps' metrics."""
+EPOCH_THROUGHPUT = "epoch throughput"
+"""What the epoch rows guard, as the gate and the mutation suite name it (ci/mutants/mutants.toml)."""
+NO_EPOCH_BASELINE = "epoch throughput: no baseline values (rewrite with --update-baseline)"
+"""The rule of `compare_epochs`'s rows when the baseline holds no epoch metrics (a file written before it did)."""
+
+
+class EpochMetrics(dict):
+    """{metric: [one value per epoch]} of EPOCH_METRICS (a dict, as `compare` takes), with `epochs` (the epoch
+    numbers the values come from, in order) and `steady` (False when they include the first epoch, which compiles
+    and captures: a 1-epoch run)."""
+
+    def __init__(self, values: Mapping[str, Sequence[float]], epochs: Sequence[int], steady: bool) -> None:
+        super().__init__({m: [float(v) for v in vs] for m, vs in values.items()})
+        self.epochs = [int(e) for e in epochs]
+        self.steady = bool(steady)
+
+    def __repr__(self) -> str:
+        return f"EpochMetrics({dict(self)!r}, epochs={self.epochs!r}, steady={self.steady!r})"
+
+
+def epoch_metrics(table: pd.DataFrame) -> EpochMetrics:
+    """The steady-state EPOCH_METRICS of a per-epoch table (hotloop.profiles.epoch_table.epoch_frame, epochs.csv):
+    {"learner_steps_per_s": [...], "gpu_ms_per_step": [...]}, one value per epoch, in row order.
+
+    Steady state: with >= 2 epochs the first row is left out (the first epoch of a process compiles the Triton
+    kernels and captures the CUDA graphs: in the H200 clean runs of profiles/h200/gate/clean.log its learner
+    throughput was 1% to 69% of the second epoch's) and `steady` is True; a 1-epoch table gives its one epoch with `steady` False.
+    The table's first row is taken as the process's first epoch (true of the gate, which never resumes).
+    gpu_ms_per_step is NaN where the table lacks it (a CPU run writes NaN: no CUDA events). Raises ValueError for
+    an empty table or one without `epoch` / `learner_steps_per_s`."""
+    missing = [c for c in ("epoch", "learner_steps_per_s") if c not in table.columns]
+    if missing:
+        raise ValueError(f"epoch_metrics: the per-epoch table lacks columns {missing}")
+    if not len(table):
+        raise ValueError("epoch_metrics: the per-epoch table has no rows")
+    steady = len(table) >= 2
+    rows = table.iloc[1:] if steady else table
+    values = {m: (pd.to_numeric(rows[m], errors="coerce").astype("float64").tolist() if m in rows.columns
+                  else [math.nan] * len(rows)) for m in EPOCH_METRICS}
+    return EpochMetrics(values, rows["epoch"].tolist(), steady)
+
+
+def compare_epochs(table: pd.DataFrame | EpochMetrics, baseline: Baseline, *, k: float = 3.0) -> pd.DataFrame:
+    """Compare a run's per-epoch table (or its `epoch_metrics`) with the baseline's epoch metrics: one row per
+    EPOCH_METRICS metric, named EPOCH_PREFIX + metric, in COMPARE_COLUMNS (as `compare`: append them to its table).
+
+    Both metrics are timings: median of the run's steady epochs vs the baseline's, FAIL when worse by more than
+    max(5%, k x MAD spread) (learner_steps_per_s: a drop; gpu_ms_per_step: a rise), PASS otherwise, "-" when the
+    baseline value is NaN (e.g. measured on a CPU). Without epoch metrics in the baseline every row is "-" with
+    rule NO_EPOCH_BASELINE. When either side is not steady (a 1-epoch run: its only epoch compiles and captures)
+    the rows are "-" and the rule says which side and why: use >= 2 epochs on both."""
+    run = table if isinstance(table, EpochMetrics) else epoch_metrics(table)
+    base = baseline.epochs
+    rows = []
+    for metric in EPOCH_METRICS:
+        name = EPOCH_PREFIX + metric
+        if base is None or metric not in base:
+            rows.append(_blank_row(name, NO_EPOCH_BASELINE))
+            continue
+        row = _compare_one(name, run.get(metric), base[metric], parse_threshold(default_threshold(metric)), k,
+                           count=False)
+        row["rule"] = f"{EPOCH_THROUGHPUT}: {row['rule']}" if row["rule"] else EPOCH_THROUGHPUT
+        unsteady = [side for side, m in (("run", run), ("baseline", base)) if not m.steady]
+        if unsteady:
+            row.update(verdict="-", rule=f"{EPOCH_THROUGHPUT}: not compared: the {' and the '.join(unsteady)} "
+                                          f"had one epoch only, which compiles and captures (use >= 2 epochs)")
+        rows.append(row)
+    return pd.DataFrame(rows, columns=COMPARE_COLUMNS)
+
+
+def _blank_row(metric: str, rule: str) -> dict:
+    return dict(metric=metric, kind="timing", statistic="median", baseline=math.nan, run=math.nan, delta=math.nan,
+                allowed=math.nan, spread=math.nan, rule=rule, verdict="-")
 
 
 _UNKNOWN = object()  # config_mismatch: a field neither side nor the defaults give a value for
@@ -170,13 +267,29 @@ def config_mismatch(baseline_config: Mapping, run_config: Mapping, defaults: Map
 
 
 def write_baseline(path: str | Path, metrics: Mapping[str, Sequence[float]], gpu: str = "",
-                   config: Mapping | None = None) -> Path:
+                   config: Mapping | None = None, epochs: EpochMetrics | None = None) -> Path:
     """Write `metrics` ({metric: R repeat values}) as a baseline file (format in the module docstring), with the
-    run's `config` (a JSON-ready Config.to_dict()) when given, creating parent folders and replacing any previous
-    file; returns the path. Raises ValueError for no metrics or a metric without values or with a non-numeric
-    value."""
+    run's `config` (a JSON-ready Config.to_dict()) and its per-epoch throughput `epochs` (`epoch_metrics` of its
+    per-epoch table) when given, creating parent folders and replacing any previous file; returns the path.
+    Raises ValueError for no metrics or a metric without values or with a non-numeric value (epoch metrics too)."""
     if not metrics:
         raise ValueError("write_baseline: no metrics")
+    doc = _metric_entries(metrics, is_count)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    head = {"schema": SCHEMA, "gpu": gpu} | ({"config": dict(config)} if config is not None else {})
+    tail = {}
+    if epochs is not None:
+        tail["epoch_metrics"] = {"steady": bool(getattr(epochs, "steady", True)),
+                                 "epochs": [int(e) for e in getattr(epochs, "epochs", [])],
+                                 "metrics": _metric_entries(epochs, lambda m: False)}
+    path.write_text(json.dumps(head | {"metrics": doc} | tail, indent=2) + "\n")
+    return path
+
+
+def _metric_entries(metrics: Mapping[str, Sequence[float]], counts) -> dict:
+    """{metric: {"kind", "values", "median", "spread"}} of a baseline file; ValueError for an empty or non-numeric
+    metric."""
     doc = {}
     for name, values in sorted(metrics.items()):
         try:
@@ -185,21 +298,19 @@ def write_baseline(path: str | Path, metrics: Mapping[str, Sequence[float]], gpu
             raise ValueError(f"write_baseline: metric {name!r} has a non-numeric value in {values!r}") from None
         if not x:
             raise ValueError(f"write_baseline: metric {name!r} has no values")
-        doc[name] = {"kind": "count" if is_count(name) else "timing", "values": [_null(v) for v in x],
+        doc[name] = {"kind": "count" if counts(name) else "timing", "values": [_null(v) for v in x],
                      "median": _null(_stat(np.nanmedian, x)),
                      "spread": _null(mad_spread(x))}
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    head = {"schema": SCHEMA, "gpu": gpu} | ({"config": dict(config)} if config is not None else {})
-    path.write_text(json.dumps(head | {"metrics": doc}, indent=2) + "\n")
-    return path
+    return doc
 
 
 def load_baseline(path: str | Path) -> Baseline:
     """Read a baseline file. Raises BaselineError (a ValueError) naming the file for: a missing or unreadable file,
     invalid JSON (line and column), text that is not UTF-8, a number too long to parse, arrays/objects nested too
     deep for the parser (a RecursionError, reported as "nested too deep"), another schema version, a "config"
-    that is not an object, or a metric whose "values" is not a non-empty list of numbers or nulls."""
+    that is not an object, or a metric whose "values" is not a non-empty list of numbers or nulls; an
+    "epoch_metrics" (optional) that is not {"steady": bool, "epochs": [ints], "metrics": {...}} with metrics as
+    above."""
     try:
         doc = json.loads(Path(path).read_text())
     except FileNotFoundError:
@@ -218,17 +329,32 @@ def load_baseline(path: str | Path) -> Baseline:
     config = doc.get("config")
     if config is not None and not isinstance(config, dict):
         raise BaselineError(path, '"config" must be an object (the Config fields the baseline was measured with)')
+    metrics = _read_metrics(path, doc["metrics"], "metric")
+    epochs = None
+    if "epoch_metrics" in doc:
+        ep = doc["epoch_metrics"]
+        if not (isinstance(ep, dict) and isinstance(ep.get("metrics"), dict) and type(ep.get("steady")) is bool
+                and isinstance(ep.get("epochs", []), list) and all(type(e) is int for e in ep.get("epochs", []))):
+            raise BaselineError(path, '"epoch_metrics" must be an object {"steady": true|false, "epochs": [epoch '
+                                      'numbers], "metrics": {metric: {"values": [...]}}}')
+        epochs = EpochMetrics(_read_metrics(path, ep["metrics"], "epoch metric"), ep.get("epochs", []),
+                              ep["steady"])
+    return Baseline(str(doc.get("gpu", "")), metrics, config, epochs)
+
+
+def _read_metrics(path: str | Path, entries: Mapping, what: str) -> dict[str, list[float]]:
+    """{metric: values} of a baseline file's metrics object; BaselineError naming the metric for bad values."""
     metrics = {}
-    for name, entry in doc["metrics"].items():
+    for name, entry in entries.items():
         values = entry.get("values") if isinstance(entry, dict) else None
         if not (isinstance(values, list) and values
                 and all(v is None or type(v) in (int, float) for v in values)):
-            raise BaselineError(path, f"metric {name!r}: \"values\" must be a non-empty list of numbers or nulls")
+            raise BaselineError(path, f"{what} {name!r}: \"values\" must be a non-empty list of numbers or nulls")
         try:
             metrics[name] = [math.nan if v is None else float(v) for v in values]
         except OverflowError:
-            raise BaselineError(path, f"metric {name!r}: a value is too large for a float") from None
-    return Baseline(str(doc.get("gpu", "")), metrics, config)
+            raise BaselineError(path, f"{what} {name!r}: a value is too large for a float") from None
+    return metrics
 
 
 def compare(run_metrics: Mapping[str, Sequence[float]], baseline: Baseline, *,
@@ -253,8 +379,8 @@ def compare(run_metrics: Mapping[str, Sequence[float]], baseline: Baseline, *,
 
 
 def _compare_one(metric: str, run: Sequence[float] | None, base: Sequence[float] | None, rule: Threshold,
-                 k: float) -> dict:
-    count = is_count(metric)
+                 k: float, count: bool | None = None) -> dict:
+    count = is_count(metric) if count is None else count
     row = dict(metric=metric, kind="count" if count else "timing", statistic="median" if count else rule.statistic,
                baseline=math.nan, run=math.nan, delta=math.nan, allowed=0.0 if count else math.nan,
                spread=mad_spread(base) if base else math.nan, rule="", verdict="-")

@@ -24,6 +24,7 @@ import textwrap
 import traceback
 from pathlib import Path
 
+from hotloop.guards.mutate import add_mutate_parser, run_mutate
 from hotloop.profiles.inspect_cmd import add_inspect_parser, run_inspect
 from hotloop.profiles.nsys_cmd import add_nsys_parser, run_nsys
 from hotloop.profiles.report import add_report_parser, run_report
@@ -81,10 +82,15 @@ def build_parser() -> argparse.ArgumentParser:
                           description="Run a preset under the per-epoch timer and hang watchdog; print the "
                                       "per-epoch table and the criteria table; exit 1 if a criterion fails.")
     _add_run_args(gate)
-    gate.add_argument("--guard-steps", type=int, default=20, metavar="K",
-                      help="steady-state learner steps profiled and hooked after the epochs (default 20)")
+    gate.add_argument("--guard-steps", type=int, default=None, metavar="K",
+                      help="consecutive training-loop iterations (Trainer.iterate: env steps, learner step, the "
+                           "periodic work) profiled and hooked after the epochs (default: max(20, the longest "
+                           "period of the loop's periodic phases: readback every log_interval, target update every "
+                           "target_update_interval, progress), so every periodic phase runs in the window; a "
+                           "smaller K may leave a phase out: the coverage table flags it and the criteria that "
+                           "apply to it are not measured)")
     gate.add_argument("--guard-warmup", type=int, default=3, metavar="W",
-                      help="unprofiled steps before them (default 3)")
+                      help="unprofiled loop iterations before the window (default 3)")
     gate.add_argument("--repeats", type=int, default=1, metavar="R",
                       help="repeats of the guarded window; the baseline compares their medians (default 1)")
     gate.add_argument("--baseline", type=Path, metavar="JSON",
@@ -105,6 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_inspect_parser(sub)
     add_report_parser(sub)
     add_nsys_parser(sub)
+    add_mutate_parser(sub)
     return parser
 
 
@@ -233,7 +240,7 @@ def check_gate_args(args: argparse.Namespace, cfg: Config) -> None:
     if args.inject is not None:
         device = resolve_device(cfg.device)
         check_request(args.inject, device=device, learner=learner_kind(cfg, device))
-    if args.guard_steps < 1 or args.guard_warmup < 0 or args.repeats < 1:
+    if (args.guard_steps is not None and args.guard_steps < 1) or args.guard_warmup < 0 or args.repeats < 1:
         raise ValueError(f"--guard-steps and --repeats must be >= 1 and --guard-warmup >= 0, got "
                          f"{args.guard_steps}, {args.repeats}, {args.guard_warmup}")
     explicit = args.baseline is not None
@@ -452,6 +459,8 @@ def _main(args: argparse.Namespace, run_dir: Path | None) -> int:
             return run_report(args)
         if args.command == "nsys":
             return run_nsys(args)
+        if args.command == "mutate":
+            return run_mutate(args)
         try:
             cfg, run_dir = prepare_run(args)
         except ValueError as exc:

@@ -1,8 +1,12 @@
 """The seed's success criteria in one declarative table, and the verdicts a run gets against it.
 
-Rows are those of docs/criteria.md (the criteria table, with the metric and source of each). A row whose
-metric hotloop cannot measure yet has `measured_by = None`; the gate shows it as "not yet measured" and it
-neither passes nor fails a run.
+Each row (`Criterion`) names the per-step metric column it is judged on (`column`, plus `hook_column` for the sync
+hooks; columns of hotloop.guards.step_metrics / hotloop.guards.guard), the phases it applies to (`phases`, resolved
+by hotloop.guards.step_metrics.PhaseRoles.scope), how the steps are aggregated (`aggregate`), the comparison and
+limit, the trace field or hook the column counts (`trace_field`), the evidence the verdict prints (`evidence`) and
+why. docs/criteria.md's table mirrors these rows (tests/guards/test_criteria_table.py checks it). A row whose metric
+the guarded window cannot measure has `measured_by` naming what does (the gate fills it in, or shows "not measured
+here"); a row with comparison "report" has no limit: it is measured and shown, and never passes or fails a run.
 """
 
 from __future__ import annotations
@@ -13,65 +17,123 @@ from dataclasses import dataclass
 import pandas as pd
 
 _OPS = {"==": operator.eq, "<=": operator.le, ">": operator.gt, "<": operator.lt, ">=": operator.ge}
+REPORT = "report"
+"""The comparison of a reported row: no limit."""
+AGGREGATES = ("worst step", "all steps", "median over steps")
+"""How a row's per-step values become its measured value: the worst step (for phases "every": the worst of the
+steps and the window's "outside steps" bucket), a yes/no over all steps, the median over the undamaged steps."""
 
 
 @dataclass(frozen=True)
 class Criterion:
-    """One success criterion: `measured <comparison> limit` must hold (per training step, on the hot path)."""
+    """One success criterion: `measured <comparison> limit` must hold over the guarded window.
+
+    name: the row's name. column: the per-step metric column it is judged on (None for a row measured outside the
+    window). comparison: one of ==, <=, >, <, >= or REPORT. limit: the bound (None for REPORT). why: the reason.
+    phases: a PhaseRoles.scope name ("every": every phase and the events outside steps; "learner", "env",
+    "spectral_norm", "gemms", "ddqn") or a tuple of phase names: the events the column counts, and the phases that
+    must have run in the window for the row to be measured. hook_column: the per-step sync-hook column judged
+    beside `column` (max of the two per step). aggregate: one of AGGREGATES. trace_field: the trace field / hook /
+    tool the column counts. evidence: what the verdict's evidence lists. measured_by: for a row the guarded window
+    does not measure, what does (else None)."""
 
     name: str
-    metric: str
+    column: str | None
     comparison: str
-    limit: float | str
+    limit: float | str | None
     why: str
+    phases: str | tuple[str, ...] = "every"
+    hook_column: str | None = None
+    aggregate: str = "worst step"
+    trace_field: str = ""
+    evidence: str = ""
     measured_by: str | None = None
 
+    @property
+    def metric(self) -> str:
+        """The column(s) judged: "column / hook_column", "" for none."""
+        return " / ".join(c for c in (self.column, self.hook_column) if c)
+
+    @property
+    def limit_text(self) -> str:
+        """"<comparison> <limit>", or "none (reported)" for a REPORT row."""
+        return "none (reported)" if self.comparison == REPORT else f"{self.comparison} {self.limit}"
+
     def check(self, measured: float | str) -> bool:
-        """True when `measured` meets the limit; ValueError for an unknown comparison."""
+        """True when `measured` meets the limit; ValueError for an unknown comparison or a REPORT row (no limit)."""
         if self.comparison not in _OPS:
-            raise ValueError(f"criterion {self.name!r}: unknown comparison {self.comparison!r}")
+            raise ValueError(f"criterion {self.name!r}: comparison {self.comparison!r} has no limit to check")
         return bool(_OPS[self.comparison](measured, self.limit))
 
 
+_SYNC_EVIDENCE = ("hook call sites (api at file:line in phase xN) and trace API names (in phase, or outside steps, "
+                  "xN) over the window")
 CRITERIA: tuple[Criterion, ...] = (
-    Criterion("no stream sync", "cudaStreamSynchronize/cuStreamSynchronize calls + Stream.synchronize hook hits",
-              "==", 0, "a stream sync stalls the host on the GPU every step"),
-    Criterion("no event sync", "cudaEventSynchronize, cudaDeviceSynchronize, blocking cudaMemcpy, pageable "
-              "non_blocking copies", "==", 0, "any of these blocks the host until the GPU drains"),
-    Criterion("no D2D weight sync", "Memcpy DtoD events + memcpy nodes inside graphs", "==", 0,
-              "weights are views of one flat buffer; copying them wastes bandwidth and launches"),
-    Criterion("spectral norm fused", "kernels launched by the spectral-norm phase", "<=", 1,
-              "one fused launch normalizes all weight matrices"),
-    Criterion("no single-block kernels", "kernels with grid == (1,1,1)", "==", 0,
-              "a one-block kernel leaves 131 of 132 SMs idle"),
-    Criterion("memsets only where needed", "gpu_memset events + fill kernels", "<=", 1,
-              "accumulators are initialized inside the kernels that use them"),
-    Criterion("TF32 forward only", "forward GEMMs TF32, backward GEMMs not TF32", "==", "yes",
-              "TF32 tensor cores where accuracy allows, FP32-accurate gradients"),
-    Criterion("DDQN overlapped", "fraction of DDQN-forward kernel time concurrent with the online forward", ">", 0,
-              "the second stream hides the Double-DQN forward"),
-    Criterion("epoch 1 without hang", "epoch 1 finished under the hang watchdog", "==", "yes",
-              "a hang (e.g. the seed's tree race) must fail fast with stacks, not time out CI",
+    Criterion("no stream sync", "stream_sync_calls", "==", 0, "a stream sync stalls the host on the GPU every step",
+              hook_column="stream_sync_hook_hits",
+              trace_field="cuda_runtime/cuda_driver calls cudaStreamSynchronize, cuStreamSynchronize; hooks "
+                          "Stream.synchronize, Tensor.item/.cpu/.tolist/.numpy/__bool__ on CUDA tensors",
+              evidence=_SYNC_EVIDENCE),
+    Criterion("no event sync", "event_sync_calls", "==", 0, "any of these blocks the host until the GPU drains",
+              hook_column="event_sync_hook_hits",
+              trace_field="calls cudaEventSynchronize, cudaDeviceSynchronize, cuEventSynchronize, cuCtxSynchronize, "
+                          "blocking cudaMemcpy*/cuMemcpy*, pageable non_blocking copies; hooks torch.cuda.synchronize, "
+                          "torch.accelerator.synchronize, Event.synchronize",
+              evidence=_SYNC_EVIDENCE),
+    Criterion("no D2D weight sync", "learner_d2d_copies", "==", 0,
+              "weights are views of one flat buffer; copying them wastes bandwidth and launches", phases="learner",
+              trace_field="gpu_memcpy events of kind DtoD + kernels named memcpy* (a copy inside a graph)",
+              evidence="copy names in their phase xN"),
+    Criterion("spectral norm fused", "spectral_norm_launches", "<=", 1,
+              "one fused launch normalizes all weight matrices", phases="spectral_norm",
+              trace_field="kernels of phase spectral_norm (by name in a replay, else the enclosing range)",
+              evidence="kernel names xN"),
+    Criterion("no single-block kernels", "learner_kernels_grid1", "==", 0,
+              "a one-block kernel leaves 131 of 132 SMs idle", phases="learner",
+              trace_field="kernel args.grid == [1, 1, 1]", evidence="kernel names in their phase xN"),
+    Criterion("memsets only where needed", "learner_memsets", "<=", 1,
+              "accumulators are initialized inside the kernels that use them", phases="learner",
+              trace_field="gpu_memset events + kernels named *fill* (zero_() is a FillFunctor kernel)",
+              evidence="memset / fill kernel names in their phase xN"),
+    Criterion("TF32 forward only", "fwd_gemms_not_tf32 + bwd_gemms_tf32", "==", "yes", "TF32 tensor cores where accuracy allows, FP32-accurate gradients", phases="gemms",
+              aggregate="all steps",
+              trace_field="the float64 precision probe of the step's GEMMs (hotloop.trainer.precision_probe); the "
+                          "forward / backward GEMM kernels classed by name (gemm_precision) as evidence only",
+              evidence="each product's normwise error and class, MMA instruction counts, the names (not judged)"),
+    Criterion("DDQN overlapped", "ddqn_overlap_ratio", ">", 0, "the second stream hides the Double-DQN forward",
+              phases="ddqn", aggregate="median over steps",
+              trace_field="intervals of ddqn_forward kernels overlapping forward kernels on another stream",
+              evidence="the two phases' kernels per stream xN; the timing note of damaged steps"),
+    Criterion("single-block kernels in env_step", "env_kernels_grid1", REPORT, None,
+              "a tiny vectorized env (8 CartPoles) runs one-block kernels by nature: counted apart from the learner's, "
+              "not limited", phases="env", trace_field="kernel args.grid == [1, 1, 1] in the env phases",
+              evidence="kernel names in their phase xN"),
+    Criterion("epoch 1 without hang", None, "==", "yes",
+              "a hang (e.g. the seed's tree race) must fail fast with stacks, not time out CI", phases=(),
+              aggregate="all steps", trace_field="HangWatchdog around every epoch", evidence="",
               measured_by="hotloop.guards.watchdog.HangWatchdog"),
-    Criterion("smoke suite", "pytest -m smoke", "==", "pass", "every part works end to end",
-              measured_by="pytest -m smoke (not run by the gate)"),
+    Criterion("smoke suite", None, "==", "pass", "every part works end to end", phases=(), aggregate="all steps",
+              trace_field="pytest -m smoke", measured_by="pytest -m smoke (not run by the gate)"),
 )
 
 
-def verdict_table(measurements: dict[str, float | str]) -> pd.DataFrame:
-    """Verdicts of all criteria for the `measurements` given (criterion name -> measured value).
+def verdict_table(measurements: dict[str, float | str],
+                  criteria: tuple[Criterion, ...] = CRITERIA) -> pd.DataFrame:
+    """Verdicts of all `criteria` for the `measurements` given (criterion name -> measured value).
 
-    Returns a DataFrame with columns criterion, metric, limit, measured, status ("measured" / "not yet
-    measured"), verdict ("PASS" / "FAIL" / "-"), why. ValueError if a measurement names no criterion.
-    """
-    unknown = sorted(set(measurements) - {c.name for c in CRITERIA})
+    Returns a DataFrame with columns criterion, metric, limit, measured, status ("measured", "reported" for a
+    REPORT row, "not yet measured"), verdict ("PASS" / "FAIL" / "-": not measured, or a REPORT row), why.
+    ValueError if a measurement names no criterion."""
+    unknown = sorted(set(measurements) - {c.name for c in criteria})
     if unknown:
         raise ValueError(f"measurements for unknown criteria {unknown}")
     rows = []
-    for c in CRITERIA:
+    for c in criteria:
         has = c.name in measurements
         value = measurements.get(c.name, "")
-        rows.append(dict(criterion=c.name, metric=c.metric, limit=f"{c.comparison} {c.limit}", measured=value,
-                         status="measured" if has else "not yet measured",
-                         verdict=("PASS" if c.check(value) else "FAIL") if has else "-", why=c.why))
+        report = c.comparison == REPORT
+        status = ("reported" if report else "measured") if has else "not yet measured"
+        verdict = ("PASS" if c.check(value) else "FAIL") if has and not report else "-"
+        rows.append(dict(criterion=c.name, metric=c.metric, limit=c.limit_text, measured=value, status=status,
+                         verdict=verdict, why=c.why))
     return pd.DataFrame(rows)

@@ -1,10 +1,16 @@
-"""`hotloop gate`: run a preset under the per-epoch timer and hang watchdog, then guard K steady-state learner
-steps (hotloop.guards.guard.guard_steps: sync hooks + profiler trace) and judge every criterion of docs/criteria.md.
+"""`hotloop gate`: run a preset under the per-epoch timer and hang watchdog, then guard K consecutive iterations of
+the training loop itself (`Trainer.iterate`, the loop body `run_epoch` runs) and judge every criterion of
+docs/criteria.md.
 
-The guarded step: with the hotloop learner, `Trainer.learner_step` (the captured learner step: sampling, both
-forwards, loss, backward, optimizer, spectral norm, priority update), its kernels assigned to phases by name
-(hotloop.trainer.step.PHASE_RULES); env stepping is not part of it (a vectorized env of 8 CartPoles runs tiny eager ops,
-single-block kernels by nature). With the reference learner, `Trainer.train_step` (env steps + learner step).
+The guarded window (`guard_loop`): W unprofiled warm-up iterations, then `Trainer.iterate(K)` inside
+hotloop.guards.guard.guard_window, whose step ranges are the loop's own "step" ranges (one per iteration: env
+steps through the actor graph or eagerly, replay insert, learner step, the periodic readback publication or target
+update, the progress callback). K defaults to max(20, the longest period of the loop's periodic phases:
+hotloop.trainer.loop.loop_periods), so every periodic phase runs in the window; the coverage table says which
+phases ran in how many steps. Kernels get their phase from the ranges around their launch, and the hotloop
+learner's graph kernels by name (hotloop.trainer.step.PHASE_RULES, applied inside the learner's phases only:
+hotloop.trainer.loop.learner_phases); the learner-side criteria judge the learner's phases, the sync criteria every
+phase and the loop code between steps.
 
 Exit codes: 0 every measured criterion passed, 1 a criterion or a baseline regression failed, 2 bad usage or input
 (raised by the CLI, before training), 3 hang (the watchdog ends the process), 70 internal error (an unexpected
@@ -14,6 +20,7 @@ exception: the CLI saves its traceback as <run folder>/error.log; hotloop.guards
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
@@ -21,19 +28,19 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from hotloop.guards.baselines import Baseline, baseline_path, compare, config_mismatch, load_baseline, write_baseline
+from hotloop.guards.baselines import (Baseline, baseline_path, compare, compare_epochs, config_mismatch, epoch_metrics,
+                                     load_baseline, write_baseline)
 from hotloop.guards.faults import check_request
 from hotloop.guards.faults import inject as inject_fault
-from hotloop.guards.guard import GuardReport, guard_steps
+from hotloop.guards.guard import MIN_WINDOW_STEPS, GuardReport, default_window_steps, guard_window
+from hotloop.guards.step_metrics import PhaseRoles
 from hotloop.profiles.epoch_table import format_table, write_table
 from hotloop.profiles.provenance import device_name
 from hotloop.trainer.config import ENV_SHAPE_FIELDS, Config, env_shape_fields
-from hotloop.trainer.loop import Trainer, learner_kind, resolve_device
+from hotloop.trainer.loop import STEP_RANGE, Trainer, learner_kind, learner_phases, loop_periods, resolve_device
 from hotloop.guards.run import run_training
 from hotloop.trainer.step import PHASE_RULES
 
-GUARD_STEP_RANGE = "guard_step"
-"""Range name around each guarded step (the trainer opens "step" ranges itself)."""
 TRACE_FILE = "trace.json.gz"
 """The first repeat's Kineto trace in the gate's run folder (gzipped Chrome trace JSON)."""
 
@@ -88,15 +95,60 @@ def baseline_mismatch(baseline: Baseline, cfg: Config) -> list[str] | None:
                            step_identity(run, device_name(torch.device(run["device"]))), Config().to_dict())
 
 
-def run_gate(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress: bool = True, guard_steps_n: int = 20,
-             guard_warmup: int = 3, repeats: int = 1, baseline: Path | None = None,
-             update_baseline: bool = False, inject: str | None = None) -> int:
-    """Run the gate; prints the per-epoch table and the criteria verdicts, writes under `run_dir` epochs.csv/.md,
-    criteria.csv/.md/.json (the verdicts), guard.json (the first repeat's per-step counts, hook hits, GEMMs) and
-    trace.json.gz (the first repeat's Kineto trace: `hotloop inspect` reads it, Perfetto shows it).
+def window_size(cfg: Config, kind: str, steps: int | None = None) -> tuple[int, dict[str, int], str]:
+    """(K, periods, why): the guarded window's loop iterations for a run of `cfg` with learner `kind` ("hotloop" /
+    "reference"), the loop's phase periods (hotloop.trainer.loop.loop_periods) and a line saying how K was chosen:
+    `steps` when given (--guard-steps; phases of a longer period may then be missing from the window), else
+    max(MIN_WINDOW_STEPS, the longest period) (hotloop.guards.guard.default_window_steps). Raises ValueError for
+    steps < 1 or an unknown learner kind."""
+    periods = loop_periods(cfg, kind)
+    longest = max(periods, key=periods.get)
+    if steps is None:
+        k = default_window_steps(periods)
+        return k, periods, (f"K = max({MIN_WINDOW_STEPS}, longest period {periods[longest]} ({longest})) = {k}: "
+                            f"every periodic phase runs in the window")
+    if steps < 1:
+        raise ValueError(f"the window needs steps >= 1, got {steps}")
+    late = [f"{p} (every {n})" for p, n in periods.items() if n > steps]
+    return steps, periods, (f"K = --guard-steps {steps}" + (f"; longer periods: {', '.join(late)} may be missing "
+                                                              f"from the window" if late else ""))
 
-    The guarded window (`guard_steps_n` steps after `guard_warmup`) is repeated `repeats` times; a criterion fails
-    if it fails in any repeat. With a `baseline` file (hotloop.guards.baselines), the repeats' per-step medians are compared
+
+def guard_loop(trainer: Trainer, steps: int | None = None, warmup: int = 3,
+               trace_path: str | Path | None = None) -> GuardReport:
+    """Guard `steps` (default: `window_size`) consecutive iterations of `trainer`'s training loop: `warmup`
+    unprofiled `trainer.iterate` iterations, then `trainer.iterate(K)` inside hotloop.guards.guard.guard_window, its
+    step ranges the loop's own (STEP_RANGE), its periods the loop's (loop_periods), the learner's phases
+    (learner_phases) as PhaseRoles.learner; with the hotloop learner, PHASE_RULES name the graph kernels launched
+    inside the learner's phases. The trainer's counters advance by warmup + K iterations. `trace_path`: where to
+    keep the Kineto trace. Returns the GuardReport; RuntimeError if the trace does not hold K step ranges."""
+    kind = trainer.learner_kind
+    k, periods, _ = window_size(trainer.cfg, kind, steps)
+    hot = kind == "hotloop"
+    trainer.iterate(warmup)
+    with guard_window(k, 0, step_range=STEP_RANGE, phases=PHASE_RULES if hot else None,
+                      rule_phases=learner_phases(kind) if hot else None,
+                      roles=PhaseRoles(learner=learner_phases(kind)), periods=periods, trace_path=trace_path,
+                      cuda=trainer.device.type == "cuda") as window:
+        trainer.iterate(k)
+    report = window.report
+    report.window["warmup"] = warmup  # loop iterations run unprofiled just before the window
+    return report
+
+
+def run_gate(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress: bool = True,
+             guard_steps_n: int | None = None, guard_warmup: int = 3, repeats: int = 1, baseline: Path | None = None,
+             update_baseline: bool = False, inject: str | None = None) -> int:
+    """Run the gate; prints the per-epoch table, the window size, the phase coverage table and the criteria
+    verdicts, the gate's wall time and the share spent profiling; writes under `run_dir` epochs.csv/.md,
+    criteria.csv/.md/.json (the verdicts), coverage.csv/.md (the first repeat's phase coverage), guard.json (the
+    first repeat's per-step counts, hook hits, GEMMs, window, coverage, outside-steps counts, and "gate": wall_s,
+    profiling_s, window_s, analysis_s, repeats) and trace.json.gz (the first repeat's Kineto trace: `hotloop
+    inspect --step-range step` reads it, Perfetto shows it).
+
+    The guarded window (`guard_loop`: `guard_steps_n` loop iterations, default `window_size`, after `guard_warmup`)
+    is repeated `repeats` times; a criterion fails if it fails in any repeat. With a `baseline` file
+    (hotloop.guards.baselines), the repeats' per-step medians are compared
     with it (baseline.csv/.md, verdict per metric) and any FAIL fails the gate; with `update_baseline` the repeats
     are written as the new baseline instead (deliberately, never implicitly).
     `inject`: a hotloop.guards.faults fault name, injected after the epochs and before the guarded steps (mutation test
@@ -105,54 +157,79 @@ def run_gate(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress: bo
     training, for an unknown fault, inject together with update_baseline, inject on a device that is not CUDA or
     a learner fault with the reference learner (hotloop.guards.faults.check_request; the CLI checks the same
     before it makes the run folder and turns it into exit 2)."""
+    started = time.perf_counter()
     device = resolve_device(cfg.device)
-    check_request(inject, update_baseline, device=device, learner=learner_kind(cfg, device))
+    kind = learner_kind(cfg, device)
+    check_request(inject, update_baseline, device=device, learner=kind)
+    k, _, why_k = window_size(cfg, kind, guard_steps_n)
 
     def guard(trainer: Trainer) -> list[GuardReport]:
         if inject is not None:
             fault = inject_fault(trainer, inject)
             print(f"\ninjected fault {fault.name!r}: {fault.what}; expect FAIL of {fault.criterion!r}")
-        hot = trainer.learner_kind == "hotloop"
-        step, phases = (trainer.learner_step, PHASE_RULES) if hot else (trainer.train_step, None)
-        return [guard_steps(step, steps=guard_steps_n, warmup=guard_warmup, step_range=GUARD_STEP_RANGE,
-                            phases=phases, trace_path=run_dir / TRACE_FILE if r == 0 else None,
-                            cuda=trainer.device.type == "cuda")
-                for r in range(repeats)]
+        reports = [guard_loop(trainer, k, guard_warmup, trace_path=run_dir / TRACE_FILE if r == 0 else None)
+                   for r in range(repeats)]
+        return reports, precision_evidence(trainer)  # after the guarded windows, never inside them
 
-    epochs, reports = run_training(cfg, run_dir, epoch_limit_s, show_progress, after_epochs=guard)
+    epochs, (reports, precision) = run_training(cfg, run_dir, epoch_limit_s, show_progress, after_epochs=guard)
     report = reports[0]
     verdicts = report.verdicts.copy()
     for other in reports[1:]:
         worse = other.verdicts.verdict.eq("FAIL").to_numpy() & ~verdicts.verdict.eq("FAIL").to_numpy()
         verdicts.loc[worse] = other.verdicts.loc[worse].to_numpy()
+    judge_precision(verdicts, *precision)
     # Reaching this line means every epoch finished under the watchdog (it exits 3 otherwise).
     hang = verdicts.criterion.eq("epoch 1 without hang")
     verdicts.loc[hang, ["measured", "verdict", "status", "source"]] = ["yes", "PASS", "measured", "watchdog"]
     write_table(verdicts, run_dir, "criteria")
     (run_dir / "criteria.json").write_text(json.dumps(verdicts.to_dict(orient="records"), indent=2) + "\n")
-    report.to_json(run_dir / "guard.json")
-    regressions = _baseline_step(reports, baseline, update_baseline, run_dir, run_config(cfg))
+    write_table(report.coverage, run_dir, "coverage")
+    regressions = _baseline_step(reports, baseline, update_baseline, run_dir, run_config(cfg), epochs)
+    window_s = sum(r.window.get("window_s", 0.0) for r in reports)
+    analysis_s = sum(r.window.get("analysis_s", 0.0) for r in reports)
+    wall_s = time.perf_counter() - started
+    timing = {"wall_s": round(wall_s, 3), "profiling_s": round(window_s + analysis_s, 3),
+              "window_s": round(window_s, 3), "analysis_s": round(analysis_s, 3), "repeats": repeats,
+              "window_steps": k}
+    report.to_json(run_dir / "guard.json", extra={"gate": timing})
+    missing = report.window.get("missing", [])
     print("\nPer-epoch table\n" + format_table(epochs))
-    print(f"\nCriteria (docs/criteria.md), {guard_steps_n} guarded steps after the epochs\n"
-          + format_table(verdicts[["criterion", "measured", "limit", "verdict", "status", "source"]]))
+    print(f"\nGuarded window: {k} loop iterations (Trainer.iterate, one 'step' range each) after {guard_warmup} "
+          f"warm-up, {repeats} repeat{'s' * (repeats != 1)}; {why_k}")
+    print("Phase coverage (phase: its period in iterations, the window steps it ran in, its kernels and syncs)\n"
+          + format_table(report.coverage)
+          + (f"\nnot in the window: {', '.join(missing)}: the criteria that apply to "
+             f"{'them' if len(missing) > 1 else 'it'} are not measured" if missing else ""))
+    print(f"\nCriteria (docs/criteria.md), {k} guarded steps after the epochs\n"
+          + format_table(verdicts[["criterion", "measured", "limit", "verdict", "status", "source", "worst_step"]]))
     failed = verdicts[verdicts.verdict == "FAIL"]
-    print(f"\nrun folder: {run_dir} (its Kineto trace per step: hotloop inspect --step-range {GUARD_STEP_RANGE} "
+    print(f"\nrun folder: {run_dir} (its Kineto trace per step: hotloop inspect --step-range {STEP_RANGE} "
           f"{run_dir / TRACE_FILE})")
+    share = (window_s + analysis_s) / wall_s if wall_s > 0 else float("nan")
+    parts = {key: sum(r.window.get(f"{key}_s", 0.0) for r in reports) for key in ("stop", "export", "read", "judge")}
+    print(f"gate wall time {wall_s:.1f} s, of which profiling {window_s + analysis_s:.1f} s ({share:.1%}): the "
+          f"guarded window {window_s:.1f} s + trace analysis {analysis_s:.1f} s (profiler stop {parts['stop']:.1f}, "
+          f"export {parts['export']:.1f}, "
+          f"read {parts['read']:.1f}, judge {parts['judge']:.1f}; {report.window.get('events', 0)} events)")
     if len(failed) or len(regressions):
         for _, row in failed.iterrows():
             print(f"FAIL {row.criterion}: measured {row.measured} (limit {row.limit}); {row.evidence}")
         for _, row in regressions.iterrows():
             print(f"FAIL regression {row.metric}: run {row.run:g} vs baseline {row.baseline:g} ({row.rule})")
         return 1
-    measured = verdicts.status.eq("measured").sum()
-    print(f"PASS ({measured} measured, {len(verdicts) - measured} not measured here)")
+    counts = verdicts.status.value_counts()
+    measured, reported = int(counts.get("measured", 0)), int(counts.get("reported", 0))
+    print(f"PASS ({measured} measured, {reported} reported, {len(verdicts) - measured - reported} not measured)")
     return 0
 
 
 def _baseline_step(reports: list[GuardReport], baseline: Path | None, update: bool, run_dir: Path,
-                   config: dict) -> pd.DataFrame:
-    """Write (with `config`, a `run_config`) or compare the baseline; returns the failing comparison rows (empty when none or no
-    baseline).
+                   config: dict, epochs: pd.DataFrame) -> pd.DataFrame:
+    """Write (with `config`, a `run_config`, and the steady-state epoch throughput of the per-epoch table `epochs`:
+    hotloop.guards.baselines.epoch_metrics) or compare the baseline; returns the failing comparison rows (empty when
+    none or no baseline). The comparison covers the guarded window's per-step medians and the epochs' learner
+    steps/s and GPU ms per step (`compare_epochs`, the same noise-aware rule): a throughput drop fails the gate even
+    when no count moves.
 
     The repeats' medians leave out the timing of damaged steps (steps holding a trace anomaly:
     hotloop.guards.step_metrics), so those steps are out of the comparison; the written table (baseline.csv/.md) has
@@ -164,11 +241,13 @@ def _baseline_step(reports: list[GuardReport], baseline: Path | None, update: bo
     metrics = {m: [r.medians.get(m, float("nan")) for r in reports] for m in reports[0].medians}
     note = "; ".join(f"repeat {i + 1}: {r.timing_note}" for i, r in enumerate(reports) if r.timing_note)
     if update:
-        write_baseline(baseline, metrics, gpu=device_name(torch.device(config["device"])), config=config)
+        write_baseline(baseline, metrics, gpu=device_name(torch.device(config["device"])), config=config,
+                       epochs=epoch_metrics(epochs))
         print(f"\nbaseline written: {baseline} ({len(reports)} repeats, {len(metrics)} metrics)"
               + (f"\nnote: {note}" if note else ""))
         return pd.DataFrame()
-    table = compare(metrics, load_baseline(baseline))
+    loaded = load_baseline(baseline)
+    table = compare(metrics, loaded)
     timing = table["kind"].eq("timing")
     table["note"] = ""
     table.loc[timing, "note"] = note
@@ -176,6 +255,7 @@ def _baseline_step(reports: list[GuardReport], baseline: Path | None, update: bo
         lost = timing & table["run"].isna() & table["verdict"].eq("FAIL")
         table.loc[lost, ["verdict", "rule"]] = ["-", "not compared: the timing of every guarded step was left out "
                                                      "(trace anomalies, see note)"]
+    table = pd.concat([table, compare_epochs(epochs, loaded).assign(note="")], ignore_index=True)
     write_table(table, run_dir, "baseline")
     print(f"\nBaseline comparison ({baseline})\n" + format_table(table.drop(columns="note"))
           + (f"\nnote: {note}" if note else ""))
@@ -186,3 +266,35 @@ def _every_step_damaged(report: GuardReport) -> bool:
     """Whether every guarded step of `report` holds a trace anomaly (its per_step "anomaly" column is never "")."""
     anomaly = report.per_step.get("anomaly")
     return anomaly is not None and len(anomaly) > 0 and bool(anomaly.ne("").all())
+
+
+PRECISION_CRITERION = "TF32 forward only"
+
+
+def precision_evidence(trainer: Trainer) -> tuple[str, list[str]]:
+    """The precision probe's (verdict, evidence lines) for the trained learner (hotloop.trainer.precision_probe: the
+    step's own GEMM kernels on the run's parameters and a batch from its replay, against float64): PASS / FAIL /
+    "not measured (...)". Only the hotloop learner's kernels are probed; for the reference learner the verdict is
+    "not measured (the precision probe covers the hotloop learner's kernels)"."""
+    if trainer.learner_kind != "hotloop":
+        return "not measured (the precision probe covers the hotloop learner's kernels)", []
+    from hotloop.trainer.precision_probe import precision_verdict, probe_precision, replay_batch
+
+    return precision_verdict(probe_precision(trainer.learner, replay_batch(trainer.learner)))
+
+
+def judge_precision(verdicts: pd.DataFrame, verdict: str, lines: list[str]) -> None:
+    """Set the PRECISION_CRITERION row of `verdicts` (in place) from the probe: PASS -> measured "yes", FAIL ->
+    "no" (source "probe"), otherwise not measured with the probe's reason. The kernel-name classification the
+    trace gave stays in the evidence only ("names: ..."): names decide nothing."""
+    row = verdicts["criterion"].eq(PRECISION_CRITERION)
+    if not row.any():
+        return
+    names = verdicts.loc[row, "evidence"].iloc[0]
+    named = verdicts.loc[row, "measured"].iloc[0]
+    evidence = "; ".join([*lines, f"names (not judged): {named or '-'}{': ' + names if names else ''}"])
+    if verdict in ("PASS", "FAIL"):
+        verdicts.loc[row, ["measured", "verdict", "status", "source", "evidence"]] = [
+            "yes" if verdict == "PASS" else "no", verdict, "measured", "probe", evidence]
+    else:
+        verdicts.loc[row, ["measured", "verdict", "status", "source", "evidence"]] = ["", "-", verdict, "", evidence]

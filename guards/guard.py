@@ -1,11 +1,25 @@
-"""Guard any training step: run it under torch.profiler and `SyncHooks`, measure the docs/criteria.md criteria per
-step, and return a verdict table.
+"""Guard any training loop: profile a window of K consecutive steps under torch.profiler and `SyncHooks`, measure
+the docs/criteria.md criteria per step, and return a verdict table with the window's phase coverage.
 
-`guard_steps(step_fn, steps=K, warmup=W)` calls `step_fn()` W times unprofiled, then K times under torch.profiler
-(CPU + CUDA activities when CUDA is available) with one `record_function("step")` range per step and `SyncHooks`
-active, exports the trace to a file, reads it back with `hotloop.profiles.kineto_reader`, computes `hotloop.guards.step_metrics`
-and judges each row of `hotloop.guards.criteria.CRITERIA`. Nothing in it is specific to hotloop's trainer: phases come from
-the step's own `record_function` ranges or from a `phases` map of kernel names.
+Two forms, one window (`GuardWindow`):
+
+- `guard_steps(step_fn, steps=K, warmup=W)` calls `step_fn()` W times unprofiled, then K times profiled, each in
+  one `record_function("step")` range;
+- `with guard_window(steps=K, warmup=W) as window:` around a loop you already run, either with `with window.step():`
+  around each step (the window opens the step ranges; the first W are warm-up, unprofiled; steps after the K-th
+  run unguarded), or, with warmup=0, around code that opens its own `record_function(step_range)` ranges (exactly
+  K of them): hotloop's `Trainer.iterate(K)` opens one "step" range per loop iteration, and `hotloop gate`
+  guards it this way. `window.report` is the GuardReport, once the `with` block has ended.
+
+Inside the window (a `record_function(WINDOW_RANGE)` range from the window's start to its end), every event
+outside a step range (the loop's own code between steps) is counted in an "outside steps" bucket: a sync there
+FAILs the sync criteria. CPU + CUDA activities are profiled when the loop runs on CUDA; the trace is exported,
+read back with `hotloop.profiles.kineto_reader`, measured by `hotloop.guards.step_metrics` and judged against each
+row of `hotloop.guards.criteria.CRITERIA`. A sync-hook hit leaves a zero-length marker range (HIT_MARK) in the
+trace, which places it in its step and phase. Nothing here is specific to hotloop's trainer: phases come from the
+loop's own `record_function` ranges or from a `phases` map of kernel names; `periods` ({phase: every how many
+steps it runs}) says which phases the window must hold: a criterion whose phases did not run in it is "not
+measured (phase X not in window)", never PASS (`default_window_steps` gives a K that holds them all).
 
 Example: guard your own training step (run as a test in tests/guards/test_guard.py)::
 
@@ -42,14 +56,30 @@ On CUDA the trace side is measured too. The `loss.item()` line reads a CUDA tens
 this line as its call site and the trace shows its cudaStreamSynchronize: "no stream sync" is expected to FAIL
 with source "both". The other rows depend on the kernels torch picks for this step (a small reduction may run as a
 grid (1,1,1) kernel; the "forward" matmuls are FP32 unless torch.backends.cuda.matmul.allow_tf32 is set); rows
-whose phases the step does not have (spectral_norm, ddqn_forward) say "not measured (...)".
+whose phases the step does not have (spectral_norm, ddqn_forward, env_step) say "not measured (...)".
+
+The same loop guarded in place (tests/guards/test_guard_window.py runs it)::
+
+    from hotloop.guards.guard import guard_window
+
+    with guard_window(steps=5, warmup=2) as window:
+        for i in range(100):
+            with window.step():            # steps 2..6 are guarded; the others run as they are
+                my_step()
+    print(window.report.coverage)          # which phases ran in how many steps, their kernels and syncs
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import gzip
 import json
+import shutil
 import tempfile
-from collections.abc import Callable, Mapping
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -57,33 +87,56 @@ import pandas as pd
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from hotloop.guards.criteria import CRITERIA, verdict_table
-from hotloop.guards.step_metrics import PhaseRoles, PhaseRule, StepMetrics, step_metrics
-from hotloop.guards.sync_hooks import EVENT_SYNC, STREAM_SYNC, SyncHooks
+from hotloop.guards.criteria import CRITERIA, REPORT, Criterion, verdict_table
+from hotloop.guards.step_metrics import (HIT_MARK, OUTSIDE_LABEL, WINDOW_RANGE, PhaseRoles, PhaseRule, StepMetrics,
+                                         phase_coverage, step_metrics)
+from hotloop.guards.sync_hooks import SyncHooks
 from hotloop.profiles.kineto_reader import read_kineto
 
-# criterion -> the per-step trace column it is judged on (worst step); TF32 and DDQN rows are judged apart.
-TRACE_COLUMNS = {STREAM_SYNC: "stream_sync_calls", EVENT_SYNC: "event_sync_calls", "no D2D weight sync": "d2d_copies",
-                 "spectral norm fused": "spectral_norm_launches", "no single-block kernels": "kernels_grid1",
-                 "memsets only where needed": "memsets"}
-HOOK_COLUMNS = {STREAM_SYNC: "stream_sync_hook_hits", EVENT_SYNC: "event_sync_hook_hits"}
+TRACE_COLUMNS = {c.name: c.column for c in CRITERIA if c.column and c.aggregate == "worst step"}
+"""criterion -> the per-step trace column it is judged on (worst step); the TF32 and DDQN rows are judged apart."""
+HOOK_COLUMNS = {c.name: c.hook_column for c in CRITERIA if c.hook_column}
+"""criterion -> the per-step sync-hook column judged beside its trace column."""
 NO_CUDA = "not measured (no CUDA)"
-VERDICT_COLUMNS = ["criterion", "measured", "limit", "verdict", "status", "source", "evidence", "metric", "why"]
+VERDICT_COLUMNS = ["criterion", "measured", "limit", "verdict", "status", "source", "worst_step", "total", "phases",
+                   "evidence", "metric", "why"]
+MIN_WINDOW_STEPS = 20
+"""The smallest default window (`default_window_steps`)."""
+
+
+def default_window_steps(periods: Mapping[str, int] | None = None, minimum: int = MIN_WINDOW_STEPS) -> int:
+    """K = max(minimum, the longest period of `periods` ({phase: period in steps})): K consecutive steps hold every
+    phase of period P <= K at least once (any P consecutive step counts hold a multiple of P).
+    Raises ValueError for a period < 1 or minimum < 1."""
+    periods = dict(periods or {})
+    bad = {p: v for p, v in periods.items() if not isinstance(v, int) or isinstance(v, bool) or v < 1}
+    if bad or minimum < 1:
+        raise ValueError(f"periods must be ints >= 1 and minimum >= 1, got {bad or periods}, minimum={minimum}")
+    return max(minimum, *periods.values()) if periods else minimum
 
 
 @dataclass
 class GuardReport:
-    """What `guard_steps` measured.
+    """What a guarded window measured.
 
-    verdicts: one row per CRITERIA row, columns VERDICT_COLUMNS: measured (worst step for counts, median over steps
-    for the overlap ratio, "yes"/"no" for TF32), limit ("== 0"), verdict (PASS / FAIL / "-" when not measured),
-    status ("measured" or "not measured (<why>)"), source (hook / trace / both: the ways that saw the fault when it
-    failed, else the ways that measured it), evidence (call sites, API and kernel names with counts over all steps).
+    verdicts: one row per CRITERIA row, columns VERDICT_COLUMNS: measured (the worst step for counts (for rows of
+    phases "every": the worst of the steps and the outside-steps bucket), median over steps for the overlap ratio,
+    "yes"/"no" for TF32), limit ("== 0"), verdict (PASS / FAIL / "-" when not measured or reported only), status
+    ("measured", "reported", or "not measured (<why>)"), source (hook / trace / both: the ways that saw the fault
+    when it failed, else the ways that measured it), worst_step (the step index, or "(outside steps)", where the
+    measured count was seen; "" when 0), total (the count over the whole window: steps + outside), phases (the
+    phases the row judged), evidence (call sites, API and kernel names with their phase and counts over the
+    window).
     per_step: `StepMetrics.per_step` plus stream_sync_hook_hits and event_sync_hook_hits. medians: its medians
-    (timings over the undamaged steps only: hotloop.guards.step_metrics). hits: `SyncHooks.frame()`. gemms:
-    `StepMetrics.gemms`. cuda: whether the CUDA side was profiled. anomalies: `StepMetrics.anomalies` (the trace's
-    anomalies, hotloop.profiles.trace_anomalies.count_anomalies). timing_note: `StepMetrics.timing_note` ("" or
-    which steps' timing was left out and why).
+    (timings over the undamaged steps only: hotloop.guards.step_metrics). hits: `SyncHooks.frame()` plus phase
+    (str) and outside (bool), each hit placed by its marker. gemms: `StepMetrics.gemms`. cuda: whether the CUDA side
+    was profiled. anomalies: `StepMetrics.anomalies`. timing_note: `StepMetrics.timing_note`.
+    coverage: `hotloop.guards.step_metrics.phase_coverage` (phase, period, steps, first_step, kernels, sync_calls,
+    sync_hook_hits, status). window: {"steps", "warmup", "step_range", "form" ("window.step()" or "own step
+    ranges"), "periods", "longest_period", "missing" (periods phases that ran in no step), "window_s" (seconds the
+    profiled window ran), "analysis_s" (seconds to stop the profiler and export, read and judge its trace: stop_s +
+    export_s + read_s + judge_s), "events" (trace events read)}. outside: the outside-steps
+    bucket's counts (`StepMetrics.outside` plus the hook columns).
     """
 
     verdicts: pd.DataFrame
@@ -94,78 +147,291 @@ class GuardReport:
     cuda: bool
     anomalies: dict = field(default_factory=dict)
     timing_note: str = ""
+    coverage: pd.DataFrame = field(default_factory=pd.DataFrame)
+    window: dict = field(default_factory=dict)
+    outside: dict = field(default_factory=dict)
 
     @property
     def failed(self) -> list[str]:
         """Names of the criteria that failed."""
         return list(self.verdicts.loc[self.verdicts["verdict"].eq("FAIL"), "criterion"])
 
-    def to_json(self, path: str | Path) -> Path:
-        """Write {"cuda", "verdicts", "per_step", "medians", "hits", "gemms", "anomalies", "timing_note"} (tables
-        as lists of records, NaN as null) to `path`; returns it as a Path."""
+    def to_json(self, path: str | Path, extra: Mapping | None = None) -> Path:
+        """Write {"cuda", "verdicts", "per_step", "medians", "hits", "gemms", "anomalies", "timing_note", "window",
+        "coverage", "outside"} (tables as lists of records, NaN as null) and the `extra` keys to `path`; returns it as
+        a Path."""
         def records(df: pd.DataFrame) -> list[dict]:
             return json.loads(df.to_json(orient="records"))
         doc = {"cuda": self.cuda, "verdicts": records(self.verdicts), "per_step": records(self.per_step),
                "medians": json.loads(pd.Series(self.medians, dtype="float64").to_json()),
                "hits": records(self.hits), "gemms": records(self.gemms), "anomalies": self.anomalies,
-               "timing_note": self.timing_note}
+               "timing_note": self.timing_note, "window": self.window, "coverage": records(self.coverage),
+               "outside": self.outside, **(extra or {})}
         path = Path(path)
-        path.write_text(json.dumps(doc, indent=2) + "\n")
+        path.write_text(json.dumps(doc, indent=2, default=str) + "\n")
         return path
 
     def __str__(self) -> str:
         return self.verdicts[VERDICT_COLUMNS[:6]].to_string(index=False)
 
 
+class _MarkedHooks(SyncHooks):
+    """SyncHooks that, right after a hooked call that recorded hit n, open and close a `record_function` named
+    HIT_MARK + n: the trace then shows where the hit happened (its step and phase ranges), whoever opened them.
+    Built on SyncHooks' `_wrap` (hotloop.guards.sync_hooks)."""
+
+    def _wrap(self, original, api: str, criterion: str, tensor_method: bool):
+        hooked = super()._wrap(original, api, criterion, tensor_method)
+        local = self._local
+
+        @functools.wraps(original)
+        def marked(*args, **kwargs):
+            before = len(self.hits)
+            try:
+                return hooked(*args, **kwargs)
+            finally:
+                if len(self.hits) > before and getattr(local, "depth", 0) == 0:
+                    me = threading.current_thread().name
+                    n = next((i for i in range(before, len(self.hits)) if self.hits[i].thread == me), before)
+                    local.depth = 1  # the marker itself is never a hit
+                    try:
+                        with record_function(f"{HIT_MARK}{n}"):
+                            pass
+                    finally:
+                        local.depth = 0
+
+        return marked
+
+
+class GuardWindow:
+    """A guarded window of `steps` consecutive steps of a loop; use it through `guard_window`.
+
+    Args:
+        steps: K, the steps profiled and judged (>= 1).
+        warmup: W, steps run before the window unprofiled (>= 0); with W > 0 the loop must call `window.step()`
+            around each step (the window starts at the (W+1)-th).
+        step_range: name of the step ranges: opened by `window.step()`, else by the guarded code itself (which must
+            then open exactly K of them inside the window and none nested).
+        phases, rule_phases, roles, gemm_registry: see `hotloop.guards.step_metrics.step_metrics`.
+        periods: {phase: period in steps} of the loop's phases (e.g. hotloop.trainer.loop.loop_periods): shown in
+            the coverage table; a criterion applying to a phase of `periods` that ran in no step of the window is
+            "not measured (phase X not in window)" unless it already FAILs.
+        trace_path: where to keep the Kineto trace (a temporary file, deleted, if None).
+        cuda: whether the loop runs on a CUDA device, so that the CUDA side is profiled and the trace criteria
+            judged (default torch.cuda.is_available()); with CUDA the device is synchronized just before the
+            window, outside the hooks.
+    Raises ValueError for steps < 1 or warmup < 0.
+    """
+
+    def __init__(self, steps: int, warmup: int = 0, *, step_range: str = "step",
+                 phases: Mapping[PhaseRule, str] | None = None, rule_phases: tuple[str, ...] | None = None,
+                 roles: PhaseRoles = PhaseRoles(), gemm_registry: Mapping[str, str] | None = None,
+                 periods: Mapping[str, int] | None = None, trace_path: str | Path | None = None,
+                 cuda: bool | None = None) -> None:
+        if steps < 1 or warmup < 0:
+            raise ValueError(f"need steps >= 1 and warmup >= 0, got steps={steps}, warmup={warmup}")
+        self.steps, self.warmup, self.step_range = steps, warmup, step_range
+        self.phases, self.rule_phases, self.roles, self.gemm_registry = phases, rule_phases, roles, gemm_registry
+        self.periods = dict(periods or {})
+        self.trace_path = trace_path
+        self.cuda = torch.cuda.is_available() if cuda is None else cuda
+        self._report: GuardReport | None = None
+        self._calls = 0          # window.step() calls so far
+        self._entered = False
+        self._profiling = False  # between _start and _stop
+        self._started = False
+        self._window_s = self._stop_s = 0.0
+
+    def __enter__(self) -> GuardWindow:
+        if self._entered:
+            raise RuntimeError("a GuardWindow can be entered once")
+        self._entered = True
+        if self.warmup == 0:
+            self._start()
+        return self
+
+    @contextlib.contextmanager
+    def step(self) -> Iterator[None]:
+        """Context around one step of the loop: warm-up steps run as they are, then the window's K steps each
+        inside a `record_function(step_range)` range (the window starts before the first), then the window ends;
+        later steps run as they are. Raises RuntimeError outside the `with guard_window(...)` block."""
+        if not self._entered or self._report is not None:
+            raise RuntimeError("window.step() is used inside `with guard_window(...) as window:`")
+        k = self._calls
+        self._calls += 1
+        g = k - self.warmup
+        if g < 0 or g >= self.steps:
+            yield
+            return
+        if not self._started:
+            self._start()
+        self._hooks.step = g
+        try:
+            with record_function(self.step_range):
+                yield
+        finally:
+            self._hooks.step = None
+        if g == self.steps - 1:
+            self._stop()
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if self._profiling:
+            self._stop()
+        if exc_type is not None:
+            return False
+        if not self._started:
+            raise RuntimeError(f"guard_window(warmup={self.warmup}): the window never started; with warmup > 0 "
+                               f"call window.step() around each step ({self.warmup} + {self.steps} times)")
+        if self._calls and self._calls - self.warmup < self.steps:
+            raise RuntimeError(f"guard_window: {max(0, self._calls - self.warmup)} of {self.steps} guarded steps "
+                               f"ran ({self._calls} window.step() calls, warmup {self.warmup})")
+        self._report = self._analyse()
+        return False
+
+    @property
+    def report(self) -> GuardReport:
+        """The GuardReport; RuntimeError before the `with` block ended (or when it raised)."""
+        if self._report is None:
+            raise RuntimeError("window.report is there once the `with guard_window(...)` block has ended")
+        return self._report
+
+    def _start(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
+        self._prof = profile(activities=activities)
+        self._prof.__enter__()
+        self._hooks = _MarkedHooks()
+        try:
+            self._hooks.__enter__()
+            self._range = record_function(WINDOW_RANGE)
+            self._range.__enter__()
+        except BaseException:
+            self._hooks.__exit__(None, None, None)
+            self._prof.__exit__(None, None, None)
+            raise
+        self._started = self._profiling = True
+        self._t0 = time.perf_counter()
+
+    def _stop(self) -> None:
+        self._profiling = False
+        self._window_s = time.perf_counter() - self._t0
+        try:
+            self._range.__exit__(None, None, None)
+        finally:
+            try:
+                self._hooks.__exit__(None, None, None)  # before the profiler's exit, which synchronizes on CUDA
+            finally:
+                t = time.perf_counter()
+                self._prof.__exit__(None, None, None)
+                self._stop_s = time.perf_counter() - t
+
+    def _analyse(self) -> GuardReport:
+        t0 = time.perf_counter()
+        with tempfile.TemporaryDirectory() as tmp:
+            raw = Path(tmp) / "trace.json"  # read back uncompressed; the kept copy is written apart
+            self._prof.export_chrome_trace(str(raw))
+            if self.trace_path is not None:
+                _keep(raw, Path(self.trace_path))
+            t1 = time.perf_counter()
+            events = read_kineto(raw)
+            t2 = time.perf_counter()
+            metrics = step_metrics(events, step_range_name=self.step_range, phases=self.phases,
+                                   roles=self.roles, gemm_registry=self.gemm_registry, rule_phases=self.rule_phases)
+        n = len(metrics.per_step)
+        if n != self.steps:
+            form = ("window.step() opens them: does the loop open its own" if self._calls else
+                    "the guarded code must open exactly that many: does it open more, or nest its own")
+            raise RuntimeError(f"the trace holds {n} {self.step_range!r} ranges for {self.steps} guarded steps; "
+                               f"{form} {self.step_range!r} ranges? pass another step_range")
+        hits = attribute_hits(self._hooks.frame(), metrics.markers)
+        per_step = with_hook_counts(metrics.per_step, hits)
+        medians = {**metrics.medians, **{c: float(per_step[c].median()) for c in HOOK_COLUMNS.values()}}
+        verdicts = evaluate(metrics, hits, self.cuda, self.roles, periods=self.periods)
+        coverage = phase_coverage(metrics, hits, self.periods, self.steps)
+        missing = [p for p in self.periods if p not in set(metrics.phase_steps["phase"])]
+        window = {"steps": self.steps, "warmup": self.warmup, "step_range": self.step_range,
+                  "form": "window.step()" if self._calls else "own step ranges", "periods": self.periods,
+                  "longest_period": max(self.periods.values(), default=None), "missing": missing,
+                  "window_s": round(self._window_s, 6),
+                  "analysis_s": round(self._stop_s + time.perf_counter() - t0, 6), "stop_s": round(self._stop_s, 6),
+                  "export_s": round(t1 - t0, 6), "read_s": round(t2 - t1, 6),
+                  "judge_s": round(time.perf_counter() - t2, 6), "events": len(events)}
+        return GuardReport(verdicts, per_step, medians, hits, metrics.gemms, self.cuda, metrics.anomalies,
+                           metrics.timing_note, coverage, window, outside_counts(metrics, hits))
+
+
+def _keep(raw: Path, path: Path) -> None:
+    """Copy the exported trace `raw` to `path`, gzipped (level 1: torch's own .gz export uses level 9, several
+    seconds for a window of 100 CPU-profiled steps) when `path` ends with .gz."""
+    if path.suffix == ".gz":
+        with raw.open("rb") as src, gzip.open(path, "wb", compresslevel=1) as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+    else:
+        shutil.copyfile(raw, path)
+
+
+def guard_window(steps: int, warmup: int = 0, **kwargs) -> GuardWindow:
+    """`with guard_window(steps=K, warmup=W, step_range="step", ...) as window:` guards K steps of a loop run in
+    the block; `window.report` is the GuardReport after it. Keyword arguments and errors: `GuardWindow`."""
+    return GuardWindow(steps, warmup, **kwargs)
+
+
 def guard_steps(step_fn: Callable[[], object], steps: int = 20, warmup: int = 3, *,
                 phases: Mapping[PhaseRule, str] | None = None, roles: PhaseRoles = PhaseRoles(),
                 gemm_registry: Mapping[str, str] | None = None, step_range: str = "step",
-                trace_path: str | Path | None = None, cuda: bool | None = None) -> GuardReport:
-    """Run `step_fn()` `warmup` times, then `steps` times profiled and hooked, and judge the criteria.
+                trace_path: str | Path | None = None, cuda: bool | None = None,
+                periods: Mapping[str, int] | None = None, rule_phases: tuple[str, ...] | None = None) -> GuardReport:
+    """Run `step_fn()` `warmup` times, then `steps` times profiled and hooked, and judge the criteria (a
+    `guard_window` with `window.step()` around each call).
 
     `step_fn`: any zero-argument callable doing one training step (its result is ignored). `phases`, `roles`,
-    `gemm_registry`: see `hotloop.guards.step_metrics`. `step_range`: name of the record_function range put around each
-    step; it must not be opened inside `step_fn` (hotloop's own trainer opens "step" ranges, profiles/ranges.py:
-    guard it with e.g. step_range="guard_step"). `trace_path`: where to keep the Kineto trace (a temporary file that
-    is deleted if None). `cuda`: whether the step runs on a CUDA device, so that the CUDA side is profiled and the
-    trace criteria judged (default torch.cuda.is_available(); pass False for a CPU step on a GPU machine). With
-    CUDA, the device is synchronized after warm-up, outside the hooks.
+    `gemm_registry`, `rule_phases`: see `hotloop.guards.step_metrics`; `periods`, `trace_path`, `cuda`: see
+    `GuardWindow`. `step_range`: name of the record_function range put around each step; it must not be opened
+    inside `step_fn` (hotloop's own trainer opens "step" ranges in `Trainer.iterate`: guard the loop itself with
+    `guard_window`, or pass e.g. step_range="guard_step").
     Raises ValueError for steps < 1 or warmup < 0, RuntimeError if the trace does not hold exactly `steps` step
     ranges (e.g. `step_fn` opened its own `step_range` ranges); exceptions of `step_fn` propagate (hooks restored).
     """
-    if steps < 1 or warmup < 0:
-        raise ValueError(f"need steps >= 1 and warmup >= 0, got steps={steps}, warmup={warmup}")
-    cuda = torch.cuda.is_available() if cuda is None else cuda
-    for _ in range(warmup):
-        step_fn()
-    if cuda:
-        torch.cuda.synchronize()
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with profile(activities=activities) as prof:
-        with SyncHooks() as hooks:  # closed before the profiler's exit, which calls torch.cuda.synchronize()
-            for k in range(steps):
-                hooks.step = k
-                with record_function(step_range):
-                    step_fn()
-            hooks.step = None
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(trace_path) if trace_path is not None else Path(tmp) / "trace.json"
-        prof.export_chrome_trace(str(path))
-        metrics = step_metrics(read_kineto(path), step_range_name=step_range, phases=phases, roles=roles,
-                               gemm_registry=gemm_registry)
-    if len(metrics.per_step) != steps:
-        raise RuntimeError(f"the trace holds {len(metrics.per_step)} {step_range!r} ranges for {steps} guarded steps;"
-                           f" does step_fn open its own {step_range!r} ranges? pass another step_range")
-    hits = hooks.frame()
-    per_step = with_hook_counts(metrics.per_step, hits)
-    medians = {**metrics.medians, **{c: float(per_step[c].median()) for c in HOOK_COLUMNS.values()}}
-    return GuardReport(evaluate(metrics, hits, cuda, roles), per_step, medians, hits, metrics.gemms, cuda,
-                       metrics.anomalies, metrics.timing_note)
+    with guard_window(steps, warmup, phases=phases, roles=roles, gemm_registry=gemm_registry,
+                      step_range=step_range, trace_path=trace_path, cuda=cuda, periods=periods,
+                      rule_phases=rule_phases) as window:
+        for _ in range(warmup + steps):
+            with window.step():
+                step_fn()
+    return window.report
+
+
+def attribute_hits(hits: pd.DataFrame, markers: pd.DataFrame) -> pd.DataFrame:
+    """`hits` (SyncHooks.frame(), in call order: hit n is row n) with each hit placed by its marker
+    (`StepMetrics.markers`): step (Int64, NA outside every step), phase (str) and outside (bool: inside the window,
+    outside every step); a hit with no marker keeps its own step, phase "" and outside = step is NA."""
+    out = hits.reset_index(drop=True).copy()
+    out["phase"] = pd.Series("", index=out.index, dtype=object)
+    out["outside"] = out["step"].isna().astype(bool)
+    if len(out) and len(markers):
+        m = markers.drop_duplicates("hit").set_index("hit")
+        m = m[m.index.isin(out.index)]
+        idx = m.index.to_numpy()
+        out.loc[idx, "step"] = m["step"].to_numpy()
+        out.loc[idx, "phase"] = m["phase"].to_numpy()
+        out.loc[idx, "outside"] = m["outside"].to_numpy()
+    return out.astype({"step": "Int64", "outside": bool})
+
+
+def _placed(hits: pd.DataFrame) -> pd.DataFrame:
+    """`hits` with phase and outside columns (a bare SyncHooks.frame(): phase "", outside = step is NA)."""
+    if "phase" in hits and "outside" in hits:
+        return hits
+    out = hits.copy()
+    out["phase"] = pd.Series("", index=out.index, dtype=object)
+    out["outside"] = out["step"].isna().astype(bool)
+    return out
 
 
 def with_hook_counts(per_step: pd.DataFrame, hits: pd.DataFrame) -> pd.DataFrame:
     """A copy of `per_step` (with a step column) plus the HOOK_COLUMNS: hook hits (`SyncHooks.frame()`) per step
-    and criterion (int64; hits outside steps are not counted)."""
+    and criterion (int64; hits outside steps are counted in `outside_counts`, not here)."""
     out = per_step.copy()
     for criterion, col in HOOK_COLUMNS.items():
         counts = hits[hits["criterion"].eq(criterion)].groupby("step").size()
@@ -173,54 +439,117 @@ def with_hook_counts(per_step: pd.DataFrame, hits: pd.DataFrame) -> pd.DataFrame
     return out
 
 
-def evaluate(metrics: StepMetrics, hits: pd.DataFrame, cuda: bool, roles: PhaseRoles = PhaseRoles()) -> pd.DataFrame:
+def outside_counts(metrics: StepMetrics, hits: pd.DataFrame) -> dict[str, float]:
+    """The outside-steps bucket: `metrics.outside` plus, per HOOK_COLUMNS column, the hits outside every step."""
+    hits = _placed(hits)
+    out = dict(metrics.outside)
+    for criterion, col in HOOK_COLUMNS.items():
+        out[col] = float((hits["criterion"].eq(criterion) & hits["outside"]).sum())
+    return out
+
+
+def _not_in_window(names: list[str]) -> str:
+    return f"not measured (phase{'s' * (len(names) > 1)} {', '.join(names)} not in window)"
+
+
+def evaluate(metrics: StepMetrics, hits: pd.DataFrame, cuda: bool, roles: PhaseRoles = PhaseRoles(), *,
+             periods: Mapping[str, int] | None = None,
+             criteria: tuple[Criterion, ...] = CRITERIA) -> pd.DataFrame:
     """The verdict table (GuardReport.verdicts, columns VERDICT_COLUMNS) from step metrics, the hook hits
-    (`SyncHooks.frame()`, steps numbered as metrics.per_step) and whether the trace has a CUDA side. Without CUDA
-    only the sync rows are measured (by the hooks); the others get status NO_CUDA. "DDQN overlapped" (a timing)
-    is the median over the undamaged steps (`hotloop.guards.step_metrics`: a step holding a trace anomaly); when
-    every step is damaged it is not measured, and its status says why."""
+    (`SyncHooks.frame()`, steps numbered as metrics.per_step; with phase and outside columns when placed by
+    `attribute_hits`; hits with no step are outside steps) and whether the trace has a CUDA side.
+
+    Each row of `criteria` is judged on its column over the events of its phases (`PhaseRoles.scope`): the worst
+    step (rows of phases "every" also the outside-steps bucket), hook and trace counts joined per step by max.
+    Without CUDA only the rows with a hook column are measured (by the hooks); the others get status NO_CUDA.
+    Coverage: a phase of `periods` that ran in no step (`StepMetrics.phase_steps`) and that a row applies to
+    (phases "every": all of them), or a row none of whose phases ran, makes the row "not measured (phase X not in
+    window)" unless it FAILs on what was measured (a FAIL names the missing phases in its evidence). "DDQN
+    overlapped" (a timing) is the median over the undamaged steps (`hotloop.guards.step_metrics`: a step holding a
+    trace anomaly); when every step is damaged it is not measured, and its status says why. Raises ValueError for
+    a row's unknown phase scope."""
+    hits = _placed(hits)
     per_step = with_hook_counts(metrics.per_step, hits)
+    outside = outside_counts(metrics, hits)
+    ran = set(metrics.phase_steps["phase"])
+    missing = [p for p in (periods or {}) if p not in ran]
     measured, status, source, evidence = {}, {}, {}, dict(metrics.evidence)
-    for criterion, col in TRACE_COLUMNS.items():
-        hook_col = HOOK_COLUMNS.get(criterion)
-        trace = per_step[col] if cuda else pd.Series(0, index=per_step.index)
-        hook = per_step[hook_col] if hook_col else pd.Series(0, index=per_step.index)
-        if not cuda and hook_col is None:
-            status[criterion] = NO_CUDA
+    worst, total, judged = {}, {}, {}
+    zeros = pd.Series(0, index=per_step.index)
+    for c in criteria:
+        if c.measured_by:
             continue
-        if criterion == "spectral norm fused" and not trace.sum():
-            status[criterion] = f"not measured (no {roles.spectral_norm!r} phase kernels)"
+        scope = roles.scope(c.phases)
+        every = c.phases == "every"
+        judged[c.name] = ("every phase + outside steps" if every else
+                          ", ".join(scope) if scope is not None else "every phase of a step")
+        lacking = [p for p in missing if scope is None or p in scope]
+        absent = [] if scope is None or set(scope) & ran else list(scope)
+        if c.name == "TF32 forward only":
+            _judge_tf32(per_step, cuda, roles, measured, status, source, lacking)
             continue
-        measured[criterion] = int((trace.combine(hook, max)).max())
-        ways = ["hook"] * bool(hook_col) + ["trace"] * cuda
-        seen = ["hook"] * bool(hook.sum()) + ["trace"] * bool(trace.sum())
-        source[criterion] = _ways(seen or ways)
-        if hook_col:
-            sites = hits.loc[hits["criterion"].eq(criterion)].groupby(["api", "site"], sort=False).size()
-            evidence[criterion] = ([f"hook: {api} at {site} x{n}" for (api, site), n in sites.items()]
-                                   + [f"trace: {e}" for e in evidence.get(criterion, []) if cuda])
-    _judge_tf32(per_step, cuda, roles, measured, status, source)
-    _judge_overlap(per_step, cuda, roles, measured, status, source)
-    table = verdict_table(measured)
-    not_here = {c.name: f"not measured here: {c.measured_by}" for c in CRITERIA if c.measured_by}
+        if c.name == "DDQN overlapped":
+            _judge_overlap(per_step, cuda, roles, measured, status, source, lacking)
+            continue
+        if not cuda and c.hook_column is None:
+            status[c.name] = NO_CUDA
+            continue
+        trace = per_step[c.column] if cuda else zeros
+        hook = per_step[c.hook_column] if c.hook_column else zeros
+        values = [int(v) for v in trace.combine(hook, max)]
+        labels = [str(s) for s in per_step["step"]]
+        if every:
+            values.append(int(max(outside.get(c.column, 0) if cuda else 0,
+                                  outside.get(c.hook_column, 0) if c.hook_column else 0)))
+            labels.append(OUTSIDE_LABEL)
+        value = max(values, default=0)
+        fails = c.comparison != REPORT and not c.check(value)
+        if not fails and (lacking or absent):
+            status[c.name] = _not_in_window(lacking or absent)
+            continue
+        measured[c.name] = value
+        worst[c.name] = labels[values.index(value)] if value else ""
+        total[c.name] = sum(values)
+        ways = ["hook"] * bool(c.hook_column) + ["trace"] * cuda
+        seen = ["hook"] * bool(sum(hook) + (outside.get(c.hook_column, 0) if c.hook_column and every else 0)) + \
+            ["trace"] * bool(cuda and (sum(trace) + (outside.get(c.column, 0) if every else 0)))
+        source[c.name] = _ways(seen or ways)
+        rows = evidence.get(c.name, []) if cuda else []
+        if c.hook_column:
+            mine = hits[hits["criterion"].eq(c.name)]
+            place = (mine["phase"].astype(str).map(lambda p: f" in {p}" if p else "")
+                     + mine["outside"].map(lambda o: f" {OUTSIDE_LABEL}" if o else ""))
+            sites = mine.assign(place=place).groupby(["api", "site", "place"], sort=False).size()
+            rows = ([f"hook: {api} at {site}{where} x{n}" for (api, site, where), n in sites.items()]
+                    + [f"trace: {e}" for e in rows])
+        if fails and lacking:
+            rows = [*rows, f"also {_not_in_window(lacking)[len('not measured ('):-1]}"]
+        evidence[c.name] = rows
+    table = verdict_table(measured, criteria)
+    not_here = {c.name: f"not measured here: {c.measured_by}" for c in criteria if c.measured_by}
     table["status"] = [status.get(c, not_here.get(c, s)) for c, s in zip(table["criterion"], table["status"])]
-    table["source"] = table["criterion"].map(source).fillna("")
+    table["source"] = table["criterion"].map(lambda c: source.get(c, ""))
+    table["worst_step"] = table["criterion"].map(lambda c: worst.get(c, ""))
+    table["total"] = pd.array([total.get(c) for c in table["criterion"]], dtype="Int64")
+    table["phases"] = table["criterion"].map(lambda c: judged.get(c, ""))
     table["evidence"] = table["criterion"].map(lambda c: "; ".join(evidence.get(c, [])) if c in measured else "")
     return table[VERDICT_COLUMNS]
 
 
-def _judge_tf32(per_step, cuda, roles, measured, status, source) -> None:
+def _judge_tf32(per_step, cuda, roles, measured, status, source, lacking=()) -> None:
     name = "TF32 forward only"
+    ok = not (per_step["fwd_gemms_not_tf32"].sum() or per_step["bwd_gemms_tf32"].sum())
     if not cuda:
         status[name] = NO_CUDA
     elif not (per_step["fwd_gemms"].sum() + per_step["bwd_gemms"].sum()):
         status[name] = f"not measured (no GEMM kernels in phases {roles.forward + roles.backward})"
+    elif ok and lacking:
+        status[name] = _not_in_window(list(lacking))
     else:
-        ok = not (per_step["fwd_gemms_not_tf32"].sum() or per_step["bwd_gemms_tf32"].sum())
         measured[name], source[name] = "yes" if ok else "no", "trace"
 
 
-def _judge_overlap(per_step, cuda, roles, measured, status, source) -> None:
+def _judge_overlap(per_step, cuda, roles, measured, status, source, lacking=()) -> None:
     name = "DDQN overlapped"
     clean = per_step["anomaly"].eq("") if "anomaly" in per_step else pd.Series(True, index=per_step.index)
     ratio = per_step.loc[clean, "ddqn_overlap_ratio"].median()
@@ -230,6 +559,8 @@ def _judge_overlap(per_step, cuda, roles, measured, status, source) -> None:
         status[name] = "not measured (timing of every step left out: trace anomalies)"
     elif pd.isna(ratio):
         status[name] = f"not measured (needs kernels of phases {roles.ddqn_forward!r} and {roles.online_forward!r})"
+    elif ratio > 0 and lacking:
+        status[name] = _not_in_window(list(lacking))
     else:
         measured[name], source[name] = round(float(ratio), 4), "trace"
 

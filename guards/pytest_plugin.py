@@ -10,6 +10,9 @@ imported only when a collected test carries `gpu` or `perf`, the guard only when
   that reason; `@pytest.mark.smoke` marks the fast end-to-end checks (`pytest -m smoke`, CPU and GPU).
 - fixture `guard`: `guard(step_fn, steps=20, warmup=3, **guard_steps_kwargs) -> GuardReport`, `step_fn` being any
   zero-argument callable that does one training step (yours or hotloop's).
+- fixture `guard_window`: the loop form, hotloop.guards.guard.guard_window: `with guard_window(steps=K) as w:`
+  around a loop you run (`with w.step():` around each step, or code opening its own K step ranges), then
+  `w.report`.
 - fixture `assert_criteria`: `assert_criteria(report, only=None)` fails the test listing every measured criterion
   whose verdict is FAIL (criterion, measured, limit, evidence); with `only`, just the criteria named, each of
   which must also have been measured.
@@ -74,11 +77,21 @@ def guard() -> Callable[..., GuardReport]:
     return guard_steps
 
 
+@pytest.fixture(scope="session")
+def guard_window() -> Callable[..., object]:
+    """`guard_window(steps, warmup=0, **kwargs)`: hotloop.guards.guard.guard_window (the loop form of the guard),
+    whose docstring says what it measures and raises."""
+    from hotloop.guards.guard import guard_window as window
+
+    return window
+
+
 def failing_rows(report: GuardReport, only: Iterable[str] | None = None) -> list[str]:
     """One line per measured criterion of `report` whose verdict is FAIL ("criterion: measured M (limit L);
     evidence"). With `only` (criterion names; one name may be given as a str), just those, and each of them must
-    also have been measured: a named criterion the run could not measure (e.g. a GPU row on a CPU step) is a line
-    "criterion: not measured (<why>)" too, since a check that measured nothing proves nothing.
+    also have been measured (or reported, for a row without a limit): a named criterion the run could not measure
+    (e.g. a GPU row on a CPU step, or a row whose phase was not in the window) is a line "criterion: not measured
+    (<why>)" too, since a check that measured nothing proves nothing.
     Raises ValueError for an empty `only` or a name in it that is not a criterion of the report."""
     v = report.verdicts
     rows = []
@@ -90,7 +103,7 @@ def failing_rows(report: GuardReport, only: Iterable[str] | None = None) -> list
         if unknown:
             raise ValueError(f"not criteria of this report: {unknown}; known: {sorted(v['criterion'])}")
         v = v[v["criterion"].isin(only)]
-        rows = [f"{r.criterion}: {r.status}" for r in v.itertuples() if r.status != "measured"]
+        rows = [f"{r.criterion}: {r.status}" for r in v.itertuples() if r.status not in ("measured", "reported")]
     failed = v[v["verdict"].eq("FAIL")]
     return rows + [f"{r.criterion}: measured {r.measured} (limit {r.limit}); {r.evidence}" for r in failed.itertuples()]
 

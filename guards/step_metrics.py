@@ -33,10 +33,32 @@ event), but its timing columns (names ending _us / _ms / _s / _ratio, `hotloop.g
 left out of the medians, so of the baseline comparison too, and `StepMetrics.timing_note` says which steps and
 why. The interval metrics of every step use only events with a valid time (start > 0, dur >= 0, both finite).
 
-Phases (`kernel_phases`): a caller's map {kernel-name regex or callable: phase} first (first match wins; needed for
-graph replays, whose inner record_function ranges are not replayed), else the innermost enclosing Kineto
-`gpu_user_annotation` range (record_function around eager work) on the same device and stream, ignoring step ranges.
-Which phase names are forward / backward / spectral norm / online / DDQN forward: `PhaseRoles`.
+- learner_d2d_copies, learner_kernels_grid1, learner_memsets (`SCOPED_COLUMNS`): the same counts over the events
+  of the learner's phases and those of the step in no phase range (`PhaseRoles.learner`; every event of the step
+  when it is None);
+  env_kernels_grid1: grid (1,1,1) kernels of the env phases (`PhaseRoles.env`: a tiny vectorized env's kernels are
+  single-block by nature; reported, not limited).
+
+Phases (`event_phases`): every event gets a phase (its innermost phase range) and a path (all its enclosing phase
+ranges, outermost first). A phase range is a CPU `user_annotation` (record_function / NVTX) or a GPU
+`gpu_user_annotation`, except the step ranges, the guarded window's range (WINDOW_RANGE), the sync-hook markers
+(HIT_MARK) and torch's own ranges, whose names hold "#" (ProfilerStep#N, Optimizer.step#Adam.step). A CUDA call
+(and a hook marker) takes the phase ranges of its thread that enclose its start (a thread with no phase ranges, e.g.
+autograd's, those of the thread with the most, by time). A GPU event (kernel, memcpy, memset): a caller's map
+{kernel-name regex or callable: phase} first (first match wins; needed for graph replays, whose inner
+record_function ranges are not replayed; with `rule_phases`, only for events launched inside one of those phases,
+so that another graph's kernels of the same names, e.g. the actor's forward in env_step, keep their own phase),
+else the innermost enclosing `gpu_user_annotation` on the same device and stream, else the phase of the CPU call
+that launched it (its correlation id: a cudaGraphLaunch's replayed kernels take the phase range around the
+launch). Which phase names are forward / backward / spectral norm / online / DDQN forward / learner / env:
+`PhaseRoles`.
+
+The window (WINDOW_RANGE, or first step start to last step end when the trace has no such range): events inside it
+but outside every step range (a call by its start, a GPU event by its launching call) are counted in an "outside
+steps" bucket (`StepMetrics.outside`, same columns as a step). Which phases ran in which step
+(`StepMetrics.phase_steps`: a phase range starting in the step, or a GPU event of that phase launched in it) and
+the kernels and sync calls of each phase (`StepMetrics.phase_counts`) give the phase coverage table
+(`phase_coverage`).
 """
 
 from __future__ import annotations
@@ -50,6 +72,7 @@ import numpy as np
 import pandas as pd
 
 from hotloop.guards.baselines import is_count
+from hotloop.guards.criteria import CRITERIA
 from hotloop.profiles.trace_anomalies import count_anomalies, valid_time
 from hotloop.profiles.trace_counts import (COUNT_COLUMNS, PROFILER_STEP, SYNC_COLUMNS, api_names, assign_steps, event_flags,
                                  step_anomalies, step_ranges)
@@ -60,11 +83,23 @@ STREAM_SYNC_APIS = ("cudaStreamSynchronize", "cuStreamSynchronize")
 EVENT_SYNC_APIS = ("cudaEventSynchronize", "cudaDeviceSynchronize", "cuEventSynchronize", "cuCtxSynchronize")
 _SYNC_APIS = STREAM_SYNC_APIS + EVENT_SYNC_APIS
 _GPU_KINDS = ("kernel", "memcpy", "memset")
+_API_KINDS = ("runtime", "driver")
 _LOW_PRECISION = re.compile(r"bf16|f16|fp16|half|int8|e4m3|e5m2|fp8")
 STEP_COLUMNS = ("stream_sync_calls", "event_sync_calls", "blocking_memcpy_calls", "pageable_async_copies",
                 "d2d_copies", "memsets", "spectral_norm_launches", "fwd_gemms", "fwd_gemms_not_tf32", "bwd_gemms",
                 "bwd_gemms_tf32", "gpu_kernel_us", "gpu_busy_us", "gpu_span_us", "ddqn_kernel_us",
                 "ddqn_overlap_us", "ddqn_overlap_ratio")
+SCOPED_COLUMNS = ("learner_d2d_copies", "learner_kernels_grid1", "learner_memsets", "env_kernels_grid1")
+"""Per-step counts over the learner's (PhaseRoles.learner) or the env's (PhaseRoles.env) phases only."""
+WINDOW_RANGE = "guard_window"
+"""Name of the range around the guarded window (hotloop.guards.guard.GuardWindow opens it)."""
+HIT_MARK = "hotloop_sync_hit#"
+"""Prefix of the zero-length range hotloop.guards.guard puts in the trace right after a sync-hook hit, numbered by
+the hit's index (`hotloop_sync_hit#3`): it places the hit in its step and phase."""
+OUTSIDE = -1
+"""Step bucket of the events inside the window but outside every step range."""
+OUTSIDE_LABEL, NO_PHASE = "(outside steps)", "(no phase)"
+"""Coverage rows of the events outside every step, and of those in a step but in no phase range."""
 ANOMALY_COLUMNS = ("anomalies", "anomaly")
 """Last per-step columns: the step's anomalous events (int) and what they are (str, "" for a clean step)."""
 TIMING_NOTE_STEPS = 10
@@ -87,6 +122,27 @@ class PhaseRoles:
     """Phase the Double-DQN forward should overlap with."""
     ddqn_forward: str = "ddqn_forward"
     """The Double-DQN (target) forward phase, run on a second stream."""
+    learner: tuple[str, ...] | None = None
+    """Phases of the learner step: an event of a step counts for the learner-side criteria (D2D copies, grid
+    (1,1,1) kernels, memsets) when one of its enclosing phases is one of these, or when it is in no phase range at
+    all (loop code between the phases: nothing but the learner should launch there, e.g. an op added after the
+    learner step, as hotloop.guards.faults injects it). None: every event of a step (a step of your own is all
+    learner). hotloop's trainer: hotloop.trainer.loop.learner_phases."""
+    env: tuple[str, ...] = ("env_step",)
+    """Phases of the env step (their single-block kernels are reported apart: "single-block kernels in env_step")."""
+
+    def scope(self, name: str | tuple[str, ...]) -> tuple[str, ...] | None:
+        """The phase names a criterion's `phases` (hotloop.guards.criteria.Criterion) stand for: "every" -> None
+        (every phase, and outside steps), "learner" -> `learner` (None when unset: every event of a step), "env" ->
+        `env`, "spectral_norm" -> (spectral_norm,), "gemms" -> forward + backward, "ddqn" -> (ddqn_forward,
+        online_forward); a tuple is taken as the phase names. Raises ValueError for another name."""
+        if isinstance(name, tuple):
+            return name
+        scopes = {"every": None, "learner": self.learner, "env": self.env, "spectral_norm": (self.spectral_norm,),
+                  "gemms": self.forward + self.backward, "ddqn": (self.ddqn_forward, self.online_forward)}
+        if name not in scopes:
+            raise ValueError(f"unknown phase scope {name!r}; known: {sorted(scopes)} or a tuple of phase names")
+        return scopes[name]
 
 
 @dataclass
@@ -104,6 +160,15 @@ class StepMetrics:
     anomalies: `hotloop.profiles.trace_anomalies.count_anomalies` of the whole trace.
     timing_note: "" or which steps' timing was left out and why, e.g. "timing of steps 3, 7 left out: kernel with
     ts 0, dur 0 (steps 3, 7)".
+    outside: {column: count} of the "outside steps" bucket (the summed per-step count columns over the events inside
+    the window and outside every step; zeros when there are none).
+    window: {"start_us", "end_us" (float, the trace's clock), "source": "range" (WINDOW_RANGE) | "steps" (first
+    step start to last step end) | "trace" (no steps) | "none"}.
+    phase_steps: unique (step, phase) pairs: the phases that ran in each step (step int, phase str).
+    phase_counts: per (phase, outside: bool) over the window's events: kernels, sync_calls (stream_sync_calls +
+    event_sync_calls) (int64); phase "" for events in no phase.
+    markers: the sync-hook markers (HIT_MARK) in the trace: hit (int, the hit's index), step (Int64: NA outside
+    every step), outside (bool: inside the window, outside every step), phase (str).
     """
 
     per_step: pd.DataFrame
@@ -112,6 +177,13 @@ class StepMetrics:
     gemms: pd.DataFrame
     anomalies: dict = field(default_factory=dict)
     timing_note: str = ""
+    outside: dict[str, float] = field(default_factory=dict)
+    window: dict = field(default_factory=dict)
+    phase_steps: pd.DataFrame = field(default_factory=lambda: pd.DataFrame({"step": [], "phase": []}))
+    phase_counts: pd.DataFrame = field(
+        default_factory=lambda: pd.DataFrame({"phase": [], "outside": [], "kernels": [], "sync_calls": []}))
+    markers: pd.DataFrame = field(
+        default_factory=lambda: pd.DataFrame({"hit": [], "step": [], "outside": [], "phase": []}))
 
 
 def gemm_precision(name: str, registry: Mapping[str, str] | None = None) -> str:
@@ -152,34 +224,127 @@ def gemm_precision(name: str, registry: Mapping[str, str] | None = None) -> str:
 
 
 def kernel_phases(df: pd.DataFrame, phases: Mapping[PhaseRule, str] | None = None,
-                  ignore: tuple[str, ...] = ("step",)) -> pd.Series:
+                  ignore: tuple[str, ...] = ("step",), rule_phases: tuple[str, ...] | None = None) -> pd.Series:
     """Per event of `df` (same index, str): the phase of each GPU activity row (kernel, memcpy, memset), "" for
-    other rows and for GPU rows in no phase.
+    other rows and for GPU rows in no phase (`event_phases`'s phase, GPU rows only).
 
     `phases`: {rule: phase}; a rule is a regex searched in the event name or a callable taking `df` and returning
     a boolean Series on its index (e.g. `lambda d: d["stream"].eq(29)`); the first rule (mapping order) that matches
-    a GPU row wins. Rows no rule matches take the name of the innermost (latest-starting, then shortest) Kineto
-    `gpu_user_annotation` (kind annotation) on the same pid (device) and tid (stream) whose span [start, end) holds
-    the row's start (a kernel starting just as the previous phase's last kernel ends is not in that phase);
-    annotations named in `ignore` or `ProfilerStep#N` are not phases.
+    a GPU row wins (with `rule_phases`, only rows launched inside one of those phases are matched). Rows no rule
+    matches take the name of the innermost (latest-starting, then shortest) Kineto `gpu_user_annotation` (kind
+    annotation) on the same pid (device) and tid (stream) whose span [start, end) holds the row's start (a kernel
+    starting just as the previous phase's last kernel ends is not in that phase), else the phase of the CPU call
+    that launched it; ranges named in `ignore`, WINDOW_RANGE, HIT_MARK markers and names holding "#"
+    (`ProfilerStep#N`, torch's own ranges) are not phases. Raises ValueError for a rule that is not a valid regex.
     """
+    ph = event_phases(df, phases, ignore, rule_phases)["phase"]
+    return ph.where(df["kind"].isin(_GPU_KINDS), "")
+
+
+def is_phase_range(df: pd.DataFrame, ignore: tuple[str, ...] = ("step",)) -> pd.Series:
+    """Per event of `df`: whether it is a phase range (kind user_annotation on the CPU, annotation on the GPU)
+    whose name is not in `ignore`, not WINDOW_RANGE, not a HIT_MARK marker and holds no "#" (ProfilerStep#N,
+    Optimizer.step#Adam.step: torch's own ranges)."""
+    out = df["kind"].isin(("user_annotation", "annotation"))
+    names = df.loc[out, "name"].astype(str)
+    out[out] = ~names.isin((*ignore, WINDOW_RANGE)) & ~names.str.contains("#", regex=False)
+    return out
+
+
+def event_phases(df: pd.DataFrame, phases: Mapping[PhaseRule, str] | None = None,
+                 ignore: tuple[str, ...] = ("step",), rule_phases: tuple[str, ...] | None = None) -> pd.DataFrame:
+    """Per event of `df` (same index): phase (str: its innermost phase range, "" for none) and path (tuple of str:
+    its enclosing phase ranges, outermost first, ending with `phase`), by the rules of the module docstring, for
+    CUDA calls (runtime, driver), HIT_MARK markers and GPU rows; other rows get "" and (). `phases`, `ignore`:
+    see `kernel_phases`; `rule_phases`: the phases inside which the `phases` rules apply (None: everywhere).
+    Ranges are assumed to nest on each thread. Raises ValueError for a rule that is not a valid regex."""
+    phase = pd.Series("", index=df.index, dtype=object)
+    path = pd.Series([()] * len(df), index=df.index, dtype=object)
+    ranges = is_phase_range(df, ignore)
+    cpu_ranges = df[ranges & df["kind"].eq("user_annotation")]
+    calls = df["kind"].isin(_API_KINDS) | _markers(df)
+    if calls.any():
+        path[calls] = _enclosing(df[calls], cpu_ranges)
+        phase[calls] = [p[-1] if p else "" for p in path[calls]]
     gpu = df["kind"].isin(_GPU_KINDS)
-    out = pd.Series("", index=df.index, dtype=object)
-    ann = df[df["kind"].eq("annotation") & ~df["name"].isin(ignore) & ~df["name"].str.fullmatch(PROFILER_STEP)]
-    if len(ann) and gpu.any():
+    if not gpu.any():
+        return pd.DataFrame({"phase": phase, "path": path})
+    # the launching call's path, through the correlation id
+    launches = df[df["kind"].isin(_API_KINDS) & df["correlation"].notna()]
+    launches = launches[~launches["correlation"].duplicated()]
+    by_corr = pd.Series(path[launches.index].to_numpy(), index=launches["correlation"].to_numpy(), dtype=object)
+    launch_path = [lp if isinstance(lp, tuple) else () for lp in df.loc[gpu, "correlation"].map(by_corr)]
+    annotated = _gpu_annotation(df, gpu, df[ranges & df["kind"].eq("annotation")])
+    base = [a or (lp[-1] if lp else "") for a, lp in zip(annotated, launch_path)]
+    gpu_path = [lp + ((a,) if a and (not lp or lp[-1] != a) else ()) for a, lp in zip(annotated, launch_path)]
+    rule = pd.Series("", index=df.index[gpu], dtype=object)
+    claimed = pd.Series(False, index=df.index[gpu])
+    if phases:
+        eligible = (pd.Series(True, index=claimed.index) if rule_phases is None else
+                    pd.Series([bool(set(gp) & set(rule_phases)) for gp in gpu_path], index=claimed.index))
+        sub = df[gpu]
+        for r, name in phases.items():
+            match = r(df).fillna(False).astype(bool)[gpu] if callable(r) else sub["name"].str.contains(_regex(r))
+            hit = ~claimed & eligible & match
+            rule[hit] = name
+            claimed |= hit
+    phase[gpu] = [r or b for r, b in zip(rule, base)]
+    path[gpu] = [gp + ((r,) if r and (not gp or gp[-1] != r) else ()) for r, gp in zip(rule, gpu_path)]
+    return pd.DataFrame({"phase": phase, "path": path})
+
+
+def _markers(df: pd.DataFrame) -> pd.Series:
+    out = df["kind"].eq("user_annotation")
+    out[out] = df.loc[out, "name"].astype(str).str.startswith(HIT_MARK)
+    return out
+
+
+def _gpu_annotation(df: pd.DataFrame, gpu: pd.Series, ann: pd.DataFrame) -> list[str]:
+    """Per GPU row of `df` (`gpu` mask, in order): the innermost `ann` range (Kineto gpu_user_annotation) on the
+    same pid and tid whose [start, end) holds the row's start, "" for none."""
+    out = pd.Series("", index=df.index[gpu], dtype=object)
+    if len(ann):
         ev = df.loc[gpu, ["start_us", "pid", "tid"]].assign(row=df.index[gpu])
         spans = ann[["name", "start_us", "dur_us", "pid", "tid"]].rename(columns={"start_us": "a_start"})
         m = ev.merge(spans, on=["pid", "tid"])
         m = m[(m["a_start"] <= m["start_us"]) & (m["start_us"] < m["a_start"] + m["dur_us"])]
         m = m.sort_values(["a_start", "dur_us"], ascending=[False, True], kind="stable").drop_duplicates("row")
         out.loc[m["row"].to_numpy()] = m["name"].to_numpy()
-    claimed = ~gpu
-    for rule, phase in (phases or {}).items():
-        match = rule(df).fillna(False).astype(bool) if callable(rule) else df["name"].str.contains(_regex(rule))
-        hit = ~claimed & match
-        out[hit] = phase
-        claimed |= hit
-    return out
+    return list(out)
+
+
+def _enclosing(targets: pd.DataFrame, ranges: pd.DataFrame) -> list[tuple[str, ...]]:
+    """Per row of `targets` (in order): the names of the `ranges` (CPU phase ranges) of its pid and tid that hold
+    its start, outermost first; a thread with no ranges uses the ranges of the thread that has the most (by time:
+    e.g. autograd's thread launching a backward). A range with no valid end (dur < 0 or not finite) runs to the
+    end of the trace."""
+    out: dict[object, tuple[str, ...]] = {}
+    if ranges.empty:
+        return [()] * len(targets)
+    ends = ranges["start_us"] + ranges["dur_us"]
+    ends = ends.where(np.isfinite(ranges["dur_us"]) & ranges["dur_us"].ge(0), np.inf)
+    r = ranges.assign(end=ends)
+    threads = {key: g for key, g in r.groupby(["pid", "tid"], sort=False)}
+    main = max(threads, key=lambda key: len(threads[key]))
+    for key, t in targets.groupby(["pid", "tid"], sort=False):
+        g = threads.get(key, threads[main]).sort_values(["start_us", "end"], ascending=[True, False],
+                                                          kind="stable")
+        starts, stops, names = g["start_us"].to_numpy(), g["end"].to_numpy(), g["name"].to_numpy()
+        times = t["start_us"].to_numpy("float64")
+        stack: list[int] = []
+        ri = 0
+        for j in np.argsort(times, kind="stable"):
+            x = times[j]
+            if not np.isfinite(x):
+                out[t.index[j]] = ()
+                continue
+            while ri < len(starts) and starts[ri] <= x:
+                stack = [k for k in stack if stops[k] > starts[ri]]
+                stack.append(ri)
+                ri += 1
+            stack = [k for k in stack if stops[k] > x]
+            out[t.index[j]] = tuple(str(names[k]) for k in stack)
+    return [out[i] for i in targets.index]
 
 
 def _regex(rule: str) -> re.Pattern:
@@ -191,15 +356,17 @@ def _regex(rule: str) -> re.Pattern:
 
 def step_metrics(df: pd.DataFrame, *, step_range_name: str | None = "step", domain: str | None = None,
                  phases: Mapping[PhaseRule, str] | None = None, roles: PhaseRoles = PhaseRoles(),
-                 gemm_registry: Mapping[str, str] | None = None) -> StepMetrics:
+                 gemm_registry: Mapping[str, str] | None = None,
+                 rule_phases: tuple[str, ...] | None = None) -> StepMetrics:
     """Per-step metrics (module docstring) of trace `df` (`hotloop.profiles.trace_schema` schema).
 
     Steps: the ranges of `trace_counts.step_ranges(df, step_range_name, domain)` (ProfilerStep#N if no range has
     that name); `step_range_name=None` makes the whole trace one step (range_name "trace"). Events outside every
-    step are not counted. `phases`, `roles`: see `kernel_phases`, `PhaseRoles`; `gemm_registry`: see
-    `gemm_precision`. Times are microseconds on the trace's clock (the whole-trace step spans the events with a
-    valid time). An empty per_step (no step ranges) gives NaN medians. Damaged steps: module docstring. Raises
-    ValueError for a bad registry precision or regex.
+    step are not counted in a step; those inside the window (WINDOW_RANGE, else first step start to last step
+    end) are counted in `StepMetrics.outside`. `phases`, `rule_phases`, `roles`: see `event_phases`,
+    `PhaseRoles`; `gemm_registry`: see `gemm_precision`. Times are microseconds on the trace's clock (the
+    whole-trace step spans the events with a valid time). An empty per_step (no step ranges) gives NaN medians.
+    Damaged steps: module docstring. Raises ValueError for a bad registry precision or regex.
     """
     if step_range_name is None:
         timed = df[valid_time(df)]
@@ -210,30 +377,175 @@ def step_metrics(df: pd.DataFrame, *, step_range_name: str | None = "step", doma
     else:
         ranges = step_ranges(df, step_range_name, domain)
         steps = assign_steps(df, ranges)
-    phase = kernel_phases(df, phases, ignore=(step_range_name or "",))
+    ev_phase = event_phases(df, phases, ignore=(step_range_name or "",), rule_phases=rule_phases)
+    phase, path = ev_phase["phase"], ev_phase["path"]
+    window = _window(df, ranges, step_range_name)
+    bucket = _buckets(df, steps, ranges, window)
     kernel = df["kind"].eq("kernel")
     names = df["name"].where(kernel, "")
     precision = names.map({n: gemm_precision(n, gemm_registry) for n in names.unique()})
-    ev = _event_metrics(df, phase, precision, roles)
-    per_step = ev.groupby(steps).sum().reindex(ranges["step"], fill_value=0).reset_index(drop=True)
+    ev = _event_metrics(df, phase, path, precision, roles)
+    in_step = bucket.notna() & bucket.ge(0)
+    per_step = ev[in_step].groupby(bucket[in_step]).sum().reindex(ranges["step"], fill_value=0)
+    per_step = per_step.reset_index(drop=True)
     timed = kernel & valid_time(df)
     per_step = pd.concat([ranges.drop(columns="anomaly"), per_step,
                           _interval_metrics(df[timed], phase, steps, roles, ranges),
                           step_anomalies(df, ranges, steps)], axis=1)
     per_step = per_step[["step", "range_name", "start_us", "dur_us", *COUNT_COLUMNS, *SYNC_COLUMNS, *STEP_COLUMNS,
-                         *ANOMALY_COLUMNS]]
+                         *SCOPED_COLUMNS, *ANOMALY_COLUMNS]]
     clean = per_step["anomaly"].eq("")
     cols = [c for c in per_step.columns if c not in ("step", "range_name", "start_us", *ANOMALY_COLUMNS)]
     medians = {c: float(per_step[c][clean | is_count(c)].median()) if len(per_step) else float("nan") for c in cols}
-    in_step = steps.notna()
     gemm = kernel & precision.ne("") & in_step
     gemms = (pd.DataFrame({"phase": phase[gemm], "precision": precision[gemm], "name": df.loc[gemm, "name"]})
              .value_counts(sort=False).rename("kernels").reset_index())
     note = timing_note(per_step)
-    evidence = _evidence(df[in_step], ev[in_step], phase[in_step], precision[in_step], roles)
+    in_window = bucket.notna()
+    outside_ev = bucket.eq(OUTSIDE).fillna(False).astype(bool)
+    outside = {c: float(ev.loc[outside_ev, c].sum()) for c in ev.columns if c != "gpu_kernel_us"}
+    evidence = _evidence(df[in_window], ev[in_window], phase[in_window], precision[in_window], roles,
+                         outside_ev[in_window])
     if note:
         evidence["DDQN overlapped"].append(note)
-    return StepMetrics(per_step, medians, evidence, gemms, count_anomalies(df), note)
+    return StepMetrics(per_step, medians, evidence, gemms, count_anomalies(df), note, outside, window,
+                       _phase_steps(df, phase, bucket, step_range_name),
+                       _phase_counts(ev, phase, bucket), _marker_frame(df, bucket, phase))
+
+
+def _window(df: pd.DataFrame, ranges: pd.DataFrame, step_range_name: str | None) -> dict:
+    """The window's span: the first WINDOW_RANGE range, else first step start to last step end."""
+    win = df[df["kind"].eq("user_annotation") & df["name"].eq(WINDOW_RANGE)]
+    if len(win):
+        start, dur = float(win["start_us"].iloc[0]), float(win["dur_us"].iloc[0])
+        end = start + dur if np.isfinite(dur) and dur >= 0 else float(_trace_end(df))
+        return {"start_us": start, "end_us": end, "source": "range"}
+    if step_range_name is None:
+        return {"start_us": float(ranges["start_us"].iloc[0]), "end_us": float((ranges["start_us"]
+                                                                               + ranges["dur_us"]).iloc[0]),
+                "source": "trace"}
+    if ranges.empty:
+        return {"start_us": float("nan"), "end_us": float("nan"), "source": "none"}
+    ends = ranges["start_us"] + ranges["dur_us"]
+    return {"start_us": float(ranges["start_us"].min()), "end_us": float(ends.max()), "source": "steps"}
+
+
+def _trace_end(df: pd.DataFrame) -> float:
+    ok = valid_time(df)
+    return (df["start_us"] + df["dur_us"])[ok].max()
+
+
+def _buckets(df: pd.DataFrame, steps: pd.Series, ranges: pd.DataFrame, window: dict) -> pd.Series:
+    """Per event (Int64): its step; OUTSIDE for a call, marker, phase range or GPU event (by its launching call)
+    inside the window and outside every step; NA for the rest. Markers and phase ranges get their step by start."""
+    out = steps.copy()
+    cpu_ranges = df["kind"].eq("user_annotation") & ~df["name"].isin((WINDOW_RANGE,))
+    if len(ranges) and cpu_ranges.any() and not (steps.notna().all()):
+        t = df.loc[cpu_ranges, "start_us"].to_numpy("float64")
+        out[cpu_ranges] = _steps_at(t, ranges)
+    lo, hi = window["start_us"], window["end_us"]
+    if not np.isfinite(lo):
+        return out
+    calls = df["kind"].isin(_API_KINDS) | cpu_ranges
+    t = df["start_us"]
+    inside = calls & out.isna() & t.ge(lo) & t.le(hi) & t.gt(0)
+    out[inside] = OUTSIDE
+    launched = df[df["kind"].isin(_API_KINDS) & df["correlation"].notna()]
+    launched = launched[~launched["correlation"].duplicated()]
+    outside_corr = launched.loc[out[launched.index].eq(OUTSIDE).fillna(False).astype(bool), "correlation"]
+    gpu = df["kind"].isin(_GPU_KINDS) & df["correlation"].isin(outside_corr).fillna(False).astype(bool)
+    out[gpu & out.isna()] = OUTSIDE
+    return out
+
+
+def _steps_at(t: np.ndarray, ranges: pd.DataFrame) -> pd.array:
+    """Int64 step of `ranges` holding each time of `t` (the latest-starting range begun at or before it and not
+    ended), NA for none (as trace_counts.assign_steps places calls)."""
+    starts = ranges["start_us"].to_numpy("float64")
+    ends = (ranges["start_us"] + ranges["dur_us"]).to_numpy("float64")
+    i = np.searchsorted(starts, t, side="right") - 1
+    with np.errstate(invalid="ignore"):
+        inside = (i >= 0) & (t <= ends[np.maximum(i, 0)]) & np.isfinite(t) & (t > 0)
+    vals = pd.Series(ranges["step"].to_numpy()[np.maximum(i, 0)], dtype="Int64")
+    return vals.where(pd.Series(inside)).array
+
+
+def _phase_steps(df: pd.DataFrame, phase: pd.Series, bucket: pd.Series, step_range_name: str | None) -> pd.DataFrame:
+    """Unique (step, phase) pairs: a phase range starting in the step, or a GPU event of that phase launched in
+    it."""
+    in_step = bucket.notna() & bucket.ge(0)
+    rng = is_phase_range(df, (step_range_name or "",)) & df["kind"].eq("user_annotation") & ~_markers(df)
+    gpu = df["kind"].isin(_GPU_KINDS) & phase.ne("")
+    pairs = pd.concat([pd.DataFrame({"step": bucket[rng & in_step], "phase": df.loc[rng & in_step, "name"]}),
+                       pd.DataFrame({"step": bucket[gpu & in_step], "phase": phase[gpu & in_step]})])
+    pairs = pairs.astype({"step": "int64", "phase": str}).drop_duplicates()
+    return pairs.sort_values(["step", "phase"], kind="stable", ignore_index=True)
+
+
+def _phase_counts(ev: pd.DataFrame, phase: pd.Series, bucket: pd.Series) -> pd.DataFrame:
+    """Per (phase, outside) over the window's events: kernels, sync_calls."""
+    w = bucket.notna()
+    frame = pd.DataFrame({"phase": phase[w].astype(str), "outside": bucket[w].eq(OUTSIDE).astype(bool),
+                          "kernels": ev.loc[w, "kernels"],
+                          "sync_calls": ev.loc[w, "stream_sync_calls"] + ev.loc[w, "event_sync_calls"]})
+    frame = frame[frame["kernels"].gt(0) | frame["sync_calls"].gt(0)]
+    return frame.groupby(["phase", "outside"], as_index=False, sort=True)[["kernels", "sync_calls"]].sum() \
+        .astype({"kernels": "int64", "sync_calls": "int64"})
+
+
+def _marker_frame(df: pd.DataFrame, bucket: pd.Series, phase: pd.Series) -> pd.DataFrame:
+    """The HIT_MARK markers: hit, step (NA outside steps), outside, phase."""
+    m = _markers(df)
+    hit = df.loc[m, "name"].str.slice(len(HIT_MARK)).astype("int64")
+    b = bucket[m]
+    return pd.DataFrame({"hit": hit.to_numpy(), "step": b.where(b.ge(0)).astype("Int64").to_numpy(),
+                         "outside": b.eq(OUTSIDE).fillna(False).astype(bool).to_numpy(),
+                         "phase": phase[m].astype(str).to_numpy()})
+
+
+def phase_coverage(metrics: StepMetrics, hits: pd.DataFrame | None = None,
+                   periods: Mapping[str, int] | None = None, steps: int | None = None) -> pd.DataFrame:
+    """The phase coverage table of a guarded window: one row per phase (the `periods` phases first, in their
+    order, then the others that ran, by first step), then NO_PHASE (events in a step but in no phase range) and
+    OUTSIDE_LABEL (events inside the window, outside every step), the last two only when they hold a kernel or a
+    sync.
+
+    Columns: phase; period (Int64: the loop's period of the phase, `periods`, e.g.
+    hotloop.trainer.loop.loop_periods; NA for a phase not in it); steps (int: steps of the window it ran in,
+    `StepMetrics.phase_steps`); first_step
+    (Int64, NA when it never ran); kernels, sync_calls (trace: stream_sync_calls + event_sync_calls), sync_hook_hits
+    (`hits`, a SyncHooks.frame() with phase and outside columns, as hotloop.guards.guard attributes them) over the
+    window; status: "ran", "not in window" (a `periods` phase that ran in no step; "(period P > window K)" added
+    when its period exceeds `steps`, the window's steps, default len(metrics.per_step)), "in steps" / "outside
+    steps" for the last two rows."""
+    k = len(metrics.per_step) if steps is None else steps
+    periods = dict(periods or {})
+    ps = metrics.phase_steps
+    ran = (ps.groupby("phase")["step"].agg(["nunique", "min"]) if len(ps)
+           else pd.DataFrame(columns=["nunique", "min"]))
+    counts = metrics.phase_counts
+    hits = hits if hits is not None else pd.DataFrame({"step": pd.Series(dtype="Int64")})
+    h_phase = hits["phase"].astype(str) if "phase" in hits else pd.Series("", index=hits.index, dtype=str)
+    h_out = hits["outside"].astype(bool) if "outside" in hits else hits["step"].isna()
+    others = [p for p in ran.sort_values("min", kind="stable").index if p not in periods]
+    rows = []
+    for p in [*periods, *others]:
+        c = counts[counts["phase"].eq(p)]
+        n = int(ran.loc[p, "nunique"]) if p in ran.index else 0
+        late = f" (period {periods[p]} > window {k})" if p in periods and periods[p] > k else ""
+        rows.append(dict(phase=p, period=periods.get(p, pd.NA), steps=n,
+                         first_step=int(ran.loc[p, "min"]) if n else pd.NA, kernels=int(c["kernels"].sum()),
+                         sync_calls=int(c["sync_calls"].sum()), sync_hook_hits=int(h_phase.eq(p).sum()),
+                         status="ran" if n else "not in window" + late))
+    no_phase = counts[counts["phase"].eq("") & ~counts["outside"]]
+    outside = counts[counts["outside"]]
+    for label, c, nh, status in ((NO_PHASE, no_phase, int((h_phase.eq("") & ~h_out).sum()), "in steps"),
+                                 (OUTSIDE_LABEL, outside, int(h_out.sum()), "outside steps")):
+        if c["kernels"].sum() or c["sync_calls"].sum() or nh:
+            rows.append(dict(phase=label, period=pd.NA, steps=0, first_step=pd.NA, kernels=int(c["kernels"].sum()),
+                             sync_calls=int(c["sync_calls"].sum()), sync_hook_hits=nh, status=status))
+    cols = ["phase", "period", "steps", "first_step", "kernels", "sync_calls", "sync_hook_hits", "status"]
+    return pd.DataFrame(rows, columns=cols).astype({"first_step": "Int64", "period": "Int64"})
 
 
 def timing_note(per_step: pd.DataFrame, max_steps: int = TIMING_NOTE_STEPS) -> str:
@@ -257,13 +569,28 @@ def timing_note(per_step: pd.DataFrame, max_steps: int = TIMING_NOTE_STEPS) -> s
     return head + ": " + " | ".join(f"{reason} ({named(steps)})" for reason, steps in by_reason)
 
 
-def _event_metrics(df: pd.DataFrame, phase: pd.Series, precision: pd.Series, roles: PhaseRoles) -> pd.DataFrame:
+def _in_scope(path: pd.Series, scope: tuple[str, ...] | None) -> pd.Series:
+    """Per event: whether one of its enclosing phases (`path`) is in `scope` (None: every event)."""
+    if scope is None:
+        return pd.Series(True, index=path.index)
+    wanted = set(scope)
+    has = path.map(len).gt(0).to_numpy()
+    out = np.zeros(len(path), dtype=bool)
+    out[has] = [bool(wanted.intersection(p)) for p in path[has]]
+    return pd.Series(out, index=path.index)
+
+
+def _event_metrics(df: pd.DataFrame, phase: pd.Series, path: pd.Series, precision: pd.Series,
+                   roles: PhaseRoles) -> pd.DataFrame:
     """One row per event: the 0/1 (or us) contributions of that event to each summed per-step column."""
     flags = event_flags(df)
     api = api_names(df)
     kernel = df["kind"].eq("kernel")
     out = flags.astype("int64")
-    out["blocking_memcpy_calls"] = (api.str.match(r"cu(da)?Memcpy") & ~api.str.contains("Async")).astype("int64")
+    called = api.ne("")
+    blocking = pd.Series(False, index=df.index)
+    blocking[called] = api[called].str.match(r"cu(da)?Memcpy") & ~api[called].str.contains("Async")
+    out["blocking_memcpy_calls"] = blocking.astype("int64")
     out["pageable_async_copies"] = _pageable_async_copies(df, api).astype("int64")
     out["stream_sync_calls"] = api.isin(STREAM_SYNC_APIS).astype("int64")
     out["event_sync_calls"] = (api.isin(EVENT_SYNC_APIS).astype("int64") + out["blocking_memcpy_calls"]
@@ -275,6 +602,13 @@ def _event_metrics(df: pd.DataFrame, phase: pd.Series, precision: pd.Series, rol
     fwd, bwd = is_gemm & phase.isin(roles.forward), is_gemm & phase.isin(roles.backward)
     out["fwd_gemms"], out["fwd_gemms_not_tf32"] = fwd.astype("int64"), (fwd & precision.ne(TF32)).astype("int64")
     out["bwd_gemms"], out["bwd_gemms_tf32"] = bwd.astype("int64"), (bwd & precision.eq(TF32)).astype("int64")
+    unphased = path.map(len).eq(0)  # loop code in a step outside every phase range: judged as the learner's
+    learner = (_in_scope(path, roles.learner) | unphased).astype("int64")
+    env = _in_scope(path, roles.env).astype("int64")
+    out["learner_d2d_copies"] = out["d2d_copies"] * learner
+    out["learner_kernels_grid1"] = out["kernels_grid1"] * learner
+    out["learner_memsets"] = out["memsets"] * learner
+    out["env_kernels_grid1"] = out["kernels_grid1"] * env
     out["gpu_kernel_us"] = df["dur_us"].where(kernel & valid_time(df), 0.0)
     return out
 
@@ -339,30 +673,28 @@ def _intersection_us(a: list[tuple[float, float]], b: list[tuple[float, float]])
     return total
 
 
-def _evidence(df: pd.DataFrame, ev: pd.DataFrame, phase: pd.Series, precision: pd.Series,
-              roles: PhaseRoles) -> dict[str, list[str]]:
-    """{criterion: ["<name> x<count>", ...]} over the in-step events `df` (event metrics `ev`)."""
+def _evidence(df: pd.DataFrame, ev: pd.DataFrame, phase: pd.Series, precision: pd.Series, roles: PhaseRoles,
+              outside: pd.Series) -> dict[str, list[str]]:
+    """{criterion: ["<name>[ in <phase>][ (outside steps)] x<count>", ...]} over the window's events `df` (event
+    metrics `ev`; `outside`: the events outside every step), for each CRITERIA row whose column is an event
+    metric, and the TF32 / DDQN rows."""
     def named(mask: pd.Series, label: pd.Series | None = None) -> list[str]:
-        counts = (df["name"] if label is None else label)[mask].map(_short).value_counts(sort=True)
+        counts = (where if label is None else label)[mask].map(_short).value_counts(sort=True)
         return [f"{name} x{n}" for name, n in counts.items()]
 
+    # astype(str) everywhere: with pandas 3's Arrow strings an empty object Series would be a null-typed array
+    ph = phase.astype(str)
+    where = (df["name"].astype(str) + pd.Series(np.where(ph.ne(""), " in " + ph, ""), index=df.index).astype(str)
+             + pd.Series(np.where(outside, " " + OUTSIDE_LABEL, ""), index=df.index).astype(str))
     fwd, bwd = ev["fwd_gemms"].eq(1), ev["bwd_gemms"].eq(1)
     bad = ev["fwd_gemms_not_tf32"].eq(1) | ev["bwd_gemms_tf32"].eq(1)
-    # astype(str) everywhere: with pandas 3's Arrow strings an empty object Series would be a null-typed array
-    gemm_label = (pd.Series(np.where(bad, "FAIL ", ""), index=df.index).astype(str) + phase.astype(str) + ": "
+    gemm_label = (pd.Series(np.where(bad, "FAIL ", ""), index=df.index).astype(str) + ph + ": "
                   + precision.astype(str) + " " + df["name"].astype(str))
     ddqn = df["kind"].eq("kernel") & phase.isin([roles.ddqn_forward, roles.online_forward])
-    return {
-        "no stream sync": named(ev["stream_sync_calls"].gt(0)),
-        "no event sync": named(ev["event_sync_calls"].gt(0)),
-        "no D2D weight sync": named(ev["d2d_copies"].gt(0)),
-        "spectral norm fused": named(ev["spectral_norm_launches"].gt(0)),
-        "no single-block kernels": named(ev["kernels_grid1"].gt(0)),
-        "memsets only where needed": named(ev["memsets"].gt(0)),
-        "TF32 forward only": named(bad, gemm_label) + named((fwd | bwd) & ~bad, gemm_label),
-        "DDQN overlapped": named(ddqn, phase.astype(str) + " stream " + df["stream"].astype(str) + ": "
-                                 + df["name"].astype(str)),
-    }
+    out = {c.name: named(ev[c.column].gt(0)) for c in CRITERIA if c.column in ev.columns}
+    out["TF32 forward only"] = named(bad, gemm_label) + named((fwd | bwd) & ~bad, gemm_label)
+    out["DDQN overlapped"] = named(ddqn, ph + " stream " + df["stream"].astype(str) + ": " + df["name"].astype(str))
+    return out
 
 
 def _short(name: str, width: int = 120) -> str:

@@ -71,6 +71,11 @@ def event_frame(columns: Mapping[str, Sequence | pd.Series]) -> pd.DataFrame:
     Columns missing from `columns` are filled (NA for Int64, NaN for floats, "" for strings); `start_us` and
     `dur_us` are required. Rows are sorted by start_us (stable). Raises ValueError for a column not in COLUMNS or
     a `kind` value not in KINDS.
+
+    A column given as a Series of its schema dtype (`kind` as a Series of KIND_DTYPE) is taken as it is, without
+    a copy (copy-on-write keeps the caller's Series safe), and a frame already in start_us order is not sorted
+    again: the big-trace reader (`hotloop.profiles.kineto_reader`) builds its columns that way so that memory
+    peaks at one frame, not two.
     """
     unknown = set(columns) - set(COLUMNS)
     if unknown:
@@ -79,11 +84,17 @@ def event_frame(columns: Mapping[str, Sequence | pd.Series]) -> pd.DataFrame:
     data = {}
     for col, dtype in COLUMNS.items():
         values = columns[col] if col in columns else [_FILL.get(col)] * n
-        series = pd.Series(values, dtype=dtype if col != "kind" else "str")
-        if col == "kind":
-            bad = set(series.unique()) - set(KINDS)
-            if bad:
-                raise ValueError(f"kind values not in {KINDS}: {sorted(bad)}")
-            series = series.astype(KIND_DTYPE)
+        if col == "kind" and isinstance(values, pd.Series) and values.dtype == KIND_DTYPE:
+            series = values
+        else:
+            series = pd.Series(values, dtype=dtype if col != "kind" else "str")
+            if col == "kind":
+                bad = set(series.unique()) - set(KINDS)
+                if bad:
+                    raise ValueError(f"kind values not in {KINDS}: {sorted(bad)}")
+                series = series.astype(KIND_DTYPE)
         data[col] = series.reset_index(drop=True)
-    return pd.DataFrame(data).sort_values("start_us", kind="stable", ignore_index=True)
+    frame = pd.DataFrame(data, copy=False)
+    if frame["start_us"].is_monotonic_increasing:
+        return frame
+    return frame.sort_values("start_us", kind="stable", ignore_index=True)

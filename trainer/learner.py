@@ -111,7 +111,8 @@ class DQNLearner:
             self.optimizer.step()
             self.steps += 1
             if self.steps % cfg.target_update_interval == 0:
-                self.update_target()
+                with phase_range("target_update"):
+                    self.update_target()
         return UpdateMetrics(loss.detach(), q_taken.detach().mean(), grad_norm.detach(), cql.detach(),
                              div.detach(), td.detach().abs().mean(dim=1))
 

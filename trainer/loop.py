@@ -3,6 +3,11 @@
 One learner step = `env_steps_per_update` vectorized env steps (epsilon-greedy actions, transitions added to the
 prioritized replay at max priority) + one sampled batch + one `DQNLearner.update` + a priority update. Metrics
 are accumulated on the device and read once per epoch, so the loop itself adds one host sync per epoch.
+
+The loop body is `Trainer.iterate(n)`: `run_epoch` calls it, and `hotloop gate` guards K iterations of it after
+the epochs, so the guarded code is the loop's own code. Each iteration is one "step" range holding everything the
+body does; `loop_periods` says which phases an iteration runs and how often (some only every N iterations), and
+`learner_phases` which of them are the learner's (what the learner-side criteria of docs/criteria.md judge).
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from hotloop.trainer.readback import AsyncReadback
 from hotloop.trainer.replay import PrioritizedReplay
 from hotloop.trainer.resume import restore_trainer, trainer_state
 from hotloop.trainer.schedules import LinearSchedule
-from hotloop.trainer.step import HotLearner
+from hotloop.trainer.step import PHASE_RULES, HotLearner
 
 
 def resolve_device(name: str) -> torch.device:
@@ -47,6 +52,55 @@ def learner_kind(cfg: Config, device: torch.device) -> str:
     if cfg.learner != "auto":
         return cfg.learner
     return "hotloop" if device.type == "cuda" else "reference"
+
+
+STEP_RANGE = "step"
+"""Name of the range (NVTX + record_function, hotloop.profiles.ranges.phase_range) around each loop iteration."""
+LEARNER_KINDS = ("hotloop", "reference")
+_LEARNER_PHASES = {
+    "hotloop": (*dict.fromkeys(PHASE_RULES.values()), "update"),
+    "reference": ("sample", "update", "priority_update", "target_update"),
+}
+
+
+def progress_period(cfg: Config) -> int:
+    """Loop iterations between two `on_progress` calls: max(1, learner_steps_per_epoch // 100)."""
+    return max(1, cfg.learner_steps_per_epoch // 100)
+
+
+def loop_periods(cfg: Config, learner_kind: str) -> dict[str, int]:
+    """{phase: period} of the phase ranges one `Trainer.iterate` iteration opens: the phase runs in every
+    period-th iteration (1: in every one). Any `period` consecutive iterations hold the phase at least once, since
+    each periodic phase runs when a counter that grows by one per iteration is a multiple of its period:
+
+    - env_step 1 (`env_steps_per_update` vectorized env steps: the actor graph with the hotloop learner);
+    - hotloop learner: update 1 (the captured learner step; its kernels' own phases, hotloop.trainer.step.
+      PHASE_RULES, are in the graph) and readback_publish every `log_interval` (learner_steps % log_interval == 0);
+      its target update is fused into the Adam kernel (no phase of its own);
+    - reference learner: sample 1, update 1, priority_update 1, target_update every `target_update_interval`
+      (DQNLearner.steps % target_update_interval == 0, hard or Polyak);
+    - progress every `progress_period(cfg)` (the `on_progress` callback; counted from the start of each iterate
+      call).
+
+    Raises ValueError for a learner kind not in LEARNER_KINDS (resolve "auto" with `learner_kind` first)."""
+    if learner_kind not in LEARNER_KINDS:
+        raise ValueError(f"learner kind must be one of {LEARNER_KINDS}, got {learner_kind!r}")
+    periods = {"env_step": 1}
+    if learner_kind == "hotloop":
+        periods |= {"update": 1, "readback_publish": cfg.log_interval}
+    else:
+        periods |= {"sample": 1, "update": 1, "priority_update": 1, "target_update": cfg.target_update_interval}
+    return periods | {"progress": progress_period(cfg)}
+
+
+def learner_phases(learner_kind: str) -> tuple[str, ...]:
+    """The phases of the learner step (a range of one of them, or a kernel assigned to one, is the learner's):
+    hotloop: the PHASE_RULES phases (its graph's kernels, by name) + "update" (the range around the replay);
+    reference: sample, update (with its sub-ranges ddqn_forward, forward, loss, backward, optimizer),
+    priority_update, target_update. Raises ValueError for a learner kind not in LEARNER_KINDS."""
+    if learner_kind not in LEARNER_KINDS:
+        raise ValueError(f"learner kind must be one of {LEARNER_KINDS}, got {learner_kind!r}")
+    return _LEARNER_PHASES[learner_kind]
 
 
 @dataclass
@@ -84,10 +138,13 @@ class Trainer:
 
     Args:
         cfg: the run's Config.
-        on_phase: called with a phase name ("env_step", "sample", "update", "priority_update", "readback",
-            "evaluate") as the loop enters it (each phase is also an NVTX range, and every learner step a "step"
-            range, via hotloop.profiles.ranges.phase_range); the hang watchdog uses it to report where a hang happened.
-        on_progress: called with (learner steps done in this epoch, learner steps per epoch) every few steps.
+        on_phase: called with a phase name ("env_step", "sample", "update", "priority_update", "readback_publish",
+            "progress", "readback", "evaluate", "capture") as the loop enters it (each phase is also an NVTX range,
+            and every loop iteration a "step" range, via hotloop.profiles.ranges.phase_range); the hang watchdog
+            uses it to report where a hang happened.
+        on_progress: called with (iterations done, iterations of this `iterate` call: an epoch's learner steps
+            in `run_epoch`) every `progress_period(cfg)` iterations, inside the iteration's "step" range, in a
+            "progress" phase range.
     Counters (host ints): env_steps (transitions), learner_steps, epochs_done (set by run_epoch and restore).
     actor: the DeviceActor (trainer/actor.py) that runs the env steps with the hotloop learner and a capturable env,
         else None. obs: (N, obs_dim), the observation to act on next (read-only property, updated in place).
@@ -191,6 +248,28 @@ class Trainer:
                 self.env_step()
         return self.learner_step()
 
+    def iterate(self, n: int) -> torch.Tensor:
+        """Run `n` iterations of the training loop (the loop body `run_epoch` runs, and the code `hotloop gate`
+        guards). Each iteration is one `phase_range(STEP_RANGE)` ("step") holding all it does: `train_step`
+        (env steps, replay insert, learner step, the periodic readback publication or target update) and, every
+        `progress_period(cfg)` iterations (counted from this call's start), `on_progress(i + 1, n)` in a "progress"
+        phase range. Returns the (3,) float32 device tensor summing (loss, q_mean, grad_norm) over the iterations
+        (zeros with the hotloop learner, whose metrics go through the readback); no host sync of its own.
+        Raises ValueError for n < 0."""
+        if n < 0:
+            raise ValueError(f"iterate: n must be >= 0, got {n}")
+        sums = torch.zeros(3, device=self.device)
+        every = progress_period(self.cfg)
+        for i in range(n):
+            with phase_range(STEP_RANGE):
+                out = self.train_step()
+                if out is not None:
+                    sums += out
+                if (i + 1) % every == 0:
+                    with self.phase("progress"):
+                        self.on_progress(i + 1, n)
+        return sums
+
     def run_epoch(self, epoch: int) -> EpochStats:
         """Run one epoch (the first also prefills `learning_starts` transitions); returns its stats row."""
         cfg = self.cfg
@@ -200,15 +279,7 @@ class Trainer:
             with self.phase("env_step"):
                 for _ in range(self.prefill_vec_steps):
                     self.env_step()
-        sums = torch.zeros(3, device=self.device)
-        every = max(1, cfg.learner_steps_per_epoch // 100)
-        for i in range(cfg.learner_steps_per_epoch):
-            with phase_range("step"):
-                out = self.train_step()
-                if out is not None:
-                    sums += out
-            if (i + 1) % every == 0:
-                self.on_progress(i + 1, cfg.learner_steps_per_epoch)
+        sums = self.iterate(cfg.learner_steps_per_epoch)
         with self.phase("readback"):
             mean_return = self.returns.mean()  # the epoch's one host sync
             if isinstance(self.learner, HotLearner):

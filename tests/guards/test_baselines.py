@@ -1,13 +1,18 @@
 """Baselines: threshold expressions, the MAD spread, exact structural counts, noise-aware timing comparison,
-file round trip and load errors that name the file."""
+file round trip and load errors that name the file; the per-epoch throughput against the baseline's epochs."""
 
 import json
 
+from importlib import resources
+
 import numpy as np
+import pandas as pd
 import pytest
 
-from hotloop.guards.baselines import (MAD_TO_SIGMA, Baseline, BaselineError, baseline_path, compare, config_mismatch,
-                              default_threshold, load_baseline, mad_spread, parse_threshold, write_baseline)
+from hotloop.guards.baselines import (COMPARE_COLUMNS, EPOCH_PREFIX, MAD_TO_SIGMA, NO_EPOCH_BASELINE, Baseline,
+                                      BaselineError, baseline_path, compare, compare_epochs, config_mismatch,
+                                      default_threshold, epoch_metrics, load_baseline, mad_spread, parse_threshold,
+                                      write_baseline)
 from hotloop.trainer.config import preset
 
 QUIET = [1000.0, 1001.0, 999.0, 1000.0, 1000.5]  # spread ~1.5 us: the 5% rule (50 us) governs
@@ -185,3 +190,112 @@ def test_load_errors_name_the_file(tmp_path, text, problem):
         load_baseline(path)
     assert str(info.value).startswith(f"{path}: ") and info.value.path == str(path)
     assert isinstance(info.value, ValueError)
+
+
+# Epoch throughput (issue item 5): the per-epoch table compared with the baseline.
+
+def _epochs(steps_per_s, gpu_ms=None):
+    """A per-epoch table as hotloop.profiles.epoch_table writes it (the columns epoch_metrics reads, plus others)."""
+    n = len(steps_per_s)
+    return pd.DataFrame({"epoch": range(1, n + 1), "learner_steps": [1000] * n,
+                         "wall_s": [1000 / v for v in steps_per_s], "learner_steps_per_s": steps_per_s,
+                         "loss": [0.1] * n,
+                         "gpu_ms_per_step": gpu_ms if gpu_ms is not None else [1000 / v for v in steps_per_s]})
+
+
+def test_epoch_metrics_leave_out_the_first_epoch_and_flag_a_one_epoch_run():
+    m = epoch_metrics(_epochs([300.0, 5000.0, 4900.0], gpu_ms=[3.3, 0.2, 0.21]))
+    assert dict(m) == {"learner_steps_per_s": [5000.0, 4900.0], "gpu_ms_per_step": [0.2, 0.21]}
+    assert m.epochs == [2, 3] and m.steady is True
+    one = epoch_metrics(_epochs([300.0]))
+    assert one["learner_steps_per_s"] == [300.0] and one.epochs == [1] and one.steady is False
+    no_gpu = epoch_metrics(_epochs([300.0, 310.0]).drop(columns="gpu_ms_per_step"))  # a table without the column
+    assert np.isnan(no_gpu["gpu_ms_per_step"]).all()
+    with pytest.raises(ValueError, match="no rows"):
+        epoch_metrics(_epochs([]))
+    with pytest.raises(ValueError, match="learner_steps_per_s"):
+        epoch_metrics(_epochs([1.0]).drop(columns="learner_steps_per_s"))
+
+
+def _epoch_baseline(tmp_path, steps_per_s):
+    path = write_baseline(tmp_path / "b.json", {"kernels": [24] * 3}, gpu="NVIDIA H200",
+                          epochs=epoch_metrics(_epochs(steps_per_s)))
+    return load_baseline(path)
+
+
+BASE_EPOCHS = [400.0, 5000.0, 5010.0, 4990.0, 5005.0, 4995.0]  # first epoch compiles; the others: MAD ~7 steps/s
+
+
+def test_an_epoch_throughput_drop_beyond_the_noise_rule_fails(tmp_path):
+    base = _epoch_baseline(tmp_path, BASE_EPOCHS)
+    assert base.epochs.steady and base.epochs.epochs == [2, 3, 4, 5, 6]
+    df = compare_epochs(_epochs([400.0, 4600.0, 4650.0, 4620.0]), base)  # -7.6%: beyond 5% and 3 x MAD
+    assert list(df.columns) == COMPARE_COLUMNS
+    rows = df.set_index("metric")
+    assert list(rows.index) == [EPOCH_PREFIX + "learner_steps_per_s", EPOCH_PREFIX + "gpu_ms_per_step"]
+    steps, ms = rows.loc["epoch_learner_steps_per_s"], rows.loc["epoch_gpu_ms_per_step"]
+    assert steps.verdict == "FAIL" and steps.kind == "timing" and steps.baseline == 5000.0 and steps.run == 4620.0
+    assert steps.allowed == pytest.approx(250.0) and steps.rule.startswith("epoch throughput: median:-5%")
+    assert ms.verdict == "FAIL" and ms.kind == "timing"  # 0.2165 ms vs 0.2 ms: +8%, lower is better
+    # the step metrics may all pass: the epoch rows fail on their own (a regression of the loop, no count moved)
+    step_rows = compare({"kernels": [24] * 3}, base)
+    assert set(step_rows.verdict) == {"PASS"}
+    combined = pd.concat([step_rows, df], ignore_index=True)  # what the gate prints and writes
+    assert set(combined.loc[combined.verdict == "FAIL", "metric"]) == {"epoch_learner_steps_per_s",
+                                                                       "epoch_gpu_ms_per_step"}
+
+
+def test_an_epoch_throughput_change_within_noise_passes(tmp_path):
+    base = _epoch_baseline(tmp_path, BASE_EPOCHS)
+    df = compare_epochs(_epochs([250.0, 4800.0, 4850.0, 4790.0]), base)  # -4%: within 5%; a slower first epoch
+    assert set(df.verdict) == {"PASS"}
+    faster = compare_epochs(_epochs([400.0, 6000.0, 6100.0]), base)  # faster is fine, both ways
+    assert set(faster.verdict) == {"PASS"}
+    noisy = _epoch_baseline(tmp_path, [400.0, 5000.0, 4400.0, 5600.0, 5000.0, 4500.0])  # MAD 600: 3 x 890 allowed
+    assert compare_epochs(_epochs([400.0, 4300.0, 4350.0]), noisy).set_index("metric").loc[
+        "epoch_learner_steps_per_s", "verdict"] == "PASS"  # -13%, within the baseline's own noise
+
+
+def test_an_old_baseline_without_epoch_metrics_loads_and_says_so(tmp_path):
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps({"schema": 1, "gpu": "NVIDIA H200",
+                                "metrics": {"kernels": {"kind": "count", "values": [24, 24]}}}))
+    old = load_baseline(path)
+    assert old.epochs is None and old.metrics == {"kernels": [24.0, 24.0]}
+    df = compare_epochs(_epochs([300.0, 100.0]), old)  # even a huge drop: nothing to compare it with
+    assert set(df.verdict) == {"-"} and set(df.rule) == {NO_EPOCH_BASELINE}
+    assert NO_EPOCH_BASELINE == "epoch throughput: no baseline values (rewrite with --update-baseline)"
+    # the installed H200 baseline predates the epoch metrics: it still loads
+    installed = load_baseline(resources.files("hotloop.profiles") / "baselines" / "nvidia-h200.json")
+    assert installed.metrics and set(compare_epochs(_epochs([300.0, 100.0]), installed).verdict) <= {"-", "FAIL"}
+
+
+def test_one_epoch_sides_are_not_compared(tmp_path):
+    base = _epoch_baseline(tmp_path, BASE_EPOCHS)
+    df = compare_epochs(_epochs([100.0]), base)  # the run's only epoch compiled: not steady
+    assert set(df.verdict) == {"-"} and df.rule.str.contains("the run had one epoch only").all()
+    one = _epoch_baseline(tmp_path, [400.0])
+    assert not one.epochs.steady
+    df = compare_epochs(_epochs([400.0, 100.0]), one)
+    assert set(df.verdict) == {"-"} and df.rule.str.contains("the baseline had one epoch only").all()
+
+
+def test_epoch_metrics_round_trip_and_bad_entries_name_the_file(tmp_path):
+    m = epoch_metrics(_epochs([300.0, 5000.0, 4900.0], gpu_ms=[3.0, np.nan, 0.2]))
+    path = write_baseline(tmp_path / "b.json", {"kernels": [24]}, epochs=m)
+    doc = json.loads(path.read_text())
+    entry = doc["epoch_metrics"]
+    assert entry["steady"] is True and entry["epochs"] == [2, 3]
+    assert entry["metrics"]["gpu_ms_per_step"]["kind"] == "timing"  # a timing, though its name ends in _step
+    assert entry["metrics"]["gpu_ms_per_step"]["values"] == [None, 0.2]
+    loaded = load_baseline(path).epochs
+    assert loaded["learner_steps_per_s"] == [5000.0, 4900.0] and np.isnan(loaded["gpu_ms_per_step"][0])
+    for bad in ([1], {"steady": "yes", "metrics": {}}, {"steady": True, "metrics": []},
+                {"steady": True, "epochs": ["2"], "metrics": {}}):
+        path.write_text(json.dumps({**doc, "epoch_metrics": bad}))
+        with pytest.raises(BaselineError, match='"epoch_metrics" must be an object'):
+            load_baseline(path)
+    empty = {**entry, "metrics": {"learner_steps_per_s": {"values": []}}}
+    path.write_text(json.dumps({**doc, "epoch_metrics": empty}))
+    with pytest.raises(BaselineError, match="epoch metric 'learner_steps_per_s'"):
+        load_baseline(path)

@@ -11,7 +11,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from hotloop.guards.step_metrics import FP32, GEMM, TF32, PhaseRoles, gemm_precision, kernel_phases, step_metrics
+from hotloop.guards.step_metrics import (FP32, GEMM, HIT_MARK, NO_PHASE, OUTSIDE_LABEL, TF32, WINDOW_RANGE,
+                                         PhaseRoles, event_phases, gemm_precision, kernel_phases, phase_coverage,
+                                         step_metrics)
 from hotloop.profiles.kineto_reader import read_kineto
 from hotloop.profiles.nsight_reader import read_nsight_sqlite
 from hotloop.profiles.trace_schema import event_frame
@@ -43,6 +45,8 @@ class TraceBuilder:
 
     @contextlib.contextmanager
     def step(self, name="step"):
+        """A CPU-side range (user_annotation, thread "1") named `name` around what the block adds: a step range, a
+        phase range (record_function / NVTX: `b.step("env_step")`) or the guarded window's (WINDOW_RANGE)."""
         start = self.t
         self.t += 1
         yield
@@ -131,7 +135,8 @@ def test_h200_probe_whole_trace_counts_are_exact():
                     kernels_in_graphs=7, spectral_norm_launches=1, fwd_gemms=1, fwd_gemms_not_tf32=0, bwd_gemms=2,
                     bwd_gemms_tf32=0)
     assert {k: int(row[k]) for k in expected} == expected
-    assert m.evidence["no D2D weight sync"] == ["Memcpy DtoD (Device -> Device) x1", "memcpy128 x1"]
+    assert m.evidence["no D2D weight sync"] == ["Memcpy DtoD (Device -> Device) in phase_d2d x1",
+                                                "memcpy128 in graph_replay x1"]  # evidence names the phase
     assert [e.split("<")[0] for e in m.evidence["no single-block kernels"]] == ["void at::native::reduce_kernel"]
     assert m.medians["kernels"] == 17.0
 
@@ -372,3 +377,137 @@ def test_a_launch_without_its_kernel_damages_the_step_but_a_captured_launch_does
     m = step_metrics(b.frame())
     assert list(m.per_step["anomaly"]) == ["", "cudaLaunchKernel with no GPU event"]
     assert m.anomalies["counts"]["launch_without_gpu"] == 1
+
+
+# --- phases from CPU ranges, the window's outside-steps bucket, learner / env scopes -------------------------------
+
+
+def test_calls_take_their_innermost_cpu_phase_and_gpu_events_their_launching_calls():
+    b = TraceBuilder()
+    with b.step():
+        with b.step("update"):
+            with b.step("optimizer"):
+                b.call("cudaStreamSynchronize")
+                b.gpu("adam_kernel", 100)  # no gpu_user_annotation: the launch call's phase
+            with b.step("Optimizer.step#Adam.step"):  # torch's own range ("#"): not a phase
+                b.gpu("adam_step_kernel", 120)
+        b.gpu("tail_kernel", 140)  # in the step, in no phase
+    df = b.frame()
+    ev = event_phases(df)
+    by_name = {n: (ph, path) for n, ph, path in zip(df["name"], ev["phase"], ev["path"])
+               if n not in ("cudaLaunchKernel",)}
+    assert by_name["cudaStreamSynchronize"] == ("optimizer", ("update", "optimizer"))
+    assert by_name["adam_kernel"] == ("optimizer", ("update", "optimizer"))
+    assert by_name["adam_step_kernel"] == ("update", ("update",))
+    assert by_name["tail_kernel"] == ("", ())
+    assert by_name["step"] == ("", ())  # ranges themselves get no phase
+
+
+def test_phase_rules_apply_only_inside_rule_phases():
+    """The actor graph's forward kernels share the learner's names (`_fwd_online_*`): launched in env_step they stay
+    env_step; the same names launched in the learner's update are assigned by the name rules."""
+    b = TraceBuilder()
+    with b.step():
+        with b.step("env_step"):
+            b.gpu("_fwd_online_actor_kernel", 100, launch="cudaGraphLaunch")
+        with b.step("update"):
+            b.gpu("_fwd_online_kernel", 200, launch="cudaGraphLaunch")
+            b.gpu("memcpy128", 220, launch="cudaGraphLaunch")  # matches no rule: the launch's phase
+    df = b.frame()
+    rules = {r"_fwd_online_": "forward"}
+    scoped = kernel_phases(df, rules, rule_phases=("update", "forward"))
+    names = dict(zip(df["name"], scoped))
+    assert (names["_fwd_online_actor_kernel"], names["_fwd_online_kernel"], names["memcpy128"]) == \
+        ("env_step", "forward", "update")
+    unscoped = dict(zip(df["name"], kernel_phases(df, rules)))
+    assert unscoped["_fwd_online_actor_kernel"] == "forward"  # mutation: without the scope the actor is "learner"
+
+
+def test_events_between_steps_inside_the_window_are_counted_outside_steps():
+    b = TraceBuilder()
+    with b.step(WINDOW_RANGE):
+        for k in range(2):
+            with b.step():
+                b.gpu("k", 100.0 * (k + 1))
+            b.call("cudaStreamSynchronize")  # the loop's own code between steps
+            b.gpu("between", 100.0 * (k + 1) + 50, grid=(1, 1, 1))
+    b.call("cudaDeviceSynchronize")  # after the window (the profiler's own): in no bucket
+    m = step_metrics(b.frame())
+    assert list(m.per_step["stream_sync_calls"]) == [0, 0] and list(m.per_step["kernels"]) == [1, 1]
+    assert m.outside["stream_sync_calls"] == 2 and m.outside["kernels_grid1"] == 2 and m.outside["kernels"] == 2
+    assert m.outside["event_sync_calls"] == 0 and m.window["source"] == "range"
+    assert "cudaStreamSynchronize (outside steps) x2" in m.evidence["no stream sync"]
+    no_range = b.frame()
+    no_range = no_range[no_range["name"].ne(WINDOW_RANGE)]
+    m2 = step_metrics(no_range)  # the window is then first step start .. last step end: one gap
+    assert m2.window["source"] == "steps" and m2.outside["stream_sync_calls"] == 1
+
+
+def test_learner_and_env_scopes_split_the_single_block_kernels():
+    b = TraceBuilder()
+    for k in range(2):
+        with b.step():
+            with b.step("env_step"):
+                b.gpu("env_reset", 100.0 * (k + 1), grid=(1, 1, 1))
+                b.gpu("Memset (Device)", 100.0 * (k + 1) + 5, 1, "memset", launch="cudaMemsetAsync")
+            with b.step("update"):
+                b.gpu("reduce_kernel", 100.0 * (k + 1) + 20, grid=(1, 1, 1)) if k == 1 else None
+            with b.step("readback_publish"):  # neither the learner's nor the env's
+                b.gpu("publish_kernel", 100.0 * (k + 1) + 40, grid=(1, 1, 1))
+            if k == 0:  # in the step, in no phase range: the learner's
+                b.gpu("added_after_the_learner_step", 100.0 * (k + 1) + 60, grid=(1, 1, 1))
+    df = b.frame()
+    scoped = step_metrics(df, roles=PhaseRoles(learner=("update",))).per_step
+    assert list(scoped["kernels_grid1"]) == [3, 3] and list(scoped["learner_kernels_grid1"]) == [1, 1]
+    assert list(scoped["env_kernels_grid1"]) == [1, 1] and list(scoped["learner_memsets"]) == [0, 0]
+    everything = step_metrics(df).per_step  # no learner phases given: every event of a step is the learner's
+    assert list(everything["learner_kernels_grid1"]) == [3, 3] and list(everything["learner_memsets"]) == [1, 1]
+
+
+def test_loop_code_in_no_phase_range_counts_for_the_learner():
+    """A kernel launched in the step but outside every phase range (an op added after the learner step, as the
+    gate's injected faults do) is judged as the learner's; outside the window's steps it is not."""
+    b = TraceBuilder()
+    with b.step(WINDOW_RANGE):
+        with b.step():
+            with b.step("update"):
+                b.gpu("_fwd_online_kernel", 100)
+            b.gpu("memcpy128", 130, launch="cudaGraphLaunch")  # a D2D copy in a graph, in no phase
+            b.gpu("one_element_add", 140, grid=(1, 1, 1))
+        b.gpu("between_steps_add", 200, grid=(1, 1, 1))
+    ps = step_metrics(b.frame(), roles=PhaseRoles(learner=("update",))).per_step
+    assert (ps["learner_d2d_copies"].iloc[0], ps["learner_kernels_grid1"].iloc[0]) == (1, 1)
+
+
+def test_phase_steps_coverage_and_markers():
+    b = TraceBuilder()
+    with b.step(WINDOW_RANGE):
+        for k in range(4):
+            with b.step():
+                with b.step("env_step"):
+                    b.gpu("env_kernel", 100.0 * (k + 1))
+                if k % 2 == 1:
+                    with b.step("readback_publish"):
+                        b.call("cudaStreamSynchronize")
+                        with b.step(f"{HIT_MARK}{k}"):
+                            pass
+                b.gpu("_tree_update_kernel", 100.0 * (k + 1) + 50, launch="cudaGraphLaunch")
+            with b.step(f"{HIT_MARK}{10 + k}"):  # a hit between steps
+                pass
+    m = step_metrics(b.frame(), phases={r"_tree_update": "priority_update"})
+    assert set(map(tuple, m.phase_steps.to_numpy())) == {
+        *((k, "env_step") for k in range(4)), *((k, "priority_update") for k in range(4)), (1, "readback_publish"),
+        (3, "readback_publish")}
+    mk = m.markers.set_index("hit")
+    assert list(mk.loc[[1, 3], "phase"]) == ["readback_publish"] * 2 and list(mk.loc[[1, 3], "step"]) == [1, 3]
+    between = [10, 11, 12, 13]
+    assert mk.loc[between, "outside"].all() and mk.loc[between, "step"].isna().all()
+    assert not mk.loc[[1, 3], "outside"].any()
+    periods = {"env_step": 1, "readback_publish": 2, "target_update": 100}
+    cov = phase_coverage(m, periods=periods).set_index("phase")
+    assert list(cov.index) == ["env_step", "readback_publish", "target_update", "priority_update"]
+    assert list(cov["steps"]) == [4, 2, 0, 4] and list(cov["first_step"]) == [0, 1, pd.NA, 0]
+    assert cov.loc["readback_publish", "sync_calls"] == 2 and cov.loc["env_step", "kernels"] == 4
+    assert cov.loc["target_update", "status"] == "not in window (period 100 > window 4)"
+    assert list(cov["period"]) == [1, 2, 100, pd.NA]
+    assert NO_PHASE not in cov.index and OUTSIDE_LABEL not in cov.index  # nothing there to show

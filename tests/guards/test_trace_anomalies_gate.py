@@ -15,6 +15,9 @@ from hotloop.guards.guard import GuardReport, evaluate
 from hotloop.guards.step_metrics import step_metrics
 from hotloop.guards.sync_hooks import SyncHooks
 
+EPOCHS = pd.DataFrame({"epoch": [1, 2], "learner_steps_per_s": [900.0, 1000.0], "gpu_ms_per_step": [1.1, 1.0]})
+"""A two-epoch table: the baseline files here hold no epoch metrics, so its rows are reported, not compared."""
+
 CLOCK = 1.6e15
 NO_HITS = SyncHooks().frame()
 
@@ -68,9 +71,9 @@ def test_a_ts0_kernel_is_no_regression_against_the_baseline_and_the_table_says_w
     base = write_baseline(tmp_path / "cpu.json", {m: [v] for m, v in clean.medians.items()})
     damaged = report(overlap_trace(steps=3, damaged_steps={1}))
     assert damaged.medians["gpu_span_us"] == clean.medians["gpu_span_us"] == 25.0  # 20..45 us of each step
-    failing = _baseline_step([damaged], base, False, tmp_path, {})
+    failing = _baseline_step([damaged], base, False, tmp_path, {}, EPOCHS)
     table = pd.read_csv(tmp_path / "baseline.csv", keep_default_na=False).set_index("metric")
-    assert table.loc["gpu_span_us", "verdict"] == "PASS" and table.loc["gpu_span_us", "run"] == 25.0
+    assert table.loc["gpu_span_us", "verdict"] == "PASS" and float(table.loc["gpu_span_us", "run"]) == 25.0
     note = "repeat 1: timing of step 1 left out: kernel with ts 0, dur 0 (step 1)"
     assert table.loc["gpu_span_us", "note"] == note and table.loc["kernels", "note"] == ""
     assert f"\nnote: {note}" in capsys.readouterr().out
@@ -83,7 +86,7 @@ def test_no_timing_at_all_is_not_compared_rather_than_failed(tmp_path):
     base = write_baseline(tmp_path / "cpu.json", {m: [v] for m, v in clean.medians.items()})
     broken = report(overlap_trace(damaged_steps={0, 1}))
     assert pd.isna(broken.medians["gpu_span_us"])
-    _baseline_step([broken], base, False, tmp_path, {})
+    _baseline_step([broken], base, False, tmp_path, {}, EPOCHS)
     table = pd.read_csv(tmp_path / "baseline.csv", keep_default_na=False).set_index("metric")
     timing = [m for m in load_baseline(base).metrics if m.endswith("_us") and m not in ("ddqn_overlap_us",)]
     assert set(table.loc[timing, "verdict"]) == {"-"}
@@ -95,6 +98,6 @@ def test_no_timing_at_all_is_not_compared_rather_than_failed(tmp_path):
 def test_a_clean_run_has_an_empty_note_column(tmp_path, repeats):
     clean = report(overlap_trace())
     base = write_baseline(tmp_path / "cpu.json", {m: [v] for m, v in clean.medians.items()})
-    assert _baseline_step([clean] * repeats, base, False, tmp_path, {}).empty
+    assert _baseline_step([clean] * repeats, base, False, tmp_path, {}, EPOCHS).empty
     table = pd.read_csv(tmp_path / "baseline.csv", keep_default_na=False)
     assert set(table["note"]) == {""} and set(table["verdict"]) <= {"PASS", "-"}

@@ -1,10 +1,12 @@
 """`pytest -m perf`: the gate's criteria (guards/criteria.py) as tests, on the hotloop learner's real step on a GPU.
 
 One module-scoped run: the configuration of this GPU's baseline (profiles/baselines/<gpu-name-slug>.json, written by
-`hotloop gate --update-baseline`) for one epoch, else the cartpole preset; then 20 guarded learner steps (graph
-replays) through the plugin's `guard` fixture, as `hotloop gate` guards them. Each criterion the guard measures is
-one test; the structural counts (syncs, kernels, grid (1,1,1), D2D copies, memsets, spectral-norm launches, GEMM
-precision) must equal the baseline's exactly. Timings are never asserted here: `hotloop gate` compares them with the
+`hotloop gate --update-baseline`) for one epoch, else the cartpole preset; then the gate's guarded window: K
+consecutive iterations of the training loop (`Trainer.iterate`: actor graph, learner graph, the periodic readback,
+the progress callback; K = max(20, the longest period), hotloop.guards.gate.guard_loop), as `hotloop gate` guards
+them. Each criterion the guard measures is one test (the reported-only rows have no limit); the structural counts
+(syncs, kernels, grid (1,1,1), D2D copies, memsets, spectral-norm launches, GEMM precision) must equal the
+baseline's exactly. Timings are never asserted here: `hotloop gate` compares them with the
 baseline's noise-aware rule (guards/baselines.py).
 """
 
@@ -15,14 +17,13 @@ import dataclasses
 import pytest
 
 from hotloop.guards.baselines import compare, is_count, load_baseline
-from hotloop.guards.criteria import CRITERIA
-from hotloop.guards.gate import GUARD_STEP_RANGE, default_baseline
+from hotloop.guards.criteria import CRITERIA, REPORT
+from hotloop.guards.gate import default_baseline, guard_loop
 from hotloop.trainer.config import Config, preset
 from hotloop.trainer.loop import Trainer
-from hotloop.trainer.step import PHASE_RULES
 
-GUARDED = [c.name for c in CRITERIA if c.measured_by is None]
-"""Criteria a guarded window measures (the others are the watchdog's and pytest's own)."""
+GUARDED = [c.name for c in CRITERIA if c.measured_by is None and c.comparison != REPORT]
+"""Criteria a guarded window judges (the others are the watchdog's and pytest's own, or reported only)."""
 
 
 def _baseline():
@@ -31,7 +32,7 @@ def _baseline():
 
 
 @pytest.fixture(scope="module")
-def hot_report(guard):
+def hot_report():
     path, base = _baseline()
     if base is not None and base.config:  # its fields this Config still has, on this GPU
         known = {f.name for f in dataclasses.fields(Config)}
@@ -42,7 +43,9 @@ def hot_report(guard):
     trainer = Trainer(cfg)
     trainer.run_epoch(1)
     assert trainer.learner_kind == "hotloop" and trainer.learner.graph is not None
-    return guard(trainer.learner_step, steps=20, warmup=3, step_range=GUARD_STEP_RANGE, phases=PHASE_RULES)
+    report = guard_loop(trainer, warmup=3)
+    assert report.window["missing"] == [], report.coverage  # every periodic phase ran in the window
+    return report
 
 
 @pytest.mark.perf

@@ -178,7 +178,8 @@ def test_phase_rules_and_precisions_of_the_hot_kernels():
         "_grad_sumsq_kernel": ("optimizer", ""), "_clip_adam_kernel": ("optimizer", ""),
         "_spectral_norm_kernel": ("spectral_norm", ""), "_tree_update_kernel": ("priority_update", ""),
     }
-    df = pd.DataFrame({"name": list(expected), "kind": "kernel", "start_us": 0.0, "dur_us": 1.0, "pid": 0, "tid": 7})
+    df = pd.DataFrame({"name": list(expected), "kind": "kernel", "start_us": 1.0, "dur_us": 1.0, "pid": 0, "tid": 7,
+                       "correlation": pd.array([None] * len(expected), dtype="Int64")})
     phases = kernel_phases(df, PHASE_RULES)
     assert dict(zip(df["name"], phases)) == {name: phase for name, (phase, _) in expected.items()}
     assert {name: gemm_precision(name) for name in expected} == {name: p for name, (_, p) in expected.items()}

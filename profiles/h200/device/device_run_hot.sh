@@ -3,6 +3,10 @@
 # Usage (repo root on the H200, .whl carried; .nsyslibs too for `nsys`):
 #   bash profiles/h200/device/device_run_hot.sh OUT_DIR COMMIT PART...
 # PART: tests    pytest -m "not slow" on the GPU (incl. the fault tests of tests/guards/test_faults.py)
+#       gpusuite pytest -m "gpu or perf or smoke": the tests that need the GPU, and the smoke tests
+#       precision python -m hotloop.trainer.precision_probe on cartpole and seed-scale: the probe's errors per GEMM
+#                product for the step, an IEEE forward and a one-TF32-dot backward (the bounds' evidence)
+#       mutate   hotloop mutate --self-baseline --jobs ${MUTATE_JOBS:-4}: the gate's mutation score on ci/mutants/
 #       gate     clean gate x5 repeats writing the H200 baseline, then one gate per injected fault (guards/faults.py)
 #       marks    pytest -m perf, then pytest -m smoke (JUnit XML each)
 #       ranges   python -m hotloop.profiles.ranges: the cost of one phase range
@@ -63,6 +67,18 @@ for part in "$@"; do
         echo "$f rc=$rc$( ((rc == 70)) && echo ' (CRASH: not a kill)') $(grep -E '^FAIL' /tmp/r/gate_$f.log | tr '\n' ' ')"
       done
       cp profiles/baselines/*.json /tmp/r/ 2>/dev/null ;;
+    gpusuite)
+      timeout 420 python3 -m pytest -q -p no:cacheprovider -m "gpu or perf or smoke" -rs \
+        --junitxml=/tmp/r/junit_gpusuite.xml > /tmp/r/pytest_gpusuite.log 2>&1
+      echo "pytest gpu/perf/smoke rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" /tmp/r/pytest_gpusuite.log | tail -n 25 ;;
+    precision)
+      for pre in cartpole seed-scale; do
+        timeout 240 python3 -m hotloop.trainer.precision_probe --preset $pre --steps 20 --csv /tmp/r/precision_$pre.csv \
+          > /tmp/r/precision_$pre.log 2>&1; echo "precision $pre rc=$?"; tail -n 30 /tmp/r/precision_$pre.log
+      done ;;
+    mutate)
+      timeout ${MUTATE_TIMEOUT:-540} $HL mutate --self-baseline --jobs ${MUTATE_JOBS:-4} --out /tmp/r/mutate \
+        ${MUTATE_ONLY:+--only $MUTATE_ONLY} > /tmp/r/mutate.log 2>&1; echo "mutate rc=$?"; tail -n 40 /tmp/r/mutate.log ;;
     marks)
       for m in perf smoke; do
         timeout 240 python3 -m pytest -q -p no:cacheprovider -m $m -rs --junitxml=/tmp/r/junit_$m.xml \

@@ -1,0 +1,338 @@
+"""guards/mutate.py, the source-level mutation suite (CPU): every patch of ci/mutants applies to this checkout and
+yields valid Python, the suite spans every criterion, a copy imports itself through its import root, the verdict
+logic on stubbed gate results, the whole run on a stub gate (clean first, then each mutant), and bad manifests or
+patches are exit 2 before anything runs."""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from hotloop.guards import mutate
+from hotloop.guards.mutate import (CLEAN_FAILED, CRASHED, EXPECTABLE, GATE_CRITERIA, HANG, KILLED, SURVIVED,
+                                   TIMED_OUT, USAGE, UsageError, apply_patch, check_patches, copy_checkout,
+                                   failed_rows, gate_env, import_root, load_manifest, patched_files, run_suite,
+                                   verdict, verify_imports)
+
+ROOT = Path(__file__).resolve().parents[2]
+MANIFEST = ROOT / "ci" / "mutants" / "mutants.toml"
+needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="needs git (git apply)")
+
+
+# ------------------------------------------------------------------------------------ the suite as committed
+
+def test_the_manifest_reads_and_spans_every_criterion():
+    mutants = load_manifest(MANIFEST)
+    assert len(mutants) >= 15
+    covered = {m.criterion for m in mutants}
+    assert covered >= (set(GATE_CRITERIA) - {"epoch 1 without hang"}) | {"epoch throughput", HANG}, covered
+    assert covered <= set(EXPECTABLE)
+    files = {m.file for m in mutants}  # spread over the loop, the actor, the readback, the CLI run, the kernels
+    assert {"trainer/loop.py", "trainer/actor.py", "trainer/readback.py", "trainer/step.py", "guards/run.py",
+            "kernels/linear.py", "kernels/fused_adam.py"} <= files
+    assert all(m.patch.is_file() and m.what and m.depends for m in mutants)
+
+
+@needs_git
+def test_every_patch_applies_to_the_current_checkout(tmp_path):
+    """The suite's honesty as code moves: a patch that no longer applies must be placed again in the new code."""
+    mutants = load_manifest(MANIFEST)
+    clean = copy_checkout(ROOT, tmp_path / "clean")
+    assert check_patches(mutants, clean) == []
+    for m in mutants:  # applied for real, each alone, to a tree holding its file: valid Python, really changed
+        assert patched_files(m.patch) == [m.file], m.id
+        tree = tmp_path / m.id
+        (tree / m.file).parent.mkdir(parents=True)
+        shutil.copy2(clean / m.file, tree / m.file)
+        assert apply_patch(m.patch, tree) is None, m.id
+        text = (tree / m.file).read_text()
+        assert text != (clean / m.file).read_text(), m.id
+        ast.parse(text, f"{m.id}:{m.file}")
+
+
+# ----------------------------------------------------------------------------------------------- import root
+
+def _diff(rel: str, before: str, after: str) -> str:
+    """A git-style unified diff of file `rel` from text `before` to `after`."""
+    lines = difflib.unified_diff(before.splitlines(keepends=True), after.splitlines(keepends=True), f"a/{rel}",
+                                 f"b/{rel}")
+    return f"diff --git a/{rel} b/{rel}\n" + "".join(lines)
+
+
+@needs_git
+def test_a_copy_imports_itself_through_its_import_root(tmp_path):
+    source = (ROOT / "guards" / "watchdog.py").read_text()
+    assert source.count("\nHANG_EXIT_CODE = 3\n") == 1
+    patch = tmp_path / "watchdog.patch"  # a mutant of a constant the subprocess can print
+    patch.write_text(_diff("guards/watchdog.py", source,
+                           source.replace("\nHANG_EXIT_CODE = 3\n", "\nHANG_EXIT_CODE = 33  # the mutant's copy\n")))
+    tree = copy_checkout(ROOT, tmp_path / "copy")
+    assert apply_patch(patch, tree) is None
+    site = import_root(tree)
+    paths = verify_imports(tree, site)
+    for name in ("kernels", "profiles", "trainer", "guards"):
+        assert Path(paths[name]).is_relative_to(tree.resolve()), paths
+    assert paths["baselines"] == str((tree / "profiles" / "baselines").resolve())
+    probe = ("from importlib import resources\nfrom hotloop.guards.watchdog import HANG_EXIT_CODE\n"
+             "print(HANG_EXIT_CODE, (resources.files('hotloop.profiles') / 'baselines' / 'nvidia-h200.json')"
+             ".is_file())")
+    run = subprocess.run([sys.executable, "-c", probe], cwd=tree, env=gate_env(site), capture_output=True, text=True)
+    assert run.stdout.split() == ["33", "True"], run.stderr  # the copy's constant, the copy's package data
+    plain = subprocess.run([sys.executable, "-c", probe], cwd=tree, capture_output=True, text=True)
+    assert plain.stdout.split()[0] == "3"  # without the import root: the installed hotloop, not the copy
+    with pytest.raises(RuntimeError, match="does not import itself"):
+        verify_imports(tree, tmp_path / "empty-site")  # nothing on the path points at the copy
+
+
+def test_the_copy_leaves_out_the_output_folder_and_build_outputs(tmp_path):
+    root = tmp_path / "tree"  # no .git: the walk
+    for rel in ("kernels/a.py", "guards/__pycache__/x.pyc", "hotloop.egg-info/PKG-INFO", "profiles/runs/r/x",
+                "out/mutants.csv", "README.md", ".venv/pyvenv.cfg", "env2/pyvenv.cfg", "cache/x.bin", "k/y.log"):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text("x")
+    (root / ".gitignore").write_text("# build outputs\n/cache/\n*.log\n!keep.log\n")
+    assert mutate.checkout_files(root, leave_out=[root / "out"]) == [".gitignore", "README.md", "kernels/a.py"]
+
+
+# --------------------------------------------------------------------------------------------------- verdicts
+
+def _run_folder(path: Path, failed: list[str] = (), regressions: list[str] = ()) -> Path:
+    path.mkdir(parents=True)
+    pd.DataFrame({"criterion": list(GATE_CRITERIA),
+                  "verdict": ["FAIL" if c in failed else "PASS" for c in GATE_CRITERIA]}).to_csv(
+        path / "criteria.csv", index=False)
+    if regressions:
+        pd.DataFrame({"metric": ["kernels", *regressions],
+                      "verdict": ["PASS", *["FAIL"] * len(regressions)]}).to_csv(path / "baseline.csv", index=False)
+    return path
+
+
+def test_failed_rows_read_criteria_and_baseline_tables(tmp_path):
+    run = _run_folder(tmp_path / "a", ["no stream sync", "no single-block kernels"],
+                      ["epoch_learner_steps_per_s", "kernels_grid1"])
+    assert failed_rows(run) == ["no stream sync", "no single-block kernels", "epoch throughput",
+                                "regression kernels_grid1"]
+    assert failed_rows(tmp_path / "nothing") == []  # a hang or a crash writes no table
+
+
+@pytest.mark.parametrize("expected, rc, failed, want", [
+    ("no stream sync", 1, ["no stream sync", "no single-block kernels"], KILLED),  # other FAILs beside it: killed
+    ("no stream sync", 0, [], SURVIVED),
+    ("no stream sync", 1, ["no single-block kernels", "regression kernels"],
+     "wrong criterion: no single-block kernels"),
+    ("no stream sync", 1, ["regression dur_us"], "wrong criterion: regression dur_us"),
+    ("no stream sync", 1, [], "wrong criterion: nothing FAILed in the run folder"),
+    ("no stream sync", 70, ["no stream sync"], CRASHED),  # an internal error is never a kill
+    ("no stream sync", 2, [], CRASHED),
+    ("no stream sync", -9, [], CRASHED),
+    ("no stream sync", 3, [], "wrong criterion: hang"),
+    ("no stream sync", None, [], TIMED_OUT),
+    (HANG, 3, [], KILLED),
+    ("epoch 1 without hang", 3, [], KILLED),
+    (HANG, 1, ["no event sync"], "wrong criterion: no event sync"),
+    (HANG, 0, [], SURVIVED),
+    (HANG, 70, [], CRASHED),
+    ("epoch throughput", 1, ["epoch throughput", "regression kernels"], KILLED),
+    ("epoch throughput", 1, ["regression graph_launches"], "wrong criterion: regression graph_launches"),
+])
+def test_verdicts_on_stubbed_gate_results(expected, rc, failed, want):
+    assert verdict(expected, rc, failed) == want
+
+
+# ------------------------------------------------------------------------ the runner on a stub gate (no GPU)
+
+STUB_GATE = '''\
+import sys, os, pathlib
+argv = sys.argv[1:]
+if argv[:1] == ["-c"]:  # the runner's import check: the real interpreter
+    os.execv(sys.executable, [sys.executable, *argv])
+assert argv[:3] == ["-m", "hotloop.guards.cli", "gate"], argv
+out = pathlib.Path(argv[argv.index("--out") + 1])
+out.mkdir(parents=True)
+if "--update-baseline" in argv:
+    pathlib.Path(argv[argv.index("--baseline") + 1]).parent.mkdir(parents=True, exist_ok=True)
+    pathlib.Path(argv[argv.index("--baseline") + 1]).write_text("{}")
+with open(os.environ["STUB_CALLS"], "a") as f:
+    f.write(pathlib.Path.cwd().name + " " + " ".join(argv[3:argv.index("--out")]) + "\\n")
+state = [t for t in pathlib.Path("guards/stub_gate.txt").read_text().splitlines() if not t.startswith("#")][0]
+rc, _, failed = state.partition(" ")
+crit = ["no stream sync", "no event sync", "DDQN overlapped"]
+out.joinpath("criteria.csv").write_text("criterion,verdict\\n" + "".join(
+    f"{c},{'FAIL' if c in failed.split(',') else 'PASS'}\\n" for c in crit))
+sys.exit(int(rc))
+'''
+
+
+def _stub_checkout(tmp_path: Path, clean: str = "0") -> Path:
+    root = tmp_path / "checkout"
+    for pkg in ("kernels", "profiles", "trainer", "guards"):
+        (root / pkg).mkdir(parents=True)
+        (root / pkg / "__init__.py").write_text(f'"""{pkg}"""\n')
+    (root / "guards" / "stub_gate.txt").write_text(_stub_state(clean))
+    (root / "pyproject.toml").write_text('[tool.setuptools.package-dir]\n' + "".join(
+        f'"hotloop.{p}" = "{p}"\n' for p in ("kernels", "profiles", "trainer", "guards")))
+    stub = tmp_path / "stub-python"
+    stub.write_text(f"#!{sys.executable}\n" + STUB_GATE)
+    stub.chmod(stub.stat().st_mode | stat.S_IEXEC)
+    return root
+
+
+def _stub_state(state: str) -> str:
+    """The stub gate's file: its exit code and the criteria it FAILs ("1 no stream sync,DDQN overlapped")."""
+    return f"# the stub gate's exit code, then the criteria it FAILs\n{state}\n# end\n"
+
+
+def _patch(text_before: str, text_after: str) -> str:
+    return _diff("guards/stub_gate.txt", _stub_state(text_before), _stub_state(text_after))
+
+
+def _manifest(folder: Path, entries: list[dict], defaults: str = '["--device", "cuda"]') -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = [f"[defaults]\nargs = {defaults}\n"]
+    for e in entries:
+        if "after" in e:
+            (folder / f"{e['id']}.patch").write_text(_patch(e.pop("before", "0"), e.pop("after")))
+        lines.append("[[mutant]]\n" + "".join(f"{k} = {_toml(v)}\n" for k, v in e.items()))
+    path = folder / "mutants.toml"
+    path.write_text("\n".join(lines))
+    return path
+
+
+def _toml(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml(x) for x in v) + "]"
+    return '"' + str(v).replace('"', '\\"') + '"'
+
+
+def _entry(id: str, criterion: str, after: str, **extra) -> dict:
+    return {"id": id, "patch": f"{id}.patch", "file": "guards/stub_gate.txt", "criterion": criterion,
+            "what": f"stub {id}", "depends": "none", "after": after, **extra}
+
+
+@needs_git
+def test_the_runner_scores_each_mutant_after_a_clean_pass(tmp_path, monkeypatch):
+    root = _stub_checkout(tmp_path)
+    calls = tmp_path / "calls.txt"
+    monkeypatch.setenv("STUB_CALLS", str(calls))
+    manifest = _manifest(tmp_path / "mutants", [
+        _entry("sync_item", "no stream sync", "1 no stream sync,DDQN overlapped"),
+        _entry("other_row", "no event sync", "1 DDQN overlapped"),
+        _entry("unseen", "no stream sync", "0 (an edit the gate does not see)"),
+        _entry("crash", "no event sync", "70 no event sync"),
+        _entry("spin", "hang", "3", args=["--device", "cuda", "--epoch-timeout", "5"], exclusive=True),
+    ])
+    code, table = run_suite(manifest, root, tmp_path / "out", jobs=2, python=str(tmp_path / "stub-python"))
+    assert code == 0
+    got = dict(zip(table["mutant"], table["verdict"]))
+    assert got == {"sync_item": KILLED, "other_row": "wrong criterion: DDQN overlapped", "unseen": SURVIVED,
+                   "crash": CRASHED, "spin": KILLED}
+    assert list(table.columns) == mutate.RESULT_COLUMNS
+    assert table.set_index("mutant").loc["sync_item", "failed criteria"] == "no stream sync, DDQN overlapped"
+    assert mutate.score(table) == (2, 5)
+    runs = calls.read_text().splitlines()
+    # the clean tree ran first, once per distinct argument list, before any mutant; each mutant in its own copy
+    assert runs[:2] == ["clean --device cuda", "clean --device cuda --epoch-timeout 5"]
+    assert sorted(r.split()[0] for r in runs[2:]) == ["crash", "other_row", "spin", "sync_item", "unseen"]
+    assert runs[-1].startswith("spin")  # exclusive: alone, after the shared ones
+    out = tmp_path / "out"
+    assert (out / "mutants.csv").is_file() and "mutation score: 2/5 killed (40%)" in (out / "mutants.md").read_text()
+    assert pd.read_csv(out / "clean.csv")["exit code"].tolist() == [0, 0]
+    assert (root / "guards" / "stub_gate.txt").read_text() == _stub_state("0")  # the checkout is never patched
+    with pytest.raises(UsageError, match="already holds runs"):  # a second suite never mixes into the first's
+        run_suite(manifest, root, out, python=str(tmp_path / "stub-python"))
+
+
+@needs_git
+def test_self_baseline_writes_the_clean_trees_baseline_and_judges_against_it(tmp_path, monkeypatch):
+    root = _stub_checkout(tmp_path)
+    calls = tmp_path / "calls.txt"
+    monkeypatch.setenv("STUB_CALLS", str(calls))
+    manifest = _manifest(tmp_path / "mutants", [_entry("a", "no stream sync", "1 no stream sync")])
+    out = tmp_path / "out"
+    code, table = run_suite(manifest, root, out, python=str(tmp_path / "stub-python"), self_baseline=True)
+    own = out / "baselines" / "clean.json"
+    assert code == 0 and table["verdict"].tolist() == [KILLED] and own.is_file()
+    assert calls.read_text().splitlines() == [f"clean --device cuda --update-baseline --baseline {own}",
+                                              f"clean --device cuda --baseline {own}",
+                                              f"a --device cuda --baseline {own}"]
+    chooses = _manifest(tmp_path / "m2", [_entry("b", "no stream sync", "1", args=["--no-baseline"])])
+    with pytest.raises(UsageError, match="already choose a baseline"):
+        run_suite(chooses, root, out, python=str(tmp_path / "stub-python"), self_baseline=True)
+
+
+@needs_git
+def test_no_score_when_the_clean_tree_fails(tmp_path, monkeypatch):
+    root = _stub_checkout(tmp_path, clean="1 no stream sync")
+    calls = tmp_path / "calls.txt"
+    monkeypatch.setenv("STUB_CALLS", str(calls))
+    manifest = _manifest(tmp_path / "mutants", [_entry("a", "no event sync", "1 no event sync",
+                                                       before="1 no stream sync")])
+    code, table = run_suite(manifest, root, tmp_path / "out", python=str(tmp_path / "stub-python"))
+    assert (code, table) == (CLEAN_FAILED, None)
+    assert calls.read_text().split() == ["clean", "--device", "cuda"]  # no mutant ran
+
+
+# ------------------------------------------------------------------------------- bad input: exit 2, nothing run
+
+@pytest.mark.parametrize("entry, problem", [
+    ({"criterion": "no stream synk"}, "criterion 'no stream synk' is not one of"),
+    ({"id": "Bad-Id"}, "id must be lower-case"),
+    ({"patch": "missing.patch"}, "missing.patch does not exist"),
+    ({"args": ["--device", "cuda", "--out", "x"]}, "args may not hold \\['--out'\\]"),
+    ({"args": "--device cuda"}, "args must be a list of strings"),
+    ({"exclusive": "yes"}, "exclusive must be true or false"),
+    ({"criterion": None}, "missing field 'criterion'"),
+    ({"criteria": "no stream sync"}, "unknown field 'criteria'"),
+])
+def test_a_bad_manifest_entry_is_exit_2_naming_it_before_anything_runs(tmp_path, monkeypatch, capsys, entry,
+                                                                      problem):
+    root = _stub_checkout(tmp_path)
+    monkeypatch.setenv("STUB_CALLS", str(tmp_path / "calls.txt"))
+    good = _entry("fine", "no stream sync", "1 no stream sync")
+    bad = _entry("broken", "no event sync", "1 no event sync")
+    bad = {k: v for k, v in {**bad, **entry}.items() if v is not None}
+    manifest = _manifest(tmp_path / "mutants", [good, bad])
+    with pytest.raises(UsageError, match=problem):
+        load_manifest(manifest)
+    code = mutate.main(["--manifest", str(manifest), "--root", str(root), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == USAGE and "mutant " in err and problem.replace("\\", "").split("'")[0] in err
+    assert not (tmp_path / "out").exists() and not (tmp_path / "calls.txt").exists()
+
+
+def test_duplicate_ids_and_an_empty_manifest_are_usage_errors(tmp_path):
+    manifest = _manifest(tmp_path / "m", [_entry("twice", "no stream sync", "1"), _entry("twice", "hang", "3")])
+    with pytest.raises(UsageError, match="mutant twice: id is not unique"):
+        load_manifest(manifest)
+    (tmp_path / "empty.toml").write_text("[defaults]\nargs = []\n")
+    with pytest.raises(UsageError, match="no \\[\\[mutant\\]\\] entries"):
+        load_manifest(tmp_path / "empty.toml")
+    (tmp_path / "broken.toml").write_text("[[mutant]\n")
+    with pytest.raises(UsageError, match="not valid TOML"):
+        load_manifest(tmp_path / "broken.toml")
+
+
+@needs_git
+def test_a_patch_that_does_not_apply_is_exit_2_naming_it_before_anything_runs(tmp_path, monkeypatch, capsys):
+    root = _stub_checkout(tmp_path)
+    monkeypatch.setenv("STUB_CALLS", str(tmp_path / "calls.txt"))
+    manifest = _manifest(tmp_path / "mutants", [
+        _entry("fine", "no stream sync", "1 no stream sync"),
+        _entry("stale", "no event sync", "1 no event sync", before="code that moved"),
+    ])
+    code = mutate.main(["--manifest", str(manifest), "--root", str(root), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == USAGE and "stale: stale.patch does not apply" in err and "fine:" not in err
+    assert not (tmp_path / "calls.txt").exists() and not (tmp_path / "out").exists()
+    assert mutate.main(["--manifest", str(manifest), "--root", str(root), "--only", "fine", "--check"]) == 0
+    assert mutate.main(["--manifest", str(manifest), "--root", str(root), "--only", "nosuch", "--check"]) == USAGE

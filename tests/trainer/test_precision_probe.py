@@ -1,0 +1,273 @@
+"""trainer/precision_probe.py: the learner's GEMMs judged by their numbers, not their kernel names.
+
+CPU: the Triton interpreter computes every dot in fp32 whatever its input_precision, so the probe must say it cannot
+judge (NOT_MEASURED); with the interpreter's dot patched to do what Hopper's tensor cores do (a "tf32" dot drops
+the low 13 mantissa bits of each fp32 operand; "tf32x3" is Triton's split: the patch of
+tests/kernels/test_tf32_emulated.py, repeated here as a fixture), the step's forward must classify TF32-like and its
+backward FP32-accurate, while an IEEE forward in a kernel NAMED tf32 and a backward cut down to one TF32 dot FAIL.
+GPU (`gpu` marker, the H200): the same verdicts from the hardware itself.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from hotloop.kernels.precision_variants import variant_linear_backward_weight, variant_linear_forward
+from hotloop.kernels.tf32_split import split_tf32
+from hotloop.trainer import precision_probe as pp
+from hotloop.trainer.config import preset
+from hotloop.trainer.replay import PrioritizedReplay
+from hotloop.trainer.step import HotLearner
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _trunc(x: np.ndarray) -> np.ndarray:
+    return (x.view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32)
+
+
+@pytest.fixture
+def hardware_tf32(monkeypatch):
+    """The interpreter's dot patched as Hopper's tensor cores compute (tests/kernels/test_tf32_emulated.py): "tf32"
+    truncates both fp32 operands to TF32, "tf32x3" does Triton's hi/lo split; "ieee" stays fp32."""
+    if torch.cuda.is_available():
+        pytest.skip("emulates the tensor cores on the CPU interpreter; on a GPU the hardware truncates")
+    interp = pytest.importorskip("triton.runtime.interpreter")
+    builder = getattr(interp, "InterpreterBuilder", None)
+    if builder is None or not hasattr(builder, "create_dot"):
+        pytest.skip("this Triton's interpreter has no InterpreterBuilder.create_dot to patch")
+    from triton._C.libtriton import ir
+
+    original = builder.create_dot
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        x, y = a.data, b.data
+        if x.dtype == np.float32 and y.dtype == np.float32:
+            if input_precision == ir.INPUT_PRECISION.TF32:
+                return interp.TensorHandle(np.matmul(_trunc(x), _trunc(y), dtype=np.float32) + d.data,
+                                           d.dtype.scalar)
+            if input_precision == ir.INPUT_PRECISION.TF32x3:
+                (xh, xl), (yh, yl) = (split_tf32(torch.from_numpy(t)).numpy() for t in (x, y))
+                r = np.matmul(xl, yh, dtype=np.float32) + np.matmul(xh, yl, dtype=np.float32)
+                return interp.TensorHandle(r + np.matmul(xh, yh, dtype=np.float32) + d.data, d.dtype.scalar)
+        return original(self, a, b, d, input_precision, max_num_imprecise_acc)
+
+    monkeypatch.setattr(builder, "create_dot", create_dot)
+
+
+def _setup(device=DEVICE, seed=0, **overrides):
+    """A small HotLearner (as tests/trainer/test_hot_learner.py's) over 200 random transitions, one step taken."""
+    cfg = preset("seed-scale", **{**dict(batch_size=32, trunk_hidden=(24, 16), head_hidden=16, obs_dim=12,
+                                         action_nvec=(3, 3), replay_capacity=300, cql_weight=0.1, seed=seed),
+                                  **overrides})
+    rp = PrioritizedReplay(cfg.replay_capacity, cfg.obs_dim, 2, alpha=cfg.per_alpha, eps=cfg.per_eps, device=device,
+                           use_kernels=True)
+    g = torch.Generator().manual_seed(seed)
+    n = 200
+    rp.add(torch.randn(n, cfg.obs_dim, generator=g).to(device), torch.randint(0, 3, (n, 2), generator=g).to(device),
+           torch.randn(n, generator=g).to(device), torch.randn(n, cfg.obs_dim, generator=g).to(device),
+           (torch.rand(n, generator=g) < 0.1).to(device))
+    hot = HotLearner(cfg, cfg.obs_dim, (3, 3), device, rp)
+    hot.step()
+    return hot
+
+
+def _errors(result: pp.ProbeResult) -> dict[str, float]:
+    return {p.name: p.error for p in result.products}
+
+
+def test_products_cover_every_gemm_of_the_step():
+    hot = _setup()
+    result = pp.probe_precision(hot, pp.replay_batch(hot))
+    names = [p.name for p in result.products]
+    assert names == ["forward.L0", "forward.L1", "forward.L2", "ddqn.L0", "ddqn.L1", "ddqn.L2", "forward.heads",
+                     "ddqn.heads", "backward.heads.dh", "backward.heads.dW", "backward.dW.L2", "backward.dX.L2",
+                     "backward.dW.L1", "backward.dX.L1", "backward.dW.L0"]
+    by = {p.name: p for p in result.products}
+    assert (by["forward.L1"].m, by["forward.L1"].n, by["forward.L1"].k) == (32, 16, 24)
+    assert (by["backward.dW.L1"].m, by["backward.dW.L1"].n, by["backward.dW.L1"].k) == (16, 24, 32)
+    assert "fused" in by["backward.dW.L0"].launcher and "linear_backward_input" in by["backward.dW.L0"].launcher
+    assert all(p.live > 0 for p in result.products)
+    assert result.table().shape[0] == len(names)
+
+
+def test_interpreter_without_emulation_cannot_judge_the_forward():
+    """No TF32 rounding on the plain interpreter: the forward looks FP32-like, and that is no FAIL."""
+    if torch.cuda.is_available():
+        pytest.skip("interpreter behaviour")
+    hot = _setup()
+    assert pp.tf32_dot_rounds(DEVICE) is False
+    result = pp.probe_precision(hot, pp.replay_batch(hot))
+    assert not result.tf32_rounds and "interpreter" in result.platform
+    assert all(p.cls == pp.FP32_LIKE for p in result.products), _errors(result)
+    assert pp.forward_verdict(result)[0] == pp.NOT_MEASURED
+    assert pp.backward_verdict(result)[0] == pp.NOT_MEASURED  # a one-dot TF32 backward would pass here too
+    verdict, evidence = pp.precision_verdict(result)
+    assert verdict == pp.NOT_MEASURED == "not measured (CPU interpreter: no TF32 rounding)"
+    assert any("do NOT round" in line for line in evidence)
+    assert any("not available (interpreter)" in line for line in evidence)
+
+
+def test_step_under_emulated_tf32_passes(hardware_tf32):
+    hot = _setup()
+    assert pp.tf32_dot_rounds(DEVICE) is True
+    result = pp.probe_precision(hot, pp.replay_batch(hot))
+    assert result.tf32_rounds
+    for p in result.phase("forward"):
+        assert p.cls == pp.TF32_LIKE, (p.name, p.error)
+    for p in result.phase("backward"):
+        assert p.cls == pp.FP32_LIKE, (p.name, p.error)
+    verdict, evidence = pp.precision_verdict(result)
+    assert verdict == pp.PASS, "\n".join(evidence)
+
+
+def test_ieee_forward_in_a_kernel_named_tf32_fails(hardware_tf32):
+    """The mutant keeps a TF32 name (the name-based classifier calls it TF32) but multiplies in IEEE FP32: the probe
+    sees FP32-like errors and the TF32-forward verdict FAILs. Swapped on the learner, as guards/faults.py swaps."""
+    from hotloop.kernels import precision_variants
+
+    name = precision_variants._variant_tf32_gemm_kernel.__name__
+    assert "tf32" in name
+    try:  # the name-based classifier the probe replaces (if it is still there) calls it TF32
+        from hotloop.guards.step_metrics import gemm_precision
+    except ImportError:
+        gemm_precision = None
+    if gemm_precision is not None:
+        assert gemm_precision(name) == "tf32"
+    hot = _setup()
+    hot.linear_forward = variant_linear_forward("ieee")
+    result = pp.probe_precision(hot, pp.replay_batch(hot))
+    fwd = result.phase("forward")
+    assert all("variant_linear_forward[ieee]" in p.launcher for p in fwd if ".heads" not in p.name)
+    assert {p.cls for p in fwd if ".heads" not in p.name} == {pp.FP32_LIKE}, _errors(result)
+    verdict, lines = pp.forward_verdict(result)
+    assert verdict == pp.FAIL and "not TF32" in lines[-1] and "forward.L0" in lines[-1]
+    assert pp.backward_verdict(result)[0] == pp.PASS
+    assert pp.precision_verdict(result)[0] == pp.FAIL
+
+
+def test_tf32_variant_forward_is_tf32_like(hardware_tf32):
+    """The same variant kernel with precision "tf32" shows TF32 errors: the class follows the math, not the code."""
+    hot = _setup()
+    result = pp.probe_precision(hot, pp.replay_batch(hot),
+                                launchers=replace(pp.Launchers.of(hot), forward=variant_linear_forward("tf32")))
+    assert pp.forward_verdict(result)[0] == pp.PASS, _errors(result)
+
+
+def test_one_tf32_dot_backward_fails_and_split_backward_passes(hardware_tf32):
+    hot = _setup()
+    batch = pp.replay_batch(hot)
+    cut = pp.probe_precision(hot, batch, launchers=pp.variant_launchers(hot, "tf32_backward"), label="tf32_backward")
+    errs = _errors(cut)
+    for name in ("backward.dX.L2", "backward.dX.L1", "backward.dW.L2", "backward.dW.L1", "backward.dW.L0"):
+        assert errs[name] > pp.FP32_BOUND, (name, errs[name])
+        assert errs[name] > 1e-5  # a TF32 product's error, far above 3xTF32's ~1e-7
+    verdict, lines = pp.backward_verdict(cut)
+    assert verdict == pp.FAIL and "above the FP32 bound" in lines[-1]
+    assert pp.precision_verdict(cut)[0] == pp.FAIL
+    # the step's own split-precision backward and Triton's tf32x3 split both stay within the bound
+    for name in ("step", "tf32x3_backward"):
+        ok = pp.probe_precision(hot, batch, launchers=pp.variant_launchers(hot, name))
+        assert pp.backward_verdict(ok)[0] == pp.PASS, (name, _errors(ok))
+        assert max(p.error for p in ok.phase("backward")) < 1e-6
+
+
+def test_probe_step_runs_the_step_math():
+    """The probe's gradient buffer equals the learner step's own on the same batch and parameters."""
+    hot = _setup()
+    nets = hot.nets.clone()
+    hot.step()  # sample -> forward -> loss -> backward -> Adam: hot.grads holds the gradient at `nets`
+    batch = SimpleNamespace(indices=hot.idx.clone(), weights=hot.weights.clone())
+    t = pp.probe_step(hot, batch, nets=nets)
+    torch.testing.assert_close(t.q, hot.q, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(t.td_grad, hot.td.grad, rtol=1e-6, atol=1e-7)
+    err = float((t.grads - hot.grads).abs().max() / hot.grads.abs().max())
+    assert err < 1e-5, err
+
+
+def test_non_finite_backward_fails_everywhere():
+    hot = _setup()
+    good = variant_linear_backward_weight("ieee")
+
+    def nan_weight_grad(dyt, xt, w, g, dw, dg, gain_group):
+        good(dyt, xt, w, g, dw, dg, gain_group)
+        dw.fill_(float("nan"))
+
+    result = pp.probe_precision(hot, pp.replay_batch(hot),
+                                launchers=replace(pp.Launchers.of(hot), backward_weight=nan_weight_grad))
+    assert pp.classify(_errors(result)["backward.dW.L2"]) == pp.NON_FINITE
+    assert pp.backward_verdict(result)[0] == pp.FAIL  # even where TF32 cannot be judged
+
+
+def test_classify_bands():
+    assert pp.FP32_BOUND < pp.TF32_MIN < pp.TF32_MAX
+    assert pp.classify(2.5e-7) == pp.FP32_LIKE
+    assert pp.classify(pp.FP32_BOUND) == pp.FP32_LIKE
+    assert pp.classify(2e-5) == pp.BETWEEN
+    assert pp.classify(4e-4) == pp.TF32_LIKE
+    assert pp.classify(0.5) == pp.WORSE
+    assert pp.classify(math.inf) == pp.NON_FINITE
+    assert pp.classify(math.nan) == pp.NO_LIVE
+
+
+def test_normwise_error_ignores_bias_and_dead_units():
+    """The error is the product's: a large bias or dead ReLU entries do not dilute it."""
+    prod = torch.tensor([[1.0, -1.0], [2.0, 0.5]], dtype=torch.float64)
+    bias = torch.tensor([100.0, 0.0], dtype=torch.float64)
+    ref = (prod + bias).relu()
+    got = (ref + 1e-3 * torch.tensor([[1.0, 0.0], [0.0, 1.0]], dtype=torch.float64)).float()
+    live = pp._relu_live(got.double(), ref)
+    e = pp._Err().add(got, ref, prod, live).error()
+    want = math.sqrt(2e-6) / float(prod[live].norm())
+    assert e == pytest.approx(want, rel=1e-2)  # (101.001 in fp32 is off by < 4e-6)
+    dead = pp._Err().add(torch.zeros(2), torch.zeros(2, dtype=torch.float64), live=torch.zeros(2, dtype=torch.bool))
+    assert math.isnan(dead.error()) and pp.classify(dead.error()) == pp.NO_LIVE
+
+
+def test_bad_batch_and_nets_are_refused():
+    hot = _setup()
+    with pytest.raises(ValueError, match="batch"):
+        pp.probe_step(hot, torch.zeros(4, dtype=torch.int32))
+    with pytest.raises(ValueError, match="replay slots"):
+        pp.probe_step(hot, torch.tensor([0, 10_000]))
+    with pytest.raises(ValueError, match="nets"):
+        pp.probe_step(hot, torch.tensor([0, 1]), nets=hot.params)
+    with pytest.raises(ValueError, match="configuration"):
+        pp.variant_launchers(hot, "bf16_forward")
+
+
+def test_cli_prints_each_configuration(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("CPU smoke of the CLI; the GPU run is the lead's measurement")
+    rc = pp.main(["--preset", "seed-scale", "--set", "batch_size=32", "--set", "trunk_hidden=(24, 16)",
+                  "--set", "head_hidden=16", "--set", "obs_dim=12", "--set", "action_nvec=(3, 3)",
+                  "--set", "replay_capacity=128", "--steps", "1", "--device", "cpu",
+                  "--configs", "step,tf32_backward"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "== step: not measured" in out and "== tf32_backward: not measured" in out
+    assert "backward.dW.L0" in out and "FP32_BOUND 1e-05" in out
+
+
+@pytest.mark.gpu
+def test_gpu_step_passes_and_mutants_fail():
+    """On the GPU the hardware rounds: the step PASSes, an IEEE forward and a one-dot TF32 backward FAIL."""
+    hot = _setup(torch.device("cuda"))
+    assert pp.tf32_dot_rounds(hot.device)
+    batch = pp.replay_batch(hot)
+    step = pp.probe_precision(hot, batch)
+    assert pp.precision_verdict(step)[0] == pp.PASS, "\n".join(pp.precision_verdict(step)[1])
+    ieee = pp.probe_precision(hot, batch, launchers=pp.variant_launchers(hot, "ieee_forward"))
+    assert pp.forward_verdict(ieee)[0] == pp.FAIL
+    cut = pp.probe_precision(hot, batch, launchers=pp.variant_launchers(hot, "tf32_backward"))
+    assert pp.backward_verdict(cut)[0] == pp.FAIL
+    ins = step.instructions
+    assert ins["_fwd_online_tf32_gemm_kernel"][0]["tf32_mma"] > 0
+    assert ins["_bwd_dx_fp32split_gemm_kernel"][0]["tf32_mma"] > 0
+    assert ins["_heads_bwd_fp32_kernel"][0]["mma"] == 0
