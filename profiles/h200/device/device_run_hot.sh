@@ -3,7 +3,10 @@
 # Usage (repo root on the H200, .whl carried; .nsyslibs too for `nsys`):
 #   bash profiles/h200/device/device_run_hot.sh OUT_DIR COMMIT PART...
 # PART: tests    pytest -m "not slow" on the GPU (incl. the fault tests of tests/guards/test_faults.py)
-#       gpusuite pytest -m "gpu or perf or smoke": the tests that need the GPU, and the smoke tests
+#       baseline the clean gate x5 repeats (cartpole, 2 epochs) writing profiles/baselines/<gpu>.json, copied into
+#                the installed package too (its lookup reads the installed package data)
+#       gpusuite pytest -m "${GPUSUITE_MARKS:-gpu or perf}": the tests that need the GPU
+#       ciclean  ci/gate.sh clean only (2 epochs)
 #       precision python -m hotloop.trainer.precision_probe on cartpole and seed-scale: the probe's errors per GEMM
 #                product for the step, an IEEE forward and a one-TF32-dot backward (the bounds' evidence)
 #       mutate   hotloop mutate --self-baseline --jobs ${MUTATE_JOBS:-4}: the gate's mutation score on ci/mutants/
@@ -67,8 +70,16 @@ for part in "$@"; do
         echo "$f rc=$rc$( ((rc == 70)) && echo ' (CRASH: not a kill)') $(grep -E '^FAIL' /tmp/r/gate_$f.log | tr '\n' ' ')"
       done
       cp profiles/baselines/*.json /tmp/r/ 2>/dev/null ;;
+    baseline)
+      timeout 200 $HL gate --preset cartpole --device cuda --epochs 2 --repeats 5 --no-progress --out /tmp/r/gate_clean \
+        --baseline-dir profiles/baselines --update-baseline > /tmp/r/gate_clean.log 2>&1; echo "clean rc=$?"
+      tail -n 6 /tmp/r/gate_clean.log; cp profiles/baselines/*.json /tmp/site/hotloop/profiles/baselines/
+      cp profiles/baselines/*.json /tmp/r/ ;;
+    ciclean)
+      HOTLOOP_SKIP_INSTALL=1 HOTLOOP_EPOCHS=2 HOTLOOP_RUN_DIR=/tmp/r/ci_clean timeout 240 bash ci/gate.sh \
+        > /tmp/r/ci_clean.log 2>&1; echo "ci clean rc=$?"; tail -n 12 /tmp/r/ci_clean.log ;;
     gpusuite)
-      timeout 420 python3 -m pytest -q -p no:cacheprovider -m "gpu or perf or smoke" -rs \
+      timeout 330 python3 -m pytest -q -p no:cacheprovider -m "${GPUSUITE_MARKS:-gpu or perf}" -rs \
         --junitxml=/tmp/r/junit_gpusuite.xml > /tmp/r/pytest_gpusuite.log 2>&1
       echo "pytest gpu/perf/smoke rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" /tmp/r/pytest_gpusuite.log | tail -n 25 ;;
     precision)
