@@ -258,21 +258,26 @@ def event_phases(df: pd.DataFrame, phases: Mapping[PhaseRule, str] | None = None
     CUDA calls (runtime, driver), HIT_MARK markers and GPU rows; other rows get "" and (). `phases`, `ignore`:
     see `kernel_phases`; `rule_phases`: the phases inside which the `phases` rules apply (None: everywhere).
     Ranges are assumed to nest on each thread. Raises ValueError for a rule that is not a valid regex."""
+    # paths are tuples of different lengths: kept in a plain list by position and put into an object Series at the
+    # end (a list of tuples assigned through a mask is turned into a 2-D array by some pandas versions)
     phase = pd.Series("", index=df.index, dtype=object)
-    path = pd.Series([()] * len(df), index=df.index, dtype=object)
+    paths: list[tuple[str, ...]] = [()] * len(df)
     ranges = is_phase_range(df, ignore)
     cpu_ranges = df[ranges & df["kind"].eq("user_annotation")]
     calls = df["kind"].isin(_API_KINDS) | _markers(df)
     if calls.any():
-        path[calls] = _enclosing(df[calls], cpu_ranges)
-        phase[calls] = [p[-1] if p else "" for p in path[calls]]
+        for pos, enclosing in zip(np.flatnonzero(calls.to_numpy()), _enclosing(df[calls], cpu_ranges)):
+            paths[pos] = enclosing
+        phase[calls] = [paths[pos][-1] if paths[pos] else "" for pos in np.flatnonzero(calls.to_numpy())]
     gpu = df["kind"].isin(_GPU_KINDS)
     if not gpu.any():
-        return pd.DataFrame({"phase": phase, "path": path})
+        return pd.DataFrame({"phase": phase, "path": _object_series(paths, df.index)})
     # the launching call's path, through the correlation id
-    launches = df[df["kind"].isin(_API_KINDS) & df["correlation"].notna()]
-    launches = launches[~launches["correlation"].duplicated()]
-    by_corr = pd.Series(path[launches.index].to_numpy(), index=launches["correlation"].to_numpy(), dtype=object)
+    is_launch = (df["kind"].isin(_API_KINDS) & df["correlation"].notna()).to_numpy()
+    launch_pos = np.flatnonzero(is_launch)
+    launch_corr = df["correlation"].to_numpy()[launch_pos]
+    first = ~pd.Series(launch_corr).duplicated().to_numpy()
+    by_corr = _object_series([paths[pos] for pos in launch_pos[first]], launch_corr[first])
     launch_path = [lp if isinstance(lp, tuple) else () for lp in df.loc[gpu, "correlation"].map(by_corr)]
     annotated = _gpu_annotation(df, gpu, df[ranges & df["kind"].eq("annotation")])
     base = [a or (lp[-1] if lp else "") for a, lp in zip(annotated, launch_path)]
@@ -289,8 +294,17 @@ def event_phases(df: pd.DataFrame, phases: Mapping[PhaseRule, str] | None = None
             rule[hit] = name
             claimed |= hit
     phase[gpu] = [r or b for r, b in zip(rule, base)]
-    path[gpu] = [gp + ((r,) if r and (not gp or gp[-1] != r) else ()) for r, gp in zip(rule, gpu_path)]
-    return pd.DataFrame({"phase": phase, "path": path})
+    for pos, r, gp in zip(np.flatnonzero(gpu.to_numpy()), rule, gpu_path):
+        paths[pos] = gp + ((r,) if r and (not gp or gp[-1] != r) else ())
+    return pd.DataFrame({"phase": phase, "path": _object_series(paths, df.index)})
+
+
+def _object_series(values: list, index) -> pd.Series:
+    """An object Series holding `values` (tuples of any lengths) as they are, one per index entry."""
+    arr = np.empty(len(values), dtype=object)
+    for i, v in enumerate(values):
+        arr[i] = v
+    return pd.Series(arr, index=index, dtype=object)
 
 
 def _markers(df: pd.DataFrame) -> pd.Series:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 PRIORITY_FLOOR = 2.0**-126
@@ -262,8 +263,10 @@ def stratified_indices(tree: SumTree, uniforms: torch.Tensor, size: int) -> torc
     strata = torch.arange(batch, device=tree.device, dtype=tree.dtype)
     found = tree.find((strata + uniforms) * (tree.total() / batch))
     n = min(size, tree.capacity)
-    scale = torch.tensor(float(n), dtype=torch.float32) / torch.tensor(float(batch), dtype=torch.float32)
-    mass = (strata.to(torch.float32) + uniforms.to(torch.float32)) * scale.to(tree.device)
+    # N / B as the float32 quotient the kernel computes (div_rn of two float32), made on the host: a host tensor
+    # copied to the device would break a CUDA graph capture of the sampling
+    scale = float(np.float32(n) / np.float32(batch))
+    mass = (strata.to(torch.float32) + uniforms.to(torch.float32)) * scale
     uniform = mass.to(torch.int64).clamp_(0, n - 1)
     return torch.where(tree.total() > 0, found, uniform)
 
