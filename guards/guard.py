@@ -517,8 +517,8 @@ def evaluate(metrics: StepMetrics, hits: pd.DataFrame, cuda: bool, roles: PhaseR
         rows = evidence.get(c.name, []) if cuda else []
         if c.hook_column:
             mine = hits[hits["criterion"].eq(c.name)]
-            place = (mine["phase"].astype(str).map(lambda p: f" in {p}" if p else "")
-                     + mine["outside"].map(lambda o: f" {OUTSIDE_LABEL}" if o else ""))
+            place = pd.Series([(f" in {p}" if isinstance(p, str) and p else "") + (f" {OUTSIDE_LABEL}" if o else "")
+                               for p, o in zip(mine["phase"], mine["outside"])], index=mine.index, dtype=object)
             sites = mine.assign(place=place).groupby(["api", "site", "place"], sort=False).size()
             rows = ([f"hook: {api} at {site}{where} x{n}" for (api, site, where), n in sites.items()]
                     + [f"trace: {e}" for e in rows])
