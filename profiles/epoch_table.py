@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from hotloop.profiles.durable_files import fsync_dir
+
 EPOCH_COLUMNS = ["epoch", "learner_steps", "env_steps", "wall_s", "learner_steps_per_s", "env_steps_per_s",
                  "loss", "q_mean", "mean_return_100", "epsilon"]
 TELEMETRY_COLUMNS = ["sm_clock_mhz", "mem_clock_mhz", "power_w", "temp_c", "clocks_event_reasons",
@@ -102,7 +104,7 @@ def write_table(df: pd.DataFrame, run_dir: Path, stem: str) -> list[Path]:
             except FileNotFoundError:
                 pass
         raise
-    _fsync_dir(run_dir)
+    fsync_dir(run_dir)
     return [csv, md]
 
 
@@ -115,20 +117,6 @@ def _create_temp(path: Path) -> tuple[int, str]:
             return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666), tmp
         except FileExistsError:
             continue
-
-
-def _fsync_dir(directory: Path) -> None:
-    """fsync the folder so the renames are durable (POSIX); skipped where folders cannot be opened or fsynced."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def format_table(df: pd.DataFrame) -> str:

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from hotloop.profiles.durable_files import fsync_dir
+
 FORMAT, VERSION = "hotloop-checkpoint", 2
 READABLE_VERSIONS = (1, 2)
 """Versions load_checkpoint reads: 2 (with tensor digests), 1 (without: loaded with a warning)."""
@@ -77,7 +79,7 @@ def save_checkpoint(path: str | os.PathLike, tensors: Mapping[str, torch.Tensor]
         except FileNotFoundError:
             pass
         raise
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
     return path
 
 
@@ -196,17 +198,3 @@ def _host_copy(t: torch.Tensor) -> torch.Tensor:
     """A detached CPU copy owning a storage of its own size (so saving a view does not save its whole base)."""
     t = t.detach()
     return t.clone() if t.device.type == "cpu" else t.cpu()
-
-
-def _fsync_dir(directory: Path) -> None:
-    """fsync the directory so the rename itself is durable (POSIX); skipped where directories cannot be opened."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
