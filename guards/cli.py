@@ -25,7 +25,7 @@ import traceback
 from pathlib import Path
 
 from hotloop.guards.mutate import add_mutate_parser, run_mutate
-from hotloop.profiles.inspect_cmd import add_inspect_parser, run_inspect
+from hotloop.profiles.inspect_cmd import add_inspect_parser, run_inspect, stdout_to_devnull
 from hotloop.profiles.nsys_cmd import add_nsys_parser, run_nsys
 from hotloop.profiles.report import add_report_parser, run_report
 from hotloop.trainer.config import PRESETS, Config, field_docs, parse_override, preset
@@ -478,24 +478,10 @@ def _main(args: argparse.Namespace, run_dir: Path | None) -> int:
         print(f"\nhotloop {args.command}: interrupted; the finished epochs are in {run_dir}{hint}", file=sys.stderr)
         return INTERRUPTED
     except BrokenPipeError:  # stdout closed by its reader: not a crash; keep the exit flush from raising again
-        _stdout_to_devnull()
+        stdout_to_devnull()
         return BROKEN_PIPE
     except Exception as exc:  # the contract: an unexpected exception is exit 70 (never 1, "a criterion failed")
         return report_internal_error(args.command, exc, run_dir)
-
-
-def _stdout_to_devnull() -> None:
-    """Point stdout's file descriptor at os.devnull, so that the interpreter's last flush cannot raise
-    BrokenPipeError again (and turn the exit code into 120); a stdout without a descriptor is left alone."""
-    try:
-        fd = sys.stdout.fileno()
-    except (AttributeError, OSError, ValueError):
-        return
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, fd)
-    finally:
-        os.close(devnull)
 
 
 def _execute(args: argparse.Namespace, cfg: Config, run_dir: Path) -> int:

@@ -95,16 +95,32 @@ def step_ranges(df: pd.DataFrame, step_range_name: str = "step", domain: str | N
     if the thread has no other), so the calls it holds still count in it; its anomaly says so. Source:
     torch.profiler's ProfilerStep#N record_function; Nsight NVTX_EVENTS push/pop ranges.
     """
+    return step_ranges_from(choose_step_range_events(df, step_range_name, domain),
+                            lambda rows: _thread_ends(df, rows))
+
+
+def choose_step_range_events(df: pd.DataFrame, step_range_name: str = "step", domain: str | None = None
+                             ) -> pd.DataFrame:
+    """The events of `df` that are its step ranges (the rule of `step_ranges`): the user_annotation rows named
+    `step_range_name` (in NVTX domain `domain` when given), else those named ProfilerStep#N; rows of df, in its
+    order. Any part of df that holds all of these rows gives the same rows."""
     ranges = df["kind"].eq("user_annotation")
     named = ranges & df["name"].eq(step_range_name)
     if domain is not None:
         named &= df["domain"].eq(domain)
-    chosen = df[named] if named.any() else df[ranges & df["name"].str.fullmatch(PROFILER_STEP)]
+    return df[named] if named.any() else df[ranges & df["name"].str.fullmatch(PROFILER_STEP)]
+
+
+def step_ranges_from(chosen: pd.DataFrame, thread_ends) -> pd.DataFrame:
+    """`step_ranges` of the range events `chosen` (from `choose_step_range_events`, in the trace's start order).
+    `thread_ends(rows)`: for the rows of `chosen` with no valid end, the latest end among the valid events of each
+    one's thread, else of the trace (a float64 Series on rows' index; `_thread_ends` for a whole frame, the kept
+    per-thread maxima for the streaming path of `hotloop.profiles.trace_stream`)."""
     out = chosen[["name", "start_us", "dur_us"]].rename(columns={"name": "range_name"})
     out["anomaly"] = anomaly_reasons(chosen).astype(str) if len(chosen) else pd.Series(dtype=str)
     no_end = ~np.isfinite(out["dur_us"]) | out["dur_us"].lt(0)
     if no_end.any():
-        out.loc[no_end, "dur_us"] = _thread_ends(df, chosen[no_end]) - out.loc[no_end, "start_us"]
+        out.loc[no_end, "dur_us"] = thread_ends(chosen[no_end]) - out.loc[no_end, "start_us"]
         out.loc[no_end, "dur_us"] = out.loc[no_end, "dur_us"].clip(lower=0)
         out.loc[no_end, "anomaly"] += " (end read as its thread's last event)"
     out = out.sort_values("start_us", kind="stable", ignore_index=True)
@@ -161,17 +177,26 @@ def assign_steps(df: pd.DataFrame, ranges: pd.DataFrame) -> pd.Series:
     if ranges.empty:
         return steps
     calls = df["kind"].isin(_API_KINDS)
-    t = df.loc[calls, "start_us"].to_numpy("float64")
-    starts, ends = ranges["start_us"].to_numpy("float64"), (ranges["start_us"] + ranges["dur_us"]).to_numpy("float64")
-    i = np.searchsorted(starts, t, side="right") - 1
-    with np.errstate(invalid="ignore"):  # a call with no valid start (ts <= 0, NaN) is in no step
-        inside = (i >= 0) & (t <= ends[np.maximum(i, 0)]) & np.isfinite(t) & (t > 0)
-    call_step = pd.Series(ranges["step"].to_numpy()[np.maximum(i, 0)], index=df.index[calls]).where(inside)
-    steps[calls] = call_step.astype("Int64")
+    call_step = steps_at(ranges, df.loc[calls, "start_us"].to_numpy("float64"))
+    steps[calls] = pd.Series(call_step, index=df.index[calls]).where(call_step >= 0).astype("Int64")
     launched = df.loc[calls, ["correlation"]].assign(step=steps[calls]).dropna().drop_duplicates("correlation")
     gpu = df["kind"].isin(("kernel", "memcpy", "memset"))
     steps[gpu] = df.loc[gpu, "correlation"].map(launched.set_index("correlation")["step"]).astype("Int64")
     return steps
+
+
+def steps_at(ranges: pd.DataFrame, t: np.ndarray) -> np.ndarray:
+    """The `step` of `ranges` (from `step_ranges`) holding each time of `t` (the start of a CUDA call), as
+    `assign_steps` places calls: the latest-starting range that began at or before it and has not ended; -1 for
+    none and for a time that is not a valid start (<= 0 or not finite). int64, one per time."""
+    t = np.asarray(t, dtype="float64")
+    if ranges.empty:
+        return np.full(len(t), -1, np.int64)
+    starts, ends = ranges["start_us"].to_numpy("float64"), (ranges["start_us"] + ranges["dur_us"]).to_numpy("float64")
+    i = np.searchsorted(starts, t, side="right") - 1
+    with np.errstate(invalid="ignore"):  # a call with no valid start (ts <= 0, NaN) is in no step
+        inside = (i >= 0) & (t <= ends[np.maximum(i, 0)]) & np.isfinite(t) & (t > 0)
+    return np.where(inside, ranges["step"].to_numpy()[np.maximum(i, 0)], -1).astype(np.int64)
 
 
 def count_per_step(df: pd.DataFrame, step_range_name: str = "step", domain: str | None = None) -> pd.DataFrame:

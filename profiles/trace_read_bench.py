@@ -1,7 +1,8 @@
 """Benchmark of Kineto trace readers: wall time, CPU time and peak RSS on synthetic traces of given sizes.
 
 `python -m hotloop.profiles.trace_read_bench --sizes-gb 0.5 1.6 5 --work-dir /tmp/trace_read_bench
---csv profiles/cpu/trace_read_bench/results.csv [--hta-python PYTHON] [--gzip-sizes-gb 0.5] [--keep-files]`
+--csv profiles/cpu/trace_read_bench/results.csv [--hta-python PYTHON] [--gzip-sizes-gb 0.5] [--keep-files]
+[--readers R ...] [--files TRACE ...]`
 
 For each size it writes a trace with `hotloop.profiles.trace_synth` (the event count chosen from the bytes per
 event of a sample, so the JSON text is about that many GB, 1 GB = 1e9 bytes), then runs every reader on it, each
@@ -12,7 +13,8 @@ reader's RSS per JSON byte measured at the previous size, or an upper guess befo
 MemAvailable is not run; its row says so ("not run: would need ~N GB"). Each child also runs under an address
 space limit of MemAvailable, so a wrong guess ends in a MemoryError row, not in the kernel's OOM killer.
 Each row is appended to the CSV as soon as it is measured (long format: `COLUMNS`). The trace files are deleted
-after their size is done unless --keep-files.
+after their size is done unless --keep-files. `--files` measures existing traces instead (no sizes generated,
+nothing deleted; `events` is then the traceEvents entries counted by a quick scan for `"ph"`).
 
 Readers (`READERS`): json.load (the stdlib, the whole document as dicts); read_kineto and iter_kineto (this
 repo's streaming reader: the whole schema frame / frames of 262,144 entries, counted and dropped);
@@ -23,6 +25,11 @@ schema columns as read_kineto: the library alternative to the hand-written scann
 own columns and, in the ijson mode, skips some event kinds). ijson and HTA run under `--hta-python` (a Python that
 has HolisticTraceAnalysis and ijson installed, e.g. a venv made with --system-site-packages), else they are rows
 saying that they could not run.
+
+Count readers (`hotloop inspect`'s work, on the same footing): inspect (`inspect_cmd.count_trace`: iter_kineto
+frames counted by `hotloop.profiles.trace_stream`, then the report text written to /dev/null) and
+inspect_in_memory (what inspect did before: `read_trace`'s whole frame of the counted kinds, `count_totals` and
+`count_per_step` over it, the per-step table formatted whole); their `rows` are the events counted.
 """
 
 from __future__ import annotations
@@ -40,17 +47,19 @@ import sys
 import time
 from pathlib import Path
 
+COUNT_MODULES = ("inspect_cmd", "trace_stream", "trace_counts", "trace_anomalies")
+"""The modules of the count readers (inspect, inspect_in_memory) besides the reader: their sha256 go in the note."""
 PRE_STREAM_COMMIT = "3f396fc"
 """The last commit whose profiles/kineto_reader.py read the whole text into memory (512 MiB cap)."""
 READERS = ("json.load", "read_kineto", "iter_kineto", "read_kineto_pre_stream", "ijson_columns", "hta_json",
-           "hta_ijson")
+           "hta_ijson", "inspect", "inspect_in_memory")
 COLUMNS = ("reader", "file", "file_gb", "json_bytes", "events", "rows", "wall_s", "cpu_s", "mb_per_s",
            "peak_rss_mb", "rss_per_json_byte", "load1", "commit", "reader_sha", "date", "note")
 EXTERNAL = {"ijson_columns", "hta_json", "hta_ijson"}
 # Peak RSS per JSON byte assumed before a reader was measured on this machine (upper guesses: json.load 4.4x in
 # issue 22, HTA's pandas frame of all fields more).
 _GUESS = {"json.load": 5.0, "read_kineto_pre_stream": 5.0, "hta_json": 8.0, "hta_ijson": 6.0, "ijson_columns": 1.0,
-          "read_kineto": 1.0, "iter_kineto": 0.5}
+          "read_kineto": 1.0, "iter_kineto": 0.5, "inspect": 0.5, "inspect_in_memory": 1.0}
 _ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -79,6 +88,21 @@ def _child(reader: str, path: str) -> dict:
             for kind, n in frame["kind"].value_counts().items():
                 kinds[kind] = kinds.get(kind, 0) + int(n)
         return {"rows": rows, "wall_s": time.perf_counter() - t0}
+    if reader in ("inspect", "inspect_in_memory"):
+        from hotloop.profiles.inspect_cmd import count_trace, format_file_parts, read_trace
+        from hotloop.profiles.trace_counts import count_per_step, count_totals
+        t0 = time.perf_counter()
+        if reader == "inspect":
+            counts = count_trace(path)
+            events, totals, steps, chunk = counts.events, counts.totals, counts.steps, None
+        else:
+            df = read_trace(path)
+            steps, totals, events = count_per_step(df), count_totals(df), len(df)
+            chunk = len(steps) + 1  # the whole table at once, as format_file printed it before
+        with open(os.devnull, "w") as out:
+            for part in format_file_parts(path, events, totals, steps, **({"chunk": chunk} if chunk else {})):
+                out.write(part)
+        return {"rows": events, "wall_s": time.perf_counter() - t0}
     if reader == "read_kineto_pre_stream":
         import importlib.util
         import tempfile
@@ -161,6 +185,22 @@ def _git(*args: str) -> str:
     return subprocess.run(["git", "-C", str(_ROOT), *args], capture_output=True, text=True).stdout.strip()
 
 
+def _existing(path: Path):
+    """A SynthSummary-like record of an existing trace: sizes, and traceEvents entries counted by their "ph" keys
+    (a quick byte scan; exact for Kineto's and trace_synth's layout)."""
+    from types import SimpleNamespace
+    import gzip
+    opener = gzip.open if path.name.endswith(".gz") else open
+    events = json_bytes = 0
+    with opener(path, "rb") as f:
+        tail = b""
+        while block := f.read(1 << 24):
+            json_bytes += len(block)
+            events += (tail + block).count(b'"ph"') - tail.count(b'"ph"')
+            tail = block[-3:]
+    return SimpleNamespace(json_bytes=json_bytes, file_bytes=path.stat().st_size, events=events)
+
+
 def _bytes_per_event(work: Path) -> float:
     from hotloop.profiles.trace_synth import write_trace
     sample = work / "sample.json"
@@ -182,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--csv", type=Path, required=False, help="results CSV, appended to (header written if new)")
     p.add_argument("--hta-python", default=None, help="Python with HolisticTraceAnalysis and ijson installed")
     p.add_argument("--keep-files", action="store_true")
+    p.add_argument("--files", type=Path, nargs="+", default=None,
+                   help="measure these existing traces instead of generating sizes (kept)")
     args = p.parse_args(argv)
     if args.child:
         print(json.dumps(_child(*args.child)))
@@ -192,10 +234,13 @@ def main(argv: list[str] | None = None) -> int:
 
     args.work_dir.mkdir(parents=True, exist_ok=True)
     commit = _git("rev-parse", "--short", "HEAD")
-    dirty = _git("status", "--porcelain", "profiles/kineto_reader.py", "profiles/trace_schema.py")
+    dirty = _git("status", "--porcelain", "profiles/kineto_reader.py", "profiles/trace_schema.py",
+                 *(f"profiles/{m}.py" for m in COUNT_MODULES))
     if dirty:
         commit += "+uncommitted"
     sha = hashlib.sha256((_ROOT / "profiles" / "kineto_reader.py").read_bytes()).hexdigest()[:12]
+    count_shas = " ".join(f"{m}.py {hashlib.sha256((_ROOT / 'profiles' / f'{m}.py').read_bytes()).hexdigest()[:12]}"
+                          for m in COUNT_MODULES)
     date = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%MZ")
     ratio = dict(_GUESS)
     bpe = _bytes_per_event(args.work_dir)
@@ -209,13 +254,19 @@ def main(argv: list[str] | None = None) -> int:
         if new:
             out.writeheader()
         plan = [(gb, False) for gb in args.sizes_gb] + [(gb, True) for gb in args.gzip_sizes_gb]
+        if args.files:
+            plan = [(path, path.name.endswith(".gz")) for path in args.files]
         for gb, gz in plan:
-            path = args.work_dir / f"synth_{gb:g}gb.json{'.gz' * gz}"
-            t0 = time.perf_counter()
-            s = write_trace(path, max(1, round(gb * 1e9 / bpe)))
-            print(f"# wrote {path}: {s.json_bytes / 1e9:.2f} GB JSON, {s.file_bytes / 1e9:.2f} GB on disk, "
-                  f"{s.events} events in {time.perf_counter() - t0:.0f} s", flush=True)
-            readers = [r for r in args.readers if not gz or r in ("json.load", "read_kineto", "iter_kineto")]
+            if args.files:
+                path, s = gb, _existing(gb)
+            else:
+                path = args.work_dir / f"synth_{gb:g}gb.json{'.gz' * gz}"
+                t0 = time.perf_counter()
+                s = write_trace(path, max(1, round(gb * 1e9 / bpe)))
+                print(f"# wrote {path}: {s.json_bytes / 1e9:.2f} GB JSON, {s.file_bytes / 1e9:.2f} GB on disk, "
+                      f"{s.events} events in {time.perf_counter() - t0:.0f} s", flush=True)
+            readers = [r for r in args.readers if not gz or r in ("json.load", "read_kineto", "iter_kineto",
+                                                                   "inspect", "inspect_in_memory")]
             for reader in readers:
                 row = {"reader": reader, "file": path.name, "file_gb": round(s.json_bytes / 1e9, 3),
                        "json_bytes": s.json_bytes, "events": s.events, "commit": commit, "reader_sha": sha,
@@ -239,13 +290,14 @@ def main(argv: list[str] | None = None) -> int:
                         row.update(rows=got["rows"], wall_s=round(got["wall_s"], 1),
                                    mb_per_s=round(s.json_bytes / 1e6 / got["wall_s"], 1),
                                    rss_per_json_byte=round(rss_mb * 2**20 / s.json_bytes, 3),
-                                   note=f"ijson backend {got['ijson_backend']}" if "ijson_backend" in got else "")
+                                   note=f"ijson backend {got['ijson_backend']}" if "ijson_backend" in got
+                                   else count_shas if reader in ("inspect", "inspect_in_memory") else "")
                 out.writerow(row)
                 f.flush()
                 print(", ".join(f"{k}={row.get(k, '')}" for k in ("reader", "file_gb", "rows", "wall_s", "cpu_s",
                                                                    "mb_per_s", "peak_rss_mb", "load1", "note")),
                       flush=True)
-            if not args.keep_files:
+            if not args.keep_files and not args.files:
                 path.unlink()
     return 1 if failed else 0
 

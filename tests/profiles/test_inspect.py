@@ -109,20 +109,21 @@ def test_one_bad_file_does_not_lose_the_others(tmp_path, capsys, as_json):
         assert list(doc["files"]) == [good] and doc["files"][good]["totals"]["kernels"] == 17
         assert sorted(doc["errors"]) == sorted([empty, deep]) and all(doc["errors"].values())
     else:
-        assert captured.out.startswith(f"== {good} (101 events)") and empty not in captured.out
+        assert captured.out.startswith(f"== {good} (78 events counted)") and empty not in captured.out
 
 
 def test_any_exception_of_one_file_is_that_files_error(tmp_path, capsys, monkeypatch):
     import hotloop.profiles.inspect_cmd as inspect_cmd
 
-    real = inspect_cmd.read_trace
+    real = inspect_cmd.trace_frames
 
-    def flaky(path):
+    def flaky(path):  # a failure in the middle of the stream, after a frame was counted
         if str(path).endswith("bad.json"):
+            yield from real(PROBE)
             raise ValueError("a parser bug")
-        return real(path)
+        yield from real(path)
 
-    monkeypatch.setattr(inspect_cmd, "read_trace", flaky)
+    monkeypatch.setattr(inspect_cmd, "trace_frames", flaky)
     bad = str(tmp_path / "bad.json")
     assert inspect("--json", bad, PROBE) == 2
     doc = json.loads(capsys.readouterr().out)
@@ -184,5 +185,40 @@ def test_a_closed_stdout_is_a_quiet_exit_141(tmp_path):
         res = subprocess.run(["bash", "-c", f'set -o pipefail; "{hotloop}" inspect {flags} "{trace}" | head -1'],
                              capture_output=True, text=True, timeout=120)
         assert "Traceback" not in res.stderr and "BrokenPipeError" not in res.stderr, res.stderr
-        assert res.stdout.strip() in (f"== {trace} (10000 events)", "{")
+        assert res.stdout.strip() in (f"== {trace} (10000 events counted)", "{")
         assert res.returncode == 141
+
+
+def test_a_table_printed_in_chunks_is_the_whole_tables_text():
+    """`table_parts` (the per-step table a chunk of rows at a time, so that a 100k-step table is never formatted
+    whole) joins to `format_table`'s text: widths, NaN, negative numbers, strings with spaces, all-NaN columns."""
+    import numpy as np
+    import pandas as pd
+
+    from hotloop.profiles.epoch_table import format_table
+    from hotloop.profiles.inspect_cmd import table_parts
+
+    rng = np.random.default_rng(0)
+    n = 600
+    df = pd.DataFrame({
+        "step": np.arange(n), "range_name": pd.Series(
+            [f"ProfilerStep#{i}" if i % 7 else "a step" for i in range(n)], dtype="str"),
+        "start_us": 1.7e15 + rng.random(n) * 1e9, "dur_us": np.where(rng.random(n) < 0.01, np.nan, rng.random(n) * 1e5),
+        "kernels": rng.integers(0, 10 ** rng.integers(1, 7, n)), "delta": rng.integers(-50, 5, n),
+        "small": rng.random(n) * 1e-6, "empty": np.nan})
+    for chunk in (3, 7, 599, 600):
+        assert "\n".join(table_parts(df, chunk)) == format_table(df), chunk
+    assert "\n".join(table_parts(df.iloc[::-1], 64)) == format_table(df.iloc[::-1])  # the widest value last
+
+
+def test_a_report_printed_in_chunks_is_the_whole_reports_text(tmp_path):
+    from hotloop.profiles.inspect_cmd import count_trace, format_file, format_file_parts
+    from hotloop.profiles.trace_synth import write_trace
+
+    path = tmp_path / "synth.json"
+    write_trace(path, 20_000)
+    for trace in (path, TRACES / "kineto-public" / "trace_diff_test_test.json.gz", NSYS):
+        counts = count_trace(trace, "step")
+        whole = format_file(str(trace), counts.events, counts.totals, counts.steps)
+        assert "".join(format_file_parts(str(trace), counts.events, counts.totals, counts.steps, chunk=4)) == whole
+    assert len(counts.steps) == 5 and "per step (5 step ranges" in whole
