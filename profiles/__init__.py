@@ -1,9 +1,12 @@
 """hotloop.profiles: measurement. Trace reading (Kineto JSON: kineto_reader; Nsight Systems SQLite: nsight_reader)
-into one event schema (trace_schema), the counts over it (trace_counts) and `hotloop inspect` (inspect_cmd),
+into one event schema (trace_schema), the counts over it (trace_counts; trace_stream for a trace read as a
+stream of frames, in bounded memory; trace_anomalies) and `hotloop inspect` (inspect_cmd),
 `hotloop nsys` (nsys_cmd), NVTX ranges (ranges), per-epoch tables and timers (epoch_table, epoch_timer), NVML
-telemetry, plots, `hotloop report`, provenance (commit and GPU of a result), and the kernel bench and split-GEMM
-probe (kernel_bench, split_gemm_probe). baselines/ is package data: the per-GPU baselines of `hotloop gate`.
+telemetry, plots, durable_files (fsync of a run folder after an atomic replace), run_lock (one writer per run
+folder), trace_synth / trace_read_bench (synthetic traces and the reader benchmark), kernel_evidence (MMA
+instruction counts of compiled Triton kernels), `hotloop report`, provenance (commit and GPU of a result),
+and the kernel bench and split-GEMM probe (kernel_bench, split_gemm_probe). baselines/ is package data: the per-GPU baselines of `hotloop gate`.
 
-Layer: above hotloop.kernels (only the kernel bench and the probe import it); never imports hotloop.trainer or
+Layer: above hotloop.kernels (only the kernel bench, the split-GEMM probe and kernel_evidence import it); never imports hotloop.trainer or
 hotloop.guards (tests/test_layout.py). profiles/h200/ and profiles/cpu/ in a checkout are committed results: data,
 not code, never shipped or imported."""
