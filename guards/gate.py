@@ -61,11 +61,20 @@ def default_baseline(folder: str | Path | None = None, gpu_name: str | None = No
     return baseline_path(gpu_name, BASELINES_DIR if folder is None else folder)
 
 
+GUARD_WINDOW = "loop"
+"""What a baseline's per-step medians were measured over, recorded in its config as "guard_window": "loop" = K
+iterations of the training loop (Trainer.iterate, `guard_loop`)."""
+LEGACY_WINDOW = "learner_step"
+"""The window of a baseline written before it recorded one: 20 calls of Trainer.learner_step, which held neither
+the env step nor the periodic work, so its counts are not comparable: such a baseline mismatches (re-record it)."""
+
+
 def run_config(cfg: Config) -> dict:
     """The configuration a baseline records for a run of `cfg` on this machine: cfg.to_dict() with device and
-    learner resolved ("auto" -> what the run used: hotloop.trainer.loop.resolve_device, learner_kind)."""
+    learner resolved ("auto" -> what the run used: hotloop.trainer.loop.resolve_device, learner_kind), and the
+    guarded window's kind ("guard_window": GUARD_WINDOW)."""
     device = resolve_device(cfg.device)
-    return {**cfg.to_dict(), "device": str(device), "learner": learner_kind(cfg, device)}
+    return {**cfg.to_dict(), "device": str(device), "learner": learner_kind(cfg, device), "guard_window": GUARD_WINDOW}
 
 
 def step_identity(config: Mapping, gpu: str) -> dict:
@@ -87,12 +96,14 @@ def step_identity(config: Mapping, gpu: str) -> dict:
 def baseline_mismatch(baseline: Baseline, cfg: Config) -> list[str] | None:
     """How a run of `cfg` on this machine differs from what `baseline` was measured with
     (hotloop.guards.baselines.config_mismatch of the two `step_identity`s, the GPU included); None when the baseline
-    records no configuration (a file written before baselines did), [] when they agree."""
+    records no configuration (a file written before baselines did), [] when they agree. A baseline that records
+    no "guard_window" was measured over LEGACY_WINDOW and differs in it from every run now."""
     if baseline.config is None:
         return None
     run = run_config(cfg)
     return config_mismatch(step_identity(baseline.config, baseline.gpu),
-                           step_identity(run, device_name(torch.device(run["device"]))), Config().to_dict())
+                           step_identity(run, device_name(torch.device(run["device"]))),
+                           {**Config().to_dict(), "guard_window": LEGACY_WINDOW})
 
 
 def window_size(cfg: Config, kind: str, steps: int | None = None) -> tuple[int, dict[str, int], str]:

@@ -48,3 +48,18 @@ def test_this_gpu_run_matches_the_committed_h200_baseline_identity():
     from hotloop.guards.baselines import load_baseline
     base = load_baseline(BASELINES_DIR / "nvidia-h200.json")
     assert baseline_mismatch(base, preset("cartpole", device="cuda", epochs=1)) == []
+
+
+def test_a_baseline_measured_over_the_old_window_mismatches_and_a_new_one_records_the_loop_window():
+    """A baseline written before baselines recorded their window (its counts were measured over 20 calls of
+    learner_step, without the env step or the periodic work) is not comparable with a loop-window run: it differs
+    in guard_window, so the default baseline is skipped with a note and an explicit one is refused (exit 2)."""
+    from hotloop.guards.gate import GUARD_WINDOW, LEGACY_WINDOW
+
+    cfg = preset("cartpole", device="cpu")
+    new = run_config(cfg)
+    assert new["guard_window"] == GUARD_WINDOW
+    assert baseline_mismatch(Baseline("cpu", {}, new), cfg) == []
+    old = {k: v for k, v in new.items() if k != "guard_window"}
+    assert baseline_mismatch(Baseline("cpu", {}, old), cfg) == [
+        f"guard_window: baseline {LEGACY_WINDOW!r}, run {GUARD_WINDOW!r}"]

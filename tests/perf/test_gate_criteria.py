@@ -18,7 +18,7 @@ import pytest
 
 from hotloop.guards.baselines import compare, is_count, load_baseline
 from hotloop.guards.criteria import CRITERIA, REPORT
-from hotloop.guards.gate import default_baseline, guard_loop
+from hotloop.guards.gate import GUARD_WINDOW, LEGACY_WINDOW, default_baseline, guard_loop
 from hotloop.trainer.config import Config, preset
 from hotloop.trainer.loop import Trainer
 
@@ -61,6 +61,10 @@ def test_structural_counts_equal_this_gpus_baseline(hot_report):
     path, base = _baseline()
     if base is None:
         pytest.skip(f"no baseline for this GPU at {path}: write one with `hotloop gate --update-baseline`")
+    window = (base.config or {}).get("guard_window", LEGACY_WINDOW)
+    if window != GUARD_WINDOW:
+        pytest.skip(f"the baseline {path} was measured over another window ({window!r}, not {GUARD_WINDOW!r}): "
+                    f"re-record it with `hotloop gate --repeats 5 --update-baseline`")
     counts = {m: [v] for m, v in hot_report.medians.items() if is_count(m)}
     table = compare(counts, base)
     table = table[table.kind.eq("count")]
