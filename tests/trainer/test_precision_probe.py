@@ -14,66 +14,21 @@ import math
 from dataclasses import replace
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 import torch
 
+from test_hot_learner import _setup as hot_setup
+
 from hotloop.kernels.precision_variants import variant_linear_backward_weight, variant_linear_forward
-from hotloop.kernels.tf32_split import split_tf32
 from hotloop.trainer import precision_probe as pp
-from hotloop.trainer.config import preset
-from hotloop.trainer.replay import PrioritizedReplay
-from hotloop.trainer.step import HotLearner
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def _trunc(x: np.ndarray) -> np.ndarray:
-    return (x.view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32)
-
-
-@pytest.fixture
-def hardware_tf32(monkeypatch):
-    """The interpreter's dot patched as Hopper's tensor cores compute (tests/kernels/test_tf32_emulated.py): "tf32"
-    truncates both fp32 operands to TF32, "tf32x3" does Triton's hi/lo split; "ieee" stays fp32."""
-    if torch.cuda.is_available():
-        pytest.skip("emulates the tensor cores on the CPU interpreter; on a GPU the hardware truncates")
-    interp = pytest.importorskip("triton.runtime.interpreter")
-    builder = getattr(interp, "InterpreterBuilder", None)
-    if builder is None or not hasattr(builder, "create_dot"):
-        pytest.skip("this Triton's interpreter has no InterpreterBuilder.create_dot to patch")
-    from triton._C.libtriton import ir
-
-    original = builder.create_dot
-
-    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
-        x, y = a.data, b.data
-        if x.dtype == np.float32 and y.dtype == np.float32:
-            if input_precision == ir.INPUT_PRECISION.TF32:
-                return interp.TensorHandle(np.matmul(_trunc(x), _trunc(y), dtype=np.float32) + d.data,
-                                           d.dtype.scalar)
-            if input_precision == ir.INPUT_PRECISION.TF32x3:
-                (xh, xl), (yh, yl) = (split_tf32(torch.from_numpy(t)).numpy() for t in (x, y))
-                r = np.matmul(xl, yh, dtype=np.float32) + np.matmul(xh, yl, dtype=np.float32)
-                return interp.TensorHandle(r + np.matmul(xh, yh, dtype=np.float32) + d.data, d.dtype.scalar)
-        return original(self, a, b, d, input_precision, max_num_imprecise_acc)
-
-    monkeypatch.setattr(builder, "create_dot", create_dot)
-
-
 def _setup(device=DEVICE, seed=0, **overrides):
-    """A small HotLearner (as tests/trainer/test_hot_learner.py's) over 200 random transitions, one step taken."""
-    cfg = preset("seed-scale", **{**dict(batch_size=32, trunk_hidden=(24, 16), head_hidden=16, obs_dim=12,
-                                         action_nvec=(3, 3), replay_capacity=300, cql_weight=0.1, seed=seed),
-                                  **overrides})
-    rp = PrioritizedReplay(cfg.replay_capacity, cfg.obs_dim, 2, alpha=cfg.per_alpha, eps=cfg.per_eps, device=device,
-                           use_kernels=True)
-    g = torch.Generator().manual_seed(seed)
-    n = 200
-    rp.add(torch.randn(n, cfg.obs_dim, generator=g).to(device), torch.randint(0, 3, (n, 2), generator=g).to(device),
-           torch.randn(n, generator=g).to(device), torch.randn(n, cfg.obs_dim, generator=g).to(device),
-           (torch.rand(n, generator=g) < 0.1).to(device))
-    hot = HotLearner(cfg, cfg.obs_dim, (3, 3), device, rp)
+    """A small HotLearner (tests/trainer/test_hot_learner.py's `_setup`) over 200 random transitions, one step
+    taken."""
+    *_, hot = hot_setup(device, seed, **overrides)
     hot.step()
     return hot
 
