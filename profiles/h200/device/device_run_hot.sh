@@ -4,7 +4,8 @@
 #   bash profiles/h200/device/device_run_hot.sh OUT_DIR COMMIT PART...
 # PART: tests    pytest -m "not slow" on the GPU (incl. the fault tests of tests/guards/test_faults.py)
 #       baseline the clean gate x5 repeats (cartpole, 2 epochs) writing profiles/baselines/<gpu>.json, copied into
-#                the installed package too (its lookup reads the installed package data)
+#                the installed package too (its lookup reads the installed package data); when it fails, the
+#                call stops after it
 #       gpusuite pytest -m "${GPUSUITE_MARKS:-gpu or perf}": the tests that need the GPU
 #       ciclean  ci/gate.sh clean only (2 epochs)
 #       precision python -m hotloop.trainer.precision_probe on cartpole and seed-scale: the probe's errors per GEMM
@@ -72,7 +73,8 @@ for part in "$@"; do
       cp profiles/baselines/*.json /tmp/r/ 2>/dev/null ;;
     baseline)
       timeout 200 $HL gate --preset cartpole --device cuda --epochs 2 --repeats 5 --no-progress --out /tmp/r/gate_clean \
-        --baseline-dir profiles/baselines --update-baseline > /tmp/r/gate_clean.log 2>&1; echo "clean rc=$?"
+        --baseline-dir profiles/baselines --update-baseline > /tmp/r/gate_clean.log 2>&1; rc=$?; echo "clean rc=$rc"
+      ((rc == 0)) || stop=1  # a clean gate that fails makes every later part's result meaningless
       tail -n 6 /tmp/r/gate_clean.log; cp profiles/baselines/*.json /tmp/site/hotloop/profiles/baselines/
       cp profiles/baselines/*.json /tmp/r/ ;;
     ciclean)
@@ -193,4 +195,5 @@ print(g.sort_values('median', ascending=False).to_string())" /tmp/r/abgate_$n/tr
   # after every part, so that a call stopped by its time limit still returns what the finished parts wrote
   (cd /tmp/r && tar czf "$out/results.tgz.tmp" --exclude='*.qdstrm' --exclude='checkpoint.pt' . \
      && mv "$out/results.tgz.tmp" "$out/results.tgz")
+  if [[ -n ${stop:-} ]]; then echo "stopped after part $part: the clean gate failed"; break; fi
 done
