@@ -1,7 +1,8 @@
 """Per-GPU baselines of the per-step metrics, and the noise-aware comparison of a run against one.
 
-A baseline file is `profiles/baselines/<gpu-name-slug>.json` (`baseline_path`; "NVIDIA H200" -> nvidia-h200.json),
-written deliberately by `write_baseline` (`hotloop gate --update-baseline`)::
+A baseline file is `profiles/baselines/<gpu-name-slug>.json` for the cartpole preset and
+`<gpu-name-slug>--<preset>.json` for another (`baseline_path`; "NVIDIA H200" -> nvidia-h200.json,
+nvidia-h200--seed-scale.json), written deliberately by `write_baseline` (`hotloop gate --update-baseline`)::
 
     {"schema": 1, "gpu": "NVIDIA H200", "config": {the run's Config fields},
      "metrics": {"gpu_span_us": {"kind": "timing", "values": [R values], "median": m, "spread": s}, ...},
@@ -33,6 +34,9 @@ Comparison (`compare`): a run is R' repeats of the same metrics.
   serialized: guards/faults.py ddqn_serial), and the time it costs shows in gpu_busy_us (and in dur_us /
   gpu_span_us where the guarded step is GPU-bound). A run that measured them in the baseline but not now (NaN: e.g.
   the DDQN kernels no longer assigned to their phase) still FAILs.
+  Also memcpy_dtod_events and memcpy_kernels, the two forms of a D2D copy: a copy node of a CUDA graph runs as a
+  `memcpy*` kernel in one run and as a DtoD memcpy in another (the H200 showed 4 per step of each for the same
+  actor graph, the gate's CLI run against the perf tests' run); their sum, d2d_copies, is compared exactly.
 
 Epoch throughput (`epoch_metrics`, `compare_epochs`): the per-epoch table (hotloop.profiles.epoch_table) is compared
 too, so that a regression of the whole loop (acting, env stepping, readback, logging: work outside the guarded
@@ -73,8 +77,8 @@ TIMING_SUFFIXES = ("_us", "_ms", "_s", "_ratio")
 """A metric whose name ends with one of these is a timing (or a ratio of timings); every other metric is a count."""
 
 
-REPORTED_ONLY = ("ddqn_overlap_us", "ddqn_overlap_ratio")
-"""Timing metrics `compare` shows next to the baseline without a verdict (module docstring says why)."""
+REPORTED_ONLY = ("ddqn_overlap_us", "ddqn_overlap_ratio", "memcpy_dtod_events", "memcpy_kernels")
+"""Metrics `compare` shows next to the baseline without a verdict (module docstring says why)."""
 
 
 def is_count(metric: str) -> bool:
@@ -146,13 +150,23 @@ def mad_spread(values: Sequence[float]) -> float:
     return float(MAD_TO_SIGMA * np.median(np.abs(x - np.median(x))))
 
 
-def baseline_path(gpu_name: str, root: str | Path = "profiles/baselines") -> Path:
-    """root/<slug>.json, slug = the GPU name lower-cased with each run of non-alphanumerics as "-" ("NVIDIA H200"
-    -> "nvidia-h200"). Raises ValueError for a name with no letter or digit."""
+DEFAULT_PRESET = "cartpole"
+"""The preset whose baseline file carries no preset suffix (the gate's default run)."""
+
+
+def baseline_path(gpu_name: str, root: str | Path = "profiles/baselines", preset: str | None = None) -> Path:
+    """root/<slug>.json for the default preset (`preset` None or DEFAULT_PRESET), else root/<slug>--<preset>.json;
+    slug = the GPU name lower-cased with each run of non-alphanumerics as "-" ("NVIDIA H200" -> "nvidia-h200";
+    preset "seed-scale" -> nvidia-h200--seed-scale.json). Raises ValueError for a GPU name with no letter or digit,
+    or a preset name that is not lower-case letters, digits and "-"."""
     slug = re.sub(r"[^a-z0-9]+", "-", gpu_name.lower()).strip("-")
     if not slug:
         raise ValueError(f"GPU name {gpu_name!r} has no letters or digits to name a baseline file")
-    return Path(root) / f"{slug}.json"
+    if preset is None or preset == DEFAULT_PRESET:
+        return Path(root) / f"{slug}.json"
+    if not re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", preset):
+        raise ValueError(f"preset {preset!r} cannot name a baseline file: lower-case letters, digits and '-' only")
+    return Path(root) / f"{slug}--{preset}.json"
 
 
 @dataclass(frozen=True)
@@ -389,6 +403,10 @@ def _compare_one(metric: str, run: Sequence[float] | None, base: Sequence[float]
                 "verdict": "-" if base is None else "FAIL"}
     stat = STATISTICS[row["statistic"]]
     b = _stat(stat, base)
+    if count and metric in REPORTED_ONLY:
+        r = _stat(stat, run)
+        return {**row, "baseline": b, "run": r, "delta": r - b, "verdict": "-",
+                "rule": "reported only: the driver runs a graph's D2D copy as either; d2d_copies is compared"}
     if count:
         worst = max(run, key=lambda v: abs(v - b) if not math.isnan(v) else math.inf)
         return {**row, "baseline": b, "run": worst, "delta": worst - b, "rule": "exact",

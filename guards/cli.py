@@ -94,10 +94,11 @@ def build_parser() -> argparse.ArgumentParser:
     gate.add_argument("--repeats", type=int, default=1, metavar="R",
                       help="repeats of the guarded window; the baseline compares their medians (default 1)")
     gate.add_argument("--baseline", type=Path, metavar="JSON",
-                      help="baseline to compare with (default on CUDA: <baseline dir>/<gpu-name-slug>.json "
+                      help="baseline to compare with (default on CUDA: <baseline dir>/<gpu-name-slug>.json, "
+                           "<gpu-name-slug>--<preset>.json for a preset other than cartpole, "
                            "when it exists and was measured with this configuration)")
     gate.add_argument("--baseline-dir", type=Path, metavar="DIR",
-                      help="folder of per-GPU baselines (<gpu-name-slug>.json) the default baseline is looked up in "
+                      help="folder of per-GPU baselines (<gpu-name-slug>[--<preset>].json) the default baseline is looked up in "
                            "(default: the ones installed with hotloop, hotloop.profiles/baselines/)")
     gate.add_argument("--no-baseline", action="store_true",
                       help="compare with no baseline (the criteria alone decide)")
@@ -251,7 +252,8 @@ def check_gate_args(args: argparse.Namespace, cfg: Config) -> None:
     if explicit and args.baseline_dir is not None:
         raise ValueError("--baseline-dir cannot be given with --baseline (it names the folder the default one is "
                          "looked up in)")
-    if not explicit and (found := default_baseline(args.baseline_dir)) and (found.exists() or args.update_baseline):
+    found = None if explicit else default_baseline(args.baseline_dir, preset=args.preset)
+    if found is not None and (found.exists() or args.update_baseline):
         args.baseline = found
     if args.update_baseline:
         if args.baseline is None:

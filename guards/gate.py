@@ -50,15 +50,17 @@ BASELINES_DIR = Path(str(resources.files("hotloop.profiles") / "baselines"))
 profiles/baselines/), wherever the command is started from."""
 
 
-def default_baseline(folder: str | Path | None = None, gpu_name: str | None = None) -> Path | None:
-    """`folder`/<gpu-name-slug>.json (folder: BASELINES_DIR when None) for `gpu_name` (default: the name of this
-    machine's CUDA device 0); None when no name is given and there is no CUDA. The file need not exist.
-    Raises ValueError for a GPU name with no letter or digit (hotloop.guards.baselines.baseline_path)."""
+def default_baseline(folder: str | Path | None = None, gpu_name: str | None = None,
+                     preset: str | None = None) -> Path | None:
+    """The baseline file of `preset` (None: the default, cartpole) for `gpu_name` (default: the name of this
+    machine's CUDA device 0) in `folder` (BASELINES_DIR when None): hotloop.guards.baselines.baseline_path,
+    <gpu-name-slug>.json or <gpu-name-slug>--<preset>.json. None when no name is given and there is no CUDA. The
+    file need not exist. Raises ValueError for a GPU name with no letter or digit or an unusable preset name."""
     if gpu_name is None:
         if not torch.cuda.is_available():
             return None
         gpu_name = torch.cuda.get_device_name(0)
-    return baseline_path(gpu_name, BASELINES_DIR if folder is None else folder)
+    return baseline_path(gpu_name, BASELINES_DIR if folder is None else folder, preset)
 
 
 GUARD_WINDOW = "loop"

@@ -6,7 +6,9 @@ through its correlation id; a graph replay's kernels through their cudaGraphLaun
 the events of a step (`STEP_COLUMNS` lists the metric columns):
 
 - the counts of `trace_counts.event_flags` (kernels, kernels_grid1, memcpy_dtod_events, memcpy_kernels,
-  memset_events, fill_kernels, graph_launches, kernels_in_graphs, <sync API>_calls);
+  memset_events, fill_kernels, graph_launches, kernels_in_graphs, <sync API>_calls), except that a `memcpy*`
+  kernel counts as a copy only (memcpy_kernels, d2d_copies), not in kernels, kernels_grid1 or kernels_in_graphs: it
+  is a CUDA graph's D2D copy node, which the driver runs as a kernel or as a DtoD memcpy from one run to the next;
 - blocking_memcpy_calls: runtime/driver calls `cudaMemcpy*` / `cuMemcpy*` without "Async" (they return only
   after the copy); pageable_async_copies: memcpy events whose name says "Pageable" (Kineto: "Memcpy DtoH (Device ->
   Pageable)") launched by an async call that is not followed, as the next CUDA call of its thread, by a
@@ -599,7 +601,12 @@ def _event_metrics(df: pd.DataFrame, phase: pd.Series, path: pd.Series, precisio
     """One row per event: the 0/1 (or us) contributions of that event to each summed per-step column."""
     flags = event_flags(df)
     api = api_names(df)
-    kernel = df["kind"].eq("kernel")
+    # a `memcpy*` kernel is a D2D copy node of a CUDA graph that the driver ran as a kernel (on one run it runs so,
+    # on another as a DtoD memcpy: the H200 showed both for the same graph): a copy (d2d_copies), never a kernel
+    copy_kernel = flags["memcpy_kernels"]
+    for col in ("kernels", "kernels_grid1", "kernels_in_graphs"):
+        flags[col] &= ~copy_kernel
+    kernel = df["kind"].eq("kernel") & ~copy_kernel
     out = flags.astype("int64")
     called = api.ne("")
     blocking = pd.Series(False, index=df.index)

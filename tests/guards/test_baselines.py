@@ -140,6 +140,17 @@ def test_write_and_load_round_trip(tmp_path):
         baseline_path(" / ")
 
 
+def test_each_preset_has_its_own_baseline_file_and_cartpole_keeps_the_plain_name(tmp_path):
+    from hotloop.guards.gate import default_baseline
+
+    assert baseline_path("NVIDIA H200", tmp_path, "cartpole") == tmp_path / "nvidia-h200.json"
+    assert baseline_path("NVIDIA H200", tmp_path, "seed-scale") == tmp_path / "nvidia-h200--seed-scale.json"
+    assert default_baseline(tmp_path, "NVIDIA H200", "seed-scale").name == "nvidia-h200--seed-scale.json"
+    assert default_baseline(tmp_path, "NVIDIA H200").name == "nvidia-h200.json"
+    with pytest.raises(ValueError, match="preset '../x' cannot name a baseline file"):
+        baseline_path("NVIDIA H200", tmp_path, "../x")
+
+
 def test_a_baseline_remembers_its_config_and_names_the_fields_a_run_differs_in(tmp_path):
     measured = preset("cartpole", epochs=2, seed=1, device="cuda").to_dict()
     path = write_baseline(tmp_path / "b.json", {"kernels": [24] * 3}, gpu="NVIDIA H200", config=measured)

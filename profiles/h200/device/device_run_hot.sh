@@ -7,6 +7,8 @@
 #                the installed package too (its lookup reads the installed package data); when it fails, the
 #                call stops after it
 #       gpusuite pytest -m "${GPUSUITE_MARKS:-gpu or perf}": the tests that need the GPU
+#       baseline_seed  the same for the seed-scale preset (<gpu>--seed-scale.json), then one clean gate against it
+#       clean5   five clean gates of the default preset (3 epochs) against the installed baseline: the false alarms
 #       ciclean  ci/gate.sh clean only (2 epochs)
 #       precision python -m hotloop.trainer.precision_probe on cartpole and seed-scale: the probe's errors per GEMM
 #                product for the step, an IEEE forward and a one-TF32-dot backward (the bounds' evidence)
@@ -77,6 +79,21 @@ for part in "$@"; do
       ((rc == 0)) || stop=1  # a clean gate that fails makes every later part's result meaningless
       tail -n 6 /tmp/r/gate_clean.log; cp profiles/baselines/*.json /tmp/site/hotloop/profiles/baselines/
       cp profiles/baselines/*.json /tmp/r/ ;;
+    baseline_seed)
+      # the seed-scale baseline (profiles/baselines/<gpu>--seed-scale.json), then one clean gate against it
+      timeout 240 $HL gate --preset seed-scale --device cuda --epochs 2 --repeats 5 --no-progress --out /tmp/r/gate_seed \
+        --baseline-dir profiles/baselines --update-baseline > /tmp/r/gate_seed.log 2>&1; echo "seed-scale baseline rc=$?"
+      tail -n 3 /tmp/r/gate_seed.log; cp profiles/baselines/*.json /tmp/site/hotloop/profiles/baselines/
+      cp profiles/baselines/*.json /tmp/r/
+      timeout 200 $HL gate --preset seed-scale --device cuda --epochs 2 --no-progress --out /tmp/r/gate_seed_check \
+        > /tmp/r/gate_seed_check.log 2>&1; echo "seed-scale clean gate rc=$?"; tail -n 2 /tmp/r/gate_seed_check.log ;;
+    clean5)
+      # the clean tree's false-alarm check: five gates of the default preset against the installed baseline
+      for i in 1 2 3 4 5; do
+        timeout 120 $HL gate --preset cartpole --device cuda --epochs 3 --no-progress --out /tmp/r/clean5_$i \
+          > /tmp/r/clean5_$i.log 2>&1; echo "clean run $i rc=$? $(tail -n 1 /tmp/r/clean5_$i.log)"
+        grep -E "^ *.*(FAIL)" /tmp/r/clean5_$i.log | head -n 5
+      done ;;
     ciclean)
       HOTLOOP_SKIP_INSTALL=1 HOTLOOP_EPOCHS=2 HOTLOOP_RUN_DIR=/tmp/r/ci_clean timeout 240 bash ci/gate.sh \
         > /tmp/r/ci_clean.log 2>&1; echo "ci clean rc=$?"; tail -n 12 /tmp/r/ci_clean.log ;;
