@@ -187,7 +187,7 @@ def test_the_default_baseline_of_another_configuration_is_skipped_with_a_note(tm
     import hotloop.guards.gate
 
     base = tmp_path / "gpu.json"
-    monkeypatch.setattr(hotloop.guards.gate, "default_baseline", lambda folder=None: base)
+    monkeypatch.setattr(hotloop.guards.gate, "default_baseline", lambda folder=None, preset=None: base)
     args = ["gate", "--epochs", "1", "--device", "cpu", "--guard-steps", "2", *TINY]
     assert main([*args, "--out", str(tmp_path / "a"), "--update-baseline"]) == 0 and base.exists()
     capsys.readouterr()
