@@ -18,6 +18,7 @@ from hotloop.profiles.plots import plot_epochs
 from hotloop.profiles.ranges import phase_range
 from hotloop.profiles.run_lock import acquire, remove_temp_files
 from hotloop.profiles.telemetry import NvmlTelemetry
+from hotloop.trainer.best_policy import BEST_FILE, improves, read_best, save_best
 from hotloop.trainer.checkpoint import save_checkpoint
 from hotloop.trainer.config import Config
 from hotloop.trainer.loop import Trainer
@@ -41,7 +42,10 @@ def run_training(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress
     Writes run_dir/config.json next, run_dir/epochs.csv + epochs.md after every epoch (so a killed
     run keeps its finished epochs; each file replaced atomically, hotloop.profiles.epoch_table.write_table), then
     run_dir/checkpoint.pt (hotloop.trainer.resume: atomic, outside the timed epoch,
-    under the watchdog armed as "checkpoint N"), and run_dir/epochs.png (hotloop.profiles.plots.plot_epochs) at the end.
+    under the watchdog armed as "checkpoint N"); after an epoch whose greedy evaluation beats every earlier one,
+    run_dir/best.pt with its online parameters (hotloop.trainer.best_policy; atomic, written before that epoch's
+    row, whose `best_epoch` column names the epoch best.pt holds; NaN before any evaluation; a resumed run keeps
+    the folder's best.pt, a new one replaces it), and run_dir/epochs.png (hotloop.profiles.plots.plot_epochs) at the end.
     A one-line summary per epoch and a progress bar go to stderr. Each epoch runs inside a `phase_range("epoch")`.
     resume: True reads run_dir's checkpoint and table (hotloop.trainer.resume.read_resume_point, checked against `cfg`;
     ValueError before anything is written), a ResumePoint is used as read (the CLI reads it to validate the
@@ -99,6 +103,8 @@ def _run_locked(console: Console, cfg: Config, run_dir: Path, epoch_limit_s: flo
         console.print(f"hotloop: env={cfg.env} device={trainer.device} epochs={cfg.epochs} "
                       f"learner_steps_per_epoch={cfg.learner_steps_per_epoch} run_dir={run_dir}"
                       + (f" (resumed after epoch {trainer.epochs_done})" if point is not None else ""))
+        best = read_best(run_dir / BEST_FILE) if point is not None else None  # a new run starts with no best
+        best_epoch, best_return = (best["epoch"], best["eval_return"]) if best else (None, None)
         for epoch in range(trainer.epochs_done + 1, cfg.epochs + 1):
             watchdog.arm(f"epoch {epoch}")
             progress.update(task, description=f"epoch {epoch}/{cfg.epochs}", completed=0)
@@ -107,9 +113,15 @@ def _run_locked(console: Console, cfg: Config, run_dir: Path, epoch_limit_s: flo
                 stats = trainer.run_epoch(epoch)
             elapsed_ms = timer.elapsed_ms()  # raises RuntimeError if the loop never entered "readback"
             gpu_ms = elapsed_ms / stats.learner_steps if timer.uses_cuda_events else math.nan  # host time != GPU
-            rows.append({**stats.as_row(), "gpu_ms_per_step": gpu_ms, "kernels_per_step": math.nan,
-                         "syncs_per_step": math.nan, **telemetry.sample()})
             watchdog.disarm()
+            if improves(stats.eval_return, best_return):  # written before the row that names it
+                watchdog.arm(f"best policy {epoch}")
+                save_best(run_dir / BEST_FILE, trainer, epoch, stats.eval_return)
+                watchdog.disarm()
+                best_epoch, best_return = epoch, stats.eval_return
+            rows.append({**stats.as_row(), "gpu_ms_per_step": gpu_ms, "kernels_per_step": math.nan,
+                         "syncs_per_step": math.nan, **telemetry.sample(),
+                         "best_epoch": math.nan if best_epoch is None else best_epoch})
             write_table(epoch_frame(rows), run_dir, "epochs")
             watchdog.arm(f"checkpoint {epoch}")
             save_checkpoint(run_dir / CHECKPOINT_FILE, *trainer.checkpoint_state())
