@@ -24,6 +24,7 @@ import textwrap
 import traceback
 from pathlib import Path
 
+from hotloop.guards.learning_report import add_learning_parser, run_learning
 from hotloop.guards.mutate import add_mutate_parser, run_mutate
 from hotloop.profiles.inspect_cmd import add_inspect_parser, run_inspect, stdout_to_devnull
 from hotloop.profiles.nsys_cmd import add_nsys_parser, run_nsys
@@ -113,6 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_report_parser(sub)
     add_nsys_parser(sub)
     add_mutate_parser(sub)
+    add_learning_parser(sub)
     return parser
 
 
@@ -463,6 +465,8 @@ def _main(args: argparse.Namespace, run_dir: Path | None) -> int:
             return run_nsys(args)
         if args.command == "mutate":
             return run_mutate(args)
+        if args.command == "learning":
+            return run_learning(args)
         try:
             cfg, run_dir = prepare_run(args)
         except ValueError as exc:

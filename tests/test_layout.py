@@ -22,7 +22,8 @@ DATA_DIRS = ("profiles/h200", "profiles/cpu")
 ALLOWED = {"kernels": {"kernels"}, "profiles": {"profiles", "kernels"}, "trainer": {"trainer", "kernels", "profiles"},
            "guards": {"guards", "profiles"}}
 """Package -> the hotloop packages its modules may import (itself included)."""
-COMPOSITION = {"guards.gate", "guards.run", "guards.bench", "guards.faults", "guards.cli", "guards.mutate"}
+COMPOSITION = {"guards.gate", "guards.run", "guards.bench", "guards.faults", "guards.cli", "guards.mutate",
+               "guards.learning_report"}
 """The modules that compose the guards with the trainer (hotloop.guards' docstring): they may import everything."""
 
 
