@@ -3,7 +3,7 @@
 # Usage (repo root on the H200, .whl carried; .nsyslibs too for `nsys`):
 #   bash profiles/h200/device/device_run_hot.sh OUT_DIR COMMIT PART...
 # PART: tests    pytest -m "not slow" on the GPU (incl. the fault tests of tests/guards/test_faults.py)
-#       baseline the clean gate x5 repeats (cartpole, 2 epochs) writing profiles/baselines/<gpu>.json, copied into
+#       baseline the clean gate x5 repeats (cartpole, 3 epochs: two steady ones for the epoch throughput) writing profiles/baselines/<gpu>.json, copied into
 #                the installed package too (its lookup reads the installed package data); when it fails, the
 #                call stops after it
 #       gpusuite pytest -m "${GPUSUITE_MARKS:-gpu or perf}": the tests that need the GPU
@@ -74,7 +74,7 @@ for part in "$@"; do
       done
       cp profiles/baselines/*.json /tmp/r/ 2>/dev/null ;;
     baseline)
-      timeout 200 $HL gate --preset cartpole --device cuda --epochs 2 --repeats 5 --no-progress --out /tmp/r/gate_clean \
+      timeout 200 $HL gate --preset cartpole --device cuda --epochs 3 --repeats 5 --no-progress --out /tmp/r/gate_clean \
         --baseline-dir profiles/baselines --update-baseline > /tmp/r/gate_clean.log 2>&1; rc=$?; echo "clean rc=$rc"
       ((rc == 0)) || stop=1  # a clean gate that fails makes every later part's result meaningless
       tail -n 6 /tmp/r/gate_clean.log; cp profiles/baselines/*.json /tmp/site/hotloop/profiles/baselines/
