@@ -1,0 +1,48 @@
+"""The side-by-side tracer (trainer/learner_compare.py): the flat net mapped into the reference network computes the
+same Q-values, the first step of both learners on the same batch from the same parameters gives the same loss and
+priorities, and a config it cannot compare is refused. CPU: the hotloop kernels run in the Triton interpreter."""
+
+import pytest
+import torch
+
+from hotloop.trainer.config import preset
+from hotloop.trainer.flat_net import FlatLayout, forward_reference
+from hotloop.trainer.learner_compare import COMPARE_COLUMNS, compare_learners, reference_weights
+from hotloop.trainer.network import BranchingDuelingQNet
+
+TINY = dict(device="cuda" if torch.cuda.is_available() else "cpu", num_envs=8, learning_starts=256, batch_size=32,
+            trunk_hidden=(16,), head_hidden=16, spectral_norm=False)
+
+
+def test_reference_weights_give_the_flat_nets_q_values():
+    lay = FlatLayout(5, (3, 3), (12, 10), 7)
+    buf = lay.init_params(torch.Generator().manual_seed(3))
+    for s in lay.layers:  # gains other than 1, so that folding them in is tested
+        s.views(buf)[2].uniform_(0.5, 2.0)
+    lay.out_views(buf)[2].uniform_(0.5, 2.0)
+
+    class _Learner:  # what reference_weights reads of a HotLearner
+        layout = lay
+
+    net = BranchingDuelingQNet(5, (3, 3), (12, 10), 7, spectral_norm=False)
+    net.load_state_dict(reference_weights(_Learner, buf))
+    obs = torch.randn(9, 5)
+    expected = forward_reference(lay, buf.double(), obs.double())  # (B, D, A)
+    got = torch.stack(net(obs), dim=1).double()
+    assert torch.allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_the_first_step_agrees_on_loss_and_priorities():
+    table = compare_learners(preset("cartpole-fast", **TINY), steps=3)
+    assert list(table.columns) == COMPARE_COLUMNS and table.step.tolist() == [1, 2, 3]
+    first = table.iloc[0]
+    tol = 1e-5 if TINY["device"] == "cpu" else 5e-3  # TF32 forward on the GPU
+    assert first.loss_rel < tol and first.priority_rel < tol, first
+    assert (table.params_rel > 0).all()  # the tracer sees the nets move apart (the gains: README H1)
+
+
+def test_spectral_norm_is_refused():
+    with pytest.raises(ValueError, match="spectral_norm=False"):
+        compare_learners(preset("cartpole-fast", **{**TINY, "spectral_norm": True}), steps=1)
+    with pytest.raises(ValueError, match="steps must be >= 1"):
+        compare_learners(preset("cartpole-fast", **TINY), steps=0)
