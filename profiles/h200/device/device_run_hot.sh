@@ -26,6 +26,8 @@
 #       benchhot hotloop bench: hotloop only
 #       bench3   hotloop bench: eager, graph-fp32, graph-tf32, hotloop (no compiled rows: ~2 minutes)
 #       bench2   hotloop bench: compiled-tf32, hotloop (the compile alone takes ~6 minutes)
+#       learning hotloop learning --preset ${LEARN_PRESET:-cartpole-fast} --seeds ${LEARN_SEEDS:-1-10} --jobs 8: both
+#                learners, the learning table (seed, steps and seconds to 475, best, last-3 mean, final eval)
 #       cartpole_fast  the cartpole-fast preset: hotloop on the GPU, seeds 1-6 one after another, while the reference
 #                learner runs the same seeds on CPU cores 8-13 (one core each, OMP_NUM_THREADS=1); wall time and
 #                steps to a mean return of 475 from epochs.csv, and each process's wall time
@@ -130,6 +132,12 @@ for part in "$@"; do
     kgate)
       timeout 200 $HL gate "${SEED_SMALL[@]}" --no-baseline --out /tmp/r/kgate > /tmp/r/kgate.log 2>&1
       echo "kgate rc=$?"; grep -E "^(PASS|FAIL)|kernels" /tmp/r/kgate.log | head -n 30 ;;
+    learning)
+      # hotloop learning: the hotloop learner on the GPU, seeds one at a time, beside the reference learner on 8 CPU
+      # cores (one thread each); the learning table and the summary per learner
+      timeout 560 $HL learning --preset ${LEARN_PRESET:-cartpole-fast} --seeds ${LEARN_SEEDS:-1-10} --jobs 8 \
+        --out /tmp/r/learning > /tmp/r/learning.log 2>&1; echo "learning rc=$?"; tail -n 30 /tmp/r/learning.log
+      rm -f /tmp/r/learning/runs/*/checkpoint.pt ;;
     cartpole_fast)
       # the process wall time (start to exit, evaluations included) goes to each run's log's last line
       for s in 1 2 3 4 5 6; do
