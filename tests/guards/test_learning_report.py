@@ -5,6 +5,7 @@ import math
 
 import pandas as pd
 import pytest
+import torch
 
 from hotloop.guards.cli import main
 from hotloop.guards.learning_report import parse_seeds
@@ -80,7 +81,8 @@ def test_a_failed_run_stays_in_the_table_and_exits_1(tmp_path):
     (["--preset", "nope"], "unknown preset"),
     (["--jobs", "0"], "--jobs"),
 ])
-def test_bad_input_exits_2_before_any_run(tmp_path, capsys, args, match):
+def test_bad_input_exits_2_before_any_run(tmp_path, capsys, monkeypatch, args, match):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the CPU machine's answer, also on a GPU one
     out = tmp_path / "report"
     learners = [] if "--learners" in args else ["--learners", "reference"]
     assert main(["learning", *learners, *args, "--out", str(out)]) == 2
