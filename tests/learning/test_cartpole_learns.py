@@ -1,4 +1,9 @@
-"""Learning on real input: the cartpole preset learns CartPole-v1 on the CPU (issue 2's acceptance)."""
+"""Learning on real input: the default preset (what `hotloop gate` runs) solves CartPole-v1 on the CPU.
+
+The bar is the learning issue's: a mean training return over the last 100 episodes of >= 475 (CartPole-v1's
+"solved") at the end of the preset's 20 epochs, with the default seed. On the CPU the run is deterministic; other
+seeds of this preset do not all get there (profiles/cpu/learning_causes/README.md), which this test does not claim.
+"""
 
 import math
 
@@ -9,12 +14,11 @@ from hotloop.trainer.loop import Trainer
 
 
 @pytest.mark.slow
-def test_cartpole_preset_reaches_195_on_cpu():
-    # 15 epochs of the cartpole preset (15k learner steps, ~125k env steps): the mean training return over the
-    # last 100 episodes must reach CartPole-v0's "solved" bar of 195.
-    trainer = Trainer(preset("cartpole", device="cpu", epochs=15))
+def test_the_default_preset_solves_cartpole_on_cpu():
+    cfg = preset("cartpole", device="cpu")
+    trainer = Trainer(cfg)
     rows = [s for s in trainer.epochs()]
     returns = [s.mean_return_100 for s in rows]
-    assert not any(math.isnan(r) for r in returns)
-    assert returns[-1] >= 195.0, returns
-    assert rows[-1].epsilon == pytest.approx(preset("cartpole").eps_end)
+    assert len(rows) == cfg.epochs == 20 and not any(math.isnan(r) for r in returns)
+    assert returns[-1] >= 475.0, returns
+    assert rows[-1].epsilon == pytest.approx(cfg.eps_end)
