@@ -3,9 +3,14 @@ kernel module is imported); hotloop's pytest plugin (guards/pytest_plugin.py, lo
 its pytest11 entry point once hotloop is installed) registers the gpu/perf/smoke markers,
 skips gpu and perf tests with the reason on a machine without CUDA, and gives the `guard` / `assert_criteria`
 fixtures. The `hardware_tf32` fixture (Hopper's TF32 dots emulated on the interpreter) serves the kernel and the
-precision-probe tests."""
+precision-probe tests; `lock_holder` (another process holding a run folder's lock) the run-lock and resume tests."""
 
 import os
+import signal
+import subprocess
+import sys
+from contextlib import contextmanager
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -54,3 +59,49 @@ def hardware_tf32(monkeypatch):
 
     monkeypatch.setattr(builder, "create_dot", create_dot)
     return stats
+
+
+class LockHolder:
+    """Another process holding a run folder's lock, as any holder would: a plain `python -c` with flock on the lock
+    file and its pid written in it, until its stdin ends (hotloop.profiles.run_lock)."""
+
+    script = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+os.ftruncate(fd, 0)
+os.write(fd, f"{os.getpid()}\\n".encode())
+print("locked", flush=True)
+sys.stdin.read()
+"""
+    """The holder's program: argv[1] is the lock file; it exits non-zero (BlockingIOError) if the lock is held."""
+
+    @staticmethod
+    @contextmanager
+    def hold(run_dir: Path):
+        """A child process holding run_dir's lock until the block ends; yields its Popen."""
+        from hotloop.profiles.run_lock import LOCK_FILE
+
+        proc = subprocess.Popen([sys.executable, "-c", LockHolder.script, str(run_dir / LOCK_FILE)],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        try:
+            assert proc.stdout.readline().strip() == "locked"
+            yield proc
+        finally:
+            if proc.poll() is None:
+                proc.stdin.close()
+                proc.wait(timeout=30)
+
+    @staticmethod
+    def killed(run_dir: Path) -> int:
+        """Lock run_dir from a child process, SIGKILL it, and return its (now dead) pid: a stale lock file."""
+        with LockHolder.hold(run_dir) as proc:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=30)
+            return proc.pid
+
+
+@pytest.fixture
+def lock_holder() -> type[LockHolder]:
+    """`LockHolder`: .hold(run_dir) (a context manager), .killed(run_dir) (a stale lock's pid), .script."""
+    return LockHolder

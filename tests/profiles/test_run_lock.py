@@ -5,51 +5,15 @@ files. The other process is a plain `python -c` holding flock on the lock file, 
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
-from contextlib import contextmanager
-from pathlib import Path
 
 import pytest
 
 from hotloop.profiles.run_lock import LOCK_FILE, RunFolderLocked, acquire, remove_temp_files
 
-HOLDER = """
-import fcntl, os, sys
-fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
-fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-os.ftruncate(fd, 0)
-os.write(fd, f"{os.getpid()}\\n".encode())
-print("locked", flush=True)
-sys.stdin.read()
-"""
-
-
-@contextmanager
-def held_by_other_process(run_dir: Path):
-    """A child process holding run_dir's lock (its pid in the file) until the block ends; yields the Popen."""
-    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(run_dir / LOCK_FILE)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout.readline().strip() == "locked"
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.stdin.close()
-            proc.wait(timeout=30)
-
-
-def killed_holder(run_dir: Path) -> int:
-    """Lock run_dir from a child process, SIGKILL it, and return its (now dead) pid: a stale lock file."""
-    with held_by_other_process(run_dir) as proc:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
-        return proc.pid
-
-
-def test_a_live_holder_is_refused_naming_its_pid(tmp_path):
-    with held_by_other_process(tmp_path) as proc:
+def test_a_live_holder_is_refused_naming_its_pid(tmp_path, lock_holder):
+    with lock_holder.hold(tmp_path) as proc:
         with pytest.raises(RunFolderLocked, match=f"in use by another hotloop run \\(pid {proc.pid},") as info:
             acquire(tmp_path)
         assert info.value.pid == proc.pid and isinstance(info.value, ValueError)
@@ -60,25 +24,25 @@ def test_a_live_holder_is_refused_naming_its_pid(tmp_path):
     assert not lock.held and not (tmp_path / LOCK_FILE).exists()
 
 
-def test_a_killed_holders_lock_is_taken_over(tmp_path):
-    dead = killed_holder(tmp_path)
+def test_a_killed_holders_lock_is_taken_over(tmp_path, lock_holder):
+    dead = lock_holder.killed(tmp_path)
     assert (tmp_path / LOCK_FILE).read_text() == f"{dead}\n"
     lock = acquire(tmp_path)
     assert lock.stale_pid == dead and (tmp_path / LOCK_FILE).read_text() == f"{os.getpid()}\n"
     # and now this process is the live holder another process is refused by
-    proc = subprocess.run([sys.executable, "-c", HOLDER, str(tmp_path / LOCK_FILE)], capture_output=True,
+    proc = subprocess.run([sys.executable, "-c", lock_holder.script, str(tmp_path / LOCK_FILE)], capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode != 0 and "BlockingIOError" in proc.stderr
     lock.release()
 
 
-def test_the_lock_is_reentrant_within_a_process(tmp_path):
+def test_the_lock_is_reentrant_within_a_process(tmp_path, lock_holder):
     outer = acquire(tmp_path)
     inner = acquire(tmp_path / ".." / tmp_path.name)  # the same folder by another spelling
     assert inner is outer
     inner.release()
     assert outer.held and (tmp_path / LOCK_FILE).exists()
-    proc = subprocess.run([sys.executable, "-c", HOLDER, str(tmp_path / LOCK_FILE)], capture_output=True,
+    proc = subprocess.run([sys.executable, "-c", lock_holder.script, str(tmp_path / LOCK_FILE)], capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode != 0  # still held after the inner release
     outer.release()
@@ -86,7 +50,7 @@ def test_the_lock_is_reentrant_within_a_process(tmp_path):
     assert not outer.held and list(tmp_path.iterdir()) == []
 
 
-def test_a_new_run_folder(tmp_path):
+def test_a_new_run_folder(tmp_path, lock_holder):
     new = tmp_path / "a" / "run"
     with acquire(new, create=True, must_be_empty=True) as lock:
         assert sorted(p.name for p in new.iterdir()) == [LOCK_FILE] and lock.stale_pid is None
@@ -97,11 +61,11 @@ def test_a_new_run_folder(tmp_path):
         acquire(new, create=True, must_be_empty=True)
     assert sorted(p.name for p in new.iterdir()) == ["epochs.csv"]
     # a live run's folder is refused as locked, naming the pid, not as "not empty"
-    with held_by_other_process(new) as proc:
+    with lock_holder.hold(new) as proc:
         with pytest.raises(RunFolderLocked, match=f"pid {proc.pid}"):
             acquire(new, create=True, must_be_empty=True)
     # a killed run's folder holding files: "not empty", its lock file left as it was
-    dead = killed_holder(new)
+    dead = lock_holder.killed(new)
     with pytest.raises(ValueError, match="not an empty folder"):
         acquire(new, must_be_empty=True)
     assert (new / LOCK_FILE).read_text() == f"{dead}\n"

@@ -6,12 +6,10 @@ removed."""
 import json
 import os
 import shutil
-import signal
 import struct
 import subprocess
 import sys
 import zipfile
-from contextlib import contextmanager
 from pathlib import Path
 
 import pandas as pd
@@ -231,31 +229,6 @@ def test_hotloop_learner_round_trip():
 
 # --- The run folder: one writer (its lock), whole files, leftovers removed, corrupt state refused. ---
 
-HOLDER = """
-import fcntl, os, sys
-fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
-fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-os.ftruncate(fd, 0)
-os.write(fd, f"{os.getpid()}\\n".encode())
-print("locked", flush=True)
-sys.stdin.read()
-"""
-"""Another process holding a run folder's lock (flock on its lock file, its pid written in it) until stdin ends."""
-
-
-@contextmanager
-def _held_by_other_process(run_dir: Path):
-    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(run_dir / LOCK_FILE)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout.readline().strip() == "locked"
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.stdin.close()
-            proc.wait(timeout=30)
-
-
 def _listing(run_dir: Path) -> dict[str, int]:
     return {p.name: p.stat().st_mtime_ns for p in run_dir.iterdir()}
 
@@ -274,38 +247,36 @@ def run_copy(finished_run, tmp_path) -> Path:
     return Path(shutil.copytree(finished_run, tmp_path / "run"))
 
 
-def test_a_run_folder_held_by_a_live_run_is_refused_naming_its_pid(tmp_path, run_copy):
+def test_a_run_folder_held_by_a_live_run_is_refused_naming_its_pid(tmp_path, run_copy, lock_holder):
     fresh = tmp_path / "fresh"
     fresh.mkdir()
-    with _held_by_other_process(fresh) as proc:
+    with lock_holder.hold(fresh) as proc:
         with pytest.raises(ValueError, match=f"run folder {fresh} is in use by another hotloop run \\(pid {proc.pid}"):
             run_training(preset("cartpole", **TINY), fresh, 60.0, show_progress=False)
         assert _listing(fresh) == {LOCK_FILE: (fresh / LOCK_FILE).stat().st_mtime_ns}  # no config.json, nothing
     before = _listing(run_copy)
-    with _held_by_other_process(run_copy) as proc:  # two `--resume R` at once: the second one is refused
+    with lock_holder.hold(run_copy) as proc:  # two `--resume R` at once: the second one is refused
         for resume in (True, read_resume_point(run_copy, preset("cartpole", **TINY))):
             with pytest.raises(RunFolderLocked, match=f"pid {proc.pid}"):
                 run_training(preset("cartpole", **TINY), run_copy, 60.0, show_progress=False, resume=resume)
         assert {k: v for k, v in _listing(run_copy).items() if k != LOCK_FILE} == before
 
 
-def test_a_lock_left_by_a_killed_run_is_taken_over(run_copy, capsys):
-    with _held_by_other_process(run_copy) as proc:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
-    assert (run_copy / LOCK_FILE).read_text() == f"{proc.pid}\n"  # stale: its holder is dead
+def test_a_lock_left_by_a_killed_run_is_taken_over(run_copy, capsys, lock_holder):
+    dead = lock_holder.killed(run_copy)
+    assert (run_copy / LOCK_FILE).read_text() == f"{dead}\n"  # stale: its holder is dead
     capsys.readouterr()
     table, _ = run_training(preset("cartpole", **TINY), run_copy, 60.0, show_progress=False, resume=True)
     assert table.epoch.tolist() == [1, 2, 3]
-    assert f"took over the lock left by pid {proc.pid}" in capsys.readouterr().err
+    assert f"took over the lock left by pid {dead}" in capsys.readouterr().err
     assert not (run_copy / LOCK_FILE).exists()  # released at the end of the run
 
 
-def test_the_lock_is_held_while_the_run_writes(tmp_path):
+def test_the_lock_is_held_while_the_run_writes(tmp_path, lock_holder):
     seen = []
 
     def probe(trainer):  # called inside run_training: another process must be refused now
-        out = subprocess.run([sys.executable, "-c", HOLDER, str(tmp_path / LOCK_FILE)], capture_output=True,
+        out = subprocess.run([sys.executable, "-c", lock_holder.script, str(tmp_path / LOCK_FILE)], capture_output=True,
                              text=True, timeout=60)
         seen.append((out.returncode, (tmp_path / LOCK_FILE).read_text()))
 
