@@ -219,12 +219,9 @@ def check_writable(path: Path, option: str) -> None:
     parent = next((p for p in path.parents if p.exists()), Path("."))
     if not parent.is_dir():
         raise ValueError(f"{option} {path} cannot be written: {parent} is not a folder")
-    try:
-        with tempfile.NamedTemporaryFile(dir=parent, prefix=".hotloop-write-check-"):
-            pass
-    except OSError as exc:
+    if (problem := _file_creation_error(parent)) is not None:
         raise ValueError(f"{option} {path} cannot be written: no file can be created in {parent} "
-                         f"({exc.strerror or exc}; a read-only folder?)") from None
+                         f"({problem}; a read-only folder?)")
 
 
 def check_gate_args(args: argparse.Namespace, cfg: Config) -> None:
@@ -393,14 +390,18 @@ def prepare_run(args: argparse.Namespace) -> tuple[Config, Path]:
 def _check_folder_writable(folder: Path, option: str) -> None:
     """ValueError naming `option` unless a file can be created in `folder` (tried with a temporary file, removed at
     once; a path that is not a folder is left to the caller's own message)."""
-    if not folder.is_dir():
-        return
+    if folder.is_dir() and (problem := _file_creation_error(folder)) is not None:
+        raise ValueError(f"{option}: no file can be created in {folder} ({problem}; a read-only folder?)")
+
+
+def _file_creation_error(folder: Path) -> str | None:
+    """Why no file can be created in the existing folder `folder` (tried with a temporary file, removed at once;
+    also catches read-only file systems and root, whom os.access never refuses), or None when one can."""
     try:
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".hotloop-write-check-"):
-            pass
+            return None
     except OSError as exc:
-        raise ValueError(f"{option}: no file can be created in {folder} ({exc.strerror or exc}; a read-only "
-                         f"folder?)") from None
+        return str(exc.strerror or exc)
 
 
 def report_internal_error(command: str, exc: BaseException, run_dir: Path | None) -> int:
