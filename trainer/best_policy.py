@@ -38,15 +38,26 @@ def improves(eval_return: float, best: float | None) -> bool:
     return not math.isnan(eval_return) and (best is None or eval_return > best)
 
 
+def _policy_tensors(trainer: Trainer) -> dict[str, torch.Tensor]:
+    """The live tensors of the trainer's online network, named as in the module docstring (params or online.*)."""
+    learner = trainer.learner
+    if isinstance(learner, HotLearner):
+        return {"params": learner.params}
+    return {f"online.{k}": v for k, v in learner.online.state_dict().items()}
+
+
+def _policy_meta(path: str | Path, meta: dict) -> dict:
+    """`meta` if it is a best-policy file's; else ValueError naming `path`."""
+    if meta.get("format") != POLICY_FORMAT:
+        raise ValueError(f"{path}: not a best-policy file (meta format {meta.get('format')!r})")
+    return meta
+
+
 def save_best(path: str | Path, trainer: Trainer, epoch: int, eval_return: float) -> Path:
     """Write the trainer's online parameters (the policy `Trainer.evaluate` just scored `eval_return`, in epoch
     `epoch`) to `path` atomically (save_checkpoint: an existing file stays whole on any error); returns the path.
     Raises ValueError as save_checkpoint does (e.g. a missing folder)."""
-    learner = trainer.learner
-    if isinstance(learner, HotLearner):
-        tensors = {"params": learner.params}
-    else:
-        tensors = {f"online.{k}": v for k, v in learner.online.state_dict().items()}
+    tensors = _policy_tensors(trainer)
     meta = {"format": POLICY_FORMAT, "epoch": int(epoch), "eval_return": float(eval_return),
             "learner": trainer.learner_kind, "config": trainer.cfg.to_dict()}
     return save_checkpoint(path, tensors, meta)
@@ -57,10 +68,7 @@ def read_best(path: str | Path) -> dict | None:
     Raises ValueError (naming the path) for a file that is not a readable best-policy file."""
     if not Path(path).is_file():
         return None
-    _, meta = load_checkpoint(path)
-    if meta.get("format") != POLICY_FORMAT:
-        raise ValueError(f"{path}: not a best-policy file (meta format {meta.get('format')!r})")
-    return meta
+    return _policy_meta(path, load_checkpoint(path)[1])
 
 
 def load_best(trainer: Trainer, path: str | Path) -> dict:
@@ -70,8 +78,7 @@ def load_best(trainer: Trainer, path: str | Path) -> dict:
     another learner kind, or one whose config differs in a field the parameters' shapes depend on
     (hotloop.trainer.resume.STATE_FIELDS) or whose tensors do not match the learner's names and shapes."""
     tensors, meta = load_checkpoint(path, trainer.device)
-    if meta.get("format") != POLICY_FORMAT:
-        raise ValueError(f"{path}: not a best-policy file (meta format {meta.get('format')!r})")
+    _policy_meta(path, meta)
     if meta.get("learner") != trainer.learner_kind:
         raise ValueError(f"{path}: a policy of the {meta.get('learner')!r} learner; this trainer has a "
                          f"{trainer.learner_kind!r} one")
@@ -80,11 +87,7 @@ def load_best(trainer: Trainer, path: str | Path) -> dict:
     if diff:
         raise ValueError(f"{path}: measured with other {diff} ({[saved.get(f) for f in diff]} vs "
                          f"{[now[f] for f in diff]})")
-    learner = trainer.learner
-    if isinstance(learner, HotLearner):
-        targets = {"params": learner.params}
-    else:
-        targets = {f"online.{k}": v for k, v in learner.online.state_dict().items()}
+    targets = _policy_tensors(trainer)
     wrong = sorted(set(targets) ^ set(tensors)) + [k for k in targets if k in tensors
                                                      and tensors[k].shape != targets[k].shape]
     if wrong:
