@@ -110,8 +110,7 @@ def run_one(run: LearningRun, args: argparse.Namespace, threads: int | None) -> 
 def run_report(runs: list[LearningRun], args: argparse.Namespace) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Run every run (hotloop ones one at a time, reference ones `args.jobs` at a time, both pools together), then
     write and return (learning table, summary) to args.out."""
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "runs").mkdir(exist_ok=True)
+    (args.out / "runs").mkdir(parents=True, exist_ok=True)
     gpu = [r for r in runs if r.learner == "hotloop"]
     cpu = [r for r in runs if r.learner != "hotloop"]
     threads = 1 if args.jobs > 1 else None

@@ -97,8 +97,7 @@ def compare_learners(cfg: Config, steps: int, resync: bool = False) -> pd.DataFr
                          "parametrization and the hotloop projection share no parameters")
     cfg = dataclasses.replace(cfg, learner="hotloop")
     trainer = Trainer(cfg)
-    for _ in range(trainer.prefill_vec_steps):
-        trainer.env_step()
+    trainer.prefill()
     hot, rp = trainer.learner, trainer.replay
     ref = DQNLearner(cfg, trainer.env.obs_dim, trainer.env.action_nvec, trainer.device)
     _sync(ref, hot)

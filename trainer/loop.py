@@ -210,6 +210,13 @@ class Trainer:
         self.obs.copy_(res.obs)
         self.env_steps += self.cfg.num_envs
 
+    def prefill(self) -> None:
+        """The `prefill_vec_steps` vectorized env steps (>= learning_starts transitions, exploration policy) that
+        run before the first learner step, in an "env_step" phase range; run_epoch runs them in epoch 1."""
+        with self.phase("env_step"):
+            for _ in range(self.prefill_vec_steps):
+                self.env_step()
+
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
         """Enter phase `name`: tell `on_phase` (the watchdog), and open its NVTX + record_function range."""
@@ -276,9 +283,7 @@ class Trainer:
         start_wall = time.perf_counter()
         start_env = self.env_steps
         if self.learner_steps == 0:
-            with self.phase("env_step"):
-                for _ in range(self.prefill_vec_steps):
-                    self.env_step()
+            self.prefill()
         sums = self.iterate(cfg.learner_steps_per_epoch)
         with self.phase("readback"):
             mean_return = self.returns.mean()  # the epoch's one host sync
