@@ -180,10 +180,13 @@ else
   if command -v nvidia-smi >/dev/null 2>&1; then
     smi_id=()
     if [[ $device =~ ^cuda:([0-9]+)$ ]]; then smi_id=("--id=${BASH_REMATCH[1]}"); fi
-    gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader "${smi_id[@]}" 2>/dev/null | head -n 1) \
-      || gpu_name=""
+    # The first line, taken in bash: `nvidia-smi | head -n 1` can kill nvidia-smi with SIGPIPE on a machine with
+    # several GPUs, and under pipefail that lost the name (a race: the baseline became unknown-gpu.json).
+    gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader "${smi_id[@]}" 2>/dev/null) || gpu_name=""
+    gpu_name=${gpu_name%%$'\n'*}
     gpu_info=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader "${smi_id[@]}" \
-               2>/dev/null | head -n 1) || gpu_info=""
+               2>/dev/null) || gpu_info=""
+    gpu_info=${gpu_info%%$'\n'*}
     info+=("GPU=${gpu_info:-$gpu_name}")
   fi
   if [[ -z $gpu_name ]]; then

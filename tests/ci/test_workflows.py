@@ -167,11 +167,14 @@ print("FAILED: no stream sync")
 sys.exit(0 if "--lie" in args else 1)
 '''
 
+# More lines than a pipe holds (~2 MB): a reader that stops after the first line kills the stub with SIGPIPE every
+# time, as a real nvidia-smi on a several-GPU machine is killed some of the time.
 STUB_NVIDIA_SMI = """#!/usr/bin/env bash
 case "$*" in
-  *name,driver_version*) echo "NVIDIA H100 80GB HBM3, 550.54.15, 81559 MiB" ;;
-  *) echo "NVIDIA H100 80GB HBM3"; echo "NVIDIA H100 80GB HBM3" ;;
+  *name,driver_version*) line="NVIDIA H100 80GB HBM3, 550.54.15, 81559 MiB" ;;
+  *) line="NVIDIA H100 80GB HBM3" ;;
 esac
+for _ in $(seq 50000); do echo "$line"; done
 """
 
 
