@@ -89,8 +89,9 @@ def _heads_ddqn_tf32_kernel(h_ptr, w_ptr, b_ptr, g_ptr, q_ptr, M, H, h_zstride, 
 
 @triton.jit
 def _heads_bwd_fp32_kernel(h_ptr, dq_ptr, w_ptr, g_ptr, dh_ptr, dht_ptr, dbh_ptr, dw_ptr, db_ptr, dg_ptr, M, H,
-                           rows_per_program, D: tl.constexpr, A: tl.constexpr, BLOCK_M: tl.constexpr,
-                           BLOCK_Q: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+                           rows_per_program, D: tl.constexpr, A: tl.constexpr, LEARN_GAIN: tl.constexpr,
+                           BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_R: tl.constexpr,
+                           BLOCK_K: tl.constexpr):
     # program (pid, blk): rows [pid * rows_per_program, +rows_per_program) of input block blk (0: value, 1 + d:
     # branch d). The block feeds R output rows of W_out (1 for the value, A for a branch): its products have R
     # terms, done as IEEE FP32 FMAs on CUDA cores (no MMA, no split). Its weight-gradient rows stay in registers
@@ -137,7 +138,8 @@ def _heads_bwd_fp32_kernel(h_ptr, dq_ptr, w_ptr, g_ptr, dh_ptr, dht_ptr, dbh_ptr
         dbias += tl.sum(dout, axis=0)
     tl.atomic_add(dw_ptr + j[:, None] * H + offs_k[None, :], gw * g, mask=live_r[:, None] & mask_k[None, :],
                   sem="relaxed")
-    tl.atomic_add(dg_ptr + blk, tl.sum(tl.sum(w * gw, axis=1), axis=0), sem="relaxed")
+    if LEARN_GAIN:
+        tl.atomic_add(dg_ptr + blk, tl.sum(tl.sum(w * gw, axis=1), axis=0), sem="relaxed")
     tl.atomic_add(db_ptr + j, dbias, mask=live_r, sem="relaxed")
     tl.atomic_add(dbh_ptr + blk * H + offs_k, dbh, mask=mask_k, sem="relaxed")
 
@@ -181,7 +183,7 @@ def heads_forward(h: torch.Tensor, w_out: torch.Tensor, b_out: torch.Tensor, g_o
 
 def heads_backward(h: torch.Tensor, dq: torch.Tensor, w_out: torch.Tensor, g_out: torch.Tensor, dh: torch.Tensor,
                    dht: torch.Tensor, db_h: torch.Tensor, dw_out: torch.Tensor, db_out: torch.Tensor,
-                   dg_out: torch.Tensor, branches: int) -> torch.Tensor:
+                   dg_out: torch.Tensor | None, branches: int) -> torch.Tensor:
     """Backward of `heads_forward` for one net: dh and dh^T (overwritten) and atomic accumulation of the hidden
     layers' bias gradient db_h and of dw_out, db_out, dg_out.
 
@@ -189,7 +191,8 @@ def heads_backward(h: torch.Tensor, dq: torch.Tensor, w_out: torch.Tensor, g_out
     parameters; dh: (M, (1 + D) H) output, the gradient w.r.t. the hidden layers' pre-activations (zero where
     h == 0); dht: ((1 + D) H, M) the same transposed (what the hidden layer's `linear_backward_weight` reads);
     db_h ((1 + D) H,) += sum_m dh, the hidden layers' bias gradient; dw_out (1 + D A, H), db_out (1 + D A,),
-    dg_out (1 + D,): db_h and these are views of the zeroed gradient buffer.
+    dg_out (1 + D,): db_h and these are views of the zeroed gradient buffer; dg_out None: the output layer's gains
+    are fixed (not learned: spectral norm off for it), no gain gradient is computed or written.
     All float32 contiguous on one device. Returns dh. Grid (row groups, 1 + D), at most about BWD_PROGRAMS
     programs, each over a run of BWD_BLOCK_M-row blocks; each keeps its block's weight-gradient rows (BLOCK_R x
     next_pow2(H) floats, so H up to a few hundred) in registers over its rows.
@@ -206,14 +209,16 @@ def heads_backward(h: torch.Tensor, dq: torch.Tensor, w_out: torch.Tensor, g_out
                            ("dht", dht, ((1 + branches) * hidden, m)), ("db_h", db_h, ((1 + branches) * hidden,)),
                            ("dw_out", dw_out, (j, hidden)), ("db_out", db_out, (j,)),
                            ("dg_out", dg_out, (1 + branches,))):
-        check_tensor(name, t, dtype=torch.float32, shape=shape, device=dev)
+        if t is not None or name != "dg_out":
+            check_tensor(name, t, dtype=torch.float32, shape=shape, device=dev)
     block_q, block_k = triton.next_power_of_2(branches * actions), max(16, triton.next_power_of_2(hidden))
     # about BWD_PROGRAMS programs in all: row groups x (1 + D) input blocks
     groups = max(1, min(triton.cdiv(m, BWD_BLOCK_M), triton.cdiv(BWD_PROGRAMS, 1 + branches)))
     rows = triton.cdiv(triton.cdiv(m, groups), BWD_BLOCK_M) * BWD_BLOCK_M
     groups = max(triton.cdiv(m, rows), 2 if branches == 0 else 1)
     _heads_bwd_fp32_kernel[(groups, 1 + branches)](
-        h, dq, w_out, g_out, dh, dht, db_h, dw_out, db_out, dg_out, m, hidden, rows, D=branches, A=actions,
+        h, dq, w_out, g_out, dh, dht, db_h, dw_out, db_out, dg_out if dg_out is not None else db_out, m, hidden, rows,
+        D=branches, A=actions, LEARN_GAIN=dg_out is not None,
         BLOCK_M=BWD_BLOCK_M, BLOCK_Q=block_q, BLOCK_R=max(2, triton.next_power_of_2(actions)), BLOCK_K=block_k,
         num_warps=BWD_WARPS)
     return dh

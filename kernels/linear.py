@@ -120,7 +120,7 @@ def _dot_3xtf32(a, b_hi, b_lo, acc):
 @triton.jit
 def _bwd_dx_fp32split_gemm_kernel(dy_ptr, wt_ptr, x_ptr, dx_ptr, dxt_ptr, db_ptr, x0t_ptr, w0_ptr, g0_ptr, dw0_ptr,
                                   dg0_ptr, M, N, K, K0, gain0, STORE_DX: tl.constexpr, FUSE_DW: tl.constexpr,
-                                  GROUPS_PER_TILE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                                  LEARN_GAIN0: tl.constexpr, GROUPS_PER_TILE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                                   BLOCK_K: tl.constexpr, BLOCK_J: tl.constexpr):
     # both operands K-major (the reduction axis n contiguous): dy (M, N) rows, and W^T (2, K, N) rows read as (N, K)
     pid_m = tl.program_id(0)
@@ -160,8 +160,10 @@ def _bwd_dx_fp32split_gemm_kernel(dy_ptr, wt_ptr, x_ptr, dx_ptr, dxt_ptr, db_ptr
         g0 = tl.load(g0_ptr + offs_k // gain0, mask=mask_k, other=0.0)
         tl.atomic_add(dw0_ptr + offs_k[:, None] * K0 + offs_j[None, :], part * g0[:, None], mask=wmask,
                       sem="relaxed")
-        w0 = tl.load(w0_ptr + offs_k[:, None] * K0 + offs_j[None, :], mask=wmask, other=0.0)
-        _gain_grad(dg0_ptr, tl.sum(w0 * part, axis=1), offs_k, mask_k, pid_k * BLOCK_K, K, gain0, GROUPS_PER_TILE)
+        if LEARN_GAIN0:
+            w0 = tl.load(w0_ptr + offs_k[:, None] * K0 + offs_j[None, :], mask=wmask, other=0.0)
+            _gain_grad(dg0_ptr, tl.sum(w0 * part, axis=1), offs_k, mask_k, pid_k * BLOCK_K, K, gain0,
+                       GROUPS_PER_TILE)
     else:
         tl.store(dxt_ptr + offs_k[None, :] * M + offs_m[:, None], dz, mask=mask)
 
@@ -184,8 +186,8 @@ def _gain_grad(dg_ptr, r, offs, mask, first_row, rows, gain_group, GROUPS_PER_TI
 
 @triton.jit
 def _bwd_dw_fp32split_gemm_kernel(dyt_ptr, xt_ptr, w_ptr, g_ptr, dw_ptr, dg_ptr, M, N, K, gain_group, rows_per_split,
-                                  GROUPS_PER_TILE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                                  BLOCK_K: tl.constexpr):
+                                  LEARN_GAIN: tl.constexpr, GROUPS_PER_TILE: tl.constexpr, BLOCK_M: tl.constexpr,
+                                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     # both operands K-major (the reduction axis m contiguous): dY^T (N, M) rows and X^T (2, K, M) rows read as (M, K)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -207,9 +209,10 @@ def _bwd_dw_fp32split_gemm_kernel(dyt_ptr, xt_ptr, w_ptr, g_ptr, dw_ptr, dg_ptr,
         acc = _dot_3xtf32(dyt, x_hi, x_lo, acc)  # X^T comes split (2, K, M); dY^T is split in registers
     mask = mask_n[:, None] & mask_k[None, :]
     g = tl.load(g_ptr + offs_n // gain_group, mask=mask_n, other=0.0)
-    w = tl.load(w_ptr + offs_n[:, None] * K + offs_k[None, :], mask=mask, other=0.0)
     tl.atomic_add(dw_ptr + offs_n[:, None] * K + offs_k[None, :], acc * g[:, None], mask=mask, sem="relaxed")
-    _gain_grad(dg_ptr, tl.sum(w * acc, axis=1), offs_n, mask_n, pid_n * BLOCK_N, N, gain_group, GROUPS_PER_TILE)
+    if LEARN_GAIN:
+        w = tl.load(w_ptr + offs_n[:, None] * K + offs_k[None, :], mask=mask, other=0.0)
+        _gain_grad(dg_ptr, tl.sum(w * acc, axis=1), offs_n, mask_n, pid_n * BLOCK_N, N, gain_group, GROUPS_PER_TILE)
 
 
 @triton.jit
@@ -334,7 +337,8 @@ def linear_backward_input(dy: torch.Tensor, wt: torch.Tensor, x: torch.Tensor, d
         as `linear_backward_weight(dz^T, x0t, w0, g0, dw0, dg0, gain_group0)` would add it, from each dz tile in
         registers (dz^T is then not written: dxt must be None): x0t (2, K0, M) that layer's input transposed and
         split into TF32 parts, K0 <= 128; w0 (K, K0), g0 (ceil(K / gain_group0),); dw0, dg0 views of the zeroed
-        gradient buffer (atomic adds: each dw0 entry gets max(2, ceil(M / 128)) of them).
+        gradient buffer (atomic adds: each dw0 entry gets max(2, ceil(M / 128)) of them); dg0 None: that layer's
+        gains are fixed (not learned), no gain gradient is computed or written.
     All float32, contiguous, on one device. Returns dxt.
     Raises ValueError for wrong dtype, shape, device or contiguity, or a weight_grad_below that does not fit.
     """
@@ -362,7 +366,8 @@ def linear_backward_input(dy: torch.Tensor, wt: torch.Tensor, x: torch.Tensor, d
     out = dxt if dxt is not None else x  # placeholder pointer when nothing of dz^T is stored
     _bwd_dx_fp32split_gemm_kernel[grid](dy, wt, x, dx if dx is not None else out, out, db, *fused["ptrs"], m, n, k,
                                         fused["k0"], fused["gain"], STORE_DX=dx is not None,
-                                        FUSE_DW=weight_grad_below is not None, GROUPS_PER_TILE=fused["groups"],
+                                        FUSE_DW=weight_grad_below is not None, LEARN_GAIN0=fused["learn_gain"],
+                                        GROUPS_PER_TILE=fused["groups"],
                                         BLOCK_M=block_m, BLOCK_N=_block(n, 32), BLOCK_K=block_k,
                                         BLOCK_J=fused["block_j"], num_warps=8, num_stages=3)
     return dxt
@@ -372,7 +377,7 @@ def _fused_weight_args(below: tuple | None, k: int, m: int, block_k: int, dev: t
                        placeholder: torch.Tensor) -> dict:
     """Checked kernel arguments of `linear_backward_input`'s weight_grad_below (placeholders when None)."""
     if below is None:  # never dereferenced (FUSE_DW = False): any float32 tensor
-        return dict(ptrs=(placeholder,) * 5, k0=1, gain=1, groups=0, block_j=16)
+        return dict(ptrs=(placeholder,) * 5, k0=1, gain=1, groups=0, block_j=16, learn_gain=False)
     if len(below) != 6:
         raise ValueError(f"weight_grad_below must be (x0t, w0, g0, dw0, dg0, gain_group0), got {len(below)} items")
     x0t, w0, g0, dw0, dg0, gain0 = below
@@ -385,9 +390,10 @@ def _fused_weight_args(below: tuple | None, k: int, m: int, block_k: int, dev: t
     groups = -(-k // gain0)
     for name, t, shape in (("x0t", x0t, (2, k0, m)), ("g0", g0, (groups,)), ("dw0", dw0, (k, k0)),
                            ("dg0", dg0, (groups,))):
-        check_tensor(name, t, dtype=torch.float32, shape=shape, device=dev)
-    return dict(ptrs=(x0t, w0, g0, dw0, dg0), k0=k0, gain=gain0, groups=_groups_per_tile(block_k, gain0),
-                block_j=_block(k0, MAX_FUSED_K0))
+        if t is not None or name != "dg0":
+            check_tensor(name, t, dtype=torch.float32, shape=shape, device=dev)
+    return dict(ptrs=(x0t, w0, g0, dw0, dg0 if dg0 is not None else dw0), k0=k0, gain=gain0,
+                groups=_groups_per_tile(block_k, gain0), block_j=_block(k0, MAX_FUSED_K0), learn_gain=dg0 is not None)
 
 
 def _groups_per_tile(block: int, gain_group: int) -> int:
@@ -398,14 +404,15 @@ def _groups_per_tile(block: int, gain_group: int) -> int:
 
 
 def linear_backward_weight(dyt: torch.Tensor, xt: torch.Tensor, w: torch.Tensor, g: torch.Tensor, dw: torch.Tensor,
-                           dg: torch.Tensor, gain_group: int) -> None:
+                           dg: torch.Tensor | None, gain_group: int) -> None:
     """Accumulate (atomic adds) dw += g * dy^T x and dg[j] += sum over group j's rows of sum(w * dy^T x), from
     dY^T and X^T (both operands K-major: the batch axis contiguous).
 
     dyt: (N, M) this layer's pre-activation gradient, transposed; xt: (2, K, M) its input, transposed and split into
     TF32 parts [hi, lo] (kernels/tf32_split.py; the kernel splits dyt in registers: 3xTF32); w: (N, K) and
     g: (ceil(N / gain_group),) the layer's parameters; dw (N, K), dg like g: views of the gradient buffer, which
-    the caller zeroes once before the backward. The bias gradient comes from whoever wrote dyt (`linear_backward_
+    the caller zeroes once before the backward; dg None: the gains are fixed (not learned: spectral norm off for
+    this layer), no gain gradient is computed or written (w is then not read). The bias gradient comes from whoever wrote dyt (`linear_backward_
     input`, `hotloop.kernels.heads.heads_backward`). Split over M into enough parts for >= 132 programs; fp32 atomic adds
     make the summation order (and the last bits) vary run to run; dg gets one atomic per program for each gain group
     its tile can touch (at most 8; with smaller groups, one per row).
@@ -422,7 +429,8 @@ def linear_backward_weight(dyt: torch.Tensor, xt: torch.Tensor, w: torch.Tensor,
         raise ValueError(f"gain_group must be >= 1, got {gain_group}")
     groups = -(-n // gain_group)
     for name, t, shape in (("g", g, (groups,)), ("dw", dw, (n, k)), ("dg", dg, (groups,))):
-        check_tensor(name, t, dtype=torch.float32, shape=shape, device=dev)
+        if t is not None or name != "dg":
+            check_tensor(name, t, dtype=torch.float32, shape=shape, device=dev)
     # probe's best K-major tf32x3 tiles: 128 x 128 outputs, 32 rows per reduction step, 8 warps, 3 stages
     block_n, block_k, block_m = _block(n, 128), _block(k, 128), 32
     tiles = triton.cdiv(n, block_n) * triton.cdiv(k, block_k)
@@ -430,7 +438,8 @@ def linear_backward_weight(dyt: torch.Tensor, xt: torch.Tensor, w: torch.Tensor,
     rows_per_split = triton.cdiv(triton.cdiv(m, splits), block_m) * block_m
     splits = max(triton.cdiv(m, rows_per_split), 2 if tiles == 1 else 1)  # an idle split rather than one program
     grid = (triton.cdiv(n, block_n), triton.cdiv(k, block_k), splits)
-    _bwd_dw_fp32split_gemm_kernel[grid](dyt, xt, w, g, dw, dg, m, n, k, gain_group, rows_per_split,
+    _bwd_dw_fp32split_gemm_kernel[grid](dyt, xt, w, g, dw, dg if dg is not None else dw, m, n, k, gain_group,
+                                        rows_per_split, LEARN_GAIN=dg is not None,
                                         GROUPS_PER_TILE=_groups_per_tile(block_n, gain_group),
                                         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=8, num_stages=3)
 

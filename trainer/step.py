@@ -62,12 +62,17 @@ SN_WARMUP_ITERATIONS = 15
 
 
 def check_supported(cfg: Config, action_nvec: tuple[int, ...]) -> None:
-    """Raise ValueError if the hotloop learner cannot run `cfg` (it needs equal branch sizes and no diversity
-    term: the fused loss has no branch-feature term)."""
+    """Raise ValueError if the hotloop learner cannot run `cfg` (it needs equal branch sizes, no diversity
+    term: the fused loss has no branch-feature term, and no weight decay without spectral norm: the fused Adam
+    decays every slot of the flat buffer, the fixed gains too)."""
     if len(set(action_nvec)) != 1:
         raise ValueError(f"learner 'hotloop' needs action branches of equal size, got {action_nvec}")
     if cfg.diversity_weight != 0:
         raise ValueError("learner 'hotloop' has no branch-diversity term: set diversity_weight=0 or "
+                         "learner='reference'")
+    if cfg.weight_decay != 0 and not cfg.spectral_norm:
+        raise ValueError(f"learner 'hotloop' with spectral_norm=False keeps every gain at 1, and weight_decay="
+                         f"{cfg.weight_decay} would decay them: set weight_decay=0, spectral_norm=True or "
                          "learner='reference'")
 
 
@@ -177,23 +182,26 @@ class HotLearner:
 
     def _backward(self) -> None:
         lay, params, grads = self.layout, self.params, self.grads
+        # the gains are learned only with spectral norm (sigma-reparam); without it they stay 1 and get no
+        # gradient (None: the kernels write none), so that the update is the reference learner's
+        learn = self.cfg.spectral_norm
         w_out, _, g_out = lay.out_views(params)
         dw_out, db_out, dg_out = lay.out_views(grads)
         db_hidden = lay.layers[-1].views(grads)[1]
         heads_backward(self.acts[-1], self.td.grad.view(self.cfg.batch_size, -1), w_out, g_out, self.dz[-1],
-                       self.dz_t[-1], db_hidden, dw_out, db_out, dg_out, lay.branches)
+                       self.dz_t[-1], db_hidden, dw_out, db_out, dg_out if learn else None, lay.branches)
         for i in reversed(range(len(lay.layers))):
             slots = lay.layers[i]
             w, _, g = slots.views(params)
             dw, _, dg = slots.views(grads)
             if i > 0 or not self.fuse_first_weight_grad:
-                linear_backward_weight(self.dz_t[i], self.obs_t if i == 0 else self.acts_t[i - 1], w, g, dw, dg,
-                                       slots.gain_group)
+                linear_backward_weight(self.dz_t[i], self.obs_t if i == 0 else self.acts_t[i - 1], w, g, dw,
+                                       dg if learn else None, slots.gain_group)
             if i > 0:  # layer i - 1's pre-activation gradient (the layouts it has buffers for) and bias gradient
                 below = None
                 if i == 1 and self.fuse_first_weight_grad:  # and the first layer's weight gradient, from registers
                     (w0, _, g0), (dw0, _, dg0) = lay.layers[0].views(params), lay.layers[0].views(grads)
-                    below = (self.obs_t, w0, g0, dw0, dg0, lay.layers[0].gain_group)
+                    below = (self.obs_t, w0, g0, dw0, dg0 if learn else None, lay.layers[0].gain_group)
                 self.linear_backward_input(self.dz[i], self.wts[i], self.acts[i - 1], self.dz_t[i - 1],
                                            lay.layers[i - 1].views(grads)[1], dx=self.dz[i - 1],
                                            weight_grad_below=below)

@@ -207,6 +207,65 @@ def test_heads_forward_and_backward_match_float64(m, branches, actions, hidden, 
     torch.testing.assert_close(dg.cpu().double(), g_.grad, rtol=1e-4, atol=1e-3)
 
 
+def test_fixed_gains_get_no_gradient_and_the_rest_is_unchanged():
+    """dg None (spectral norm off: the gains stay 1, as the reference learner's plain layers): each of the three
+    backward launchers writes no gain gradient (the gain slots next to dW in one gradient buffer keep their
+    sentinel) and every other gradient equals the learned-gain launch's (bit for bit on the CPU; on the GPU to the
+    last bits that the atomic adds' order changes)."""
+    def _same(a, b):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+    gen = torch.Generator().manual_seed(11)
+    dev = lambda t: t.float().contiguous().to(DEVICE)  # noqa: E731
+    m, n, k, k0, gain_group = 70, 48, 40, 13, 16
+    w, _, g = _layer(gen, n, k, gain_group)
+    dy, x = _rand(m, n, gen=gen), _rand(m, k, gen=gen)
+
+    def weight_grads(learn):  # dW then the groups' dg slots, as the flat layout keeps them
+        buf = torch.full((n * k + g.numel(),), 7.0, device=DEVICE)
+        buf[:n * k] = 0
+        dw, dg = buf[:n * k].view(n, k), buf[n * k:]
+        linear_backward_weight(dev(dy.T), split_tf32(dev(x.T)), dev(w), dev(g), dw, dg if learn else None, gain_group)
+        return buf.cpu()
+
+    learned, fixed = weight_grads(True), weight_grads(False)
+    assert torch.equal(fixed[n * k:], torch.full((g.numel(),), 7.0)) and not torch.equal(learned[n * k:], fixed[n * k:])
+    _same(fixed[:n * k], learned[:n * k])
+
+    w0, g0 = _rand(k, k0, gen=gen), 1 + _rand(1, gen=gen, scale=0.2)
+    x0, xr = _rand(m, k0, gen=gen), torch.relu(x)
+
+    def fused(learn):
+        db, buf = torch.zeros(k, device=DEVICE), torch.full((k * k0 + 1,), 7.0, device=DEVICE)
+        buf[:k * k0] = 0
+        below = (split_tf32(dev(x0.T)), dev(w0), dev(g0), buf[:k * k0].view(k, k0), buf[k * k0:] if learn else None, k)
+        linear_backward_input(dev(dy), dev(_wt(w, g, gain_group)), dev(xr), None, db, weight_grad_below=below)
+        return torch.cat([buf, db]).cpu()
+
+    learned, fixed = fused(True), fused(False)
+    assert float(fixed[k * k0]) == 7.0 and float(learned[k * k0]) != 7.0
+    _same(torch.cat([fixed[:k * k0], fixed[k * k0 + 1:]]), torch.cat([learned[:k * k0], learned[k * k0 + 1:]]))
+
+    branches, actions, hidden = 2, 3, 20
+    j = 1 + branches * actions
+    h = torch.relu(_rand(m, (1 + branches) * hidden, gen=gen))
+    wo, go, dq = _rand(j, hidden, gen=gen, scale=hidden ** -0.5), 1 + _rand(1 + branches, gen=gen, scale=0.2), \
+        _rand(m, branches * actions, gen=gen)
+
+    def heads(learn):
+        dh, dht = torch.empty(m, h.shape[1], device=DEVICE), torch.empty(h.shape[1], m, device=DEVICE)
+        db_h, dw, db = torch.zeros(h.shape[1], device=DEVICE), torch.zeros(j, hidden, device=DEVICE), \
+            torch.zeros(j, device=DEVICE)
+        dg = torch.full((1 + branches,), 7.0, device=DEVICE)
+        heads_backward(dev(h), dev(dq), dev(wo), dev(go), dh, dht, db_h, dw, db, dg if learn else None, branches)
+        return [t.cpu() for t in (dh, db_h, dw, db, dg)]
+
+    learned, fixed = heads(True), heads(False)
+    assert torch.equal(fixed[-1], torch.full((1 + branches,), 7.0)) and not torch.equal(learned[-1], fixed[-1])
+    for a, b in zip(fixed[:-1], learned[:-1]):
+        _same(a, b)
+
+
 def test_launchers_reject_bad_inputs():
     w = torch.randn(8, 16, device=DEVICE)
     b, g = torch.randn(8, device=DEVICE), torch.ones(1, device=DEVICE)

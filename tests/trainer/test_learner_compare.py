@@ -32,13 +32,17 @@ def test_reference_weights_give_the_flat_nets_q_values():
     assert torch.allclose(got, expected, rtol=1e-5, atol=1e-5)
 
 
-def test_the_first_step_agrees_on_loss_and_priorities():
+def test_the_two_learners_take_the_same_steps():
+    """Same loss and priorities at the first step; with spectral norm off the gains stay 1 (no gain gradient is
+    written: profiles/cpu/learning_causes/README.md H1), so in FP32 the parameters stay equal to float rounding
+    (they parted by one Adam step of the gains, ~7e-4, per step before)."""
     table = compare_learners(preset("cartpole-fast", **TINY), steps=3)
     assert list(table.columns) == COMPARE_COLUMNS and table.step.tolist() == [1, 2, 3]
     first = table.iloc[0]
     tol = 1e-5 if TINY["device"] == "cpu" else 5e-3  # TF32 forward on the GPU
     assert first.loss_rel < tol and first.priority_rel < tol, first
-    assert (table.params_rel > 0).all()  # the tracer sees the nets move apart (the gains: README H1)
+    assert (table.gain_dev == 0).all(), table.gain_dev
+    assert (table.params_rel < (1e-6 if TINY["device"] == "cpu" else 1e-3)).all(), table.params_rel
 
 
 def test_spectral_norm_is_refused():
