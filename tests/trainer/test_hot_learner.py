@@ -120,6 +120,8 @@ def test_unsupported_configs_are_refused():
         HotLearner(cfg, cfg.obs_dim, (3, 2), DEVICE, rp)
     with pytest.raises(ValueError, match="diversity"):
         HotLearner(preset("seed-scale", diversity_weight=0.1), 64, (4, 4, 4), DEVICE, rp)
+    with pytest.raises(ValueError, match="weight_decay=0.01 would decay them"):
+        HotLearner(preset("seed-scale", spectral_norm=False, weight_decay=0.01), 64, (4, 4, 4), DEVICE, rp)
 
 
 @pytest.mark.gpu
