@@ -54,14 +54,15 @@ FAULTS: dict[str, Fault] = {f.name: f for f in (
 
 
 def check_request(name: str | None, update_baseline: bool = False, *, device: torch.device | str | None = None,
-                  learner: str | None = None) -> None:
+                  learner: str | None = None, spectral_norm: bool | None = None) -> None:
     """Raise ValueError for a fault `name` that is not in FAULTS, or any fault with update_baseline (a faulty run
     must never become a baseline). None (no fault) passes.
 
     When given (the CLI passes both, so that a request `inject` would refuse fails before any training):
     `device` (the run's resolved device): every fault needs a CUDA device (the faults are GPU regressions; a CPU
     run has no trace criteria to fail); `learner` ("hotloop" or "reference", the run's resolved learner kind): a
-    learner fault (FAULTS[name].hot_only) needs the hotloop learner."""
+    learner fault (FAULTS[name].hot_only) needs the hotloop learner. `spectral_norm` (the run's cfg.spectral_norm):
+    sn_split needs it on (without it the step launches no spectral norm to split)."""
     if name is not None and name not in FAULTS:
         raise ValueError(f"--inject: unknown fault {name!r}; choose one of {sorted(FAULTS)}")
     if name is not None and update_baseline:
@@ -74,15 +75,18 @@ def check_request(name: str | None, update_baseline: bool = False, *, device: to
     if learner is not None and FAULTS[name].hot_only and learner != "hotloop":
         raise ValueError(f"--inject {name}: the fault changes the hotloop learner; this run uses the {learner!r} "
                          f"learner (set learner=hotloop or leave it auto on CUDA)")
+    if spectral_norm is False and name == "sn_split":
+        raise ValueError("--inject sn_split: this run has spectral norm off, so its step launches no spectral norm "
+                         "to split (--set spectral_norm=true, or the seed-scale preset)")
 
 
 def inject(trainer, name: str) -> Fault:
     """Inject fault `name` into `trainer` (a hotloop.trainer.loop.Trainer on CUDA) before its guarded steps; returns it.
 
     Raises ValueError for an unknown name (listing the valid ones), a learner fault with the reference learner,
-    or a trainer not on CUDA (the faults are GPU regressions: a CPU run has no trace criteria to fail).
+    sn_split with spectral norm off, or a trainer not on CUDA (the faults are GPU regressions: a CPU run has no trace criteria to fail).
     """
-    check_request(name)
+    check_request(name, spectral_norm=trainer.cfg.spectral_norm)
     fault = FAULTS[name]
     hot = trainer.learner_kind == "hotloop"
     if fault.hot_only and not hot:

@@ -173,7 +173,7 @@ def run_gate(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress: bo
     started = time.perf_counter()
     device = resolve_device(cfg.device)
     kind = learner_kind(cfg, device)
-    check_request(inject, update_baseline, device=device, learner=kind)
+    check_request(inject, update_baseline, device=device, learner=kind, spectral_norm=cfg.spectral_norm)
     k, _, why_k = window_size(cfg, kind, guard_steps_n)
 
     def guard(trainer: Trainer) -> list[GuardReport]:

@@ -212,6 +212,16 @@ def test_gate_sh_on_a_gpu_runner_passes_the_baseline_and_prints_fail_rows_last(t
     assert any("baseline profiles/baselines/nvidia-h100-80gb-hbm3.json does not exist" in line for line in out)
 
 
+def test_gate_sh_takes_each_presets_own_baseline(tmp_path):
+    """The seed-scale preset's baseline is <slug>--seed-scale.json, as hotloop.guards.baselines.baseline_path names
+    it (the cartpole one, <slug>.json, in the test above); the workflow runs both presets."""
+    _gate(_stub_env(tmp_path, HOTLOOP_PRESET="seed-scale"), timeout=120)
+    argv = json.loads((tmp_path / "argv.json").read_text())
+    assert argv[argv.index("--baseline") + 1] == "profiles/baselines/nvidia-h100-80gb-hbm3--seed-scale.json"
+    assert argv[argv.index("--preset") + 1] == "seed-scale"
+    assert '\'["cartpole", "seed-scale"]\'' in WORKFLOWS[0].read_text()
+
+
 def test_gate_sh_never_passes_with_a_fail_row_even_if_the_gate_exits_0(tmp_path):
     rc, out = _gate(_stub_env(tmp_path, HOTLOOP_GATE_ARGS="--lie"), timeout=120)
     assert rc == 1 and out[-1].endswith("[baseline_compare.csv]"), "\n".join(out[-20:])

@@ -46,8 +46,9 @@ def test_learner_faults_keep_the_math(name):
 
 
 class _FakeTrainer:
-    def __init__(self, kind="hotloop", device="cpu"):
+    def __init__(self, kind="hotloop", device="cpu", spectral_norm=True):
         self.learner_kind, self.device = kind, torch.device(device)
+        self.cfg = preset("seed-scale", spectral_norm=spectral_norm)
 
 
 @pytest.mark.smoke
@@ -58,6 +59,8 @@ def test_bad_requests_are_refused():
         inject(_FakeTrainer("reference"), "sn_split")
     with pytest.raises(ValueError, match="needs a CUDA trainer"):
         inject(_FakeTrainer(), "item")
+    with pytest.raises(ValueError, match="sn_split: this run has spectral norm off"):
+        inject(_FakeTrainer(device="cuda", spectral_norm=False), "sn_split")
     assert {f.criterion for f in FAULTS.values()} >= {"no stream sync", "no event sync", "no D2D weight sync",
                                                       "spectral norm fused", "no single-block kernels",
                                                       "TF32 forward only", "DDQN overlapped"}
@@ -107,6 +110,8 @@ def test_check_request_refuses_what_inject_would_refuse_before_any_training():
         check_request("sn_split", device="cuda", learner="reference")
     check_request("item", device="cuda", learner="reference")  # a wrapper fault works with either learner
     check_request("sn_split", device=torch.device("cuda:0"), learner="hotloop")
+    with pytest.raises(ValueError, match="spectral norm off.*--set spectral_norm=true"):
+        check_request("sn_split", device="cuda", learner="hotloop", spectral_norm=False)
     check_request(None, device="cpu", learner="reference")
     check_request("item")  # without device and learner: only the name (inject checks the trainer itself)
 
@@ -130,8 +135,9 @@ def test_the_gate_cli_catches_each_fault_with_exit_1_not_a_crash(name, tmp_path,
     from hotloop.guards.cli import ERROR_LOG, INTERNAL_ERROR, main
 
     out = tmp_path / "run"
+    sn = ["--set", "spectral_norm=true"] if name == "sn_split" else []  # whatever the preset says
     rc = main(["gate", "--preset", "cartpole", "--device", "cuda", "--epochs", "1", "--guard-steps", "5",
-               "--no-progress", "--no-baseline", "--set", "learner_steps_per_epoch=200", "--inject", name,
+               "--no-progress", "--no-baseline", "--set", "learner_steps_per_epoch=200", *sn, "--inject", name,
                "--out", str(out)])
     assert rc != INTERNAL_ERROR, f"the gate crashed: {(out / ERROR_LOG).read_text()}"
     assert rc == 1, capsys.readouterr().out[-2000:]

@@ -8,7 +8,7 @@
 #                call stops after it
 #       gpusuite pytest -m "${GPUSUITE_MARKS:-gpu or perf}": the tests that need the GPU
 #       baseline_seed  the same for the seed-scale preset (<gpu>--seed-scale.json), then one clean gate against it
-#       clean5   five clean gates of the default preset (3 epochs) against the installed baseline: the false alarms
+#       clean5   ${CLEAN_RUNS:-5} clean gates of the default preset (3 epochs) against the installed baseline: the false alarms
 #       ciclean  ci/gate.sh clean only (2 epochs)
 #       precision python -m hotloop.trainer.precision_probe on cartpole and seed-scale: the probe's errors per GEMM
 #                product for the step, an IEEE forward and a one-TF32-dot backward (the bounds' evidence)
@@ -28,6 +28,8 @@
 #       bench2   hotloop bench: compiled-tf32, hotloop (the compile alone takes ~6 minutes)
 #       learning hotloop learning --preset ${LEARN_PRESET:-cartpole-fast} --seeds ${LEARN_SEEDS:-1-10} --jobs 8: both
 #                learners, the learning table (seed, steps and seconds to 475, best, last-3 mean, final eval)
+#       learning_default  hotloop learning --preset cartpole --seeds 1-5 --learners hotloop: the default preset's
+#                runs with the hotloop learner
 #       cartpole_fast  the cartpole-fast preset: hotloop on the GPU, seeds 1-6 one after another, while the reference
 #                learner runs the same seeds on CPU cores 8-13 (one core each, OMP_NUM_THREADS=1); wall time and
 #                steps to a mean return of 475 from epochs.csv, and each process's wall time
@@ -91,7 +93,7 @@ for part in "$@"; do
         > /tmp/r/gate_seed_check.log 2>&1; echo "seed-scale clean gate rc=$?"; tail -n 2 /tmp/r/gate_seed_check.log ;;
     clean5)
       # the clean tree's false-alarm check: five gates of the default preset against the installed baseline
-      for i in 1 2 3 4 5; do
+      for i in $(seq "${CLEAN_RUNS:-5}"); do
         timeout 120 $HL gate --preset cartpole --device cuda --epochs 3 --no-progress --out /tmp/r/clean5_$i \
           > /tmp/r/clean5_$i.log 2>&1; echo "clean run $i rc=$? $(tail -n 1 /tmp/r/clean5_$i.log)"
         grep -E "^ *.*(FAIL)" /tmp/r/clean5_$i.log | head -n 5
@@ -138,6 +140,10 @@ for part in "$@"; do
       timeout 560 $HL learning --preset ${LEARN_PRESET:-cartpole-fast} --seeds ${LEARN_SEEDS:-1-10} --jobs 8 \
         --out /tmp/r/learning > /tmp/r/learning.log 2>&1; echo "learning rc=$?"; tail -n 30 /tmp/r/learning.log
       rm -f /tmp/r/learning/runs/*/checkpoint.pt ;;
+    learning_default)
+      timeout 300 $HL learning --preset cartpole --seeds 1-5 --learners hotloop --out /tmp/r/learning_default \
+        > /tmp/r/learning_default.log 2>&1; echo "learning_default rc=$?"; tail -n 16 /tmp/r/learning_default.log
+      rm -f /tmp/r/learning_default/runs/*/checkpoint.pt ;;
     cartpole_fast)
       # the process wall time (start to exit, evaluations included) goes to each run's log's last line
       for s in 1 2 3 4 5 6; do
