@@ -84,7 +84,8 @@ def inject(trainer, name: str) -> Fault:
     """Inject fault `name` into `trainer` (a hotloop.trainer.loop.Trainer on CUDA) before its guarded steps; returns it.
 
     Raises ValueError for an unknown name (listing the valid ones), a learner fault with the reference learner,
-    sn_split with spectral norm off, or a trainer not on CUDA (the faults are GPU regressions: a CPU run has no trace criteria to fail).
+    sn_split with spectral norm off, or a trainer not on CUDA (the faults are GPU regressions: a CPU run has no
+    trace criteria to fail).
     """
     check_request(name, spectral_norm=trainer.cfg.spectral_norm)
     fault = FAULTS[name]
@@ -174,7 +175,8 @@ def _bwd_tf32(learner) -> None:
             with tf32_matmuls(True):
                 part = torch.mm(dz.t(), (x0t[0] + x0t[1]).t())
             dw0.add_(_scaled(part.t().contiguous(), g0, gain0).t())
-            dg0.add_((w0 * part).sum(1).view(-1, gain0).sum(1))
+            if dg0 is not None:  # None: fixed gains (spectral norm off), as the kernel it stands in for
+                dg0.add_((w0 * part).sum(1).view(-1, gain0).sum(1))
         return dxt
 
     learner.linear_backward_input = input_grad

@@ -139,8 +139,9 @@ def variant_linear_backward_input(precision: str) -> Callable[..., torch.Tensor 
             x0t, w0, g0, dw0, dg0, gain0 = weight_grad_below
             part = variant_matmul(dz.t(), (x0t[0] + x0t[1]).t(), precision)  # (K, K0) = dz^T x0
             dw0.add_(part * _scale(g0, gain0, part.shape[0])[:, None])
-            dg0.add_(torch.zeros_like(dg0).index_add_(0, torch.arange(part.shape[0], device=part.device) // gain0,
-                                                      (w0 * part).sum(1)))
+            if dg0 is not None:  # None: fixed gains, no gain gradient (as linear_backward_input)
+                dg0.add_(torch.zeros_like(dg0).index_add_(0, torch.arange(part.shape[0], device=part.device) // gain0,
+                                                          (w0 * part).sum(1)))
         return dxt
 
     input_grad.__qualname__ = f"variant_linear_backward_input[{precision}]"
@@ -157,8 +158,9 @@ def variant_linear_backward_weight(precision: str) -> Callable[..., None]:
         part = variant_matmul(dyt, (xt[0] + xt[1]).t(), precision)  # (N, K) = dY^T X
         n = part.shape[0]
         dw.add_(part * _scale(g, gain_group, n)[:, None])
-        dg.add_(torch.zeros_like(dg).index_add_(0, torch.arange(n, device=part.device) // gain_group,
-                                                (w * part).sum(1)))
+        if dg is not None:  # None: fixed gains, no gain gradient (as linear_backward_weight)
+            dg.add_(torch.zeros_like(dg).index_add_(0, torch.arange(n, device=part.device) // gain_group,
+                                                    (w * part).sum(1)))
 
     weight_grad.__qualname__ = f"variant_linear_backward_weight[{precision}]"
     return weight_grad

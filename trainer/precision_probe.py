@@ -295,19 +295,21 @@ def probe_step(learner, batch, *, nets: torch.Tensor | None = None,
     dz_t = [None if i == 0 and fused else new(x.rows, b) for i, x in enumerate(lay.layers)]
     w_out, _, g_out = lay.out_views(params)
     dw_out, db_out, dg_out = lay.out_views(grads)
+    learn = learner.learns_gains  # fixed gains: no gain gradient (dg None), the step's kernel variant
     step.heads_backward(acts[-1], td.grad.view(b, -1), w_out, g_out, dz[-1], dz_t[-1], lay.layers[-1].views(grads)[1],
-                        dw_out, db_out, dg_out, d)
+                        dw_out, db_out, dg_out if learn else None, d)
     for i in reversed(range(len(lay.layers))):
         slots = lay.layers[i]
         w, _, g = slots.views(params)
         dw, _, dg = slots.views(grads)
         if i > 0 or not fused:
-            fns.backward_weight(dz_t[i], obs_t if i == 0 else acts_t[i - 1], w, g, dw, dg, slots.gain_group)
+            fns.backward_weight(dz_t[i], obs_t if i == 0 else acts_t[i - 1], w, g, dw, dg if learn else None,
+                                slots.gain_group)
         if i > 0:
             below = None
             if i == 1 and fused:
                 (w0, _, g0), (dw0, _, dg0) = lay.layers[0].views(params), lay.layers[0].views(grads)
-                below = (obs_t, w0, g0, dw0, dg0, lay.layers[0].gain_group)
+                below = (obs_t, w0, g0, dw0, dg0 if learn else None, lay.layers[0].gain_group)
             fns.backward_input(dz[i], wts[i], acts[i - 1], dz_t[i - 1], lay.layers[i - 1].views(grads)[1],
                                dx=dz[i - 1], weight_grad_below=below)
     return ProbeTensors(idx, nets, rp.obs[idx], rp.next_obs[idx], acts, acts_t, ddqn_acts, q, q_next, td.grad,

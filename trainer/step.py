@@ -85,7 +85,8 @@ class HotLearner:
         device: a CUDA device, or the CPU under TRITON_INTERPRET=1 (tests; no graph, no second stream).
         replay: the PrioritizedReplay the env loop fills (its storage and sum tree are read and written in place).
     Attributes: layout (FlatLayout), nets (2, P) float32 (row 0 = params_buf, row 1 = target_buf), params, target,
-        grads (P,) float32 (grad_buf), adam (FusedAdam), sn_table / sn_u / sn_v, steps (host count of steps run),
+        grads (P,) float32 (grad_buf), learns_gains (bool: the backward writes gain gradients), adam (FusedAdam),
+        sn_table / sn_u / sn_v, steps (host count of steps run),
         graph (CUDAGraph or None), use_graph (True on CUDA: the trainer captures before the first step),
         warmup_s (kernel compilation + warm-up steps) and capture_s (seconds); linear_forward,
         linear_backward_input, spectral_norm: the launch functions the step calls (guards/faults.py swaps them).
@@ -113,6 +114,9 @@ class HotLearner:
         if cfg.spectral_norm:
             spectral_norm_(self.params, self.sn_table, self.sn_u, self.sn_v, SN_WARMUP_ITERATIONS)
         self.target.copy_(self.params)
+        # the gains are learned only with spectral norm (sigma-reparam); without it they stay 1 and get no
+        # gradient (the backward passes dg None: the kernels write none), so that the update is the reference's
+        self.learns_gains = cfg.spectral_norm
         self.adam = FusedAdam(lay.numel, device, lr=cfg.lr, eps=cfg.adam_eps, weight_decay=cfg.weight_decay,
                               max_grad_norm=cfg.max_grad_norm)
         b, d, a = cfg.batch_size, lay.branches, lay.actions
@@ -181,10 +185,7 @@ class HotLearner:
                      acts_t=acts_t)
 
     def _backward(self) -> None:
-        lay, params, grads = self.layout, self.params, self.grads
-        # the gains are learned only with spectral norm (sigma-reparam); without it they stay 1 and get no
-        # gradient (None: the kernels write none), so that the update is the reference learner's
-        learn = self.cfg.spectral_norm
+        lay, params, grads, learn = self.layout, self.params, self.grads, self.learns_gains
         w_out, _, g_out = lay.out_views(params)
         dw_out, db_out, dg_out = lay.out_views(grads)
         db_hidden = lay.layers[-1].views(grads)[1]

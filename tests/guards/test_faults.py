@@ -15,9 +15,9 @@ from hotloop.trainer.step import HotLearner
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _learner(device=DEVICE):
+def _learner(device=DEVICE, spectral_norm=True):
     cfg = preset("seed-scale", batch_size=32, trunk_hidden=(24, 16), head_hidden=16, obs_dim=12,
-                 action_nvec=(3, 3), replay_capacity=300, seed=4)
+                 action_nvec=(3, 3), replay_capacity=300, seed=4, spectral_norm=spectral_norm)
     rp = PrioritizedReplay(cfg.replay_capacity, cfg.obs_dim, 2, alpha=cfg.per_alpha, eps=cfg.per_eps, device=device,
                            use_kernels=True)
     g = torch.Generator().manual_seed(4)
@@ -28,9 +28,12 @@ def _learner(device=DEVICE):
     return HotLearner(cfg, 12, (3, 3), torch.device(device), rp)
 
 
-@pytest.mark.parametrize("name", ["sn_split", "fwd_fp32", "bwd_tf32", "ddqn_serial"])
-def test_learner_faults_keep_the_math(name):
-    clean, faulty = _learner(), _learner()
+@pytest.mark.parametrize("name,spectral_norm", [("sn_split", True), ("fwd_fp32", True), ("bwd_tf32", True),
+                                                ("ddqn_serial", True), ("bwd_tf32", False)])
+def test_learner_faults_keep_the_math(name, spectral_norm):
+    """spectral_norm=False: the gains are fixed and the step passes no gain gradient buffer (dg None); the
+    stand-in kernels of a fault must take that as the Triton ones do."""
+    clean, faulty = _learner(spectral_norm=spectral_norm), _learner(spectral_norm=spectral_norm)
     _LEARNER_FAULTS[name](faulty)
     if name in ("fwd_fp32", "bwd_tf32"):
         assert faulty.use_graph is False

@@ -226,3 +226,16 @@ def test_gpu_step_passes_and_mutants_fail():
     assert ins["_fwd_online_tf32_gemm_kernel"][0]["tf32_mma"] > 0
     assert ins["_bwd_dx_fp32split_gemm_kernel"][0]["tf32_mma"] > 0
     assert ins["_heads_bwd_fp32_kernel"][0]["mma"] == 0
+
+
+def test_with_fixed_gains_the_probe_runs_the_steps_kernels_and_its_stand_ins():
+    """Spectral norm off: the step writes no gain gradient (learns_gains False), and the probe mirrors it with the
+    step's kernels and with each stand-in backward; the gain slots of its gradient buffer stay 0."""
+    hot = _setup(spectral_norm=False)
+    assert not hot.learns_gains
+    batch = pp.replay_batch(hot)
+    for launchers in (None, pp.variant_launchers(hot, "tf32_backward")):
+        t = pp.probe_step(hot, batch, launchers=launchers)
+        gains = [s.views(t.grads)[2] for s in hot.layout.layers] + [hot.layout.out_views(t.grads)[2]]
+        assert all(int(torch.count_nonzero(g)) == 0 for g in gains)
+        assert float(t.grads.abs().sum()) > 0
