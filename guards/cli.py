@@ -239,7 +239,8 @@ def check_gate_args(args: argparse.Namespace, cfg: Config) -> None:
     check_request(args.inject, args.update_baseline)
     if args.inject is not None:
         device = resolve_device(cfg.device)
-        check_request(args.inject, device=device, learner=learner_kind(cfg, device), spectral_norm=cfg.spectral_norm)
+        check_request(args.inject, device=device, learner=learner_kind(cfg, device),
+                      spectral_norm=cfg.spectral_norm)
     if (args.guard_steps is not None and args.guard_steps < 1) or args.guard_warmup < 0 or args.repeats < 1:
         raise ValueError(f"--guard-steps and --repeats must be >= 1 and --guard-warmup >= 0, got "
                          f"{args.guard_steps}, {args.repeats}, {args.guard_warmup}")

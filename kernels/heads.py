@@ -207,10 +207,10 @@ def heads_backward(h: torch.Tensor, dq: torch.Tensor, w_out: torch.Tensor, g_out
     for name, t, shape in (("h", h, (m, (1 + branches) * hidden)), ("dq", dq, (m, branches * actions)),
                            ("g_out", g_out, (1 + branches,)), ("dh", dh, (m, (1 + branches) * hidden)),
                            ("dht", dht, ((1 + branches) * hidden, m)), ("db_h", db_h, ((1 + branches) * hidden,)),
-                           ("dw_out", dw_out, (j, hidden)), ("db_out", db_out, (j,)),
-                           ("dg_out", dg_out, (1 + branches,))):
-        if t is not None or name != "dg_out":
-            check_tensor(name, t, dtype=torch.float32, shape=shape, device=dev)
+                           ("dw_out", dw_out, (j, hidden)), ("db_out", db_out, (j,))):
+        check_tensor(name, t, dtype=torch.float32, shape=shape, device=dev)
+    if dg_out is not None:
+        check_tensor("dg_out", dg_out, dtype=torch.float32, shape=(1 + branches,), device=dev)
     block_q, block_k = triton.next_power_of_2(branches * actions), max(16, triton.next_power_of_2(hidden))
     # about BWD_PROGRAMS programs in all: row groups x (1 + D) input blocks
     groups = max(1, min(triton.cdiv(m, BWD_BLOCK_M), triton.cdiv(BWD_PROGRAMS, 1 + branches)))

@@ -120,8 +120,8 @@ def _dot_3xtf32(a, b_hi, b_lo, acc):
 @triton.jit
 def _bwd_dx_fp32split_gemm_kernel(dy_ptr, wt_ptr, x_ptr, dx_ptr, dxt_ptr, db_ptr, x0t_ptr, w0_ptr, g0_ptr, dw0_ptr,
                                   dg0_ptr, M, N, K, K0, gain0, STORE_DX: tl.constexpr, FUSE_DW: tl.constexpr,
-                                  LEARN_GAIN0: tl.constexpr, GROUPS_PER_TILE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                                  BLOCK_K: tl.constexpr, BLOCK_J: tl.constexpr):
+                                  LEARN_GAIN0: tl.constexpr, GROUPS_PER_TILE: tl.constexpr, BLOCK_M: tl.constexpr,
+                                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_J: tl.constexpr):
     # both operands K-major (the reduction axis n contiguous): dy (M, N) rows, and W^T (2, K, N) rows read as (N, K)
     pid_m = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -388,10 +388,10 @@ def _fused_weight_args(below: tuple | None, k: int, m: int, block_k: int, dev: t
     if isinstance(gain0, bool) or not isinstance(gain0, int) or gain0 < 1:
         raise ValueError(f"gain_group0 must be an int >= 1, got {gain0!r}")
     groups = -(-k // gain0)
-    for name, t, shape in (("x0t", x0t, (2, k0, m)), ("g0", g0, (groups,)), ("dw0", dw0, (k, k0)),
-                           ("dg0", dg0, (groups,))):
-        if t is not None or name != "dg0":
-            check_tensor(name, t, dtype=torch.float32, shape=shape, device=dev)
+    for name, t, shape in (("x0t", x0t, (2, k0, m)), ("g0", g0, (groups,)), ("dw0", dw0, (k, k0))):
+        check_tensor(name, t, dtype=torch.float32, shape=shape, device=dev)
+    if dg0 is not None:
+        check_tensor("dg0", dg0, dtype=torch.float32, shape=(groups,), device=dev)
     return dict(ptrs=(x0t, w0, g0, dw0, dg0 if dg0 is not None else dw0), k0=k0, gain=gain0,
                 groups=_groups_per_tile(block_k, gain0), block_j=_block(k0, MAX_FUSED_K0), learn_gain=dg0 is not None)
 
@@ -412,10 +412,10 @@ def linear_backward_weight(dyt: torch.Tensor, xt: torch.Tensor, w: torch.Tensor,
     TF32 parts [hi, lo] (kernels/tf32_split.py; the kernel splits dyt in registers: 3xTF32); w: (N, K) and
     g: (ceil(N / gain_group),) the layer's parameters; dw (N, K), dg like g: views of the gradient buffer, which
     the caller zeroes once before the backward; dg None: the gains are fixed (not learned: spectral norm off for
-    this layer), no gain gradient is computed or written (w is then not read). The bias gradient comes from whoever wrote dyt (`linear_backward_
-    input`, `hotloop.kernels.heads.heads_backward`). Split over M into enough parts for >= 132 programs; fp32 atomic adds
-    make the summation order (and the last bits) vary run to run; dg gets one atomic per program for each gain group
-    its tile can touch (at most 8; with smaller groups, one per row).
+    this layer), no gain gradient is computed or written (w is then not read). The bias gradient comes from whoever
+    wrote dyt (`linear_backward_input`, `hotloop.kernels.heads.heads_backward`). Split over M into enough parts for
+    >= 132 programs; fp32 atomic adds make the summation order (and the last bits) vary run to run; dg gets one
+    atomic per program for each gain group its tile can touch (at most 8; with smaller groups, one per row).
     Raises ValueError for wrong dtype, shape, device or contiguity, or gain_group < 1.
     """
     check_tensor("w", w, dtype=torch.float32, ndim=2)
@@ -428,9 +428,10 @@ def linear_backward_weight(dyt: torch.Tensor, xt: torch.Tensor, w: torch.Tensor,
     if gain_group < 1:
         raise ValueError(f"gain_group must be >= 1, got {gain_group}")
     groups = -(-n // gain_group)
-    for name, t, shape in (("g", g, (groups,)), ("dw", dw, (n, k)), ("dg", dg, (groups,))):
-        if t is not None or name != "dg":
-            check_tensor(name, t, dtype=torch.float32, shape=shape, device=dev)
+    for name, t, shape in (("g", g, (groups,)), ("dw", dw, (n, k))):
+        check_tensor(name, t, dtype=torch.float32, shape=shape, device=dev)
+    if dg is not None:
+        check_tensor("dg", dg, dtype=torch.float32, shape=(groups,), device=dev)
     # probe's best K-major tf32x3 tiles: 128 x 128 outputs, 32 rows per reduction step, 8 warps, 3 stages
     block_n, block_k, block_m = _block(n, 128), _block(k, 128), 32
     tiles = triton.cdiv(n, block_n) * triton.cdiv(k, block_k)
