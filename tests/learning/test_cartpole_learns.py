@@ -1,8 +1,8 @@
 """Learning on real input: the default preset (what `hotloop gate` runs) solves CartPole-v1 on the CPU.
 
 The bar is the learning issue's: a mean training return over the last 100 episodes of >= 475 (CartPole-v1's
-"solved") at the end of the preset's 20 epochs, with the default seed. On the CPU the run is deterministic; other
-seeds of this preset do not all get there (profiles/cpu/learning_causes/README.md), which this test does not claim.
+"solved") at the end of the preset's 12 epochs, with the default seed. On the CPU the run is deterministic; seeds
+1-6 of this preset all end at 500 there (profiles/cpu/learning_causes/README.md), this test runs seed 1.
 """
 
 import math
@@ -19,6 +19,6 @@ def test_the_default_preset_solves_cartpole_on_cpu():
     trainer = Trainer(cfg)
     rows = [s for s in trainer.epochs()]
     returns = [s.mean_return_100 for s in rows]
-    assert len(rows) == cfg.epochs == 20 and not any(math.isnan(r) for r in returns)
+    assert len(rows) == cfg.epochs == 12 and not any(math.isnan(r) for r in returns)
     assert returns[-1] >= 475.0, returns
     assert rows[-1].epsilon == pytest.approx(cfg.eps_end)
