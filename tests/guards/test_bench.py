@@ -30,7 +30,7 @@ def _cfg(**kw):
 def test_roofline_by_hand_on_a_tiny_config():
     # obs 3, trunk (4,), head 2, one branch of 2 actions, B = 5.
     # Layers (in, out): trunk 3x4, value 4x2 and 2x1, branch 4x2 and 2x2 -> S = 12 + 8 + 2 + 8 + 4 = 34.
-    cfg = preset("cartpole", batch_size=5, replay_capacity=8, trunk_hidden=(4,), head_hidden=2)
+    cfg = preset("cartpole", batch_size=5, replay_capacity=8, trunk_hidden=(4,), head_hidden=2, spectral_norm=True)
     c = roofline_counts(cfg, 3, (2,))
     assert c["weights"] == 34
     # P = weights 34 + biases (4 + 2 + 1 + 2 + 2 = 11) + one spectral-norm gain per matrix (5) = 50

@@ -120,7 +120,8 @@ def test_gate_fails_naming_the_criterion_when_a_step_syncs(tmp_path, capsys, mon
     clean_step = Trainer.train_step
     monkeypatch.setattr(Trainer, "train_step", lambda self: (clean_step(self), torch.cuda.synchronize())[0])
     out = tmp_path / "run"
-    assert main(["gate", "--epochs", "1", "--device", "cpu", "--out", str(out), "--guard-steps", "3", *TINY]) == 1
+    assert main(["gate", "--epochs", "1", "--device", "cpu", "--out", str(out), "--guard-steps", "3", *TINY,
+                 "--set", "target_update_interval=100"]) == 1
     printed = capsys.readouterr().out
     assert "FAIL no event sync: measured 1" in printed and "test_cli.py" in printed
     verdicts = {v["criterion"]: v for v in json.loads((out / "criteria.json").read_text())}

@@ -35,9 +35,11 @@ def _trainer(on_progress=None, **over) -> Trainer:
 
 
 def test_loop_periods_and_the_default_window():
-    cfg = preset("cartpole", device="cpu")  # log_interval 100, target_update_interval 100, 1000 steps per epoch
+    cfg = preset("cartpole", device="cpu")  # log_interval 100, target update every step, 1000 steps per epoch
     assert loop_periods(cfg, "hotloop") == {"env_step": 1, "update": 1, "readback_publish": 100, "progress": 10}
-    assert loop_periods(cfg, "reference")["target_update"] == 100 and progress_period(cfg) == 10
+    assert loop_periods(cfg, "reference")["target_update"] == 1 and progress_period(cfg) == 10
+    hard = preset("cartpole", device="cpu", tau=1.0, target_update_interval=100)
+    assert loop_periods(hard, "reference")["target_update"] == 100
     k, periods, why = window_size(cfg, "hotloop")
     assert k >= 100 and k >= max(periods.values()) and "readback_publish" in why
     k10, _, why10 = window_size(cfg, "hotloop", 10)

@@ -16,9 +16,10 @@ CPU = torch.device("cpu")
 
 
 def _cfg(**kw):
-    """A tiny cartpole config: obs 4, one branch of 2 actions, a 16-wide trunk."""
+    """A tiny cartpole config: obs 4, one branch of 2 actions, a 16-wide trunk; the target updated every 100 steps
+    (a bench step leaves the target update out, so the comparisons with DQNLearner.update run without one)."""
     return preset("cartpole", **{"batch_size": 16, "replay_capacity": 256, "trunk_hidden": (16,),
-                                 "head_hidden": 8, **kw})
+                                 "head_hidden": 8, "target_update_interval": 100, **kw})
 
 
 def _snapshot(state: BenchState) -> list[torch.Tensor]:

@@ -71,7 +71,7 @@ def test_check_memory_refuses_naming_the_fields():
     msg = str(exc.value)
     assert f"needs an estimated {format_bytes(est.total)}" in msg and "is available (a stub)" in msg
     for part in ("replay_capacity=1000000", "obs_dim=4", "trunk_hidden=[64, 64]", "head_hidden=32", "batch_size=64",
-                 "num_envs=8"):
+                 "num_envs=64"):
         assert part in msg
     assert check_memory(cfg, torch.device("cpu"), 4, (2,), available=(None, "unknown")) == est  # unknown: no check
 

@@ -255,7 +255,7 @@ def test_hotloop_epoch_row_carries_the_published_head_norms():
     from hotloop.trainer.loop import Trainer
 
     # On CUDA when present, else the Triton interpreter on CPU: the tiniest sizes; a readback after every step.
-    cfg = preset("cartpole", learner="hotloop", trunk_hidden=(16,), head_hidden=16, batch_size=16,
+    cfg = preset("cartpole", learner="hotloop", spectral_norm=True, trunk_hidden=(16,), head_hidden=16, batch_size=16,
                  learner_steps_per_epoch=3, learning_starts=32, num_envs=4, eval_episodes=0, replay_capacity=128,
                  log_interval=1, device="cuda" if torch.cuda.is_available() else "cpu")
     trainer = Trainer(cfg)

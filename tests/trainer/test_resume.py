@@ -27,7 +27,7 @@ from hotloop.guards.run import run_training
 from hotloop.trainer.step import WARMUP_STEPS
 
 TINY = dict(device="cpu", learner="reference", epochs=3, learner_steps_per_epoch=20, learning_starts=64,
-            batch_size=16, eval_episodes=2, replay_capacity=500, trunk_hidden=(16,), head_hidden=8)
+            batch_size=16, eval_episodes=2, replay_capacity=500, trunk_hidden=(16,), head_hidden=8, num_envs=8)
 TINY_SET = [arg for k, v in TINY.items() if k not in ("device", "epochs")
             for arg in ("--set", f"{k}={list(v) if isinstance(v, tuple) else v}")]
 
