@@ -105,7 +105,7 @@ CRITERIA: tuple[Criterion, ...] = (
               trace_field="intervals of ddqn_forward kernels overlapping forward kernels on another stream",
               evidence="the two phases' kernels per stream xN; the timing note of damaged steps"),
     Criterion("single-block kernels in env_step", "env_kernels_grid1", REPORT, None,
-              "a tiny vectorized env (8 CartPoles) runs one-block kernels by nature: counted apart from the learner's, "
+              "a small vectorized env (64 CartPoles) runs one-block kernels by nature: counted apart from the learner's, "
               "not limited", phases="env", trace_field="kernel args.grid == [1, 1, 1] in the env phases",
               evidence="kernel names in their phase xN"),
     Criterion("epoch 1 without hang", None, "==", "yes",
