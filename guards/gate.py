@@ -63,6 +63,12 @@ def default_baseline(folder: str | Path | None = None, gpu_name: str | None = No
     return baseline_path(gpu_name, BASELINES_DIR if folder is None else folder, preset)
 
 
+ONE_REPEAT_NOTE = ("a baseline of one repeat has no spread, so each timing is then held to +5% of one run; the "
+                   "host-side step time (dur_us) varies more than that between runs: record with --repeats 5")
+"""Printed under "baseline written" when the baseline holds one repeat (guards/baselines.py: the timing rule is
+median +5% or 3 x the repeats' MAD spread)."""
+
+
 GUARD_WINDOW = "loop"
 """What a baseline's per-step medians were measured over, recorded in its config as "guard_window": "loop" = K
 iterations of the training loop (Trainer.iterate, `guard_loop`)."""
@@ -257,7 +263,7 @@ def _baseline_step(reports: list[GuardReport], baseline: Path | None, update: bo
         write_baseline(baseline, metrics, gpu=device_name(torch.device(config["device"])), config=config,
                        epochs=epoch_metrics(epochs))
         print(f"\nbaseline written: {baseline} ({len(reports)} repeats, {len(metrics)} metrics)"
-              + (f"\nnote: {note}" if note else ""))
+              + (f"\nnote: {note}" if note else "") + (f"\nnote: {ONE_REPEAT_NOTE}" if len(reports) == 1 else ""))
         return pd.DataFrame()
     loaded = load_baseline(baseline)
     table = compare(metrics, loaded)

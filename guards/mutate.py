@@ -14,8 +14,9 @@ What `run_suite` does, in this order (nothing runs on the GPU before the first t
    error (exit 2) naming it;
 3. runs the gate on the clean copy, once per distinct argument list of the selected mutants: each must PASS
    (exit 0), else the suite stops with exit 4 and no score (a tree that already fails has nothing to kill); with
-   --self-baseline it first writes a baseline of the clean copy into the output folder and judges the clean check
-   and the mutants against it (the committed baseline may predate a change of the window or the epoch metrics);
+   --self-baseline it first writes a baseline of the clean copy into the output folder (BASELINE_REPEATS repeats,
+   so that its timings carry their run-to-run spread) and judges the clean check and the mutants against it (the
+   committed baseline may predate a change of the window or the epoch metrics);
 4. runs each mutant in its own copy (the clean one with the patch applied), `--jobs N` at a time (default 3,
    sharing one GPU; mutants marked `exclusive` run alone afterwards, for timing-sensitive ones), each as
    `python -m hotloop.guards.cli gate ARGS --out <out>/runs/<id>` started in that copy;
@@ -78,6 +79,11 @@ EXPECTABLE = (*GATE_CRITERIA, EPOCH_THROUGHPUT, HANG)
 """What a mutant may name as its criterion ("epoch 1 without hang" reads as "hang")."""
 KILLED, SURVIVED, CRASHED, TIMED_OUT, WRONG = "killed", "survived", "crashed", "timed out", "wrong criterion"
 USAGE, BELOW_MIN_SCORE, CLEAN_FAILED, INTERNAL = 2, 1, 4, 70
+BASELINE_REPEATS = 5
+"""Repeats of the guarded window in the --self-baseline run. One repeat records no spread, so each timing would be
+held to +5% of a single run: on the H200 the default preset's host-side step time (dur_us) is bimodal, ~150 or
+~250 us per iteration between runs (profiles/h200/mutation/README.md), and a one-repeat baseline failed the clean
+tree on it."""
 DEFAULT_MANIFEST = Path("ci") / "mutants" / "mutants.toml"
 PACKAGE_DIRS = {"kernels": "kernels", "profiles": "profiles", "trainer": "trainer", "guards": "guards"}
 """hotloop.<key> -> folder of the checkout, when pyproject.toml does not say (its [tool.setuptools.package-dir])."""
@@ -506,7 +512,8 @@ def run_suite(manifest: Path, root: Path, out: Path, jobs: int = 3, only: Sequen
             runs = []
             if self_baseline:
                 own = out / "baselines" / f"{label}.json"
-                runs.append((f"{label}_baseline", (*args, "--update-baseline", "--baseline", str(own))))
+                runs.append((f"{label}_baseline", (*args, "--update-baseline", "--repeats", str(BASELINE_REPEATS),
+                                                   "--baseline", str(own))))
                 effective[args] = (*args, "--baseline", str(own))
             else:
                 effective[args] = args

@@ -9,6 +9,7 @@ import pytest
 
 from hotloop.profiles.epoch_table import EPOCH_COLUMNS
 from hotloop.guards.cli import main
+from hotloop.guards.gate import ONE_REPEAT_NOTE
 
 TINY = ["--set", "learner_steps_per_epoch=20", "--set", "learning_starts=64", "--set", "batch_size=32",
         "--set", "trunk_hidden=[16]", "--set", "head_hidden=8", "--set", "eval_episodes=4", "--no-progress"]
@@ -152,7 +153,8 @@ def test_gate_writes_then_compares_a_baseline(tmp_path, capsys):
     base = tmp_path / "baselines" / "cpu.json"
     args = ["gate", "--epochs", "1", "--device", "cpu", "--guard-steps", "2", "--repeats", "2", *TINY]
     assert main([*args, "--out", str(tmp_path / "a"), "--baseline", str(base), "--update-baseline"]) == 0
-    assert "baseline written" in capsys.readouterr().out and base.exists()
+    written = capsys.readouterr().out
+    assert "baseline written" in written and base.exists() and ONE_REPEAT_NOTE not in written
     doc = json.loads(base.read_text())
     assert doc["metrics"]["dur_us"]["kind"] == "timing" and len(doc["metrics"]["dur_us"]["values"]) == 2
     # Keep the structural counts only: host timings on a shared CPU are too noisy for an exact test.
@@ -174,7 +176,7 @@ def test_gate_refuses_a_baseline_of_another_configuration_before_training(tmp_pa
     base = tmp_path / "cpu.json"
     args = ["gate", "--epochs", "1", "--device", "cpu", "--guard-steps", "2", *TINY]
     assert main([*args, "--out", str(tmp_path / "a"), "--baseline", str(base), "--update-baseline"]) == 0
-    capsys.readouterr()
+    assert f"note: {ONE_REPEAT_NOTE}" in capsys.readouterr().out  # one repeat: the spread is unknown
     out = tmp_path / "b"
     assert main([*args, "--set", "batch_size=64", "--out", str(out), "--baseline", str(base)]) == 2
     err = capsys.readouterr().err

@@ -262,7 +262,7 @@ def test_self_baseline_writes_the_clean_trees_baseline_and_judges_against_it(tmp
     code, table = run_suite(manifest, root, out, python=str(tmp_path / "stub-python"), self_baseline=True)
     own = out / "baselines" / "clean.json"
     assert code == 0 and table["verdict"].tolist() == [KILLED] and own.is_file()
-    assert calls.read_text().splitlines() == [f"clean --device cuda --update-baseline --baseline {own}",
+    assert calls.read_text().splitlines() == [f"clean --device cuda --update-baseline --repeats 5 --baseline {own}",
                                               f"clean --device cuda --baseline {own}",
                                               f"a --device cuda --baseline {own}"]
     chooses = _manifest(tmp_path / "m2", [_entry("b", "no stream sync", "1", args=["--no-baseline"])])
