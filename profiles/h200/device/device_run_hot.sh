@@ -30,6 +30,9 @@
 #                learners, the learning table (seed, steps and seconds to 475, best, last-3 mean, final eval)
 #       learning_default  hotloop learning --preset cartpole --seeds 1-5 --learners hotloop: the default preset's
 #                runs with the hotloop learner
+#       learning_wide  the hotloop learner on cartpole-fast, seeds ${WIDE_SEEDS:-11-22}, all at once on the one GPU:
+#                the outcomes (reached 475, last-3-epochs mean, final eval) and not the times (the loop is in step
+#                with itself, so sharing the GPU changes the wall times only)
 #       cartpole_fast  the cartpole-fast preset: hotloop on the GPU, seeds 1-6 one after another, while the reference
 #                learner runs the same seeds on CPU cores 8-13 (one core each, OMP_NUM_THREADS=1); wall time and
 #                steps to a mean return of 475 from epochs.csv, and each process's wall time
@@ -144,6 +147,22 @@ for part in "$@"; do
       timeout 300 $HL learning --preset cartpole --seeds 1-5 --learners hotloop --out /tmp/r/learning_default \
         > /tmp/r/learning_default.log 2>&1; echo "learning_default rc=$?"; tail -n 16 /tmp/r/learning_default.log
       rm -f /tmp/r/learning_default/runs/*/checkpoint.pt ;;
+    learning_wide)
+      wide=${WIDE_SEEDS:-11-22}
+      for s in $(seq ${wide%-*} ${wide#*-}); do
+        timeout ${WIDE_TIMEOUT:-170} $HL train --preset cartpole-fast --device cuda --no-progress --seed $s --out /tmp/r/wide/hot_s$s \
+          > /tmp/r/wide_s$s.log 2>&1 &
+      done
+      wait; rm -f /tmp/r/wide/*/checkpoint.pt /tmp/r/wide/*/best_policy.pt
+      python3 - <<'PY'
+import glob, pandas as pd
+from hotloop.profiles.epoch_table import solved_at
+for f in sorted(glob.glob("/tmp/r/wide/*/epochs.csv"), key=lambda f: int(f.split("_s")[-1].split("/")[0])):
+    t = pd.read_csv(f)
+    print(f.split("/")[4], "epochs", len(t), "reached", solved_at(t) is not None, "best", round(t.mean_return_100.max(), 1),
+          "last3", round(t.mean_return_100.tail(3).mean(), 1), "final_eval", round(t.eval_return.iloc[-1], 1))
+PY
+      ;;
     cartpole_fast)
       # the process wall time (start to exit, evaluations included) goes to each run's log's last line
       for s in 1 2 3 4 5 6; do
@@ -224,7 +243,7 @@ print(g.sort_values('median', ascending=False).to_string())" /tmp/r/abgate_$n/tr
   if [[ -n ${bg:-} && $part == "${!#}" ]]; then wait "$bg"; fi  # the last part: wait for a background seed200
   echo "== part $part took $((SECONDS - t0)) s"
   # after every part, so that a call stopped by its time limit still returns what the finished parts wrote
-  (cd /tmp/r && tar czf "$out/results.tgz.tmp" --exclude='*.qdstrm' --exclude='checkpoint.pt' . \
+  (cd /tmp/r && tar czf "$out/results.tgz.tmp" --exclude='*.qdstrm' --exclude='checkpoint.pt' --exclude='mutate/runs' . \
      && mv "$out/results.tgz.tmp" "$out/results.tgz")
   if [[ -n ${stop:-} ]]; then echo "stopped after part $part: the clean gate failed"; break; fi
 done
