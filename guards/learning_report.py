@@ -80,7 +80,9 @@ def plan_runs(args: argparse.Namespace, cuda: bool) -> list[LearningRun]:
     if args.out.exists() and (not args.out.is_dir() or any(args.out.iterdir())):
         raise ValueError(f"--out {args.out} must be a new or empty folder")
     seeds = parse_seeds(args.seeds)
-    devices = {"hotloop": args.device or "auto", "reference": args.reference_device}
+    # the hotloop learner's device as the table should name it: "auto" resolves to CUDA, the only one it runs on
+    hot = args.device if args.device not in (None, "auto") else ("cuda" if cuda else "auto")
+    devices = {"hotloop": hot, "reference": args.reference_device}
     return [LearningRun(l, s, devices[l], args.out / "runs" / f"{l}_s{s}") for l in learners for s in seeds]
 
 

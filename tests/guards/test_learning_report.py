@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hotloop.guards.cli import main
-from hotloop.guards.learning_report import parse_seeds
+from hotloop.guards.learning_report import parse_seeds, plan_runs
 from hotloop.profiles.learning_table import LEARNING_COLUMNS, learning_row, summary
 
 TINY = ["--set", "epochs=2", "--set", "learner_steps_per_epoch=20", "--set", "learning_starts=64", "--set",
@@ -39,6 +39,18 @@ def test_learning_row_reads_solved_held_and_collapse():
     assert s.loc["hotloop", "median_wall_s_to_475"] == 2.0 and s.loc["reference", "solved"] == 0
     with pytest.raises(ValueError, match="lacks columns"):
         learning_row(pd.DataFrame({"epoch": [1]}), seed=1, learner="x", device="cpu")
+
+
+def test_the_hotloop_runs_name_the_device_they_resolve_to(tmp_path):
+    import argparse
+
+    args = argparse.Namespace(learners=None, device=None, reference_device="cpu", jobs=1, run_timeout=10.0,
+                              out=tmp_path / "out", seeds="1")
+    assert {(r.learner, r.device) for r in plan_runs(args, cuda=True)} == {("hotloop", "cuda"), ("reference", "cpu")}
+    args.device = "auto"
+    assert [r.device for r in plan_runs(args, cuda=True) if r.learner == "hotloop"] == ["cuda"]
+    args.device, args.learners = "cuda:1", "hotloop"
+    assert [r.device for r in plan_runs(args, cuda=True)] == ["cuda:1"]
 
 
 def test_parse_seeds():

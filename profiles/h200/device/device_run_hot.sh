@@ -56,6 +56,7 @@ install_tree() {  # install_tree SRC TARGET: the hotloop of SRC into TARGET
   python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target "$2" "$1" \
     > "/tmp/r/install_$(basename "$2").log" 2>&1 || { echo "install of $1 failed:"; tail -n 5 "/tmp/r/install_$(basename "$2").log"; }
 }
+rm -rf /tmp/site /tmp/site_*  # a warm machine keeps the last call's install, and pip --target does not replace it
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/dev/null
 install_tree . /tmp/site
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 HOTLOOP_COMMIT=$commit
