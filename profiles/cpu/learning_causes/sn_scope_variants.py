@@ -4,13 +4,11 @@ folder's README), one run per call:
   sn_hidden  the trunk and the heads' hidden layers normalized; the two output layers plain.
 Usage: python sn_scope_variants.py SEED VARIANT OUT_DIR [PRESET]; prints one JSON row (hotloop.profiles.learning_table)
 and writes OUT_DIR/<variant>_<preset>_s<seed>.csv (the per-epoch table; renamed <variant>_s<seed>.csv in epochs/)."""
-import sys, time, json
+import sys
 import torch
 import hotloop.trainer.network as network
 from hotloop.trainer.config import preset
-from hotloop.trainer.loop import Trainer
-from hotloop.profiles.learning_table import learning_row
-from hotloop.profiles.epoch_table import epoch_frame
+from variant_run import train_and_report
 seed, variant, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 base = sys.argv[4] if len(sys.argv) > 4 else "cartpole-fast"
 torch.set_num_threads(1)
@@ -23,11 +21,4 @@ def _linear(n_in, n_out, spectral_norm, power_iterations):
     return orig(n_in, n_out, i in normalized, power_iterations)
 network._linear = _linear
 cfg = preset(base, device="cpu", learner="reference", seed=seed, spectral_norm=True)
-t = Trainer(cfg)
-rows = []; t0 = time.time()
-for s in t.epochs():
-    rows.append(s.as_row())
-df = epoch_frame(rows)
-df.to_csv(f"{out}/{variant}_{base}_s{seed}.csv", index=False)
-r = learning_row(df, seed=seed, learner=f"reference-{variant}", device="cpu", process_wall_s=time.time() - t0)
-print(json.dumps(r, default=str), flush=True)
+train_and_report(cfg, variant, base, out)

@@ -1,4 +1,4 @@
-"""The reference learner on the cartpole-fast preset with its forward GEMMs in emulated TF32 (H7 of this folder's
+"""The reference learner on the cartpole-fast preset with its forward GEMMs in emulated TF32 (H6 of this folder's
 README: does the hotloop learner's TF32 forward make it collapse or diverge more often?), one run per call:
   plain    the reference learner as it is (IEEE FP32 on the CPU);
   tf32fwd  every F.linear (the online and target nets' forwards: the learner's three passes, the actor, the greedy
@@ -7,21 +7,22 @@ README: does the hotloop learner's TF32 forward make it collapse or diverge more
            unchanged (straight-through), so the backward's GEMMs are FP32 on the truncated operands, as the hotloop
            learner's FP32-accurate backward is on its TF32 forward's activations;
   tf32rn   the same with the operands rounded to the nearest TF32 value (ties away from zero, as CUDA's
-           cvt.rna.tf32.f32) instead of truncated: the same error size, no bias toward zero.
+           cvt.rna.tf32.f32) instead of truncated: the same error size, no bias toward zero;
+  tf32fit  truncated TF32 only where autograd records (the online net's forward on s, the one the loss fits);
+  tf32target  truncated TF32 only where it does not (the Double-DQN forwards on s', the actor, the evaluation).
 Usage: python tf32_forward_variants.py SEED VARIANT OUT_DIR [PRESET]; prints one JSON row
 (hotloop.profiles.learning_table) and writes OUT_DIR/<variant>_<preset>_s<seed>.csv (the per-epoch table)."""
-import sys, time, json
+import sys
 import torch
 import torch.nn.functional as F
 from hotloop.trainer.config import preset
-from hotloop.trainer.loop import Trainer
-from hotloop.profiles.learning_table import learning_row
-from hotloop.profiles.epoch_table import epoch_frame
+from variant_run import train_and_report
 
 seed, variant, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 base = sys.argv[4] if len(sys.argv) > 4 else "cartpole-fast"
-if variant not in ("plain", "tf32fwd", "tf32rn"):
-    sys.exit(f"VARIANT must be plain, tf32fwd or tf32rn, got {variant!r}")
+VARIANTS = ("plain", "tf32fwd", "tf32rn", "tf32fit", "tf32target")
+if variant not in VARIANTS:
+    sys.exit(f"VARIANT must be one of {VARIANTS}, got {variant!r}")
 torch.set_num_threads(1)
 
 
@@ -35,17 +36,18 @@ def tf32(t: torch.Tensor) -> torch.Tensor:
     return t + (cut - t).detach()
 
 
+def wanted() -> bool:
+    """Whether this F.linear call takes TF32 operands under the variant."""
+    if variant == "tf32fit":
+        return torch.is_grad_enabled()
+    if variant == "tf32target":
+        return not torch.is_grad_enabled()
+    return True
+
+
 if variant != "plain":
     linear = F.linear
-    F.linear = lambda x, w, b=None: linear(tf32(x), tf32(w), b)
+    F.linear = lambda x, w, b=None: linear(tf32(x), tf32(w), b) if wanted() else linear(x, w, b)
     torch.nn.modules.linear.F.linear = F.linear  # nn.Linear.forward looks F.linear up in its own module
 cfg = preset(base, device="cpu", learner="reference", seed=seed)
-t = Trainer(cfg)
-rows = []
-t0 = time.time()
-for s in t.epochs():
-    rows.append(s.as_row())
-df = epoch_frame(rows)
-df.to_csv(f"{out}/{variant}_{base}_s{seed}.csv", index=False)
-r = learning_row(df, seed=seed, learner=f"reference-{variant}", device="cpu", process_wall_s=time.time() - t0)
-print(json.dumps(r, default=str), flush=True)
+train_and_report(cfg, variant, base, out)
