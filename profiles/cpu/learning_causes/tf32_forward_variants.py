@@ -1,6 +1,6 @@
 """The reference learner on the cartpole-fast preset with its forward GEMMs in emulated TF32 (H6 of this folder's
 README: does the hotloop learner's TF32 forward make it collapse or diverge more often?), one run per call:
-  plain    the reference learner as it is (IEEE FP32 on the CPU);
+  ieee     the reference learner as it is (IEEE FP32 on the CPU);
   tf32fwd  every F.linear (the online and target nets' forwards: the learner's three passes, the actor, the greedy
            evaluation) takes its input and weight truncated to TF32 (10 mantissa bits, the low 13 bits zeroed, as
            Hopper's tensor cores read FP32 operands), FP32 accumulation; the gradient passes the truncation
@@ -20,7 +20,7 @@ from variant_run import train_and_report
 
 seed, variant, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 base = sys.argv[4] if len(sys.argv) > 4 else "cartpole-fast"
-VARIANTS = ("plain", "tf32fwd", "tf32rn", "tf32fit", "tf32target")
+VARIANTS = ("ieee", "tf32fwd", "tf32rn", "tf32fit", "tf32target")
 if variant not in VARIANTS:
     sys.exit(f"VARIANT must be one of {VARIANTS}, got {variant!r}")
 torch.set_num_threads(1)
@@ -45,7 +45,7 @@ def wanted() -> bool:
     return True
 
 
-if variant != "plain":
+if variant != "ieee":
     linear = F.linear
     F.linear = lambda x, w, b=None: linear(tf32(x), tf32(w), b) if wanted() else linear(x, w, b)
     torch.nn.modules.linear.F.linear = F.linear  # nn.Linear.forward looks F.linear up in its own module
