@@ -79,6 +79,13 @@ TIMING_SUFFIXES = ("_us", "_ms", "_s", "_ratio")
 
 REPORTED_ONLY = ("ddqn_overlap_us", "ddqn_overlap_ratio", "memcpy_dtod_events", "memcpy_kernels")
 """Metrics `compare` shows next to the baseline without a verdict (module docstring says why)."""
+RANGE_METRICS = ("dur_us",)
+"""Timings that may also worsen up to the baseline's own worst repeat: the host-side step range (dur_us) of a
+GPU-bound loop is bimodal, its host either running ahead or held by a full launch queue (the H200 baseline of the
+default preset, 5 repeats: 241, 150, 250, 222, 258 us). When most repeats land in one mode, the MAD, which ignores
+up to half of them, leaves the other mode outside max(5%, 3 x MAD) and a clean run fails; a run no slower than a
+clean repeat was is not a regression. GPU time per step is judged by the gpu_* metrics, host work per epoch by the
+epoch throughput."""
 
 
 def is_count(metric: str) -> bool:
@@ -377,7 +384,8 @@ def compare(run_metrics: Mapping[str, Sequence[float]], baseline: Baseline, *,
 
     Columns (COMPARE_COLUMNS): metric; kind ("count" when `is_count`, else "timing"); statistic; baseline and run
     (that statistic of each side's values; for counts the baseline's median and the run value farthest from it);
-    delta (run - baseline); allowed (worsening allowed: 0 for counts, max(threshold, k x spread) for timings);
+    delta (run - baseline); allowed (worsening allowed: 0 for counts, max(threshold, k x spread) for timings, for
+    RANGE_METRICS also up to the baseline's worst repeat);
     spread (`mad_spread` of the baseline's values); rule; verdict: PASS, FAIL, or "-" (metric only in the run, not
     measured in the baseline, or a measured REPORTED_ONLY metric, whatever its value). A metric only in the
     baseline (or with no run values), or NaN in the run but not in the baseline, FAILs.
@@ -420,6 +428,10 @@ def _compare_one(metric: str, run: Sequence[float] | None, base: Sequence[float]
     allowed = max(rule.allowed(b), k * row["spread"]) if not math.isnan(b) else math.nan
     sign = "-" if rule.sign < 0 else "+"
     text = f"{rule.statistic}:{sign}{rule.amount:g}{'%' if rule.percent else ''} or {k:g} x MAD spread"
+    if metric in RANGE_METRICS and not math.isnan(b):
+        worst = np.nanmax(rule.sign * np.asarray(base, dtype="float64"))  # the worst clean repeat, signed
+        allowed = max(allowed, float(worst - rule.sign * b))
+        text += " or the baseline's worst repeat"
     verdict = "-" if math.isnan(b) else ("FAIL" if math.isnan(r) or rule.sign * (r - b) > allowed else "PASS")
     return {**row, "baseline": b, "run": r, "delta": r - b, "allowed": allowed, "rule": text, "verdict": verdict}
 

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pandas as pd
 
+
 from hotloop.profiles.epoch_table import format_table, write_table
 from hotloop.profiles.learning_table import learning_frame, learning_row, summary
 
@@ -72,17 +73,20 @@ def plan_runs(args: argparse.Namespace, cuda: bool) -> list[LearningRun]:
     bad = [x for x in learners if x not in LEARNERS]
     if bad or not learners:
         raise ValueError(f"--learners: {bad or learners} not in {list(LEARNERS)}")
-    if "hotloop" in learners and not cuda and args.device in (None, "auto", "cpu"):
-        raise ValueError("--learners hotloop needs a CUDA device (its Triton kernels run on the GPU); this machine "
-                         "has none: use --learners reference")
+    if "hotloop" in learners and (not cuda or (args.device or "auto").split(":")[0] not in ("auto", "cuda")):
+        raise ValueError("--learners hotloop needs a CUDA device (its Triton kernels run on the GPU); "
+                         + ("this machine has none" if not cuda else f"--device is {args.device}")
+                         + ": use --device cuda, or --learners reference")
     if args.jobs < 1 or not args.run_timeout > 0:
         raise ValueError(f"--jobs must be >= 1 and --run-timeout > 0, got {args.jobs}, {args.run_timeout}")
     if args.out.exists() and (not args.out.is_dir() or any(args.out.iterdir())):
         raise ValueError(f"--out {args.out} must be a new or empty folder")
     seeds = parse_seeds(args.seeds)
-    # the hotloop learner's device as the table should name it: "auto" resolves to CUDA, the only one it runs on
-    hot = args.device if args.device not in (None, "auto") else ("cuda" if cuda else "auto")
-    devices = {"hotloop": hot, "reference": args.reference_device}
+    # each learner's device as the table should name it: "auto" resolves to CUDA when present, as `train` does
+    def named(device: str | None) -> str:
+        return device if device not in (None, "auto") else ("cuda" if cuda else "cpu")
+
+    devices = {"hotloop": named(args.device), "reference": named(args.reference_device)}
     return [LearningRun(l, s, devices[l], args.out / "runs" / f"{l}_s{s}") for l in learners for s in seeds]
 
 

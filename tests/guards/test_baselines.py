@@ -67,6 +67,17 @@ def test_one_slow_baseline_repeat_does_not_widen_the_tolerance():
     assert row["verdict"] == "FAIL" and row["spread"] < 2.0  # std would be ~447 us and pass this 7% regression
 
 
+def test_the_bimodal_host_step_time_may_reach_the_baselines_worst_repeat():
+    """dur_us of the H200 default preset is ~150 or ~250 us per iteration from run to run (RANGE_METRICS): with
+    three repeats of five in the fast mode, max(5%, 3 x MAD) alone would fail a clean run in the slow one."""
+    bimodal = Baseline("x", {"dur_us": [150.0, 152, 155, 250, 255], "gpu_busy_us": [150.0, 152, 155, 250, 255]})
+    df = compare({"dur_us": [250.0], "gpu_busy_us": [250.0]}, bimodal)
+    assert (verdict(df, "dur_us"), verdict(df, "gpu_busy_us")) == ("PASS", "FAIL")  # only the host step time
+    row = df.set_index("metric").loc["dur_us"]
+    assert row["allowed"] == pytest.approx(100.0) and "worst repeat" in row["rule"]
+    assert verdict(compare({"dur_us": [280.0]}, bimodal), "dur_us") == "FAIL"  # beyond every clean repeat
+
+
 def test_higher_is_better_metrics_fail_on_a_drop():
     assert default_threshold("learner_steps_per_s") == "median:-5%" and default_threshold("x_us") == "median:+5%"
     base = Baseline("x", {"cache_hit_ratio": [0.30] * 5, "learner_steps_per_s": [1000.0] * 5})

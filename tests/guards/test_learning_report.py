@@ -51,6 +51,21 @@ def test_the_hotloop_runs_name_the_device_they_resolve_to(tmp_path):
     assert [r.device for r in plan_runs(args, cuda=True) if r.learner == "hotloop"] == ["cuda"]
     args.device, args.learners = "cuda:1", "hotloop"
     assert [r.device for r in plan_runs(args, cuda=True)] == ["cuda:1"]
+    args.device, args.learners, args.reference_device = None, "reference", "auto"
+    assert [r.device for r in plan_runs(args, cuda=True)] == ["cuda"]
+    assert [r.device for r in plan_runs(args, cuda=False)] == ["cpu"]
+
+
+def test_a_hotloop_run_off_cuda_is_refused_before_any_run(tmp_path):
+    import argparse
+
+    args = argparse.Namespace(learners="hotloop", device="cpu", reference_device="cpu", jobs=1, run_timeout=10.0,
+                              out=tmp_path / "out", seeds="1")
+    with pytest.raises(ValueError, match="--device is cpu"):  # a CUDA machine, the runs asked for on its CPU
+        plan_runs(args, cuda=True)
+    args.device = None
+    with pytest.raises(ValueError, match="this machine has none"):
+        plan_runs(args, cuda=False)
 
 
 def test_parse_seeds():
