@@ -59,8 +59,6 @@ def test_no_size_cap_by_default_and_an_opt_in_cap_names_itself(tmp_path):
 @pytest.mark.parametrize("chunk,batch", [(1, 1), (7, 3), (1000, 50)])
 @pytest.mark.parametrize("trace", KINETO_FILES, ids=lambda p: p.name)
 def test_tiny_windows_and_batches_read_the_same_frame(monkeypatch, trace, chunk, batch):
-    if chunk == 1 and trace.stat().st_size > 100_000:
-        pytest.skip("one-byte windows on a big file: minutes; the 7-byte case covers it")
     expected = read_kineto(trace)
     monkeypatch.setattr(kr, "_CHUNK", chunk)
     monkeypatch.setattr(kr, "_BATCH", batch)
