@@ -25,7 +25,6 @@ from pathlib import Path
 
 import pandas as pd
 
-
 from hotloop.profiles.epoch_table import format_table, write_table
 from hotloop.profiles.learning_table import learning_frame, learning_row, summary
 
