@@ -155,14 +155,7 @@ for part in "$@"; do
           > /tmp/r/wide_s$s.log 2>&1 &
       done
       wait; rm -f /tmp/r/wide/*/checkpoint.pt /tmp/r/wide/*/best_policy.pt
-      python3 - <<'PY'
-import glob, pandas as pd
-from hotloop.profiles.epoch_table import solved_at
-for f in sorted(glob.glob("/tmp/r/wide/*/epochs.csv"), key=lambda f: int(f.split("_s")[-1].split("/")[0])):
-    t = pd.read_csv(f)
-    print(f.split("/")[4], "epochs", len(t), "reached", solved_at(t) is not None, "best", round(t.mean_return_100.max(), 1),
-          "last3", round(t.mean_return_100.tail(3).mean(), 1), "final_eval", round(t.eval_return.iloc[-1], 1))
-PY
+      python3 profiles/h200/device/run_outcomes.py /tmp/r/wide
       ;;
     cartpole_fast)
       # the process wall time (start to exit, evaluations included) goes to each run's log's last line

@@ -3,8 +3,8 @@
 #   bash profiles/h200/device/learning_trees.sh OUT_DIR FIRST_SEED LAST_SEED
 # Every tree of .abtrees (profiles/h200/device/ab_trees.sh; carry .abtrees and .whl) trains cartpole-fast on each
 # seed, all runs at once on the one GPU (outcomes only: sharing the GPU changes the wall times, not the learning:
-# the loop is in step with itself). Prints per run: reached 475, best, last-3-epochs mean, final greedy eval;
-# OUT_DIR gets results.tgz (the runs' epochs.csv and logs).
+# the loop is in step with itself). Prints per run: reached 475, best, last-3-epochs mean, final greedy eval, held
+# (run_outcomes.py); OUT_DIR gets results.tgz (the runs' epochs.csv, outcomes.csv and logs).
 set -u
 out=$1; first=$2; last=$3
 rm -rf /tmp/w /tmp/site /tmp/site_*; mkdir -p /tmp/w
@@ -21,12 +21,5 @@ for t in .abtrees/*/; do
 done
 wait
 rm -f /tmp/w/*/checkpoint.pt /tmp/w/*/best_policy.pt
-PYTHONPATH=/tmp/site_$(basename "$(ls -d .abtrees/*/ | head -n 1)"):/tmp/site python3 - <<'PY'
-import glob, pandas as pd
-from hotloop.profiles.epoch_table import solved_at
-for f in sorted(glob.glob("/tmp/w/*/epochs.csv")):
-    t = pd.read_csv(f)
-    print(f.split("/")[3], "epochs", len(t), "reached", solved_at(t) is not None, "best", round(t.mean_return_100.max(), 1),
-          "last3", round(t.mean_return_100.tail(3).mean(), 1), "final_eval", round(t.eval_return.iloc[-1], 1))
-PY
+PYTHONPATH=/tmp/site_$(basename "$(ls -d .abtrees/*/ | head -n 1)"):/tmp/site python3 profiles/h200/device/run_outcomes.py /tmp/w
 (cd /tmp/w && tar czf "$out/results.tgz" .)
