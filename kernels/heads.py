@@ -6,7 +6,8 @@ layer (columns [0, H)) and of each branch's hidden layer (columns [(1 + d) H, (2
 block-diagonal: row 0 of W_out (J, H), J = 1 + D * A, maps the value block to V; row 1 + d * A + a maps branch
 d's block to A_d(., a). Gains g_out (1 + D,) (one per matrix: value, then each branch) and biases b_out (J,).
 
-- `heads_forward`: one launch for one or two networks (online and target on s'), TF32 dots (forward placement),
+- `heads_forward`: one launch for one or two networks (online and target on s'), TF32 dots on operands rounded
+  to TF32 first (forward placement, kernels/linear.py),
   Q written as (M, D * A) (= (M, D, A) contiguous).
 - `heads_backward`: from dQ (M, D * A): dh (masked by h > 0, i.e. the hidden layers' pre-activation gradient)
   in IEEE FP32 on CUDA cores (each block's products have 1 or A terms: no tensor-core MMA, no split), written as
@@ -23,6 +24,7 @@ import triton
 import triton.language as tl
 
 from hotloop.kernels._common import check_tensor
+from hotloop.kernels.tf32_split import tf32_rna
 
 # forward tiles from the H200 sweep at seed scale (profiles/h200/kernels/heads_fwd_sweep.csv): 64 rows, 16-wide reduction
 # steps, 4 warps: 6.6 us for one net and 7.5 us for two, against 10.0 / 10.3 us with 128 rows and 64-wide steps
@@ -55,7 +57,7 @@ def _heads_fwd_body(h_ptr, w_ptr, b_ptr, g_ptr, q_ptr, M, H, h_zstride, p_zstrid
                         mask=mask_m[:, None] & mask_k[None, :], other=0.0)
             w = tl.load(w_ptr + z * p_zstride + j[None, :] * H + offs_k[:, None],
                         mask=mask_k[:, None] & (mask_j & (grp == blk))[None, :], other=0.0)
-            acc = tl.dot(x, w, acc, input_precision="tf32")
+            acc = tl.dot(tf32_rna(x), tf32_rna(w), acc, input_precision="tf32")  # rounded: kernels/linear.py
     g = tl.load(g_ptr + z * p_zstride + grp, mask=mask_j, other=0.0)
     b = tl.load(b_ptr + z * p_zstride + j, mask=mask_j, other=0.0)
     out = acc * g[None, :] + b[None, :]

@@ -7,7 +7,11 @@ fp32 buffer, so the online and the target network (two such buffers, `z_stride` 
 with a third grid axis.
 
 Precision placement (issue "TF32 forward, FP32-accurate backward"): the forward kernels multiply on TF32 tensor
-cores (`tl.dot(input_precision="tf32")`, ~1e-3 relative error); the backward kernels use split precision (three
+cores (`tl.dot(input_precision="tf32")`, ~5e-4 relative error) with both operands rounded to the nearest TF32 value
+first (`tf32_rna`, as cuBLAS and CUTLASS convert). Left to the MMA, Hopper drops the low 13 mantissa bits: a bias
+toward zero of ~1e-3 per product, which the TD fixed point amplifies by 1 / (1 - gamma) (100x at gamma 0.99): the
+reference learner with truncated TF32 forwards diverged on 3 of 12 CartPole seeds, with rounded ones on 1, in
+IEEE FP32 on none (profiles/cpu/learning_causes/README.md, H6). The backward kernels use split precision (three
 TF32 MMAs per product: hi*hi + hi*lo + lo*hi, Ootomo & Yokota 2022, the scheme of Triton's "tf32x3"), which keeps
 IEEE FP32 accuracy on tensor cores. They do the split by hand, with their B operand split ahead of time by its
 producer (kernels/tf32_split.py: `WeightTranspose` writes W^T, the forward X^T, the gather obs^T as TF32 hi and lo
@@ -44,7 +48,7 @@ import triton
 import triton.language as tl
 
 from hotloop.kernels._common import check_tensor
-from hotloop.kernels.tf32_split import tf32_hi_lo
+from hotloop.kernels.tf32_split import tf32_hi_lo, tf32_rna
 
 _MIN_PROGRAMS = 132  # one program per SM of a 132-SM H100/H200 at least, where the shape allows
 
@@ -72,7 +76,7 @@ def _fwd_body(x_ptr, idx_ptr, w_ptr, b_ptr, g_ptr, y_ptr, yt_ptr, M, N, K, strid
         mask_k = offs_k < K
         x = tl.load(x_base + offs_k[None, :], mask=mask_m[:, None] & mask_k[None, :], other=0.0)
         w = tl.load(w_base + offs_k[:, None], mask=mask_k[:, None] & mask_n[None, :], other=0.0)
-        acc = tl.dot(x, w, acc, input_precision="tf32")
+        acc = tl.dot(tf32_rna(x), tf32_rna(w), acc, input_precision="tf32")  # rounded, not truncated: see above
     g = tl.load(g_ptr + z * p_zstride + offs_n // gain_group, mask=mask_n, other=0.0)
     b = tl.load(b_ptr + z * p_zstride + offs_n, mask=mask_n, other=0.0)
     y = acc * g[None, :] + b[None, :]

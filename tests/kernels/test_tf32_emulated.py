@@ -5,7 +5,7 @@ the interpreter's dot is patched to do what Hopper's tensor cores do:
 - a "tf32x3" dot does Triton's split: hi = rna(x), lo = rna(x - hi), then lo*hi + hi*lo + hi*hi.
 Under the patch, the backward kernels must stay FP32-accurate, and the operands of every TF32 dot they issue must
 already be TF32-exact: that is their hi/lo split at work. The forward must show TF32's error, which also shows the
-patch is active. Interpreter only: on a GPU the hardware truncates, and test_linear.py's GPU tests check it there.
+patch is active, with operands the kernel rounded to TF32 itself (TF32-exact too), so that the error has no sign. Interpreter only: on a GPU the hardware truncates, and test_linear.py's GPU tests check it there.
 Emulation idea: Ootomo & Yokota 2022 (3xTF32); the patch target is triton.runtime.interpreter."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hotloop.kernels.heads import heads_backward
+from hotloop.kernels.heads import heads_backward, heads_forward, heads_reference
 from hotloop.kernels.linear import linear_backward_input, linear_backward_weight, linear_forward, linear_reference
 from hotloop.kernels.tf32_split import split_tf32
 
@@ -88,16 +88,31 @@ def test_heads_backward_under_hardware_tf32(hardware_tf32):
     assert hardware_tf32["tf32"] == 0 and hardware_tf32["tf32x3"] == 0
 
 
-def test_forward_shows_tf32_error_under_hardware_tf32(hardware_tf32):
-    """The forward's dots read fp32 operands with low bits: truncated, so its error is TF32's, not FP32's. This is
-    the placement (TF32 forward), and it shows the patch is active for the tests above."""
+def test_forward_rounds_its_operands_to_tf32_under_hardware_tf32(hardware_tf32):
+    """The forward's error is TF32's, not FP32's (the placement: TF32 forward), but without truncation's sign: its
+    dots read operands already rounded to the nearest TF32 value (kernels/linear.py), so the hardware drops no bit
+    and, on positive data, the mean signed error is near 0, where truncation's is about -1e-3 (2 x 2^-11)."""
     gen = torch.Generator().manual_seed(5)
     m, n, k = 150, 40, 64
-    w, b, g = _rand(n, k, gen=gen, scale=k ** -0.5), _rand(n, gen=gen, scale=0.1), 1 + _rand(1, gen=gen, scale=0.2)
-    x = _rand(m, k, gen=gen)
+    w, b, g = _rand(n, k, gen=gen, scale=k ** -0.5).abs(), _rand(n, gen=gen, scale=0.1).abs(), torch.ones(1)
+    x = torch.relu(_rand(m, k, gen=gen)) + 0.1
     y = torch.full((m, n), float("nan"))
     linear_forward(x.float(), w.float(), b.float(), g.float(), y, n, False)
-    err = _rel(y, linear_reference(x.float().double(), w.float().double(), b.float().double(), g.float().double(), n,
-                                   False))
-    assert 1e-5 < err < 1e-2
-    assert hardware_tf32["tf32_inexact"] > 0
+    ref = linear_reference(x.float().double(), w.float().double(), b.float().double(), g.float().double(), n, False)
+    assert 1e-5 < _rel(y, ref) < 1e-2
+    assert abs(float(((y.double() - ref) / ref).mean())) < 1e-4
+    assert hardware_tf32["tf32"] > 0 and hardware_tf32["tf32_inexact"] == 0
+
+
+def test_heads_forward_rounds_its_operands_to_tf32_under_hardware_tf32(hardware_tf32):
+    gen = torch.Generator().manual_seed(6)
+    m, branches, actions, hidden = 140, 3, 4, 20
+    j, width = 1 + branches * actions, (1 + branches) * hidden
+    h = torch.relu(_rand(m, width, gen=gen)).float()
+    w, b = _rand(j, hidden, gen=gen, scale=hidden ** -0.5).float(), _rand(j, gen=gen, scale=0.1).float()
+    g = (1 + _rand(1 + branches, gen=gen, scale=0.2)).float()
+    q = torch.full((m, branches * actions), float("nan"))
+    heads_forward(h, w, b, g, q, branches)
+    ref = heads_reference(h.double(), w.double(), b.double(), g.double(), branches).reshape(m, -1)
+    assert 1e-5 < _rel(q, ref) < 1e-2
+    assert hardware_tf32["tf32"] > 0 and hardware_tf32["tf32_inexact"] == 0
