@@ -12,6 +12,14 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def rounds_tf32_operands() -> bool:
+    """Whether the TF32 forward kernels round their dot operands to TF32 before the dot (kernels/linear.py says
+    why): on the GPU always. On the interpreter, whose dots ignore their precision (a float32 matmul: the algebra
+    the CPU tests check at FP32 tolerances), only with HOTLOOP_INTERPRET_TF32=1, which tests that emulate Hopper's
+    TF32 dot set (tests/conftest.py `hardware_tf32`): the rounding then runs on the CPU as on the GPU."""
+    return not interpreting() or os.environ.get("HOTLOOP_INTERPRET_TF32", "0") == "1"
+
+
 def check_tensor(name: str, t: object, *, dtype: torch.dtype | tuple[torch.dtype, ...] | None = None,
                  ndim: int | None = None, shape: tuple[int | None, ...] | None = None,
                  device: torch.device | None = None, contiguous: bool = True) -> torch.Tensor:

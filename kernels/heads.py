@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hotloop.kernels._common import check_tensor
+from hotloop.kernels._common import check_tensor, rounds_tf32_operands
 from hotloop.kernels.tf32_split import tf32_rna
 
 # forward tiles from the H200 sweep at seed scale (profiles/h200/kernels/heads_fwd_sweep.csv): 64 rows, 16-wide reduction
@@ -39,7 +39,8 @@ BWD_PROGRAMS, BWD_BLOCK_M, BWD_WARPS = 264, 64, 4
 
 @triton.jit
 def _heads_fwd_body(h_ptr, w_ptr, b_ptr, g_ptr, q_ptr, M, H, h_zstride, p_zstride, q_zstride, D: tl.constexpr,
-                    A: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr):
+                    A: tl.constexpr, ROUND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_J: tl.constexpr,
+                    BLOCK_K: tl.constexpr):
     pid = tl.program_id(0)
     z = tl.program_id(1)
     offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -57,7 +58,10 @@ def _heads_fwd_body(h_ptr, w_ptr, b_ptr, g_ptr, q_ptr, M, H, h_zstride, p_zstrid
                         mask=mask_m[:, None] & mask_k[None, :], other=0.0)
             w = tl.load(w_ptr + z * p_zstride + j[None, :] * H + offs_k[:, None],
                         mask=mask_k[:, None] & (mask_j & (grp == blk))[None, :], other=0.0)
-            acc = tl.dot(tf32_rna(x), tf32_rna(w), acc, input_precision="tf32")  # rounded: kernels/linear.py
+            if ROUND:  # to the nearest TF32 value first, as kernels/linear.py's forward
+                x = tf32_rna(x)
+                w = tf32_rna(w)
+            acc = tl.dot(x, w, acc, input_precision="tf32")
     g = tl.load(g_ptr + z * p_zstride + grp, mask=mask_j, other=0.0)
     b = tl.load(b_ptr + z * p_zstride + j, mask=mask_j, other=0.0)
     out = acc * g[None, :] + b[None, :]
@@ -75,17 +79,17 @@ def _heads_fwd_body(h_ptr, w_ptr, b_ptr, g_ptr, q_ptr, M, H, h_zstride, p_zstrid
 # the same body under two names, for phase attribution by kernel name (see kernels/linear.py)
 @triton.jit
 def _heads_online_tf32_kernel(h_ptr, w_ptr, b_ptr, g_ptr, q_ptr, M, H, h_zstride, p_zstride, q_zstride,
-                              D: tl.constexpr, A: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_J: tl.constexpr,
-                              BLOCK_K: tl.constexpr):
-    _heads_fwd_body(h_ptr, w_ptr, b_ptr, g_ptr, q_ptr, M, H, h_zstride, p_zstride, q_zstride, D, A, BLOCK_M,
+                              D: tl.constexpr, A: tl.constexpr, ROUND: tl.constexpr, BLOCK_M: tl.constexpr,
+                              BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr):
+    _heads_fwd_body(h_ptr, w_ptr, b_ptr, g_ptr, q_ptr, M, H, h_zstride, p_zstride, q_zstride, D, A, ROUND, BLOCK_M,
                     BLOCK_J, BLOCK_K)
 
 
 @triton.jit
 def _heads_ddqn_tf32_kernel(h_ptr, w_ptr, b_ptr, g_ptr, q_ptr, M, H, h_zstride, p_zstride, q_zstride,
-                            D: tl.constexpr, A: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_J: tl.constexpr,
-                            BLOCK_K: tl.constexpr):
-    _heads_fwd_body(h_ptr, w_ptr, b_ptr, g_ptr, q_ptr, M, H, h_zstride, p_zstride, q_zstride, D, A, BLOCK_M,
+                            D: tl.constexpr, A: tl.constexpr, ROUND: tl.constexpr, BLOCK_M: tl.constexpr,
+                            BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr):
+    _heads_fwd_body(h_ptr, w_ptr, b_ptr, g_ptr, q_ptr, M, H, h_zstride, p_zstride, q_zstride, D, A, ROUND, BLOCK_M,
                     BLOCK_J, BLOCK_K)
 
 
@@ -178,8 +182,8 @@ def heads_forward(h: torch.Tensor, w_out: torch.Tensor, b_out: torch.Tensor, g_o
     kernel = _heads_ddqn_tf32_kernel if ddqn else _heads_online_tf32_kernel
     kernel[(max(2, triton.cdiv(m, _BLOCK_M)), nets)](
         h, w_out, b_out, g_out, q, m, hidden, m * (1 + branches) * hidden, p_zstride, m * branches * actions,
-        D=branches, A=actions, BLOCK_M=_BLOCK_M, BLOCK_J=max(16, triton.next_power_of_2(j)), BLOCK_K=_BLOCK_K,
-        num_warps=4)
+        D=branches, A=actions, ROUND=rounds_tf32_operands(), BLOCK_M=_BLOCK_M,
+        BLOCK_J=max(16, triton.next_power_of_2(j)), BLOCK_K=_BLOCK_K, num_warps=4)
     return q
 
 

@@ -20,8 +20,9 @@ and must store the B parts back to shared memory (seen in its TTGIR for sm90), w
 may stay in registers. Kernel names carry the precision ("tf32" /
 "fp32split") and the phase ("online", "ddqn", "bwd"), which is how the guards classify them
 (guards/step_metrics.py `gemm_precision`, phase rules).
-Under TRITON_INTERPRET=1 every dot is a float32 numpy matmul (precision ignored): the CPU tests check the algebra,
-the GPU tests the precision.
+Under TRITON_INTERPRET=1 every dot is a float32 numpy matmul (precision ignored), and the forward's rounding is off
+with it (`rounds_tf32_operands`, kernels/_common.py): the CPU tests check the algebra, the GPU tests and the CPU
+tests that emulate Hopper's dot (tests/kernels/test_tf32_emulated.py) the precision.
 
 Operand layouts. Hopper's TF32 tensor-core MMA (wgmma) reads fp32 operands from shared memory only K-major (the
 reduction axis contiguous); an operand stored the other way is copied into shared memory 4 bytes at a time instead
@@ -47,7 +48,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hotloop.kernels._common import check_tensor
+from hotloop.kernels._common import check_tensor, rounds_tf32_operands
 from hotloop.kernels.tf32_split import tf32_hi_lo, tf32_rna
 
 _MIN_PROGRAMS = 132  # one program per SM of a 132-SM H100/H200 at least, where the shape allows
@@ -56,7 +57,7 @@ _MIN_PROGRAMS = 132  # one program per SM of a 132-SM H100/H200 at least, where 
 @triton.jit
 def _fwd_body(x_ptr, idx_ptr, w_ptr, b_ptr, g_ptr, y_ptr, yt_ptr, M, N, K, stride_xm, x_zstride, p_zstride,
               y_zstride, gain_group, GATHER: tl.constexpr, RELU: tl.constexpr, STORE_T: tl.constexpr,
-              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+              ROUND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     z = tl.program_id(2)
@@ -76,7 +77,10 @@ def _fwd_body(x_ptr, idx_ptr, w_ptr, b_ptr, g_ptr, y_ptr, yt_ptr, M, N, K, strid
         mask_k = offs_k < K
         x = tl.load(x_base + offs_k[None, :], mask=mask_m[:, None] & mask_k[None, :], other=0.0)
         w = tl.load(w_base + offs_k[:, None], mask=mask_k[:, None] & mask_n[None, :], other=0.0)
-        acc = tl.dot(tf32_rna(x), tf32_rna(w), acc, input_precision="tf32")  # rounded, not truncated: see above
+        if ROUND:  # to the nearest TF32 value, so that the MMA truncates nothing (see above)
+            x = tf32_rna(x)
+            w = tf32_rna(w)
+        acc = tl.dot(x, w, acc, input_precision="tf32")
     g = tl.load(g_ptr + z * p_zstride + offs_n // gain_group, mask=mask_n, other=0.0)
     b = tl.load(b_ptr + z * p_zstride + offs_n, mask=mask_n, other=0.0)
     y = acc * g[None, :] + b[None, :]
@@ -95,19 +99,19 @@ def _fwd_body(x_ptr, idx_ptr, w_ptr, b_ptr, g_ptr, y_ptr, yt_ptr, M, N, K, strid
 @triton.jit
 def _fwd_online_tf32_gemm_kernel(x_ptr, idx_ptr, w_ptr, b_ptr, g_ptr, y_ptr, yt_ptr, M, N, K, stride_xm,
                                  x_zstride, p_zstride, y_zstride, gain_group, GATHER: tl.constexpr,
-                                 RELU: tl.constexpr, STORE_T: tl.constexpr, BLOCK_M: tl.constexpr,
-                                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                                 RELU: tl.constexpr, STORE_T: tl.constexpr, ROUND: tl.constexpr,
+                                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     _fwd_body(x_ptr, idx_ptr, w_ptr, b_ptr, g_ptr, y_ptr, yt_ptr, M, N, K, stride_xm, x_zstride, p_zstride, y_zstride,
-              gain_group, GATHER, RELU, STORE_T, BLOCK_M, BLOCK_N, BLOCK_K)
+              gain_group, GATHER, RELU, STORE_T, ROUND, BLOCK_M, BLOCK_N, BLOCK_K)
 
 
 @triton.jit
 def _fwd_ddqn_tf32_gemm_kernel(x_ptr, idx_ptr, w_ptr, b_ptr, g_ptr, y_ptr, yt_ptr, M, N, K, stride_xm,
                                x_zstride, p_zstride, y_zstride, gain_group, GATHER: tl.constexpr,
-                               RELU: tl.constexpr, STORE_T: tl.constexpr, BLOCK_M: tl.constexpr,
-                               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                               RELU: tl.constexpr, STORE_T: tl.constexpr, ROUND: tl.constexpr,
+                               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     _fwd_body(x_ptr, idx_ptr, w_ptr, b_ptr, g_ptr, y_ptr, yt_ptr, M, N, K, stride_xm, x_zstride, p_zstride, y_zstride,
-              gain_group, GATHER, RELU, STORE_T, BLOCK_M, BLOCK_N, BLOCK_K)
+              gain_group, GATHER, RELU, STORE_T, ROUND, BLOCK_M, BLOCK_N, BLOCK_K)
 
 
 @triton.jit
@@ -313,8 +317,8 @@ def linear_forward(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, g: torch.T
     kernel = _fwd_ddqn_tf32_gemm_kernel if ddqn else _fwd_online_tf32_gemm_kernel
     kernel[grid](x, rows if rows is not None else x, w, b, g, y, yt if yt is not None else y, m, n, k, x.stride(0),
                  x_zstride, p_zstride, m * n, gain_group, GATHER=rows is not None, RELU=relu, STORE_T=yt is not None,
-                 BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=_block(k, 32), num_warps=8 if yt is not None else 4,
-                 num_stages=3)
+                 ROUND=rounds_tf32_operands(), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=_block(k, 32),
+                 num_warps=8 if yt is not None else 4, num_stages=3)
     return y
 
 

@@ -27,7 +27,9 @@ def _trunc(x: np.ndarray) -> np.ndarray:
 @pytest.fixture
 def hardware_tf32(monkeypatch):
     """Patch the Triton interpreter's dot as Hopper's tensor cores compute (tests/kernels/test_tf32_emulated.py's
-    docstring): "tf32" truncates both fp32 operands to TF32, "tf32x3" does Triton's hi/lo split, "ieee" stays fp32.
+    docstring): "tf32" truncates both fp32 operands to TF32, "tf32x3" does Triton's hi/lo split, "ieee" stays fp32;
+    and the forward kernels round their operands to TF32 first, as they do on the GPU (HOTLOOP_INTERPRET_TF32=1,
+    hotloop.kernels._common.rounds_tf32_operands).
     Yields counters: TF32 dots, those with an operand that had low bits to drop, and tf32x3 dots."""
     if torch.cuda.is_available():
         pytest.skip("emulates the tensor cores on the CPU interpreter; on a GPU the hardware truncates")
@@ -58,6 +60,7 @@ def hardware_tf32(monkeypatch):
         return original(self, a, b, d, input_precision, max_num_imprecise_acc)
 
     monkeypatch.setattr(builder, "create_dot", create_dot)
+    monkeypatch.setenv("HOTLOOP_INTERPRET_TF32", "1")  # the forward kernels round their operands, as on the GPU
     return stats
 
 

@@ -1,8 +1,9 @@
 """Compile the TF32 forward GEMM kernel (kernels/linear.py `_fwd_online_tf32_gemm_kernel`) for sm90 on a machine
 without a GPU (Triton's bundled ptxas) and print its resources, to see what rounding its operands to TF32 costs in
 the code: shared memory, wgmma and cp.async counts, the integer ops, registers and stack (cuobjdump -res-usage).
-Usage: python forward_rounding.py [N K WARPS] (default 512 64 4: seed scale's first layer, as linear_forward
-launches it: 128 x 128 x BLOCK_K tiles, 3 stages, a gathered input), with hotloop importable."""
+Usage: python forward_rounding.py [N K WARPS [ROUND]] (default 512 64 4: seed scale's first layer, as
+linear_forward launches it: 128 x 128 x BLOCK_K tiles, 3 stages, a gathered input; ROUND 0 compiles a kernel that
+has the rounding switch without it), with hotloop importable."""
 import os
 import re
 import subprocess
@@ -22,6 +23,8 @@ sig = {"x_ptr": "*fp32", "idx_ptr": "*i64", "w_ptr": "*fp32", "b_ptr": "*fp32", 
        "yt_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "x_zstride": "i32",
        "p_zstride": "i32", "y_zstride": "i32", "gain_group": "i32"}
 consts = dict(GATHER=True, RELU=True, STORE_T=False, BLOCK_M=128, BLOCK_N=min(128, n), BLOCK_K=min(32, k))
+if "ROUND" in fn.arg_names:  # the branch's kernel takes the rounding as a constexpr (on for the GPU)
+    consts["ROUND"] = sys.argv[4] != "0" if len(sys.argv) > 4 else True
 sig.update({c: "constexpr" for c in consts})
 src = ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(c),): v for c, v in consts.items()})
 kern = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=3))
