@@ -310,6 +310,24 @@ def test_precision_placement_on_gpu():
 
 
 @pytest.mark.gpu
+def test_forward_error_on_gpu_is_tf32_without_a_sign():
+    """The TF32 forward rounds its operands before the MMA (kernels/linear.py): on positive data its mean signed
+    error is near 0, where the MMA's own truncation would give about -1e-3 (-6.7e-4 in the CPU emulation of main's
+    kernel), a bias of Q that the TD fixed point amplifies 100x (profiles/cpu/learning_causes/README.md, H6)."""
+    gen = torch.Generator().manual_seed(2)
+    m, n, k = 8192, 256, 512
+    w, b = _rand(n, k, gen=gen, scale=k ** -0.5).abs(), _rand(n, gen=gen, scale=0.1).abs()
+    x = torch.relu(_rand(m, k, gen=gen)) + 0.1
+    dev = lambda t: t.float().cuda()  # noqa: E731
+    y = torch.empty(m, n, device="cuda")
+    linear_forward(dev(x), dev(w), dev(b), torch.ones(1, device="cuda"), y, n, False)
+    ref = linear_reference(*(dev(t).double() for t in (x, w, b)), torch.ones(1, device="cuda").double(), n, False)
+    assert 1e-5 < _rel(y, ref) < 5e-3
+    bias = float(((y.double() - ref) / ref).mean())
+    assert abs(bias) < 1e-4, f"mean signed relative error {bias:.2e}: the operands reached the MMA unrounded"
+
+
+@pytest.mark.gpu
 def test_fused_first_layer_weight_gradient_is_fp32_accurate_on_gpu():
     """The first layer's weight gradient fused into the second layer's input gradient (seed-scale shapes: 8192 rows,
     256 -> 512 -> 64) keeps the backward's FP32 bound (<= 1e-5 relative to float64), as the unfused kernels do."""

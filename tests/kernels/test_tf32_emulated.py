@@ -5,7 +5,9 @@ the interpreter's dot is patched to do what Hopper's tensor cores do:
 - a "tf32x3" dot does Triton's split: hi = rna(x), lo = rna(x - hi), then lo*hi + hi*lo + hi*hi.
 Under the patch, the backward kernels must stay FP32-accurate, and the operands of every TF32 dot they issue must
 already be TF32-exact: that is their hi/lo split at work. The forward must show TF32's error, which also shows the
-patch is active, with operands the kernel rounded to TF32 itself (TF32-exact too), so that the error has no sign. Interpreter only: on a GPU the hardware truncates, and test_linear.py's GPU tests check it there.
+patch is active, with operands the kernel rounded to TF32 itself (TF32-exact too), so that the error has no sign.
+Interpreter only: on a GPU the hardware truncates what it gets, and test_linear.py's GPU tests check there that
+the forward's error is TF32's and has no sign (the kernels' own rounding at work).
 Emulation idea: Ootomo & Yokota 2022 (3xTF32); the patch target is triton.runtime.interpreter."""
 
 from __future__ import annotations
@@ -116,3 +118,18 @@ def test_heads_forward_rounds_its_operands_to_tf32_under_hardware_tf32(hardware_
     ref = heads_reference(h.double(), w.double(), b.double(), g.double(), branches).reshape(m, -1)
     assert 1e-5 < _rel(q, ref) < 1e-2
     assert hardware_tf32["tf32"] > 0 and hardware_tf32["tf32_inexact"] == 0
+
+
+def test_the_forward_rounds_on_the_gpu_and_on_the_interpreter_only_when_asked(monkeypatch):
+    """kernels/_common.py rounds_tf32_operands: on with no interpreter (the GPU), whatever HOTLOOP_INTERPRET_TF32
+    says; on the interpreter only with HOTLOOP_INTERPRET_TF32=1."""
+    from hotloop.kernels._common import rounds_tf32_operands
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    for flag in ("0", "1"):
+        monkeypatch.setenv("HOTLOOP_INTERPRET_TF32", flag)
+        assert rounds_tf32_operands()
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert rounds_tf32_operands()
+    monkeypatch.setenv("HOTLOOP_INTERPRET_TF32", "0")
+    assert not rounds_tf32_operands()
