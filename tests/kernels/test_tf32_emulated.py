@@ -62,13 +62,24 @@ def test_fused_first_layer_weight_gradient_under_hardware_tf32(hardware_tf32):
     assert hardware_tf32["tf32"] > 0 and hardware_tf32["tf32_inexact"] == 0
 
 
+HEADS = dict(m=140, branches=3, actions=4, hidden=20)
+"""The heads tests' sizes: M rows, D branches of A actions, hidden width H."""
+
+
+def _heads_inputs(gen):
+    """h (M, (1 + D) H) ReLU features, w_out (1 + D A, H), gains (1 + D,): float32, for HEADS' sizes."""
+    m, branches, actions, hidden = HEADS.values()
+    j = 1 + branches * actions
+    h = torch.relu(_rand(m, (1 + branches) * hidden, gen=gen)).float()
+    w = _rand(j, hidden, gen=gen, scale=hidden ** -0.5).float()
+    return h, w, (1 + _rand(1 + branches, gen=gen, scale=0.2)).float()
+
+
 def test_heads_backward_under_hardware_tf32(hardware_tf32):
-    gen = torch.Generator().manual_seed(4)
-    m, branches, actions, hidden = 140, 3, 4, 20
+    m, branches, actions, hidden = HEADS.values()
     j, width = 1 + branches * actions, (1 + branches) * hidden
-    h = torch.relu(_rand(m, width, gen=gen)).float()
-    w, g = _rand(j, hidden, gen=gen, scale=hidden ** -0.5).float(), (1 + _rand(1 + branches, gen=gen,
-                                                                                 scale=0.2)).float()
+    gen = torch.Generator().manual_seed(4)
+    h, w, g = _heads_inputs(gen)
     dq = _rand(m, branches * actions, gen=gen).float()
     dh, dht = torch.full((m, width), float("nan")), torch.full((width, m), float("nan"))
     db_h, dw, db, dg = torch.zeros(width), torch.zeros(j, hidden), torch.zeros(j), torch.zeros(1 + branches)
@@ -107,12 +118,10 @@ def test_forward_rounds_its_operands_to_tf32_under_hardware_tf32(hardware_tf32):
 
 
 def test_heads_forward_rounds_its_operands_to_tf32_under_hardware_tf32(hardware_tf32):
+    m, branches, actions, _ = HEADS.values()
     gen = torch.Generator().manual_seed(6)
-    m, branches, actions, hidden = 140, 3, 4, 20
-    j, width = 1 + branches * actions, (1 + branches) * hidden
-    h = torch.relu(_rand(m, width, gen=gen)).float()
-    w, b = _rand(j, hidden, gen=gen, scale=hidden ** -0.5).float(), _rand(j, gen=gen, scale=0.1).float()
-    g = (1 + _rand(1 + branches, gen=gen, scale=0.2)).float()
+    h, w, g = _heads_inputs(gen)
+    b = _rand(w.shape[0], gen=gen, scale=0.1).float()
     q = torch.full((m, branches * actions), float("nan"))
     heads_forward(h, w, b, g, q, branches)
     ref = heads_reference(h.double(), w.double(), b.double(), g.double(), branches).reshape(m, -1)
