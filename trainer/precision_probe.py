@@ -48,6 +48,10 @@ hotloop.trainer.precision_probe --preset seed-scale` prints e for the step, an I
   the step's backward kernels 2.2e-7, Triton tf32x3 2.5e-7, IEEE FP32 FMAs 1e-6 (a K = 512 FMA chain), cuBLAS
   IEEE 4e-7. FP32_BOUND = 1e-5: 10x above the worst FP32 measurement (room for the dW GEMMs' K = 8192 reduction),
   ~30x below a one-dot TF32 product.
+- Bias: a TF32 MMA truncates fp32 operands, shrinking each product by ~2^-11 per operand on average; the forward
+  kernels round their operands first (kernels/linear.py), which leaves no sign. Each product's signed relative bias
+  b = <Y_hat - Y, P>_L / ||P_L||^2 (`_Err.bias`: truncated ~-5e-4..-1e-3, rounded ~1e-5 in the CPU emulation) must
+  stay within TF32_BIAS_MAX = 1e-4 for the forward: a truncating forward is TF32-like and still FAILs.
 Classes (`classify`): "FP32-like" e <= FP32_BOUND; "TF32-like" TF32_MIN <= e <= TF32_MAX; "between FP32 and TF32";
 "worse than TF32" e > TF32_MAX; "non-finite"; "no live entries".
 
@@ -79,6 +83,10 @@ TF32_MIN = 5e-5
 """Smallest normwise error counted as a TF32 product's (a TF32 forward must reach it); reasoning: module doc."""
 TF32_MAX = 1e-2
 """Largest normwise error counted as a TF32 product's; above it the product is "worse than TF32"."""
+TF32_BIAS_MAX = 1e-4
+"""Largest signed relative bias of a TF32 forward product (`Product.bias`): the kernels round their operands to TF32
+before the MMA (kernels/linear.py), whose own truncation would shrink every product by ~5e-4..1e-3, a bias of Q
+that the TD fixed point amplifies 100x (profiles/cpu/learning_causes/README.md, H6). Rounded operands leave ~1e-5."""
 PASS, FAIL = "PASS", "FAIL"
 NOT_MEASURED = "not measured (CPU interpreter: no TF32 rounding)"
 """The verdict where this platform's TF32 dots do not round (`tf32_dot_rounds` False), so TF32 and FP32 products
@@ -129,7 +137,8 @@ class Product:
     name: e.g. "forward.L0", "backward.dW.L1" (module doc); phase: "forward" or "backward"; launcher: the qualified
     name of the function that ran it; m, n, k: the output (m, n) and the reduction length k; error: normwise relative
     error (module doc; inf when the result is not finite, NaN with no live entries); live: entries compared;
-    cls: `classify(error)`; expected: "TF32" (forward) or "FP32" (backward)."""
+    cls: `classify(error)`; expected: "TF32" (forward) or "FP32" (backward); bias: the signed relative bias
+    (`_Err.bias`; NaN when not measured)."""
 
     name: str
     phase: str
@@ -141,6 +150,7 @@ class Product:
     live: int
     cls: str
     expected: str
+    bias: float = math.nan
 
 
 @dataclass(frozen=True)
@@ -320,7 +330,7 @@ class _Err:
     """Accumulates ||(got - ref)_L||^2 and ||(prod)_L||^2 over pieces (e.g. the two nets of the DDQN forward)."""
 
     def __init__(self) -> None:
-        self.num, self.den, self.live, self.finite = 0.0, 0.0, 0, True
+        self.num, self.den, self.cross, self.live, self.finite = 0.0, 0.0, 0.0, 0, True
 
     def add(self, got: torch.Tensor, ref: torch.Tensor, prod: torch.Tensor | None = None,
             live: torch.Tensor | None = None) -> _Err:
@@ -331,6 +341,7 @@ class _Err:
         self.finite &= bool(torch.isfinite(got).all())
         self.num += float(((got - ref) ** 2).sum())
         self.den += float((prod ** 2).sum())
+        self.cross += float(((got - ref) * prod).sum())
         self.live += got.numel()
         return self
 
@@ -340,6 +351,12 @@ class _Err:
         if self.den == 0.0:
             return 0.0 if self.num == 0.0 and self.live else math.nan
         return math.sqrt(self.num / self.den)
+
+    def bias(self) -> float:
+        """The least-squares slope of the error on the product, <(got - ref), prod> / ||prod||^2: the signed
+        relative bias (about -2^-11 per truncated operand, ~0 for rounded ones); NaN where `error` is not finite."""
+        e = self.error()
+        return self.cross / self.den if math.isfinite(e) and self.den > 0 else math.nan
 
 
 def _scale(g: torch.Tensor, gain_group: int, rows: int) -> torch.Tensor:
@@ -365,7 +382,7 @@ def measure(t: ProbeTensors, learner, *, label: str = "step", tf32_rounds: bool 
     def add(name, phase, launcher, m, n, k, err: _Err) -> None:
         e = err.error()
         out.append(Product(name, phase, launcher, m, n, k, e, err.live, classify(e),
-                           "TF32" if phase == "forward" else "FP32"))
+                           "TF32" if phase == "forward" else "FP32", err.bias()))
 
     def layer_ref(i: int, x64: torch.Tensor, z: int) -> tuple[torch.Tensor, torch.Tensor]:
         slots = lay.layers[i]
@@ -459,12 +476,13 @@ def replay_batch(learner, size: int | None = None):
 
 def _line(p: Product) -> str:
     return (f"{p.name} ({p.m}x{p.n}, K={p.k}; {p.launcher}): normwise error {p.error:.2e}, {p.cls} "
-            f"(expected {p.expected})")
+            f"(expected {p.expected}), bias {p.bias:+.1e}")
 
 
 def forward_verdict(result: ProbeResult) -> tuple[str, list[str]]:
-    """"TF32 forward": PASS when every forward product is TF32-like (products with no live entries left out);
-    FAIL when one is not (an FP32-like one: its kernel does not round to TF32, whatever it is named) on a platform
+    """"TF32 forward": PASS when every forward product is TF32-like (products with no live entries left out) with
+    its bias within TF32_BIAS_MAX; FAIL when one is biased beyond it (its operands reached the MMA unrounded), and
+    when one is not TF32-like (an FP32-like one: its kernel does not round to TF32, whatever it is named) on a platform
     whose TF32 dots round, and on any platform when one is worse than TF32 or not finite; NOT_MEASURED where TF32
     dots do not round and the others are FP32-like or between. Returns (verdict, evidence lines)."""
     fwd = result.phase("forward")
@@ -472,8 +490,12 @@ def forward_verdict(result: ProbeResult) -> tuple[str, list[str]]:
     lines = [_line(p) for p in fwd]
     if not fwd or all(p.cls == NO_LIVE for p in fwd):
         return FAIL, lines + ["no forward product measured"]
-    if not bad:
+    biased = [p for p in fwd if p.cls == TF32_LIKE and not abs(p.bias) <= TF32_BIAS_MAX]
+    if not bad and not biased:
         return PASS, lines
+    if biased and not bad:
+        return FAIL, lines + [f"TF32, but biased beyond {TF32_BIAS_MAX:.0e} (operands truncated by the MMA, not "
+                              f"rounded first): {', '.join(f'{p.name} ({p.bias:+.1e})' for p in biased)}"]
     if not result.tf32_rounds and not any(p.cls in (WORSE, NON_FINITE) for p in bad):
         return NOT_MEASURED, lines + [f"{len(bad)} forward product(s) not TF32-like, but this platform's TF32 dots do "
                                       f"not round ({result.platform}): TF32 and FP32 look the same here"]

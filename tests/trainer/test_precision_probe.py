@@ -107,12 +107,32 @@ def test_ieee_forward_in_a_kernel_named_tf32_fails(hardware_tf32):
     assert pp.precision_verdict(result)[0] == pp.FAIL
 
 
-def test_tf32_variant_forward_is_tf32_like(hardware_tf32):
-    """The same variant kernel with precision "tf32" shows TF32 errors: the class follows the math, not the code."""
+def test_tf32_forward_with_truncated_operands_fails_on_its_bias(hardware_tf32):
+    """The same variant kernel with precision "tf32", which leaves its operands to the MMA's truncation: TF32 errors
+    (the class follows the math, not the code), but biased toward zero, so the TF32-forward verdict FAILs on the
+    bias; the step's own forward, which rounds its operands first, keeps within TF32_BIAS_MAX."""
     hot = _setup()
-    result = pp.probe_precision(hot, pp.replay_batch(hot),
+    batch = pp.replay_batch(hot)
+    result = pp.probe_precision(hot, batch,
                                 launchers=replace(pp.Launchers.of(hot), forward=variant_linear_forward("tf32")))
-    assert pp.forward_verdict(result)[0] == pp.PASS, _errors(result)
+    layers = [p for p in result.phase("forward") if ".L" in p.name]
+    assert layers and all(p.cls == pp.TF32_LIKE and p.bias < -pp.TF32_BIAS_MAX for p in layers), \
+        [(p.name, p.cls, p.bias) for p in layers]
+    verdict, lines = pp.forward_verdict(result)
+    assert verdict == pp.FAIL and "biased" in lines[-1], lines[-1]
+    step = pp.probe_precision(hot, batch)
+    assert all(abs(p.bias) <= pp.TF32_BIAS_MAX for p in step.phase("forward")), \
+        [(p.name, p.bias) for p in step.phase("forward")]
+
+
+def test_the_step_without_its_rounding_fails_the_forward_verdict(hardware_tf32, monkeypatch):
+    """The fault where it would happen: the kernels' rounding switched off (kernels/_common.py
+    rounds_tf32_operands answering False), the operands then reach the emulated MMA unrounded."""
+    hot = _setup()
+    batch = pp.replay_batch(hot)
+    monkeypatch.setenv("HOTLOOP_INTERPRET_TF32", "0")  # the interpreter's answer: no rounding in the kernels
+    verdict, lines = pp.forward_verdict(pp.probe_precision(hot, batch))
+    assert verdict == pp.FAIL and "biased" in lines[-1], lines
 
 
 def test_one_tf32_dot_backward_fails_and_split_backward_passes(hardware_tf32):
