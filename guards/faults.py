@@ -143,10 +143,11 @@ def _scaled(t: torch.Tensor, g: torch.Tensor, gain_group: int) -> torch.Tensor:
 
 def _fwd_fp32(learner) -> None:
     def forward(x, w, b, g, y, gain_group, relu, *, rows=None, nets=1, p_zstride=0, x_zstride=0, ddqn=False,
-                yt=None):
+                yt=None, x_tf32=False, w_tf32=False, out_tf32=False):
         if nets != 1:  # the Double-DQN forward keeps its kernels
             return linear_forward(x, w, b, g, y, gain_group, relu, rows=rows, nets=nets, p_zstride=p_zstride,
-                                  x_zstride=x_zstride, ddqn=ddqn, yt=yt)
+                                  x_zstride=x_zstride, ddqn=ddqn, yt=yt, x_tf32=x_tf32, w_tf32=w_tf32,
+                                  out_tf32=out_tf32)
         inp = x.index_select(0, rows) if rows is not None else x[:y.shape[0]]
         with tf32_matmuls(False):
             torch.mm(inp, w.t(), out=y)

@@ -39,8 +39,8 @@ BWD_PROGRAMS, BWD_BLOCK_M, BWD_WARPS = 264, 64, 4
 
 @triton.jit
 def _heads_fwd_body(h_ptr, w_ptr, b_ptr, g_ptr, q_ptr, M, H, h_zstride, p_zstride, q_zstride, D: tl.constexpr,
-                    A: tl.constexpr, ROUND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_J: tl.constexpr,
-                    BLOCK_K: tl.constexpr):
+                    A: tl.constexpr, ROUND_X: tl.constexpr, ROUND_W: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr):
     pid = tl.program_id(0)
     z = tl.program_id(1)
     offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -58,8 +58,9 @@ def _heads_fwd_body(h_ptr, w_ptr, b_ptr, g_ptr, q_ptr, M, H, h_zstride, p_zstrid
                         mask=mask_m[:, None] & mask_k[None, :], other=0.0)
             w = tl.load(w_ptr + z * p_zstride + j[None, :] * H + offs_k[:, None],
                         mask=mask_k[:, None] & (mask_j & (grp == blk))[None, :], other=0.0)
-            if ROUND:  # to the nearest TF32 value first, as kernels/linear.py's forward
+            if ROUND_X:  # to the nearest TF32 value first, where nobody did before (kernels/linear.py's forward)
                 x = tf32_rna(x)
+            if ROUND_W:
                 w = tf32_rna(w)
             acc = tl.dot(x, w, acc, input_precision="tf32")
     g = tl.load(g_ptr + z * p_zstride + grp, mask=mask_j, other=0.0)
@@ -79,18 +80,18 @@ def _heads_fwd_body(h_ptr, w_ptr, b_ptr, g_ptr, q_ptr, M, H, h_zstride, p_zstrid
 # the same body under two names, for phase attribution by kernel name (see kernels/linear.py)
 @triton.jit
 def _heads_online_tf32_kernel(h_ptr, w_ptr, b_ptr, g_ptr, q_ptr, M, H, h_zstride, p_zstride, q_zstride,
-                              D: tl.constexpr, A: tl.constexpr, ROUND: tl.constexpr, BLOCK_M: tl.constexpr,
-                              BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr):
-    _heads_fwd_body(h_ptr, w_ptr, b_ptr, g_ptr, q_ptr, M, H, h_zstride, p_zstride, q_zstride, D, A, ROUND, BLOCK_M,
-                    BLOCK_J, BLOCK_K)
+                              D: tl.constexpr, A: tl.constexpr, ROUND_X: tl.constexpr, ROUND_W: tl.constexpr,
+                              BLOCK_M: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr):
+    _heads_fwd_body(h_ptr, w_ptr, b_ptr, g_ptr, q_ptr, M, H, h_zstride, p_zstride, q_zstride, D, A, ROUND_X, ROUND_W,
+                    BLOCK_M, BLOCK_J, BLOCK_K)
 
 
 @triton.jit
 def _heads_ddqn_tf32_kernel(h_ptr, w_ptr, b_ptr, g_ptr, q_ptr, M, H, h_zstride, p_zstride, q_zstride,
-                            D: tl.constexpr, A: tl.constexpr, ROUND: tl.constexpr, BLOCK_M: tl.constexpr,
-                            BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr):
-    _heads_fwd_body(h_ptr, w_ptr, b_ptr, g_ptr, q_ptr, M, H, h_zstride, p_zstride, q_zstride, D, A, ROUND, BLOCK_M,
-                    BLOCK_J, BLOCK_K)
+                            D: tl.constexpr, A: tl.constexpr, ROUND_X: tl.constexpr, ROUND_W: tl.constexpr,
+                            BLOCK_M: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr):
+    _heads_fwd_body(h_ptr, w_ptr, b_ptr, g_ptr, q_ptr, M, H, h_zstride, p_zstride, q_zstride, D, A, ROUND_X, ROUND_W,
+                    BLOCK_M, BLOCK_J, BLOCK_K)
 
 
 @triton.jit
@@ -158,13 +159,15 @@ def _sizes(w_out: torch.Tensor, branches: int) -> tuple[int, int, int]:
 
 
 def heads_forward(h: torch.Tensor, w_out: torch.Tensor, b_out: torch.Tensor, g_out: torch.Tensor, q: torch.Tensor,
-                  branches: int, *, nets: int = 1, p_zstride: int = 0, ddqn: bool = False) -> torch.Tensor:
+                  branches: int, *, nets: int = 1, p_zstride: int = 0, ddqn: bool = False, x_tf32: bool = False,
+                  w_tf32: bool = False) -> torch.Tensor:
     """Q of every branch from the stacked hidden features, in one launch (TF32 dots).
 
     h: (M, (1 + D) H) or (nets, M, (1 + D) H) float32 contiguous; w_out (1 + D A, H), b_out (1 + D A,),
     g_out (1 + D,): views of net 0's flat buffer (net z reads them z * p_zstride floats further); q: (M, D * A) or
     (nets, M, D * A) float32 contiguous, fully overwritten. branches: D. nets: 1 or 2. ddqn: launch under the
-    Double-DQN kernel name. Returns q. Grid (max(2, ceil(M / 64)), nets).
+    Double-DQN kernel name. x_tf32, w_tf32: h, w_out already hold TF32 values (as kernels/linear.py's
+    `linear_forward` says): the kernel does not round them before the dot. Returns q. Grid (max(2, ceil(M / 64)), nets).
     Raises ValueError for wrong dtype, shape, device or contiguity.
     """
     j, hidden, actions = _sizes(check_tensor("w_out", w_out, dtype=torch.float32, ndim=2), branches)
@@ -182,7 +185,8 @@ def heads_forward(h: torch.Tensor, w_out: torch.Tensor, b_out: torch.Tensor, g_o
     kernel = _heads_ddqn_tf32_kernel if ddqn else _heads_online_tf32_kernel
     kernel[(max(2, triton.cdiv(m, _BLOCK_M)), nets)](
         h, w_out, b_out, g_out, q, m, hidden, m * (1 + branches) * hidden, p_zstride, m * branches * actions,
-        D=branches, A=actions, ROUND=rounds_tf32_operands(), BLOCK_M=_BLOCK_M,
+        D=branches, A=actions, ROUND_X=rounds_tf32_operands() and not x_tf32,
+        ROUND_W=rounds_tf32_operands() and not w_tf32, BLOCK_M=_BLOCK_M,
         BLOCK_J=max(16, triton.next_power_of_2(j)), BLOCK_K=_BLOCK_K, num_warps=4)
     return q
 

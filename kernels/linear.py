@@ -11,7 +11,12 @@ cores (`tl.dot(input_precision="tf32")`, ~5e-4 relative error) with both operand
 first (`tf32_rna`, as cuBLAS and CUTLASS convert). Left to the MMA, Hopper drops the low 13 mantissa bits: a bias
 toward zero of ~1e-3 per product, which the TD fixed point amplifies by 1 / (1 - gamma) (100x at gamma 0.99): the
 reference learner with truncated TF32 forwards diverged on 3 of 12 CartPole seeds, with rounded ones on 1, in
-IEEE FP32 on none (profiles/cpu/learning_causes/README.md, H6). The backward kernels use split precision (three
+IEEE FP32 on none (profiles/cpu/learning_causes/README.md, H6). Where the rounding happens decides its cost
+(H200: rounding both tiles in the GEMM's loop made the step 2.5x slower, the weight tile most of it, since the
+MMA's B operand must then go back to shared memory; profiles/h200/ab/tf32_rounding/): a layer rounds its input
+tile in registers only where nobody rounded it before (`x_tf32`), stores its output rounded for the next layer
+(`out_tf32`), and the step reads its weights from a rounded copy (`tf32_round_copy`, kernels/tf32_split.py,
+`w_tf32`). The backward kernels use split precision (three
 TF32 MMAs per product: hi*hi + hi*lo + lo*hi, Ootomo & Yokota 2022, the scheme of Triton's "tf32x3"), which keeps
 IEEE FP32 accuracy on tensor cores. They do the split by hand, with their B operand split ahead of time by its
 producer (kernels/tf32_split.py: `WeightTranspose` writes W^T, the forward X^T, the gather obs^T as TF32 hi and lo
@@ -57,7 +62,8 @@ _MIN_PROGRAMS = 132  # one program per SM of a 132-SM H100/H200 at least, where 
 @triton.jit
 def _fwd_body(x_ptr, idx_ptr, w_ptr, b_ptr, g_ptr, y_ptr, yt_ptr, M, N, K, stride_xm, x_zstride, p_zstride,
               y_zstride, gain_group, GATHER: tl.constexpr, RELU: tl.constexpr, STORE_T: tl.constexpr,
-              ROUND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+              ROUND_X: tl.constexpr, ROUND_W: tl.constexpr, ROUND_Y: tl.constexpr, BLOCK_M: tl.constexpr,
+              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     z = tl.program_id(2)
@@ -77,8 +83,9 @@ def _fwd_body(x_ptr, idx_ptr, w_ptr, b_ptr, g_ptr, y_ptr, yt_ptr, M, N, K, strid
         mask_k = offs_k < K
         x = tl.load(x_base + offs_k[None, :], mask=mask_m[:, None] & mask_k[None, :], other=0.0)
         w = tl.load(w_base + offs_k[:, None], mask=mask_k[:, None] & mask_n[None, :], other=0.0)
-        if ROUND:  # to the nearest TF32 value, so that the MMA truncates nothing (see above)
-            x = tf32_rna(x)
+        if ROUND_X:  # to the nearest TF32 value, so that the MMA truncates nothing (see above); in registers:
+            x = tf32_rna(x)  # the MMA's A operand may stay there
+        if ROUND_W:  # B must go back to shared memory: 5x slower (the step reads a rounded copy instead)
             w = tf32_rna(w)
         acc = tl.dot(x, w, acc, input_precision="tf32")
     g = tl.load(g_ptr + z * p_zstride + offs_n // gain_group, mask=mask_n, other=0.0)
@@ -86,6 +93,8 @@ def _fwd_body(x_ptr, idx_ptr, w_ptr, b_ptr, g_ptr, y_ptr, yt_ptr, M, N, K, strid
     y = acc * g[None, :] + b[None, :]
     if RELU:
         y = tl.maximum(y, 0.0)
+    if ROUND_Y:  # stored as TF32 values: a next TF32 GEMM reads it as its A operand with nothing to round
+        y = tf32_rna(y)
     mask = mask_m[:, None] & mask_n[None, :]
     tl.store(y_ptr + z * y_zstride + offs_m[:, None] * N + offs_n[None, :], y, mask=mask)
     if STORE_T:  # y^T (2, N, M) too, split into TF32 parts: the next layer's weight-gradient GEMM reads it K-major
@@ -99,19 +108,21 @@ def _fwd_body(x_ptr, idx_ptr, w_ptr, b_ptr, g_ptr, y_ptr, yt_ptr, M, N, K, strid
 @triton.jit
 def _fwd_online_tf32_gemm_kernel(x_ptr, idx_ptr, w_ptr, b_ptr, g_ptr, y_ptr, yt_ptr, M, N, K, stride_xm,
                                  x_zstride, p_zstride, y_zstride, gain_group, GATHER: tl.constexpr,
-                                 RELU: tl.constexpr, STORE_T: tl.constexpr, ROUND: tl.constexpr,
-                                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                                 RELU: tl.constexpr, STORE_T: tl.constexpr, ROUND_X: tl.constexpr,
+                                 ROUND_W: tl.constexpr, ROUND_Y: tl.constexpr, BLOCK_M: tl.constexpr,
+                                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     _fwd_body(x_ptr, idx_ptr, w_ptr, b_ptr, g_ptr, y_ptr, yt_ptr, M, N, K, stride_xm, x_zstride, p_zstride, y_zstride,
-              gain_group, GATHER, RELU, STORE_T, ROUND, BLOCK_M, BLOCK_N, BLOCK_K)
+              gain_group, GATHER, RELU, STORE_T, ROUND_X, ROUND_W, ROUND_Y, BLOCK_M, BLOCK_N, BLOCK_K)
 
 
 @triton.jit
 def _fwd_ddqn_tf32_gemm_kernel(x_ptr, idx_ptr, w_ptr, b_ptr, g_ptr, y_ptr, yt_ptr, M, N, K, stride_xm,
                                x_zstride, p_zstride, y_zstride, gain_group, GATHER: tl.constexpr,
-                               RELU: tl.constexpr, STORE_T: tl.constexpr, ROUND: tl.constexpr,
-                               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                               RELU: tl.constexpr, STORE_T: tl.constexpr, ROUND_X: tl.constexpr,
+                               ROUND_W: tl.constexpr, ROUND_Y: tl.constexpr, BLOCK_M: tl.constexpr,
+                               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     _fwd_body(x_ptr, idx_ptr, w_ptr, b_ptr, g_ptr, y_ptr, yt_ptr, M, N, K, stride_xm, x_zstride, p_zstride, y_zstride,
-              gain_group, GATHER, RELU, STORE_T, ROUND, BLOCK_M, BLOCK_N, BLOCK_K)
+              gain_group, GATHER, RELU, STORE_T, ROUND_X, ROUND_W, ROUND_Y, BLOCK_M, BLOCK_N, BLOCK_K)
 
 
 @triton.jit
@@ -256,7 +267,8 @@ def _block(n: int, cap: int) -> int:
 def linear_forward(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, g: torch.Tensor, y: torch.Tensor,
                    gain_group: int, relu: bool, *, rows: torch.Tensor | None = None, nets: int = 1,
                    p_zstride: int = 0, x_zstride: int = 0, ddqn: bool = False,
-                   yt: torch.Tensor | None = None) -> torch.Tensor:
+                   yt: torch.Tensor | None = None, x_tf32: bool = False, w_tf32: bool = False,
+                   out_tf32: bool = False) -> torch.Tensor:
     """y[z] = act(g[z][n // gain_group] * (x[z] @ w[z]^T) + b[z]) for z < nets, in one launch (TF32 tensor cores).
 
     Args:
@@ -272,6 +284,13 @@ def linear_forward(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, g: torch.T
         yt: optional (2, N, M) float32 contiguous output, fully overwritten with y^T split into TF32 parts [hi, lo]
             (kernels/tf32_split.py; nets = 1 only): the operand the next layer's weight-gradient GEMM reads
             (`linear_backward_weight`).
+        x_tf32, w_tf32: the caller's word that x, w already hold TF32 values (low 13 mantissa bits zero: a
+            previous launch's `out_tf32` output, a `tf32_round_copy`), so the kernel does not round them to TF32
+            before the dot (module doc: rounded, not truncated by the MMA). Rounding x costs little (in registers,
+            the MMA's A operand); rounding w 5x the GEMM (it goes back to shared memory: H200, 2026-12-02,
+            profiles/h200/ab/tf32_rounding/): a step reads a rounded copy of its weights.
+        out_tf32: store y rounded to TF32 (to nearest; so that a next layer reads it with x_tf32=True).
+        On the interpreter the three are moot unless it emulates Hopper's dot (`rounds_tf32_operands`).
     Returns y. Grid (ceil(M / 128), ceil(N / BLOCK_N), nets), BLOCK_N <= 128 (64 where that pads N less)
     lowered until there are >= 132 programs or BLOCK_N = 16; never a single program (an idle second program is added
     for tiny shapes).
@@ -315,9 +334,11 @@ def linear_forward(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, g: torch.T
         block_n //= 2
     grid = (max(grid_m, 1 if triton.cdiv(n, block_n) * nets > 1 else 2), triton.cdiv(n, block_n), nets)
     kernel = _fwd_ddqn_tf32_gemm_kernel if ddqn else _fwd_online_tf32_gemm_kernel
+    rnd = rounds_tf32_operands()
     kernel[grid](x, rows if rows is not None else x, w, b, g, y, yt if yt is not None else y, m, n, k, x.stride(0),
                  x_zstride, p_zstride, m * n, gain_group, GATHER=rows is not None, RELU=relu, STORE_T=yt is not None,
-                 ROUND=rounds_tf32_operands(), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=_block(k, 32),
+                 ROUND_X=rnd and not x_tf32, ROUND_W=rnd and not w_tf32, ROUND_Y=rnd and out_tf32, BLOCK_M=block_m,
+                 BLOCK_N=block_n, BLOCK_K=_block(k, 32),
                  num_warps=8 if yt is not None else 4, num_stages=3)
     return y
 

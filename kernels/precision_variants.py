@@ -97,12 +97,13 @@ def _net_view(t: torch.Tensor, z: int, zstride: int) -> torch.Tensor:
 
 def variant_linear_forward(precision: str) -> Callable[..., torch.Tensor]:
     """A drop-in of `hotloop.kernels.linear.linear_forward` (same arguments, same outputs, y returned) whose product
-    x W^T is `variant_matmul(..., precision)`; gain, bias, ReLU and the split y^T (yt) in torch (fp32).
+    x W^T is `variant_matmul(..., precision)`; gain, bias, ReLU and the split y^T (yt) in torch (fp32). The
+    TF32-rounding flags (x_tf32, w_tf32, out_tf32) are accepted and ignored: the variant's precision is its own.
     Raises ValueError for a bad precision (here) and from `variant_matmul`."""
     _check_precision(precision)
 
     def forward(x, w, b, g, y, gain_group, relu, *, rows=None, nets=1, p_zstride=0, x_zstride=0, ddqn=False,
-                yt=None):
+                yt=None, x_tf32=False, w_tf32=False, out_tf32=False):
         n = w.shape[0]
         m = y.shape[-2]
         outs = y.view(nets, m, n)

@@ -11,6 +11,8 @@ operand in registers (kernels/linear.py says why).
   magnitude bits of a sign-magnitude float and truncating rounds to nearest, ties away; NaN is passed through (as
   cvt.rna.tf32.f32 does), and +-inf stay +-inf. `tf32_hi_lo` (Triton): both parts of a tile.
 - `split_tf32` (plain torch): the (2, *shape) [hi, lo] of a float32 tensor, the reference and a test helper.
+- `tf32_round_copy` (launcher): dst = hi of src, elementwise, in one launch: the rounded weights a TF32 forward
+  GEMM streams straight into shared memory (kernels/linear.py, `w_tf32`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from hotloop.kernels._common import check_tensor, rounds_tf32_operands
 
 
 @triton.jit
@@ -46,3 +50,33 @@ def split_tf32(t: torch.Tensor) -> torch.Tensor:
     x = t.float()
     hi = rna(x)
     return torch.stack([hi, rna(x - hi)])
+
+
+_ROUND_BLOCK = 2048
+
+
+@triton.jit
+def _fwd_weights_rna_kernel(src_ptr, dst_ptr, n, ROUND: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(src_ptr + offs, mask=mask)
+    if ROUND:
+        x = tf32_rna(x)
+    tl.store(dst_ptr + offs, x, mask=mask)
+
+
+def tf32_round_copy(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
+    """dst = src rounded to TF32 (to nearest, ties away; `tf32_rna`, whose plain-torch twin is `split_tf32(src)[0]`),
+    elementwise over the flat tensors, in one launch of max(2, ceil(numel / 2048)) programs: the weight copy a TF32
+    forward reads with `w_tf32=True` (kernels/linear.py). A plain copy on the interpreter unless it emulates
+    Hopper's dot (kernels/_common.py `rounds_tf32_operands`), like the forward's own rounding.
+    src, dst: float32 contiguous tensors of one shape (any), on one device; dst is fully overwritten and returned.
+    Raises ValueError for another dtype, shape, device or a non-contiguous tensor, or dst overlapping src."""
+    check_tensor("src", src, dtype=torch.float32)
+    check_tensor("dst", dst, dtype=torch.float32, shape=tuple(src.shape), device=src.device)
+    if dst.data_ptr() == src.data_ptr() and src.numel():
+        raise ValueError("dst must not be src: tf32_round_copy writes a copy (the source stays FP32)")
+    n = src.numel()
+    _fwd_weights_rna_kernel[(max(2, triton.cdiv(n, _ROUND_BLOCK)),)](src, dst, n, ROUND=rounds_tf32_operands(),
+                                                                    BLOCK=_ROUND_BLOCK)
+    return dst

@@ -130,7 +130,7 @@ def forward_reference(layout: FlatLayout, buf: torch.Tensor, obs: torch.Tensor) 
 
 def flat_forward(layout: FlatLayout, buf: torch.Tensor, x: torch.Tensor, acts: list[torch.Tensor], q: torch.Tensor,
                  *, rows: torch.Tensor | None = None, nets: int = 1, linear=linear_forward,
-                 acts_t: list[torch.Tensor | None] | None = None) -> torch.Tensor:
+                 acts_t: list[torch.Tensor | None] | None = None, w_buf: torch.Tensor | None = None) -> torch.Tensor:
     """Forward of `nets` networks (1, or 2: online and target in one launch per layer, the Double-DQN forward)
     whose net-0 parameters are the 1-D float32 buffer `buf` (net 1's are `layout.numel` floats further), with the
     fused kernels. x: (R, obs_dim) float32 input rows (with `rows` (M,) int64, row m is x[rows[m]], e.g. replay
@@ -138,15 +138,25 @@ def flat_forward(layout: FlatLayout, buf: torch.Tensor, x: torch.Tensor, acts: l
     backward reads them); q: (M, D * A) or (nets, M, D * A), returned. `linear`: the layer launcher
     (hotloop.kernels.linear.linear_forward or a drop-in of the same signature). acts_t: optional, per layer None or a
     (2, width, M) float32 output for the activations transposed and split into TF32 parts (nets = 1; the
-    backward's weight-gradient GEMMs read them). Raises ValueError from the launchers."""
+    backward's weight-gradient GEMMs read them). w_buf: optional 1-D float32 copy of buf (and of net 1's
+    parameters after it) with every weight rounded to TF32 (`tf32_round_copy`): the kernels read their weights
+    from it and round none; without it they round the weight tiles themselves (slower: kernels/linear.py).
+    Every layer stores its activations rounded to TF32 (`out_tf32`), which the next layer and the heads read as
+    they are; the first layer rounds its input. Raises ValueError from the launchers, and for a w_buf of another
+    shape than buf."""
+    if w_buf is not None and w_buf.shape != buf.shape:
+        raise ValueError(f"w_buf must have buf's shape {tuple(buf.shape)}, got {tuple(w_buf.shape)}")
     p, x_zstride = layout.numel, 0
+    wsrc = buf if w_buf is None else w_buf
     for i, (slots, y) in enumerate(zip(layout.layers, acts)):
-        w, b, g = slots.views(buf)
-        linear(x, w, b, g, y, slots.gain_group, slots.relu, rows=rows, nets=nets, p_zstride=p, x_zstride=x_zstride,
-               ddqn=nets == 2, yt=acts_t[i] if acts_t is not None else None)
+        _, b, g = slots.views(buf)
+        linear(x, slots.views(wsrc)[0], b, g, y, slots.gain_group, slots.relu, rows=rows, nets=nets, p_zstride=p,
+               x_zstride=x_zstride, ddqn=nets == 2, yt=acts_t[i] if acts_t is not None else None, x_tf32=i > 0,
+               w_tf32=w_buf is not None, out_tf32=True)
         x, rows, x_zstride = y.view(-1, slots.rows), None, y.shape[-2] * slots.rows
-    w_out, b_out, g_out = layout.out_views(buf)
-    return heads_forward(acts[-1], w_out, b_out, g_out, q, layout.branches, nets=nets, p_zstride=p, ddqn=nets == 2)
+    _, b_out, g_out = layout.out_views(buf)
+    return heads_forward(acts[-1], layout.out_views(wsrc)[0], b_out, g_out, q, layout.branches, nets=nets,
+                         p_zstride=p, ddqn=nets == 2, x_tf32=True, w_tf32=w_buf is not None)
 
 
 class FlatForward:

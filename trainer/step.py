@@ -2,7 +2,9 @@
 
 One step, all on the device, no host read (the seed's hot loop; capture rules as tensordict's cudagraphs docstring:
 static buffers, warm-up on a side stream, then `torch.cuda.graph`):
-  prepare     on a second stream, beside the sampling: the gain-scaled W^T of every layer but the first, in one
+  prepare     on a second stream, beside the sampling: both nets' parameters rounded to TF32 (one launch,
+              `tf32_round_copy`: the weights the forwards read, kernels/linear.py says why; the online forward waits
+              for it alone), the gain-scaled W^T of every layer but the first, in one
               launch (the input-gradient GEMMs read it K-major: kernels/linear.py), and the step's one memset (the
               gradient buffer: the weight-gradient kernels accumulate with atomics); W^T reads only the parameters,
               the memset must follow the previous step's Adam (which read the gradients): the fork at the start of
@@ -26,7 +28,7 @@ static buffers, warm-up on a side stream, then `torch.cuda.graph`):
   spectral_norm  all weight matrices projected to sigma = 1 in one launch
   priority_update  sum-tree update with the new priorities, on the second stream, concurrent with the optimizer
               and spectral norm (joined at the end of the step)
-Kernels per step: (1 + 1) + 2 + 1 + 4 + 4 + 1 + 5 (2 trunk layers) + 2 + 1 + 1 = 23 at seed scale.
+Kernels per step: (1 + 1 + 1) + 2 + 1 + 4 + 4 + 1 + 5 (2 trunk layers) + 2 + 1 + 1 = 24 at seed scale.
 The target net therefore holds the parameters after Adam and before that step's spectral-norm projection (they
 differ by one step's change of sigma, O(lr)).
 """
@@ -46,6 +48,7 @@ from hotloop.kernels.linear import (MAX_FUSED_K0, WeightTranspose, linear_backwa
 from hotloop.kernels.replay_batch import AnnealedBeta, CounterUniforms, gather_transitions
 from hotloop.kernels.segment_tree import tree_sample, tree_update
 from hotloop.kernels.spectral_norm import SpectralNormTable, spectral_norm_
+from hotloop.kernels.tf32_split import tf32_round_copy
 from hotloop.kernels.td_loss import METRIC_NAMES, TDLossOutputs, TDLossWorkspace, td_loss_forward
 from hotloop.profiles.ranges import phase_range
 from hotloop.trainer.config import Config
@@ -85,11 +88,13 @@ class HotLearner:
         device: a CUDA device, or the CPU under TRITON_INTERPRET=1 (tests; no graph, no second stream).
         replay: the PrioritizedReplay the env loop fills (its storage and sum tree are read and written in place).
     Attributes: layout (FlatLayout), nets (2, P) float32 (row 0 = params_buf, row 1 = target_buf), params, target,
-        grads (P,) float32 (grad_buf), learns_gains (bool: the backward writes gain gradients), adam (FusedAdam),
+        grads (P,) float32 (grad_buf), nets_tf32 (2, P) float32 (nets rounded to TF32 at each step's start: the
+        forwards' weights), learns_gains (bool: the backward writes gain gradients), adam (FusedAdam),
         sn_table / sn_u / sn_v, steps (host count of steps run),
         graph (CUDAGraph or None), use_graph (True on CUDA: the trainer captures before the first step),
         warmup_s (kernel compilation + warm-up steps) and capture_s (seconds); linear_forward,
-        linear_backward_input, spectral_norm: the launch functions the step calls (guards/faults.py swaps them).
+        linear_backward_input, spectral_norm, round_weights: the launch functions the step calls (guards/faults.py
+        swaps them; the precision probe reads them).
     Raises ValueError for an unsupported config (`check_supported`) or a replay on another device.
     """
 
@@ -105,6 +110,7 @@ class HotLearner:
         self.params, self.target = self.nets[0], self.nets[1]
         self.params.copy_(lay.init_params(gen))
         self.grads = torch.zeros(lay.numel, device=device)
+        self.nets_tf32 = torch.empty_like(self.nets)  # both nets rounded to TF32, for the forwards (each step)
         shapes, offsets = lay.sn_matrices()
         # the table's default slab split on the GPU (the H200 sweep's); few slabs on the CPU interpreter, where
         # programs run serially
@@ -153,12 +159,14 @@ class HotLearner:
         self.td = TDLossOutputs.empty(b, d, a, device)
         self.td_ws = TDLossWorkspace.create(b, device)
         self.side = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self.weights_rounded = torch.cuda.Event() if device.type == "cuda" else None
         self.acting = FlatForward(lay, device)
         self.action_nvec = torch.tensor(action_nvec, device=device)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.use_graph = device.type == "cuda"
         # the step's launch points, instance attributes so that guards/faults.py can swap one for a faulty variant
         self.linear_forward, self.linear_backward_input = linear_forward, linear_backward_input
+        self.round_weights = tf32_round_copy
         self.spectral_norm = lambda: spectral_norm_(self.params, self.sn_table, self.sn_u, self.sn_v,
                                                     cfg.sn_power_iterations)
         self.capture_s = self.warmup_s = float("nan")
@@ -182,7 +190,7 @@ class HotLearner:
                  acts_t: list[torch.Tensor | None] | None = None) -> None:
         """Forward of `nets` networks (1: online on s; 2: online and target on s') from replay rows self.idx."""
         flat_forward(self.layout, self.params, obs, acts, q, rows=self.idx, nets=nets, linear=self.linear_forward,
-                     acts_t=acts_t)
+                     acts_t=acts_t, w_buf=self.nets_tf32[0])
 
     def _backward(self) -> None:
         lay, params, grads, learn = self.layout, self.params, self.grads, self.learns_gains
@@ -226,12 +234,20 @@ class HotLearner:
         # (it reads only the parameters) and the zeroed gradient buffer the weight-gradient kernels accumulate into
         # (after the previous step's Adam read it: the fork makes the side stream wait for the main one); on the
         # side stream they are ahead of the Double-DQN forward
-        with self._on_side(), phase_range("backward"):
-            self.weight_transpose(self.params, self.wt)
-            self.grads.zero_()
+        # first, the TF32-rounded weights both forwards read (after the previous step's Adam and spectral norm)
+        with self._on_side():
+            with phase_range("forward"):
+                self.round_weights(self.nets, self.nets_tf32)
+            if self.weights_rounded is not None:
+                self.weights_rounded.record()
+            with phase_range("backward"):
+                self.weight_transpose(self.params, self.wt)
+                self.grads.zero_()
         self._sample()
         with self._on_side(), phase_range("ddqn_forward"):
             self._forward(rp.next_obs, self.ddqn_acts, self.q_next, nets=2)
+        if self.weights_rounded is not None:
+            torch.cuda.current_stream(self.device).wait_event(self.weights_rounded)
         with phase_range("forward"):
             self._forward(rp.obs, self.acts, self.q, nets=1, acts_t=self.acts_t)
         self._gather()  # after the online chain, the shorter one: off the critical path
@@ -353,7 +369,7 @@ class HotLearner:
 PHASE_RULES = {
     r"_tree_sample|_tree_weights|_gather_transitions": "sample",
     r"_fwd_ddqn_|_heads_ddqn_": "ddqn_forward",
-    r"_fwd_online_|_heads_online_": "forward",
+    r"_fwd_online_|_heads_online_|_fwd_weights_rna": "forward",
     r"_td_loss": "loss",
     r"_bwd_|FillFunctor": "backward",
     r"_grad_sumsq|_clip_adam": "optimizer",

@@ -129,6 +129,35 @@ def test_heads_forward_rounds_its_operands_to_tf32_under_hardware_tf32(hardware_
     assert hardware_tf32["tf32"] > 0 and hardware_tf32["tf32_inexact"] == 0
 
 
+def test_forward_flags_skip_the_rounding_of_operands_already_tf32(hardware_tf32):
+    """x_tf32 / w_tf32 (operands a producer already rounded) give the same bits as the kernel's own rounding, and
+    out_tf32 stores the rounded output: the chain flat_forward runs (kernels/linear.py). Leaving an unrounded
+    operand flagged reaches the truncating dot and has truncation's sign, which shows the flags take effect."""
+    gen = torch.Generator().manual_seed(8)
+    m, n, k = 150, 40, 64
+    w, b, g = _rand(n, k, gen=gen, scale=k ** -0.5).abs(), _rand(n, gen=gen, scale=0.1).abs(), torch.ones(1)
+    x = (torch.relu(_rand(m, k, gen=gen)) + 0.1).float()
+    w, b, g = w.float(), b.float(), g.float()
+    rna = lambda t: split_tf32(t)[0]  # noqa: E731
+    own, flagged, rounded_out = (torch.full((m, n), float("nan")) for _ in range(3))
+    linear_forward(x, w, b, g, own, n, False)
+    linear_forward(rna(x), rna(w), b, g, flagged, n, False, x_tf32=True, w_tf32=True)
+    assert torch.equal(own, flagged)
+    linear_forward(x, w, b, g, rounded_out, n, False, out_tf32=True)
+    assert torch.equal(rounded_out, rna(own))
+    unrounded = torch.full((m, n), float("nan"))
+    linear_forward(x, w, b, g, unrounded, n, False, x_tf32=True, w_tf32=True)
+    ref = linear_reference(x.double(), w.double(), b.double(), g.double(), n, False)
+    assert float(((unrounded.double() - ref) / ref).mean()) < -3e-4 < float(((own.double() - ref) / ref).mean())
+    mh, branches, actions, _ = HEADS.values()
+    h, wh, gh = _heads_inputs(gen)
+    bh = _rand(wh.shape[0], gen=gen, scale=0.1).float()
+    q_own, q_flagged = (torch.full((mh, branches * actions), float("nan")) for _ in range(2))
+    heads_forward(h, wh, bh, gh, q_own, branches)
+    heads_forward(rna(h), rna(wh), bh, gh, q_flagged, branches, x_tf32=True, w_tf32=True)
+    assert torch.equal(q_own, q_flagged)
+
+
 def test_the_forward_rounds_on_the_gpu_and_on_the_interpreter_only_when_asked(monkeypatch):
     """kernels/_common.py rounds_tf32_operands: on with no interpreter (the GPU), whatever HOTLOOP_INTERPRET_TF32
     says; on the interpreter only with HOTLOOP_INTERPRET_TF32=1."""

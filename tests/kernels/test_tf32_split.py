@@ -60,3 +60,41 @@ def test_split_is_round_to_nearest_ties_away_and_reproduces_x():
     assert split_tf32(ties)[0].tolist() == [1.0 + 2.0 ** -10, -(1.0 + 2 * 2.0 ** -10)]
     inf = torch.tensor([float("inf"), float("-inf")])
     assert split_tf32(inf)[0].tolist() == inf.tolist()
+
+
+def test_round_copy_writes_the_rounded_values_and_keeps_the_source(monkeypatch):
+    """`tf32_round_copy`: with the rounding on (the GPU; the interpreter when it emulates Hopper's dot) dst is
+    `split_tf32(src)[0]` bit for bit over a poisoned dst, src untouched; on the plain interpreter a plain copy."""
+    from hotloop.kernels.tf32_split import tf32_round_copy
+
+    x = _values().to(DEVICE)
+    before = x.clone()
+    for emulate in ("1", "0"):
+        monkeypatch.setenv("HOTLOOP_INTERPRET_TF32", emulate)
+        dst = torch.full_like(x, 7.0)
+        assert tf32_round_copy(x, dst) is dst
+        rounds = emulate == "1" or DEVICE == "cuda"
+        want = split_tf32(x.cpu())[0] if rounds else x.cpu()
+        got = dst.cpu()
+        assert bool(((got.view(torch.int32) == want.view(torch.int32)) | (got.isnan() & want.isnan())).all())
+        assert torch.equal(x.view(torch.int32), before.view(torch.int32))
+
+
+def test_round_copy_refuses_bad_input():
+    from hotloop.kernels.tf32_split import tf32_round_copy
+
+    x = torch.randn(2, 300, device=DEVICE)
+    for dst, what in ((torch.empty(2, 301, device=DEVICE), "shape"), (torch.empty(2, 300, device=DEVICE).double(),
+                                                                     "dtype"), (x, "must not be src")):
+        try:
+            tf32_round_copy(x, dst)
+        except ValueError as e:
+            assert what in str(e), e
+        else:
+            raise AssertionError(f"no error for a bad dst ({what})")
+    try:
+        tf32_round_copy(x.t(), torch.empty(300, 2, device=DEVICE))
+    except ValueError as e:
+        assert "contiguous" in str(e)
+    else:
+        raise AssertionError("no error for a non-contiguous src")

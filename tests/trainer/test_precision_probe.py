@@ -83,8 +83,10 @@ def test_step_under_emulated_tf32_passes(hardware_tf32):
 
 
 def test_ieee_forward_in_a_kernel_named_tf32_fails(hardware_tf32):
-    """The mutant keeps a TF32 name (the name-based classifier calls it TF32) but multiplies in IEEE FP32: the probe
-    sees FP32-like errors and the TF32-forward verdict FAILs. Swapped on the learner, as guards/faults.py swaps."""
+    """The mutant keeps a TF32 name (the name-based classifier calls it TF32) but multiplies in IEEE FP32, on the
+    weights as they are (no TF32-rounded copy): the probe sees FP32-like errors and the TF32-forward verdict FAILs.
+    Swapped on the learner, as guards/faults.py swaps. (On the step's rounded operands an IEEE dot has TF32's
+    errors: the instruction check below catches that one.)"""
     from hotloop.kernels import precision_variants
 
     name = precision_variants._variant_tf32_gemm_kernel.__name__
@@ -97,6 +99,7 @@ def test_ieee_forward_in_a_kernel_named_tf32_fails(hardware_tf32):
         assert gemm_precision(name) == "tf32"
     hot = _setup()
     hot.linear_forward = variant_linear_forward("ieee")
+    hot.round_weights = lambda src, dst: dst.copy_(src)
     result = pp.probe_precision(hot, pp.replay_batch(hot))
     fwd = result.phase("forward")
     assert all("variant_linear_forward[ieee]" in p.launcher for p in fwd if ".heads" not in p.name)
@@ -105,6 +108,24 @@ def test_ieee_forward_in_a_kernel_named_tf32_fails(hardware_tf32):
     assert verdict == pp.FAIL and "not TF32" in lines[-1] and "forward.L0" in lines[-1]
     assert pp.backward_verdict(result)[0] == pp.PASS
     assert pp.precision_verdict(result)[0] == pp.FAIL
+
+
+def test_forward_kernel_compiled_without_tf32_mma_fails(hardware_tf32):
+    """An IEEE dot on the step's TF32-rounded operands has TF32's errors, so the forward verdict also reads the
+    compiled kernels' instructions: a forward kernel specialization with no TF32 MMA (a mutant that keeps the
+    kernel's name and sets input_precision="ieee") FAILs it, naming the kernel; backward kernels without MMAs (the
+    heads' FMA backward) and kernels without evidence are not held against it."""
+    hot = _setup()
+    result = pp.probe_precision(hot, pp.replay_batch(hot))
+    assert pp.forward_verdict(result)[0] == pp.PASS, pp.forward_verdict(result)[1]
+    mma = {"tf32_mma": 8, "fma.f32": 64}
+    clean = {"_fwd_online_tf32_gemm_kernel": [mma], "_heads_bwd_fp32_kernel": [{"tf32_mma": 0, "fma.f32": 499}],
+             "_heads_online_tf32_kernel": "not available (not compiled in this process)"}
+    assert pp.forward_verdict(replace(result, instructions=clean))[0] == pp.PASS
+    ieee = {**clean, "_fwd_ddqn_tf32_gemm_kernel": [mma, {"tf32_mma": 0, "fma.f32": 1024}]}
+    verdict, lines = pp.forward_verdict(replace(result, instructions=ieee))
+    assert verdict == pp.FAIL and "_fwd_ddqn_tf32_gemm_kernel (fma.f32=1024)" in lines[-1], lines[-1]
+    assert pp.forward_kernels_without_tf32("not available (interpreter)") == []
 
 
 def test_tf32_forward_with_truncated_operands_fails_on_its_bias(hardware_tf32):
