@@ -21,6 +21,7 @@ import torch
 
 from hotloop.kernels.heads import heads_forward, heads_reference
 from hotloop.kernels.linear import linear_forward, linear_reference
+from hotloop.kernels.tf32_split import tf32_round_copy
 
 
 @dataclass(frozen=True)
@@ -161,15 +162,18 @@ def flat_forward(layout: FlatLayout, buf: torch.Tensor, x: torch.Tensor, acts: l
 
 class FlatForward:
     """Forward-only evaluation of the flat net with the fused kernels (acting and evaluation), with its own
-    activation buffers per batch size.
+    activation buffers per batch size and its own TF32-rounded copy of the weights, made at every call (one
+    `tf32_round_copy` launch: the forward kernels then read the weights as they are, kernels/linear.py says why).
 
-    `q(buf, obs)`: obs (N, obs_dim) float32 on buf's device -> Q (N, D, A) float32 (a buffer reused by the next
-    call with the same N). `greedy(buf, obs)`: argmax per branch, (N, D) int64.
+    `q(buf, obs)`: buf (layout.numel,) float32 parameters, obs (N, obs_dim) float32 on buf's device -> Q (N, D, A)
+    float32 (a buffer reused by the next call with the same N). `greedy(buf, obs)`: argmax per branch, (N, D)
+    int64. Raises ValueError from the launchers (a buf of another size: `tf32_round_copy`).
     """
 
     def __init__(self, layout: FlatLayout, device: torch.device) -> None:
         self.layout, self.device = layout, device
         self._acts: dict[int, list[torch.Tensor]] = {}
+        self._w = torch.empty(layout.numel, device=device)
 
     def _buffers(self, n: int) -> list[torch.Tensor]:
         if n not in self._acts:
@@ -181,7 +185,8 @@ class FlatForward:
     def q(self, buf: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
         lay = self.layout
         bufs = self._buffers(obs.shape[0])
-        q = flat_forward(lay, buf, obs.float().contiguous(), bufs[:-1], bufs[-1])
+        q = flat_forward(lay, buf, obs.float().contiguous(), bufs[:-1], bufs[-1],
+                         w_buf=tf32_round_copy(buf, self._w))
         return q.view(obs.shape[0], lay.branches, lay.actions)
 
     def greedy(self, buf: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:

@@ -10,9 +10,9 @@ The estimate (`estimate_memory`) follows the real layouts, in bytes (float32 = 4
   each), the action (one int64 per branch), reward and terminated flag (float32 each); plus the sum tree
   (kernels/sum_tree.py `SumTree.nodes`: 2 P float32, P = capacity rounded up to a power of two).
 - networks: P parameters (trainer/flat_net.py `FlatLayout.numel`, the same count as trainer/network.py's
-  BranchingDuelingQNet with its gains), kept 8 times: online, target, gradients, Adam's two moments
-  (kernels/fused_adam.py), and the hotloop learner's transposed weights and its TF32-rounded copy of both nets
-  (the reference learner's spectral-norm vectors are far smaller).
+  BranchingDuelingQNet with its gains), kept 9 times: online, target, gradients, Adam's two moments
+  (kernels/fused_adam.py), and the hotloop learner's transposed weights, its TF32-rounded copy of both nets and
+  the acting forward's of the online one (the reference learner's spectral-norm vectors are far smaller).
 - learner buffers at batch size B (trainer/step.py `HotLearner`; the reference learner's autograd activations are
   fewer): per hidden unit 8 floats per sample (activations, their TF32-split transposes, the Double-DQN forward's
   two nets, the pre-activation gradients), per Q output 8 (Q, Q of s' for both nets, the TD loss's outputs and
@@ -45,9 +45,9 @@ from hotloop.trainer.config import Config
 
 FLOAT32 = 4
 INT64 = 8
-NET_COPIES = 8
+NET_COPIES = 9
 """Copies of the P parameters a learner keeps: online, target, gradients, Adam's two moments, transposed weights,
-and both nets rounded to TF32 (the forwards' weights)."""
+both nets rounded to TF32 (the learner step's forward weights) and the acting forward's rounded copy."""
 
 
 @dataclass(frozen=True)

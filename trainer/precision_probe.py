@@ -55,7 +55,10 @@ hotloop.trainer.precision_probe --preset seed-scale` prints e for the step, an I
   FAILs (H200: truncated x tiles alone gave -3.5e-4 on every trunk layer; rounded operands |b| <= 2.7e-5). The
   heads' bias is reported, not judged: their few weights (3 x 32 on CartPole) make it a draw of the weights'
   rounding errors, and the dueling combination divides it by a small difference (+5.7e-5 and +8.2e-5 on the H200
-  with rounded operands, 2026-12-02, profiles/h200/ab/tf32_rounding/).
+  with rounded operands, 2026-12-02, profiles/h200/ab/tf32_rounding/). For the same reason the heads may also be
+  "between FP32 and TF32": they read the last layer's output already rounded, so only their weights' rounding shows
+  (2.9e-5 and 4.0e-5 on the H200 after 100 seed-scale steps, 1.5e-4 and 1.9e-4 after 20); an FP32 forward still
+  FAILs on the trunk layers and on the compiled instructions.
 Classes (`classify`): "FP32-like" e <= FP32_BOUND; "TF32-like" TF32_MIN <= e <= TF32_MAX; "between FP32 and TF32";
 "worse than TF32" e > TF32_MAX; "non-finite"; "no live entries".
 
@@ -508,9 +511,10 @@ def forward_verdict(result: ProbeResult) -> tuple[str, list[str]]:
     or not finite, and when a forward kernel compiled without TF32 MMAs (`forward_kernels_without_tf32`: the step
     rounds every forward operand to TF32 first, so an IEEE dot on them has TF32's errors, and only the instructions
     tell it from the MMA); NOT_MEASURED where TF32 dots do not round and the others are FP32-like or between.
-    Returns (verdict, evidence lines)."""
+    The heads' products may also be "between FP32 and TF32" (module doc, "Bias"). Returns (verdict, evidence
+    lines)."""
     fwd = result.phase("forward")
-    bad = [p for p in fwd if p.cls not in (TF32_LIKE, NO_LIVE)]
+    bad = [p for p in fwd if p.cls not in (TF32_LIKE, NO_LIVE) and not (".heads" in p.name and p.cls == BETWEEN)]
     lines = [_line(p) for p in fwd]
     if not fwd or all(p.cls == NO_LIVE for p in fwd):
         return FAIL, lines + ["no forward product measured"]

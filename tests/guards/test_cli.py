@@ -224,7 +224,7 @@ _ROOT = hasattr(__import__("os"), "geteuid") and __import__("os").geteuid() == 0
     (["gate", "--inject", "sn_split"], "need a CUDA device"),
     (["train", "--set", "replay_capacity=1e12"], "replay 56.8 TB (replay_capacity=1000000000000"),
     (["gate", "--set", "replay_capacity=1000000000000"], "does not fit in cpu's memory"),
-    (["train", "--set", "trunk_hidden=[1e6,1e6]"], "networks 32 TB (trunk_hidden=[1000000, 1000000]"),
+    (["train", "--set", "trunk_hidden=[1e6,1e6]"], "networks 36 TB (trunk_hidden=[1000000, 1000000]"),
     (["gate", "--set", "trunk_hidden=[1000000,1000000]"], "is available"),
     (["train", "--set", "num_envs=10000000000000"], "envs 2.76 PB (num_envs=10000000000000"),
     (["gate", "--set", "learning_starts=2000", "--set", "replay_capacity=1000"],

@@ -24,6 +24,9 @@ DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 GPU = DEVICE.type == "cuda"
 GRAD_TOL = 2e-3 if GPU else 1e-6          # one step's gradient vs float64 (TF32 forward on the GPU)
 FWD_TOL = dict(rtol=1e-2, atol=1e-2) if GPU else dict(rtol=1e-4, atol=1e-4)
+# the objective vs float64: its Q-values come from the TF32 forward on the GPU (~3e-4 per product; a mean over 32
+# rows: 1.02e-5 relative measured on the H200 with the rounded forward, 2026-12-02)
+OBJ_TOL = 1e-4 if GPU else 1e-5
 
 
 def _setup(device=DEVICE, seed=0, **overrides):
@@ -56,7 +59,7 @@ def test_one_step_matches_float64_autograd_reference():
                             rp.terminated.cpu()[idx].double(), hot.weights.cpu().double(), cfg.gamma, cfg.loss,
                             cfg.huber_delta, cfg.cql_weight, cfg.per_eps, cfg.per_alpha)
     ref.objective.backward()
-    assert abs(float(hot.td.objective) - float(ref.objective.detach())) < 1e-5 * max(1.0, abs(float(ref.objective.detach())))
+    assert abs(float(hot.td.objective) - float(ref.objective.detach())) < OBJ_TOL * max(1.0, abs(float(ref.objective.detach())))
     err = float((hot.grads.cpu().double() - w.grad).abs().max() / w.grad.abs().max())
     assert err < GRAD_TOL, f"gradient relative error {err:.2e}"
     # the optimizer moved the parameters and the spectral-norm projection brought every matrix back to sigma ~ 1
