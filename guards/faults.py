@@ -159,6 +159,7 @@ def _fwd_fp32(learner) -> None:
         return y
 
     learner.linear_forward = forward
+    learner.round_weights = lambda src, dst: dst.copy_(src)  # FP32 on the weights as they are, not TF32-rounded
     _eager(learner)
 
 

@@ -71,7 +71,8 @@ def tf32_round_copy(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
     forward reads with `w_tf32=True` (kernels/linear.py). A plain copy on the interpreter unless it emulates
     Hopper's dot (kernels/_common.py `rounds_tf32_operands`), like the forward's own rounding.
     src, dst: float32 contiguous tensors of one shape (any), on one device; dst is fully overwritten and returned.
-    Raises ValueError for another dtype, shape, device or a non-contiguous tensor, or dst overlapping src."""
+    Raises ValueError for another dtype, shape, device or a non-contiguous tensor, or dst being src (partial
+    overlaps are not checked)."""
     check_tensor("src", src, dtype=torch.float32)
     check_tensor("dst", dst, dtype=torch.float32, shape=tuple(src.shape), device=src.device)
     if dst.data_ptr() == src.data_ptr() and src.numel():

@@ -244,10 +244,10 @@ class HotLearner:
                 self.weight_transpose(self.params, self.wt)
                 self.grads.zero_()
         self._sample()
+        if self.weights_rounded is not None:  # before any forward the main stream might run (the copy is on the side)
+            torch.cuda.current_stream(self.device).wait_event(self.weights_rounded)
         with self._on_side(), phase_range("ddqn_forward"):
             self._forward(rp.next_obs, self.ddqn_acts, self.q_next, nets=2)
-        if self.weights_rounded is not None:
-            torch.cuda.current_stream(self.device).wait_event(self.weights_rounded)
         with phase_range("forward"):
             self._forward(rp.obs, self.acts, self.q, nets=1, acts_t=self.acts_t)
         self._gather()  # after the online chain, the shorter one: off the critical path

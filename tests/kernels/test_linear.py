@@ -16,7 +16,7 @@ import hotloop.kernels.heads
 from hotloop.kernels.heads import heads_backward, heads_forward, heads_reference
 from hotloop.kernels.linear import (WeightTranspose, linear_backward_input, linear_backward_weight, linear_forward,
                             linear_reference)
-from hotloop.kernels.tf32_split import split_tf32
+from hotloop.kernels.tf32_split import split_tf32, tf32_round_copy
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 CPU_TOL = dict(rtol=1e-4, atol=1e-4)
@@ -325,6 +325,13 @@ def test_forward_error_on_gpu_is_tf32_without_a_sign():
     assert 1e-5 < _rel(y, ref) < 5e-3
     bias = float(((y.double() - ref) / ref).mean())
     assert abs(bias) < 1e-4, f"mean signed relative error {bias:.2e}: the operands reached the MMA unrounded"
+    # the step's path: the weights from a rounded copy (w_tf32), the output stored rounded for the next layer: the
+    # same products as the in-loop rounding, stored as TF32 values (within one TF32 ulp of y, 2^-11 relative)
+    wc = tf32_round_copy(dev(w), torch.full((n, k), float("nan"), device="cuda"))
+    yc = torch.full((m, n), float("nan"), device="cuda")
+    linear_forward(dev(x), wc, dev(b), torch.ones(1, device="cuda"), yc, n, False, w_tf32=True, out_tf32=True)
+    assert not bool((yc.view(torch.int32) & 0x1FFF).any()), "the output is not stored as TF32 values"
+    assert bool(((yc - y).abs() <= 2.0 ** -11 * y.abs()).all())
 
 
 @pytest.mark.gpu

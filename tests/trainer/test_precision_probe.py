@@ -148,6 +148,7 @@ def test_tf32_forward_with_truncated_operands_fails_on_its_bias(hardware_tf32):
     (the class follows the math, not the code), but biased toward zero, so the TF32-forward verdict FAILs on the
     bias; the step's own forward, which rounds its operands first, keeps within TF32_BIAS_MAX."""
     hot = _setup()
+    torch.manual_seed(0)  # the batch (the replay draws from the global generator)
     batch = pp.replay_batch(hot)
     result = pp.probe_precision(hot, batch,
                                 launchers=replace(pp.Launchers.of(hot), forward=variant_linear_forward("tf32")))
@@ -157,8 +158,40 @@ def test_tf32_forward_with_truncated_operands_fails_on_its_bias(hardware_tf32):
     verdict, lines = pp.forward_verdict(result)
     assert verdict == pp.FAIL and "biased" in lines[-1], lines[-1]
     step = pp.probe_precision(hot, batch)
-    assert all(abs(p.bias) <= pp.TF32_BIAS_MAX for p in step.phase("forward")), \
+    assert all(abs(p.bias) <= pp._bias_max(p) for p in step.phase("forward")), \
         [(p.name, p.bias) for p in step.phase("forward")]
+
+
+def test_fwd_fp32_fault_fails_the_forward_verdict(hardware_tf32):
+    """guards/faults.py's fwd_fp32 (the online forward's GEMMs in cuBLAS FP32, on the weights as they are) as the
+    gate injects it: FP32-like products on the trunk, so "TF32 forward only" FAILs. (On the step's TF32-rounded
+    weights the same FP32 product would have TF32's errors and no sign.)"""
+    from hotloop.guards import faults
+
+    hot = _setup()
+    faults._fwd_fp32(hot)
+    verdict, lines = pp.forward_verdict(pp.probe_precision(hot, pp.replay_batch(hot)))
+    assert verdict == pp.FAIL and "not TF32" in lines[-1] and "forward.L1" in lines[-1], lines[-1]
+
+
+def test_last_layer_stored_unrounded_fails_on_the_heads_bias(hardware_tf32):
+    """A regression where it would happen: the last trunk layer stores its output unrounded (out_tf32 dropped)
+    while the heads still read it as TF32, so the MMA truncates their input: the heads' bias passes
+    TF32_HEADS_BIAS_MAX and the forward verdict FAILs, naming a heads product."""
+    hot = _setup()
+    last = hot.layout.layers[-1].rows
+    own = hot.linear_forward
+
+    def forward(x, w, *args, out_tf32=False, **kw):
+        return own(x, w, *args, out_tf32=out_tf32 and w.shape[0] != last, **kw)
+
+    hot.linear_forward = forward
+    torch.manual_seed(0)
+    result = pp.probe_precision(hot, pp.replay_batch(hot))
+    heads = [p for p in result.phase("forward") if ".heads" in p.name]
+    assert all(p.bias < -pp.TF32_HEADS_BIAS_MAX for p in heads), [(p.name, p.bias) for p in heads]
+    verdict, lines = pp.forward_verdict(result)
+    assert verdict == pp.FAIL and "biased" in lines[-1] and ".heads" in lines[-1], lines[-1]
 
 
 def test_the_step_without_its_rounding_fails_the_forward_verdict(hardware_tf32, monkeypatch):
