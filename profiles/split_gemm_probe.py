@@ -7,6 +7,10 @@ backward GEMM (dx = dY W, dW = dY^T X) and the forward (Y = X W^T) in several pr
             (hi, hi), (hi, lo), (lo, hi) read straight from memory (Ootomo & Yokota 2022, eq. 5)
   tf32      one TF32 dot (the speed bound of one MMA, ~1e-3 error)
   ieee      tl.dot(input_precision="ieee") (FP32 FMA, no tensor cores)
+  bf16x3    tl.dot(input_precision="bf16x3"): each fp32 operand split in registers into bf16 parts, three bf16
+            MMAs (~1e-5 relative); bf16x6 the same with six (FP32-like, ~1e-7). Hopper's bf16 wgmma reads either
+            operand layout from shared memory, TF32's only K-major: lever 3 of the 0.20 ms issue asks whether
+            that makes the backward's transposed operands cheaper in bf16 (Henry et al. 2019, bf16x3 / bf16x6)
   cat       presplit as ONE TF32 dot per step over a reduction three times as long, segment by segment (three dots
             into one accumulator make Triton 3.6 wait for each MMA; one dot lets it keep MMAs in flight:
             profiles/h200/notes/triton36_hopper_notes.md section 3)
@@ -82,8 +86,12 @@ def _probe_gemm_kernel(a_ptr, a_lo_ptr, b_ptr, b_lo_ptr, c_ptr, M, N, K, sam, sa
                 acc = tl.dot(a, b, acc, input_precision="tf32")
             elif MODE == 2:
                 acc = tl.dot(a, b, acc, input_precision="tf32")
-            else:
+            elif MODE == 3:
                 acc = tl.dot(a, b, acc, input_precision="ieee")
+            elif MODE == 7:
+                acc = tl.dot(a, b, acc, input_precision="bf16x3")
+            else:
+                acc = tl.dot(a, b, acc, input_precision="bf16x6")
     _write_c(c_ptr, offs_m, offs_n, M, N, K, k_per_split, acc)
 
 
@@ -133,7 +141,8 @@ def _probe_cat_ws_kernel(a_ptr, b_ptr, c_ptr, M, N, K, k_per_split,
     tl.store(c_ptr + offs_c, acc)
 
 
-MODES = {"tf32x3": 0, "presplit": 1, "tf32": 2, "ieee": 3, "cat": 4, "cat-tma": 5, "cat-ws": 6}
+MODES = {"tf32x3": 0, "presplit": 1, "tf32": 2, "ieee": 3, "cat": 4, "cat-tma": 5, "cat-ws": 6, "bf16x3": 7,
+         "bf16x6": 8}
 PRESPLIT_MODES = ("presplit", "cat", "cat-tma", "cat-ws")
 """Modes that read both operands as TF32 (hi, lo) parts split ahead of time (`split_tf32`)."""
 TMA_MODES = ("cat-tma", "cat-ws")
@@ -275,6 +284,10 @@ def main(argv=None):
                 print(f"{name} {mode} {cfg}: {us:.1f} us, rel_err {err:.2e}", flush=True)
                 if best is None or us < best[0]:
                     best = (us, err, cfg)
+            if best is None:  # no config compiled (this Triton lacks the mode, or every tile is out of memory)
+                rows.append(dict(gemm=name, impl=f"triton {mode}", us=float("nan"), rel_err=float("nan"),
+                                 config="none compiled"))
+                continue
             rows.append(dict(gemm=name, impl=f"triton {mode}", us=best[0], rel_err=best[1], config=str(best[2])))
         for prec in ("ieee", "tf32"):
             torch.backends.cuda.matmul.allow_tf32 = prec == "tf32"

@@ -18,9 +18,16 @@ def test_split_tf32_keeps_ten_mantissa_bits_and_loses_nothing():
     assert float((lo.abs() / x.abs()).max()) <= 2.0 ** -11
 
 
+BF16_MODES = ("bf16x3", "bf16x6")
+"""Modes the interpreter's dot refuses (it takes tf32, tf32x3 and ieee only): checked on the GPU, and compiled for
+sm90 on the CPU (test_bf16_modes_compile_to_bf16_mmas_for_sm90)."""
+
+
 @pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("splits", [1, 2])
 def test_probe_gemm_matches_torch(mode, splits):
+    if DEVICE == "cpu" and mode in BF16_MODES:
+        pytest.skip(f"{mode}: the Triton interpreter's dot takes tf32, tf32x3 and ieee only (checked on the GPU)")
     g = torch.Generator().manual_seed(1)
     a = torch.randn(64, 64, generator=g).to(DEVICE)
     b = torch.randn(64, 32, generator=g).to(DEVICE).t().contiguous().t()  # a strided (K-major) operand
@@ -32,7 +39,48 @@ def test_probe_gemm_matches_torch(mode, splits):
     c = torch.full((64, 32), float("nan"), device=DEVICE)
     _run(mode, aa, bb, c, 64, 32, 64, splits, (32, 16, 16, 4, 1), a_lo, b_lo)()
     loose = DEVICE == "cuda" and mode == "tf32"  # one TF32 product: ~1e-3 relative error on a GPU
-    torch.testing.assert_close(c, a @ b, rtol=2e-3 if loose else 1e-5, atol=5e-2 if loose else 1e-4)
+    tol = dict(rtol=2e-3, atol=5e-2) if loose else dict(rtol=1e-4, atol=1e-3) if mode == "bf16x3" else \
+        dict(rtol=1e-5, atol=1e-4)  # bf16x3 keeps ~16 of fp32's 24 bits: ~1e-5 relative
+    torch.testing.assert_close(c, a @ b, **tol)
+
+
+SM90_COMPILE = """
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from hotloop.profiles.split_gemm_probe import MODES, _probe_gemm_kernel as fn
+sig = {n: "*fp32" for n in ("a_ptr", "a_lo_ptr", "b_ptr", "b_lo_ptr", "c_ptr")}
+sig.update({n: "i32" for n in ("M", "N", "K", "sam", "sak", "sbk", "sbn", "k_per_split")})
+out = {}
+for mode in sys.argv[1:]:
+    consts = dict(MODE=MODES[mode], BLOCK_M=128, BLOCK_N=128, BLOCK_K=32)
+    src = ASTSource(fn=fn, signature={**sig, **{c: "constexpr" for c in consts}},
+                    constexprs={(fn.arg_names.index(c),): v for c, v in consts.items()})
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=8)).asm["ptx"]
+    out[mode] = [line.strip() for line in ptx.splitlines() if "wgmma.mma_async" in line]
+print(json.dumps(out))
+"""
+
+
+def test_bf16_modes_compile_to_bf16_mmas_for_sm90():
+    """bf16x3 and bf16x6 build their products from bf16 tensor-core MMAs, twice as many for bf16x6: compiled for
+    Hopper with Triton's bundled ptxas, no GPU needed, in a process without TRITON_INTERPRET (the interpreter's
+    kernels do not compile); skipped where this Triton cannot target sm90."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", SM90_COMPILE, *BF16_MODES], capture_output=True, text=True, env=env,
+                         timeout=300)
+    if res.returncode != 0:
+        pytest.skip(f"this Triton cannot compile for sm90 here: {res.stderr.strip().splitlines()[-1][:200]}")
+    mmas = json.loads(res.stdout.strip().splitlines()[-1])
+    for mode, lines in mmas.items():
+        assert lines and all("bf16" in line for line in lines), (mode, lines[:2])
+    assert len(mmas["bf16x6"]) == 2 * len(mmas["bf16x3"])
 
 
 @pytest.mark.parametrize("splits", [1, 2])

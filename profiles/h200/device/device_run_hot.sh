@@ -21,6 +21,8 @@
 #                (its Kineto trace.json.gz): the Kineto-vs-Nsight cross-check's two traces (needs .nsyslibs)
 #       kgate    the gate on a 100-step seed-scale run, no baseline: its Kineto trace.json.gz (per-kernel times)
 #       probe    python -m hotloop.profiles.split_gemm_probe: the backward GEMMs by precision, split placement and layout
+#                (${PROBE_MODES}: a comma-separated subset of its modes, e.g. tf32x3,bf16x3,bf16x6,cat-tma,tf32;
+#                ${PROBE_GEMMS}: only the GEMMs whose name holds that text)
 #       cpsweep  profiles/h200/device/cartpole_sweep_hot.sh: the hotloop learner on CartPole, 10 settings x 6 seeds
 #       bench1   hotloop bench: eager, graph-fp32, graph-tf32, compiled-split, hotloop
 #       benchhot hotloop bench: hotloop only
@@ -183,7 +185,8 @@ for f in sorted(glob.glob("/tmp/r/cpfast_*/epochs.csv")):
           "never" if k is None else f"{k['learner_steps']} steps {k['env_steps']} env {k['wall_s']:.1f} s")
 PY
       ;;
-    probe) timeout 300 python3 -m hotloop.profiles.split_gemm_probe --out /tmp/r 2>&1 | tee /tmp/r/split_gemm_probe.md ;;
+    probe) timeout 300 python3 -m hotloop.profiles.split_gemm_probe --out /tmp/r ${PROBE_MODES:+--modes $PROBE_MODES} \
+             ${PROBE_GEMMS:+--gemms "$PROBE_GEMMS"} 2>&1 | tee /tmp/r/split_gemm_probe.md ;;
     cpsweep) timeout 500 bash profiles/h200/device/cartpole_sweep_hot.sh /tmp/r/cpsweep 2>&1 | tee /tmp/r/cpsweep.txt ;;
     bench1) timeout 560 $HL bench --preset seed-scale --variants eager,graph,compiled-split,hotloop --out /tmp/r/bench1 \
               > /tmp/r/bench1.log 2>&1; echo "rc=$?"; tail -n 12 /tmp/r/bench1.log ;;
