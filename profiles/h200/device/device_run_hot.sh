@@ -34,7 +34,9 @@
 #                runs with the hotloop learner
 #       learning_wide  the hotloop learner on cartpole-fast, seeds ${WIDE_SEEDS:-11-22}, all at once on the one GPU:
 #                the outcomes (reached 475, last-3-epochs mean, final eval) and not the times (the loop is in step
-#                with itself, so sharing the GPU changes the wall times only)
+#                with itself, so sharing the GPU changes the wall times only). WIDE_VARIANTS (optional, shell
+#                words NAME or NAME:KEY=VALUE,KEY=VALUE, default "hot"): each variant's overrides (`--set`) on
+#                every seed, all variants at once, run folders wide/<NAME>_s<seed>
 #       cartpole_fast  the cartpole-fast preset: hotloop on the GPU, seeds 1-6 one after another, while the reference
 #                learner runs the same seeds on CPU cores 8-13 (one core each, OMP_NUM_THREADS=1); wall time and
 #                steps to a mean return of 475 from epochs.csv, and each process's wall time
@@ -152,9 +154,14 @@ for part in "$@"; do
       rm -f /tmp/r/learning_default/runs/*/checkpoint.pt ;;
     learning_wide)
       wide=${WIDE_SEEDS:-11-22}
-      for s in $(seq ${wide%-*} ${wide#*-}); do
-        timeout ${WIDE_TIMEOUT:-170} $HL train --preset cartpole-fast --device cuda --no-progress --seed $s --out /tmp/r/wide/hot_s$s \
-          > /tmp/r/wide_s$s.log 2>&1 &
+      for v in ${WIDE_VARIANTS:-hot}; do
+        name=${v%%:*}; sets=(); kvs=()  # NAME or NAME:k=v,k=v
+        [[ $v == *:* ]] && IFS=, read -ra kvs <<< "${v#*:}"
+        for kv in "${kvs[@]}"; do sets+=(--set "$kv"); done
+        for s in $(seq ${wide%-*} ${wide#*-}); do
+          timeout ${WIDE_TIMEOUT:-170} $HL train --preset cartpole-fast --device cuda --no-progress --seed $s \
+            "${sets[@]}" --out /tmp/r/wide/${name}_s$s > /tmp/r/wide_${name}_s$s.log 2>&1 &
+        done
       done
       wait; rm -f /tmp/r/wide/*/checkpoint.pt /tmp/r/wide/*/best_policy.pt
       python3 profiles/h200/device/run_outcomes.py /tmp/r/wide
