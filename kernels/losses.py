@@ -12,23 +12,30 @@ import torch.nn.functional as F
 
 
 def double_dqn_target(reward: torch.Tensor, terminated: torch.Tensor, gamma: float,
-                      next_q_online: list[torch.Tensor], next_q_target: list[torch.Tensor]) -> torch.Tensor:
-    """Double DQN target with the branching "mean" operator.
+                      next_q_online: list[torch.Tensor], next_q_target: list[torch.Tensor],
+                      target_max: float = 0.0) -> torch.Tensor:
+    """Double DQN target with the branching "mean" operator, optionally clipped from above.
 
-    y = r + gamma * (1 - terminated) * mean_d Q_d^target(s', argmax_a Q_d^online(s', a))
+    y = min(r + gamma * (1 - terminated) * mean_d Q_d^target(s', argmax_a Q_d^online(s', a)), target_max)
 
     (van Hasselt et al. 2016, "Deep RL with Double Q-learning"; the mean over branches is Tavakoli et al. 2018,
-    BDQ; with one branch it is plain Double DQN.)
+    BDQ; with one branch it is plain Double DQN.) The clip is the bound every discounted return obeys when each
+    reward is at most r_max: target_max = r_max / (1 - gamma) (100 for CartPole's reward of 1 per step at gamma
+    0.99). Clipping the target to a bound that Q* itself satisfies keeps Q* the fixed point (min(., c) is
+    non-expansive) and cuts the overestimation feedback past the bound (H7 of profiles/cpu/learning_causes/README.md;
+    Q-value bounds as in He et al. 2017, "Learning to Play in a Day").
 
     Args:
         reward: (B,) float32. terminated: (B,) float32 or bool, 1 where s' is terminal (no bootstrap).
         next_q_online / next_q_target: one (B, n_d) tensor per branch, evaluated on s'.
+        target_max: the clip, > 0; 0 (the default) = no clip.
     Returns: (B,) float32 targets, detached.
     """
     picks = [qt.gather(1, qo.argmax(dim=1, keepdim=True)).squeeze(1)
              for qo, qt in zip(next_q_online, next_q_target)]
     bootstrap = torch.stack(picks, dim=1).mean(dim=1)
-    return (reward + gamma * (1.0 - terminated.to(reward.dtype)) * bootstrap).detach()
+    y = reward + gamma * (1.0 - terminated.to(reward.dtype)) * bootstrap
+    return (y.clamp(max=target_max) if target_max > 0 else y).detach()
 
 
 def chosen_q(q: list[torch.Tensor], action: torch.Tensor) -> torch.Tensor:

@@ -49,7 +49,7 @@ def _td_loss_kernel(q_ptr, qno_ptr, qnt_ptr, action_ptr, reward_ptr, term_ptr, w
                     target_ptr, td_ptr, per_sample_ptr, prio_ptr, grad_ptr, metrics_ptr, objective_ptr,
                     partials_ptr, counter_ptr,
                     B, num_actions, num_programs, gamma, huber_delta, cql_weight, per_eps, per_alpha, inv_bd,
-                    NUM_BRANCHES: tl.constexpr, HUBER: tl.constexpr, USE_CQL: tl.constexpr,
+                    y_max, NUM_BRANCHES: tl.constexpr, HUBER: tl.constexpr, USE_CQL: tl.constexpr,
                     BLOCK_B: tl.constexpr, BLOCK_A: tl.constexpr, NUM_SLOTS: tl.constexpr,
                     BLOCK_P: tl.constexpr):
     pid = tl.program_id(0)
@@ -73,7 +73,7 @@ def _td_loss_kernel(q_ptr, qno_ptr, qnt_ptr, action_ptr, reward_ptr, term_ptr, w
     reward = tl.load(reward_ptr + rows64)
     term = tl.load(term_ptr + rows64)
     w = tl.load(weight_ptr + rows64)
-    y = reward + gamma * (1.0 - term) * (boot / NUM_BRANCHES)
+    y = tl.minimum(reward + gamma * (1.0 - term) * (boot / NUM_BRANCHES), y_max)  # y_max: inf when off
 
     rho_sum = tl.zeros([BLOCK_B], dtype=tl.float32)
     abs_sum = tl.zeros([BLOCK_B], dtype=tl.float32)
@@ -212,7 +212,7 @@ def _default_workspace(batch: int, device: torch.device) -> TDLossWorkspace:
 
 
 def _check_scalars(gamma: float, kind: str, huber_delta: float, cql_weight: float, per_eps: float,
-                   per_alpha: float) -> None:
+                   per_alpha: float, target_max: float = 0.0) -> None:
     """Raise ValueError naming the first hyper-parameter that is not a finite real number in its range."""
     if kind not in ("huber", "mse"):
         raise ValueError(f"kind must be 'huber' or 'mse', got {kind!r}")
@@ -220,7 +220,8 @@ def _check_scalars(gamma: float, kind: str, huber_delta: float, cql_weight: floa
               ("huber_delta", huber_delta, lambda v: v > 0.0, "> 0"),
               ("cql_weight", cql_weight, lambda v: v >= 0.0, ">= 0"),
               ("per_eps", per_eps, lambda v: v > 0.0, "> 0"),
-              ("per_alpha", per_alpha, lambda v: v >= 0.0, ">= 0"))
+              ("per_alpha", per_alpha, lambda v: v >= 0.0, ">= 0"),
+              ("target_max", target_max, lambda v: v >= 0.0, ">= 0 (0: no clip)"))
     for name, value, ok, what in checks:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not ok(value):
             raise ValueError(f"{name} must be a finite number {what}, got {value!r}")
@@ -230,7 +231,7 @@ def td_loss_forward(q: torch.Tensor, q_next_online: torch.Tensor, q_next_target:
                     reward: torch.Tensor, terminated: torch.Tensor, weights: torch.Tensor, gamma: float,
                     kind: str = "huber", huber_delta: float = 1.0, cql_weight: float = 0.0, per_eps: float = 1e-6,
                     per_alpha: float = 0.6, out: TDLossOutputs | None = None,
-                    workspace: TDLossWorkspace | None = None) -> TDLossOutputs:
+                    workspace: TDLossWorkspace | None = None, target_max: float = 0.0) -> TDLossOutputs:
     """Launch the fused TD-loss kernel once (no autograd; `fused_td_loss` is the differentiable entry point).
 
     Args:
@@ -240,6 +241,8 @@ def td_loss_forward(q: torch.Tensor, q_next_online: torch.Tensor, q_next_target:
         reward, terminated, weights: (B,) float32 rewards, 1.0-where-terminal flags, importance-sampling weights.
         gamma: discount in [0, 1]. kind: 'huber' or 'mse' (0.5 td^2). huber_delta: > 0.
         cql_weight: >= 0, 0 turns the CQL term off (compiled out). per_eps: > 0. per_alpha: >= 0.
+        target_max: >= 0; when > 0 every TD target is clipped to at most target_max (`double_dqn_target`'s
+            `target_max`: the most discounted return the rewards allow); 0 = no clip.
         out: optional preallocated `TDLossOutputs.empty(B, D, A, device)` (e.g. static buffers for a CUDA graph);
             every element is overwritten.
         workspace: optional `TDLossWorkspace.create(B, device)`; default: fresh partials and a per-device cached
@@ -248,7 +251,7 @@ def td_loss_forward(q: torch.Tensor, q_next_online: torch.Tensor, q_next_target:
     Returns: `out` (or new buffers) filled; `objective` is not attached to autograd.
     Raises: ValueError naming the offending argument (dtype, shape, device, contiguity, value range).
     """
-    _check_scalars(gamma, kind, huber_delta, cql_weight, per_eps, per_alpha)
+    _check_scalars(gamma, kind, huber_delta, cql_weight, per_eps, per_alpha, target_max)
     check_tensor("q", q, dtype=torch.float32, ndim=3)
     batch, branches, actions = q.shape
     if batch < 1 or branches < 1 or actions < 1:
@@ -278,7 +281,7 @@ def td_loss_forward(q: torch.Tensor, q_next_online: torch.Tensor, q_next_target:
         out.target, out.td, out.per_sample, out.priorities, out.grad, out.metrics, out.objective,
         workspace.partials, workspace.counter,
         batch, actions, num_programs, float(gamma), float(huber_delta), float(cql_weight), float(per_eps),
-        float(per_alpha), 1.0 / (batch * branches),
+        float(per_alpha), 1.0 / (batch * branches), float(target_max) if target_max > 0 else math.inf,
         NUM_BRANCHES=branches, HUBER=kind == "huber", USE_CQL=cql_weight > 0, BLOCK_B=_BLOCK_B, BLOCK_A=block_a,
         NUM_SLOTS=_NUM_SLOTS, BLOCK_P=_BLOCK_P, num_warps=2 if _BLOCK_B * block_a <= 256 else 4)
     return out
@@ -289,14 +292,15 @@ class FusedTDLoss(torch.autograd.Function):
     metrics, grad) with only `objective` differentiable (w.r.t. q); backward is one elementwise grad * grad_output.
 
     apply(q, q_next_online, q_next_target, action, reward, terminated, weights, gamma, kind, huber_delta,
-    cql_weight, per_eps, per_alpha, out, workspace): arguments as in `td_loss_forward` (all positional).
+    cql_weight, per_eps, per_alpha, out, workspace, target_max): arguments as in `td_loss_forward` (all
+    positional).
     """
 
     @staticmethod
     def forward(ctx, q, q_next_online, q_next_target, action, reward, terminated, weights, gamma, kind,
-                huber_delta, cql_weight, per_eps, per_alpha, out, workspace):
+                huber_delta, cql_weight, per_eps, per_alpha, out, workspace, target_max):
         res = td_loss_forward(q, q_next_online, q_next_target, action, reward, terminated, weights,
-                              gamma, kind, huber_delta, cql_weight, per_eps, per_alpha, out, workspace)
+                              gamma, kind, huber_delta, cql_weight, per_eps, per_alpha, out, workspace, target_max)
         ctx.save_for_backward(res.grad)
         ctx.mark_non_differentiable(*res[1:])
         return tuple(res)
@@ -304,33 +308,33 @@ class FusedTDLoss(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_objective, *unused):
         (grad,) = ctx.saved_tensors
-        return (grad * grad_objective,) + (None,) * 14
+        return (grad * grad_objective,) + (None,) * 15
 
 
 def fused_td_loss(q: torch.Tensor, q_next_online: torch.Tensor, q_next_target: torch.Tensor, action: torch.Tensor,
                   reward: torch.Tensor, terminated: torch.Tensor, weights: torch.Tensor, gamma: float,
                   kind: str = "huber", huber_delta: float = 1.0, cql_weight: float = 0.0, per_eps: float = 1e-6,
                   per_alpha: float = 0.6, out: TDLossOutputs | None = None,
-                  workspace: TDLossWorkspace | None = None) -> TDLossOutputs:
+                  workspace: TDLossWorkspace | None = None, target_max: float = 0.0) -> TDLossOutputs:
     """Differentiable fused Double-DQN TD loss (+ CQL): `res.objective.backward()` writes dObjective/dq into q's
     graph. Arguments, shapes and errors as `td_loss_forward`; the returned tensors are detached except
     `objective`. The saved gradient lives in `res.grad`; with reused `out` buffers, call backward before the next
     call overwrites them."""
     return TDLossOutputs(*FusedTDLoss.apply(q, q_next_online, q_next_target, action, reward, terminated, weights,
                                             gamma, kind, huber_delta, cql_weight, per_eps, per_alpha, out,
-                                            workspace))
+                                            workspace, target_max))
 
 
 def td_loss_reference(q: torch.Tensor, q_next_online: torch.Tensor, q_next_target: torch.Tensor,
                       action: torch.Tensor, reward: torch.Tensor, terminated: torch.Tensor, weights: torch.Tensor,
                       gamma: float, kind: str = "huber", huber_delta: float = 1.0, cql_weight: float = 0.0,
-                      per_eps: float = 1e-6, per_alpha: float = 0.6) -> TDLossOutputs:
+                      per_eps: float = 1e-6, per_alpha: float = 0.6, target_max: float = 0.0) -> TDLossOutputs:
     """Plain-torch reference built from kernels/losses.py, as trainer/learner.py combines them; any float dtype and
     device (tests upcast to float64). Same shapes as `td_loss_forward`; `objective` is differentiable w.r.t. q
     (call backward for the gradient), `grad` is None. Raises ValueError for an unknown kind (from td_loss)."""
     branches = q.shape[1]
     q_list, next_online, next_target = ([t[:, d] for d in range(branches)] for t in (q, q_next_online, q_next_target))
-    y = double_dqn_target(reward, terminated, gamma, next_online, next_target)
+    y = double_dqn_target(reward, terminated, gamma, next_online, next_target, target_max)
     td = y.unsqueeze(1) - chosen_q(q_list, action)
     loss = td_loss(td, weights, kind, huber_delta)
     per_sample = torch.func.vmap(lambda t, w: td_loss(t[None], w[None], kind, huber_delta))(td, weights)

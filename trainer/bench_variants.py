@@ -123,7 +123,7 @@ def forward_loss(online: BranchingDuelingQNet, target: BranchingDuelingQNet, cfg
     with torch.no_grad():
         next_online = online(next_obs)
         next_target = target(next_obs)
-        y = double_dqn_target(reward, terminated, cfg.gamma, next_online, next_target)
+        y = double_dqn_target(reward, terminated, cfg.gamma, next_online, next_target, cfg.td_target_max)
     q, feats = online.forward_with_features(obs)
     q_taken = chosen_q(q, action)
     td = y.unsqueeze(1) - q_taken

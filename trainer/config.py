@@ -69,6 +69,8 @@ class Config:
     """TD loss: `huber` (smooth L1 with `huber_delta`) or `mse`"""
     huber_delta: float = 1.0
     """Huber loss threshold (TD-error units)"""
+    td_target_max: float = 0.0
+    """upper clip of every TD target, the most discounted return the rewards allow (r_max / (1 - gamma)); 0 = none"""
     tau: float = 1.0
     """target-network update rate: 1.0 = hard copy, < 1 = Polyak averaging"""
     target_update_interval: int = 100
@@ -210,7 +212,7 @@ def validate(cfg: Config) -> None:
     for name in ("lr", "adam_eps", "max_grad_norm", "huber_delta", "per_eps"):
         if not getattr(cfg, name) > 0:
             raise ValueError(f"config.{name} must be > 0, got {getattr(cfg, name)!r}")
-    for name in ("weight_decay", "per_alpha", "cql_weight", "diversity_weight", "eval_episodes"):
+    for name in ("weight_decay", "per_alpha", "cql_weight", "diversity_weight", "eval_episodes", "td_target_max"):
         if not getattr(cfg, name) >= 0:
             raise ValueError(f"config.{name} must be >= 0, got {getattr(cfg, name)!r}")
     _check_per_floor(cfg.per_eps, cfg.per_alpha)
@@ -277,12 +279,14 @@ def env_shape_fields(env: str) -> tuple[str, ...]:
 
 CARTPOLE_LEARNS: dict[str, Any] = dict(
     num_envs=64, lr=7e-4, spectral_norm=False, tau=0.05, target_update_interval=1, max_grad_norm=1.0,
-    eps_decay_fraction=0.1,
+    eps_decay_fraction=0.1, td_target_max=100.0,
 )
 """The settings that learn CartPole-v1 with both learners: Polyak averaging every step, clip 1, 64 envs, epsilon
-over 10% of the run, and no spectral norm, which with its learned gains kept the Q-values too small, too long
+over 10% of the run, no spectral norm, which with its learned gains kept the Q-values too small, too long
 (profiles/cpu/learning_causes/README.md: the reference solved 6 of 6 seeds with these settings, 0 of 6 with
-spectral norm on, and the former default, spectral norm on with a hard target copy every 100 steps, 1 of 3).
+spectral norm on, and the former default, spectral norm on with a hard target copy every 100 steps, 1 of 3), and
+the TD target clipped to 100, the most a reward of 1 per step discounts to at gamma 0.99 (1 / (1 - 0.99)): the
+runs that fail without it overestimate past that bound and some diverge (H7, H8 of the same notes).
 First found by the CPU sweep profiles/cpu/cartpole_sweep/ and the GPU sweep
 profiles/h200/device/cartpole_sweep_hot.sh."""
 

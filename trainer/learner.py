@@ -93,7 +93,7 @@ class DQNLearner:
         with phase_range("ddqn_forward"), torch.no_grad():
             next_online = self.online(next_obs)
             next_target = self.target(next_obs)
-            y = double_dqn_target(reward, terminated, cfg.gamma, next_online, next_target)
+            y = double_dqn_target(reward, terminated, cfg.gamma, next_online, next_target, cfg.td_target_max)
         with phase_range("forward"):
             q, feats = self.online.forward_with_features(obs)
             q_taken = chosen_q(q, action)

@@ -312,7 +312,7 @@ def probe_step(learner, batch, *, nets: torch.Tensor | None = None,
     gather_transitions(idx, rp.action, rp.reward, rp.terminated, rp.obs, action, reward, term, obs_t)
     td = td_loss_forward(q.view(b, d, a), q_next[0].view(b, d, a), q_next[1].view(b, d, a), action, reward, term,
                          weights, cfg.gamma, cfg.loss, cfg.huber_delta, cfg.cql_weight, cfg.per_eps, cfg.per_alpha,
-                         workspace=TDLossWorkspace.create(b, dev))
+                         workspace=TDLossWorkspace.create(b, dev), target_max=cfg.td_target_max)
     # backward, as HotLearner._backward
     fused = bool(learner.fuse_first_weight_grad)
     grads = torch.zeros(lay.numel, device=dev)

@@ -257,7 +257,7 @@ class HotLearner:
             td_loss_forward(self.q.view(b, d, a), self.q_next[0].view(b, d, a), self.q_next[1].view(b, d, a),
                             self.action, self.reward, self.terminated, self.weights, cfg.gamma, cfg.loss,
                             cfg.huber_delta, cfg.cql_weight, cfg.per_eps, cfg.per_alpha, out=self.td,
-                            workspace=self.td_ws)
+                            workspace=self.td_ws, target_max=cfg.td_target_max)
         with phase_range("backward"):
             self._backward()
         # the sum-tree update on the side stream, concurrent with the optimizer and spectral norm (small,

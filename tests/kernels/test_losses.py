@@ -17,6 +17,17 @@ def test_double_dqn_target_hand_made_example():
     torch.testing.assert_close(y, torch.tensor([1.0, 5.0]))
 
 
+def test_double_dqn_target_clipped_to_the_return_bound():
+    # The hand-made example's targets 4.5 and 5.0, clipped at 4.8: only the second one moves; 0 = no clip.
+    next_online = [torch.tensor([[1.0, 5.0, 2.0], [0.0, -1.0, 3.0]])]
+    next_target = [torch.tensor([[10.0, 7.0, 30.0], [4.0, 8.0, 6.0]])]
+    reward, terminated = torch.tensor([1.0, 2.0]), torch.tensor([0.0, 0.0])
+    y = double_dqn_target(reward, terminated, 0.5, next_online, next_target, target_max=4.8)
+    torch.testing.assert_close(y, torch.tensor([4.5, 4.8]))
+    y = double_dqn_target(reward, terminated, 0.5, next_online, next_target, target_max=0.0)
+    torch.testing.assert_close(y, torch.tensor([4.5, 5.0]))
+
+
 def test_double_dqn_target_averages_branches():
     next_online = [torch.tensor([[0.0, 1.0]]), torch.tensor([[2.0, 0.0, 1.0]])]  # picks 1 and 0
     next_target = [torch.tensor([[3.0, 4.0]]), torch.tensor([[6.0, 9.0, 9.0]])]  # 4 and 6 -> mean 5

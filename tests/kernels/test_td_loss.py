@@ -89,6 +89,28 @@ def test_terminal_mixes_and_gamma_extremes(terminal_p, gamma):
         torch.testing.assert_close(res.target, inp["reward"])
 
 
+@pytest.mark.parametrize("batch,terminal_p", [(3, 0.3), (257, 0.3), (67, 0.0)])
+def test_target_clip_matches_reference(batch, terminal_p):
+    """target_max clips the TD target from above (the return bound): kernel and float64 reference agree on every
+    output, the clip binds on some rows and not on others, and the clipped rows' gradient follows the clipped
+    target. The bound sits inside the spread of the unclipped targets, so a kernel that ignores it fails."""
+    inp = make_inputs(batch, 3, 4, seed=batch + 11, terminal_p=terminal_p)
+    inp["reward"] = inp["reward"].abs() + 1.0  # positive returns, so the bound (their median) is > 0
+    kw = dict(kind="huber", huber_delta=0.8, cql_weight=0.1, **SCALARS)
+    free, _ = reference(inp, **kw)
+    bound = float(free.target.median())
+    ref, ref_grad = reference(inp, **kw, target_max=bound)
+    out, ws = poisoned(batch, 3, 4)
+    res = fused_td_loss(**inp, **kw, out=out, workspace=ws, target_max=bound)
+    assert_matches(res, ref, ref_grad)
+    torch.testing.assert_close(res.target.double(), free.target.clamp(max=bound), atol=2e-5, rtol=2e-5)
+    clipped = free.target > bound
+    if batch > 1:
+        assert clipped.any() and (~clipped).any(), "the bound must bind on some rows only"
+    off = fused_td_loss(**inp, **kw, target_max=0.0)  # 0: no clip
+    torch.testing.assert_close(off.target.double(), free.target, atol=2e-5, rtol=2e-5)
+
+
 @pytest.mark.smoke
 def test_repeated_calls_have_no_stale_accumulators():
     """The default workspace's cached counter is reused: each launch leaves it at 0, for any grid size."""
@@ -133,7 +155,7 @@ def test_grid_never_single_block():
 
 def _bad(name, value):
     inp = make_inputs(5, 2, 3, seed=4)
-    kw = dict(kind="huber", huber_delta=1.0, cql_weight=0.0, **SCALARS)
+    kw = dict(kind="huber", huber_delta=1.0, cql_weight=0.0, target_max=0.0, **SCALARS)
     if name in inp:
         inp[name] = value
     elif name in kw:
@@ -158,6 +180,8 @@ def _bad(name, value):
     ("cql_weight", -0.1, "cql_weight must be"),
     ("per_eps", 0.0, "per_eps must be"),
     ("per_alpha", float("nan"), "per_alpha must be"),
+    ("target_max", -1.0, "target_max must be"),
+    ("target_max", float("inf"), "target_max must be"),
 ])
 def test_value_errors(name, value, match):
     inp, kw = _bad(name, value)

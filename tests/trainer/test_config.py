@@ -40,6 +40,7 @@ def test_seed_scale_matches_design_numbers():
     ("trunk_hidden", (), "trunk_hidden must be non-empty"),
     ("batch_size", 10**7, "exceeds config.replay_capacity"),
     ("lr", -1.0, "lr must be > 0"),
+    ("td_target_max", -100.0, "td_target_max must be >= 0"),
 ])
 def test_bad_values_name_the_field(key, value, match):
     with pytest.raises(ValueError, match=match):

@@ -43,8 +43,9 @@ def _setup(device=DEVICE, seed=0, **overrides):
     return cfg, rp, HotLearner(cfg, cfg.obs_dim, (3, 3), device, rp)
 
 
-def test_one_step_matches_float64_autograd_reference():
-    cfg, rp, hot = _setup()
+@pytest.mark.parametrize("td_target_max", [0.0, 0.5])  # 0.5: inside the spread of these random rewards' targets
+def test_one_step_matches_float64_autograd_reference(td_target_max):
+    cfg, rp, hot = _setup(td_target_max=td_target_max)
     p0, t0 = hot.params.double().cpu(), hot.target.double().cpu()
     hot.grads.fill_(float("nan"))
     hot.step()
@@ -57,8 +58,11 @@ def test_one_step_matches_float64_autograd_reference():
         q_no, q_nt = forward_reference(hot.layout, p0, nxt), forward_reference(hot.layout, t0, nxt)
     ref = td_loss_reference(q, q_no, q_nt, rp.action.cpu()[idx], rp.reward.cpu()[idx].double(),
                             rp.terminated.cpu()[idx].double(), hot.weights.cpu().double(), cfg.gamma, cfg.loss,
-                            cfg.huber_delta, cfg.cql_weight, cfg.per_eps, cfg.per_alpha)
+                            cfg.huber_delta, cfg.cql_weight, cfg.per_eps, cfg.per_alpha, cfg.td_target_max)
     ref.objective.backward()
+    if td_target_max > 0:  # the clip binds on some rows: the step's targets are the reference's clipped ones
+        assert (ref.target == td_target_max).any() and (ref.target < td_target_max).any()
+        torch.testing.assert_close(hot.td.target.cpu().double(), ref.target.detach(), **FWD_TOL)
     assert abs(float(hot.td.objective) - float(ref.objective.detach())) < OBJ_TOL * max(1.0, abs(float(ref.objective.detach())))
     err = float((hot.grads.cpu().double() - w.grad).abs().max() / w.grad.abs().max())
     assert err < GRAD_TOL, f"gradient relative error {err:.2e}"
