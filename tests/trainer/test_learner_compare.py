@@ -45,6 +45,17 @@ def test_the_two_learners_take_the_same_steps():
     assert (table.params_rel < (1e-6 if TINY["device"] == "cpu" else 1e-3)).all(), table.params_rel
 
 
+def test_the_two_learners_clip_the_same_targets():
+    """With a TD-target clip that binds (this tiny net's first targets are 0.77-0.78 and 1.0 where terminal, so 0.775
+    cuts through them), both learners still take the same first step; the clip changes that step's loss, so a
+    learner that ignored it would differ."""
+    free = compare_learners(preset("cartpole-fast", **TINY), steps=1).iloc[0]
+    clipped = compare_learners(preset("cartpole-fast", **TINY, td_target_max=0.775), steps=1).iloc[0]
+    assert abs(clipped.loss_ref - free.loss_ref) > 1e-3 * free.loss_ref, "the clip must bind"
+    tol = 1e-5 if TINY["device"] == "cpu" else 5e-3
+    assert clipped.loss_rel < tol and clipped.priority_rel < tol, clipped
+
+
 def test_spectral_norm_is_refused():
     with pytest.raises(ValueError, match="spectral_norm=False"):
         compare_learners(preset("cartpole-fast", **{**TINY, "spectral_norm": True}), steps=1)
