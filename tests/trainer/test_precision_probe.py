@@ -143,6 +143,56 @@ def test_heads_between_fp32_and_tf32_pass_and_trunk_layers_do_not(hardware_tf32)
     assert verdict == pp.FAIL and "forward.L1" in lines[-1], lines[-1]
 
 
+def _rounded_product(x, w, delta_x, delta_w):
+    """(got, ref) of x @ w.T computed on operands carrying relative errors delta_x, delta_w (float64)."""
+    return (x * (1 + delta_x)) @ (w * (1 + delta_w)).T, x @ w.T
+
+
+def test_bias_se_covers_the_shared_rounding_errors_of_few_weights():
+    """forward.L0's shape on CartPole (128 rows, K = 4, 64 columns; a few large inputs): rounding errors of zero mean
+    on inputs (shared along a row) and weights (shared along a column) drawn 300 times. The clustered standard error
+    matches the spread of the bias across draws, no draw sits BIAS_Z of them from zero, and the per-entry standard
+    error (no clusters) would understate the spread; a truncation (every error negative) is BIAS_Z away on every
+    draw."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(128, 4, generator=g, dtype=torch.float64) * torch.tensor([0.1, 0.5, 0.05, 2.0], dtype=torch.float64)
+    w = torch.randn(64, 4, generator=g, dtype=torch.float64)
+    u = 2.0 ** -11
+
+    def draw(lo, hi):
+        return [lo + (hi - lo) * torch.rand(t.shape, generator=g, dtype=torch.float64) for t in (x, w)]
+
+    rounded = [pp._Err().add(*_rounded_product(x, w, *draw(-u, u))) for _ in range(300)]
+    biases = torch.tensor([e.bias() for e in rounded])
+    se = torch.tensor([e.bias_se() for e in rounded])
+    assert 0.6 < float(se.mean() / biases.std()) < 1.5, (float(se.mean()), float(biases.std()))
+    assert float((biases.abs() / se).max()) < pp.BIAS_Z
+    entrywise = [math.sqrt(float(e.moments[2, 0] - 2 * e.bias() * e.moments[2, 1] + e.bias() ** 2 * e.moments[2, 2]))
+                 / e.den for e in rounded]
+    assert sum(entrywise) / len(entrywise) < 0.5 * float(biases.std())
+    truncated = [pp._Err().add(*_rounded_product(x, w, *draw(-2 * u, 0.0))) for _ in range(20)]
+    assert all(e.bias() < -pp.TF32_BIAS_MAX and -e.bias() > pp.BIAS_Z * e.bias_se() for e in truncated), \
+        [(e.bias(), e.bias_se()) for e in truncated]
+
+
+def test_a_trunk_bias_within_its_standard_errors_passes(hardware_tf32):
+    """A trunk layer's bias beyond TF32_BIAS_MAX FAILs only when it is BIAS_Z standard errors from zero (the
+    H200's forward.L0 draw of +1.4e-4: a few weights' rounding); the heads' limit takes no standard error."""
+    hot = _setup()
+    result = pp.probe_precision(hot, pp.replay_batch(hot))
+
+    def moved(name, bias, se):
+        return replace(result, products=tuple(replace(p, bias=bias, bias_se=se) if p.name == name else p
+                                              for p in result.products))
+
+    assert pp.forward_verdict(result)[0] == pp.PASS
+    assert pp.forward_verdict(moved("forward.L0", 1.4e-4, 5e-5))[0] == pp.PASS
+    verdict, lines = pp.forward_verdict(moved("forward.L0", 1.4e-4, 2e-5))
+    assert verdict == pp.FAIL and "biased" in lines[-1] and "forward.L0" in lines[-1], lines[-1]
+    verdict, lines = pp.forward_verdict(moved("ddqn.heads", -3e-4, 1e-3))
+    assert verdict == pp.FAIL and "ddqn.heads" in lines[-1], lines[-1]
+
+
 def test_tf32_forward_with_truncated_operands_fails_on_its_bias(hardware_tf32):
     """The same variant kernel with precision "tf32", which leaves its operands to the MMA's truncation: TF32 errors
     (the class follows the math, not the code), but biased toward zero, so the TF32-forward verdict FAILs on the
