@@ -67,15 +67,25 @@ def test_one_slow_baseline_repeat_does_not_widen_the_tolerance():
     assert row["verdict"] == "FAIL" and row["spread"] < 2.0  # std would be ~447 us and pass this 7% regression
 
 
-def test_the_bimodal_host_step_time_may_reach_the_baselines_worst_repeat():
-    """dur_us of the H200 default preset is ~150 or ~250 us per iteration from run to run (RANGE_METRICS): with
-    three repeats of five in the fast mode, max(5%, 3 x MAD) alone would fail a clean run in the slow one."""
-    bimodal = Baseline("x", {"dur_us": [150.0, 152, 155, 250, 255], "gpu_busy_us": [150.0, 152, 155, 250, 255]})
-    df = compare({"dur_us": [250.0], "gpu_busy_us": [250.0]}, bimodal)
-    assert (verdict(df, "dur_us"), verdict(df, "gpu_busy_us")) == ("PASS", "FAIL")  # only the host step time
+def test_the_host_step_time_is_reported_not_compared():
+    """dur_us (the host-side step range) took 463, 288, 161, 161, 282 us per iteration in five clean H200 gates of
+    one call against a baseline median of 274: no verdict on its value, while a GPU time as far off FAILs."""
+    base = Baseline("x", {"dur_us": [274.0, 250, 150, 373, 280], "gpu_busy_us": [183.0, 183, 184, 183, 183]})
+    df = compare({"dur_us": [463.0], "gpu_busy_us": [300.0]}, base)
+    assert (verdict(df, "dur_us"), verdict(df, "gpu_busy_us")) == ("-", "FAIL")
     row = df.set_index("metric").loc["dur_us"]
-    assert row["allowed"] == pytest.approx(100.0) and "worst repeat" in row["rule"]
-    assert verdict(compare({"dur_us": [280.0]}, bimodal), "dur_us") == "FAIL"  # beyond every clean repeat
+    assert row["run"] == 463.0 and "reported only" in row["rule"] and "epoch throughput" in row["rule"]
+
+
+def test_the_ddqn_kernel_time_has_room_for_its_overlap():
+    """ddqn_kernel_us grows as its kernels share the SMs with the online chain: +5.8% at an overlap ratio of 0.85
+    against the baseline's 0.24 on the H200, every baseline repeat equal (MAD 0). Its own threshold, +10%, passes
+    that and FAILs a slower DDQN forward; other kernel times keep +5%."""
+    assert default_threshold("ddqn_kernel_us") == "median:+10%" and default_threshold("gpu_kernel_us") == "median:+5%"
+    base = Baseline("x", {"ddqn_kernel_us": [10.3] * 5, "gpu_kernel_us": [10.3] * 5})
+    df = compare({"ddqn_kernel_us": [10.9], "gpu_kernel_us": [10.9]}, base)
+    assert (verdict(df, "ddqn_kernel_us"), verdict(df, "gpu_kernel_us")) == ("PASS", "FAIL")
+    assert verdict(compare({"ddqn_kernel_us": [11.5]}, base), "ddqn_kernel_us") == "FAIL"
 
 
 def test_higher_is_better_metrics_fail_on_a_drop():
