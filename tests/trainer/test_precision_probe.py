@@ -143,6 +143,24 @@ def test_heads_between_fp32_and_tf32_pass_and_trunk_layers_do_not(hardware_tf32)
     assert verdict == pp.FAIL and "forward.L1" in lines[-1], lines[-1]
 
 
+def test_fp32_like_heads_pass_only_where_their_instructions_were_checked(hardware_tf32):
+    """A heads error below FP32_BOUND is a draw of their few weights' rounding (9.5e-6 on the H200 in one clean
+    gate): it passes where the compiled heads kernels were seen to hold TF32 MMAs, not where there is no such
+    evidence (the interpreter's string), and a heads kernel compiled without TF32 MMAs FAILs."""
+    hot = _setup()
+    result = pp.probe_precision(hot, pp.replay_batch(hot))
+    fp32_heads = replace(result, products=tuple(replace(p, cls=pp.FP32_LIKE, error=9.5e-6) if ".heads" in p.name
+                                                else p for p in result.products))
+    mma = {"tf32_mma": 4, "fma.f32": 8}
+    checked = {"_fwd_online_tf32_gemm_kernel": [mma], "_heads_online_tf32_kernel": [mma]}
+    assert pp.forward_verdict(replace(fp32_heads, instructions=checked))[0] == pp.PASS
+    verdict, lines = pp.forward_verdict(replace(fp32_heads, instructions="not available (interpreter)"))
+    assert verdict == pp.FAIL and "forward.heads" in lines[-1], lines[-1]
+    ieee = {**checked, "_heads_online_tf32_kernel": [{"tf32_mma": 0, "fma.f32": 96}]}
+    verdict, lines = pp.forward_verdict(replace(fp32_heads, instructions=ieee))
+    assert verdict == pp.FAIL and "_heads_online_tf32_kernel" in lines[-1], lines[-1]
+
+
 def _rounded_product(x, w, delta_x, delta_w):
     """(got, ref) of x @ w.T computed on operands carrying relative errors delta_x, delta_w (float64)."""
     return (x * (1 + delta_x)) @ (w * (1 + delta_w)).T, x @ w.T
