@@ -359,13 +359,13 @@ def probe_step(learner, batch, *, nets: torch.Tensor | None = None,
 
 class _Err:
     """Accumulates ||(got - ref)_L||^2 and ||(prod)_L||^2 over pieces (e.g. the two nets of the DDQN forward), and
-    the row and column sums of (got - ref) * prod that `bias_se` needs."""
+    the entries of (got - ref) * prod and prod^2 that `bias_se` needs."""
 
     def __init__(self) -> None:
         self.num, self.den, self.cross, self.live, self.finite = 0.0, 0.0, 0.0, 0, True
-        # over pieces: [sum S^2, sum S Q, sum Q^2] of S = sum((got - ref) * prod), Q = sum(prod^2) per row, per
-        # column and per entry (`bias_se` centres the errors on the fitted bias with them)
-        self.moments = torch.zeros(3, 3, dtype=torch.float64)
+        # (got - ref) * prod and prod^2 per entry, summed over pieces of one shape (the DDQN forward's two nets read
+        # the same inputs, and equal weights right after a target sync: their rows and columns are one cluster)
+        self.pieces: dict[tuple[int, ...], list[torch.Tensor]] = {}
 
     def add(self, got: torch.Tensor, ref: torch.Tensor, prod: torch.Tensor | None = None,
             live: torch.Tensor | None = None) -> _Err:
@@ -385,8 +385,10 @@ class _Err:
         ep = ((got - ref) * prod).reshape(got.shape[0] if got.dim() else 1, -1)
         pp = (prod ** 2).reshape(ep.shape)
         self.cross += float(ep.sum())
-        for i, (s, q) in enumerate(((ep.sum(1), pp.sum(1)), (ep.sum(0), pp.sum(0)), (ep, pp))):
-            self.moments[i] += torch.stack([(s * s).sum(), (s * q).sum(), (q * q).sum()]).cpu()
+        if ep.numel():
+            acc = self.pieces.setdefault(tuple(ep.shape), [torch.zeros_like(ep), torch.zeros_like(pp)])
+            acc[0] += ep
+            acc[1] += pp
         return self
 
     def error(self) -> float:
@@ -406,16 +408,23 @@ class _Err:
         """The standard error of `bias`, clustered two ways: sqrt(V_rows + V_cols - V_entries) / ||prod||^2, where
         V_c sums over clusters c (rows, columns, single entries) the square of sum_c (got - ref - bias * prod) * prod
         (the residuals of the least-squares fit `bias`; Cameron, Gelbach & Miller 2011, "Robust inference with
-        multiway clustering"; negative V clamped to V_rows + V_cols's larger part). A row's
+        multiway clustering"; where V_rows + V_cols - V_entries is not positive, the larger one-way part). A row's
         entries share its input's rounding errors and a column's its weights', so the errors are independent
-        neither along rows nor along columns; the estimate is as large as the bias itself when a few rows or
-        columns carry ||prod||^2 (few weights: forward.L0's K = 4 on CartPole; module doc, "Bias"). NaN as
-        `bias`."""
+        neither along rows nor along columns; pieces of one shape (the DDQN forward's two nets on the same inputs)
+        share their rows, columns and entries. The estimate is as large as the bias itself when a few rows or
+        columns carry ||prod||^2 (few weights: forward.L0's K = 4 on CartPole; module doc, "Bias"); 0 for a single
+        row and column. NaN as `bias`."""
         b = self.bias()
         if not math.isfinite(b):
             return math.nan
-        v = [float(m[0] - 2 * b * m[1] + b * b * m[2]) for m in self.moments]
-        return math.sqrt(max(v[0] + v[1] - v[2], v[0], v[1], 0.0)) / self.den
+        v = [0.0, 0.0, 0.0]
+        for ep, pp in self.pieces.values():
+            r = ep - b * pp  # residual * prod per entry
+            v[0] += float((r.sum(1) ** 2).sum())
+            v[1] += float((r.sum(0) ** 2).sum())
+            v[2] += float((r ** 2).sum())
+        both = v[0] + v[1] - v[2]
+        return math.sqrt(both if both > 0 else max(v[0], v[1], 0.0)) / self.den
 
 
 def _scale(g: torch.Tensor, gain_group: int, rows: int) -> torch.Tensor:
@@ -553,6 +562,13 @@ def _bias_max(p: Product) -> float:
     return TF32_HEADS_BIAS_MAX if ".heads" in p.name else TF32_BIAS_MAX
 
 
+def _in_se(p: Product) -> str:
+    """|bias| in standard errors, for the FAIL line ("inf" where the standard error is 0, "nan" unmeasured)."""
+    if not p.bias_se > 0:
+        return "nan" if math.isnan(p.bias_se) else "inf"
+    return f"{abs(p.bias) / p.bias_se:.1f}"
+
+
 def _biased(p: Product) -> bool:
     """Beyond its bias limit (`_bias_max`) and, for a trunk layer, BIAS_Z standard errors from zero; the heads'
     three output columns are too few clusters for `_Err.bias_se` (module doc, "Bias")."""
@@ -588,7 +604,7 @@ def forward_verdict(result: ProbeResult) -> tuple[str, list[str]]:
     if biased and not bad:
         return FAIL, lines + [f"TF32, but biased beyond {TF32_BIAS_MAX:.0e} and {BIAS_Z:g} standard errors (heads "
                               f"{TF32_HEADS_BIAS_MAX:.0e}; operands truncated by the MMA, not rounded first): "
-                              f"{', '.join(f'{p.name} ({p.bias:+.1e})' for p in biased)}"]
+                              f"{', '.join(f'{p.name} ({p.bias:+.1e}, {_in_se(p)} se)' for p in biased)}"]
     if not result.tf32_rounds and not any(p.cls in (WORSE, NON_FINITE) for p in bad):
         return NOT_MEASURED, lines + [f"{len(bad)} forward product(s) not TF32-like, but this platform's TF32 dots do "
                                       f"not round ({result.platform}): TF32 and FP32 look the same here"]
