@@ -63,8 +63,8 @@ def default_baseline(folder: str | Path | None = None, gpu_name: str | None = No
     return baseline_path(gpu_name, BASELINES_DIR if folder is None else folder, preset)
 
 
-ONE_REPEAT_NOTE = ("a baseline of one repeat has no spread, so each timing is then held to +5% of one run; the "
-                   "host-side step time (dur_us) varies more than that between runs: record with --repeats 5")
+ONE_REPEAT_NOTE = ("a baseline of one repeat has no spread, so each timing is then held to +5% of one run; GPU "
+                   "timings vary by about that between runs: record with --repeats 5")
 """Printed under "baseline written" when the baseline holds one repeat (guards/baselines.py: the timing rule is
 median +5% or 3 x the repeats' MAD spread)."""
 

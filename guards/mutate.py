@@ -81,9 +81,8 @@ KILLED, SURVIVED, CRASHED, TIMED_OUT, WRONG = "killed", "survived", "crashed", "
 USAGE, BELOW_MIN_SCORE, CLEAN_FAILED, INTERNAL = 2, 1, 4, 70
 BASELINE_REPEATS = 5
 """Repeats of the guarded window in the --self-baseline run. One repeat records no spread, so each timing would be
-held to +5% of a single run: on the H200 the default preset's host-side step time (dur_us) is bimodal, ~150 or
-~250 us per iteration between runs (profiles/h200/mutation/README.md), and a one-repeat baseline failed the clean
-tree on it."""
+held to +5% of a single run: a one-repeat baseline failed the clean tree on the H200 (profiles/h200/mutation/
+README.md; then on the host step time dur_us, which is reported only since: guards/baselines.py)."""
 DEFAULT_MANIFEST = Path("ci") / "mutants" / "mutants.toml"
 PACKAGE_DIRS = {"kernels": "kernels", "profiles": "profiles", "trainer": "trainer", "guards": "guards"}
 """hotloop.<key> -> folder of the checkout, when pyproject.toml does not say (its [tool.setuptools.package-dir])."""
