@@ -382,10 +382,10 @@ class _Err:
             self.live += got.numel()
         self.num += float(((got - ref) ** 2).sum())
         self.den += float((prod ** 2).sum())
-        ep = ((got - ref) * prod).reshape(got.shape[0] if got.dim() else 1, -1)
-        pp = (prod ** 2).reshape(ep.shape)
-        self.cross += float(ep.sum())
-        if ep.numel():
+        if got.numel():  # (0, n): nothing to cluster
+            ep = ((got - ref) * prod).reshape(got.shape[0] if got.dim() else 1, -1)
+            pp = (prod ** 2).reshape(ep.shape)
+            self.cross += float(ep.sum())
             acc = self.pieces.setdefault(tuple(ep.shape), [torch.zeros_like(ep), torch.zeros_like(pp)])
             acc[0] += ep
             acc[1] += pp

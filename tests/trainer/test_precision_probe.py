@@ -362,6 +362,8 @@ def test_normwise_error_ignores_bias_and_dead_units():
     assert e == pytest.approx(want, rel=1e-2)  # (101.001 in fp32 is off by < 4e-6)
     dead = pp._Err().add(torch.zeros(2), torch.zeros(2, dtype=torch.float64), live=torch.zeros(2, dtype=torch.bool))
     assert math.isnan(dead.error()) and pp.classify(dead.error()) == pp.NO_LIVE
+    empty = pp._Err().add(torch.zeros(0, 3), torch.zeros(0, 3, dtype=torch.float64))
+    assert math.isnan(empty.error()) and math.isnan(empty.bias_se())
 
 
 def test_bad_batch_and_nets_are_refused():
