@@ -369,17 +369,13 @@ class _Err:
 
     def add(self, got: torch.Tensor, ref: torch.Tensor, prod: torch.Tensor | None = None,
             live: torch.Tensor | None = None) -> _Err:
-        got = got.double()
-        prod = ref if prod is None else prod
-        if live is not None:  # dead entries count as zeros (keeps the rows and columns for `bias_se`)
-            got, ref, prod = got[live], ref[live], prod[live]
-            self.finite &= bool(torch.isfinite(got).all())
-            self.live += got.numel()
-            got, ref, prod = (torch.zeros(live.shape, dtype=torch.float64, device=live.device).masked_scatter(live, v)
-                              for v in (got, ref.double(), prod.double()))
-        else:
-            self.finite &= bool(torch.isfinite(got).all())
-            self.live += got.numel()
+        got, ref = got.double(), ref.double()
+        prod = ref if prod is None else prod.double()
+        live = torch.ones_like(got, dtype=torch.bool) if live is None else live
+        self.finite &= bool(torch.isfinite(got[live]).all())
+        self.live += int(live.sum())
+        # dead entries count as zeros (keeps the rows and columns for `bias_se`)
+        got, ref, prod = (torch.where(live, v, 0.0) for v in (got, ref, prod))
         self.num += float(((got - ref) ** 2).sum())
         self.den += float((prod ** 2).sum())
         if got.numel():  # (0, n): nothing to cluster

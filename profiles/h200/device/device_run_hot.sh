@@ -156,7 +156,8 @@ for part in "$@"; do
       wide=${WIDE_SEEDS:-11-22}
       for v in ${WIDE_VARIANTS:-hot}; do
         name=${v%%:*}; sets=(); kvs=()  # NAME or NAME:k=v,k=v
-        [[ $v == *:* ]] && IFS=, read -ra kvs <<< "${v#*:}"
+        # split at the commas that start a KEY=: a value may hold commas (trunk_hidden=(128,128))
+        [[ $v == *:* ]] && mapfile -t kvs < <(sed 's/,\([A-Za-z_][A-Za-z_0-9]*=\)/\n\1/g' <<< "${v#*:}")
         for kv in "${kvs[@]}"; do sets+=(--set "$kv"); done
         for s in $(seq ${wide%-*} ${wide#*-}); do
           timeout ${WIDE_TIMEOUT:-170} $HL train --preset cartpole-fast --device cuda --no-progress --seed $s \
