@@ -42,8 +42,8 @@ def _pow_int(base, e):
 
 
 @triton.jit
-def _grad_sumsq_kernel(grad_ptr, partials_ptr, step_ptr, lr_ptr, betas_ptr, scalars_ptr, n,
-                       BLOCK: tl.constexpr):
+def _grad_sumsq_kernel(grad_ptr, partials_ptr, step_ptr, lr_ptr, hyper_ptr, scalars_ptr, n, lr_decay_steps,
+                       LR_DECAYS: tl.constexpr, BLOCK: tl.constexpr):
     pid = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     acc = tl.zeros([BLOCK], dtype=tl.float32)
@@ -56,9 +56,13 @@ def _grad_sumsq_kernel(grad_ptr, partials_ptr, step_ptr, lr_ptr, betas_ptr, scal
         # Only this program touches `step` in this launch; launch 2 reads what it wrote.
         t = tl.load(step_ptr) + 1
         tl.store(step_ptr, t)
-        bias_correction1 = 1.0 - _pow_int(tl.load(betas_ptr), t)       # float64, like torch's python floats
-        bias_correction2 = 1.0 - _pow_int(tl.load(betas_ptr + 1), t)
-        step_size = tl.load(lr_ptr).to(tl.float64) / bias_correction1
+        bias_correction1 = 1.0 - _pow_int(tl.load(hyper_ptr), t)       # float64, like torch's python floats
+        bias_correction2 = 1.0 - _pow_int(tl.load(hyper_ptr + 1), t)
+        lr = tl.load(lr_ptr).to(tl.float64)
+        if LR_DECAYS:  # LinearLR's factor after t - 1 scheduler steps: 1 + (end - 1) * min(t - 1, T) / T
+            done = tl.minimum(t - 1, lr_decay_steps).to(tl.float64)
+            lr = lr * (1.0 + (tl.load(hyper_ptr + 2) - 1.0) * done / lr_decay_steps)
+        step_size = lr / bias_correction1
         tl.store(scalars_ptr, step_size.to(tl.float32))
         tl.store(scalars_ptr + 1, tl.sqrt_rn(bias_correction2.to(tl.float32)))
 
@@ -118,6 +122,11 @@ class FusedAdam:
             at every step (so a schedule can update it in place, also under CUDA-graph replay).
         betas, eps, weight_decay: as torch.optim.Adam (weight_decay is L2 added to the gradient, not AdamW).
         max_grad_norm: clip threshold of the global L2 norm, as torch.nn.utils.clip_grad_norm_(max_norm=...).
+        lr_end_factor, lr_decay_steps: a linear learning-rate decay computed on the device from the step count:
+            step t (1-based) uses lr * (1 + (lr_end_factor - 1) * min(t - 1, lr_decay_steps) / lr_decay_steps), the
+            factor of torch.optim.lr_scheduler.LinearLR(start_factor=1, end_factor=lr_end_factor,
+            total_iters=lr_decay_steps) stepped after every optimizer step; lr_decay_steps = 0 (default) or
+            lr_end_factor = 1 keeps lr constant.
 
     State on `device`: exp_avg, exp_avg_sq (P,) float32 (zeros at start), step () int64 (0 at start, +1 per call,
     incremented inside launch 1), grad_norm () float32 (pre-clip total norm of the last call), plus scratch that
@@ -125,13 +134,15 @@ class FusedAdam:
     bias-correction scalars. Hyper-parameters other than a tensor lr are fixed for the object's life.
 
     Raises ValueError for a non-positive or too large num_params, lr < 0, eps < 0, betas outside [0, 1),
-    weight_decay < 0, max_grad_norm <= 0, or an lr tensor of the wrong dtype/shape/device.
-    Source: torch/optim/adam.py `_single_tensor_adam`; torch/nn/utils/clip_grad.py.
+    weight_decay < 0, max_grad_norm <= 0, lr_end_factor outside [0, 1], lr_decay_steps not an int >= 0, or an lr
+    tensor of the wrong dtype/shape/device.
+    Source: torch/optim/adam.py `_single_tensor_adam`; torch/nn/utils/clip_grad.py; torch/optim/lr_scheduler.py
+    `LinearLR`.
     """
 
     def __init__(self, num_params: int, device: torch.device | str, lr: float | torch.Tensor,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
-                 max_grad_norm: float = 10.0):
+                 max_grad_norm: float = 10.0, lr_end_factor: float = 1.0, lr_decay_steps: int = 0):
         if not isinstance(num_params, int) or not 1 <= num_params <= _MAX_PARAMS:
             raise ValueError(f"num_params must be an int in [1, {_MAX_PARAMS}], got {num_params!r}")
         beta1, beta2 = (float(b) for b in betas)
@@ -143,6 +154,10 @@ class FusedAdam:
             raise ValueError(f"weight_decay must be >= 0, got {weight_decay!r}")
         if not max_grad_norm > 0.0:
             raise ValueError(f"max_grad_norm must be > 0, got {max_grad_norm!r}")
+        if not 0.0 <= lr_end_factor <= 1.0:
+            raise ValueError(f"lr_end_factor must lie in [0, 1], got {lr_end_factor!r}")
+        if isinstance(lr_decay_steps, bool) or not isinstance(lr_decay_steps, int) or lr_decay_steps < 0:
+            raise ValueError(f"lr_decay_steps must be an int >= 0, got {lr_decay_steps!r}")
         self.num_params = num_params
         self.device = torch.device(device)
         if isinstance(lr, torch.Tensor):
@@ -153,7 +168,8 @@ class FusedAdam:
             self.lr = torch.tensor(float(lr), dtype=torch.float64, device=self.device)
         self.betas, self.eps, self.weight_decay = (beta1, beta2), float(eps), float(weight_decay)
         self.max_grad_norm = float(max_grad_norm)
-        self._betas64 = torch.tensor([beta1, beta2], dtype=torch.float64, device=self.device)
+        self.lr_decay_steps = lr_decay_steps if lr_end_factor != 1.0 else 0
+        self._hyper64 = torch.tensor([beta1, beta2, lr_end_factor], dtype=torch.float64, device=self.device)
         self.exp_avg = torch.zeros(num_params, dtype=torch.float32, device=self.device)
         self.exp_avg_sq = torch.zeros(num_params, dtype=torch.float32, device=self.device)
         self.step_count = torch.zeros((), dtype=torch.int64, device=self.device)
@@ -189,8 +205,8 @@ class FusedAdam:
         tau = float(tau) if target_buf is not None else 1.0
         num_partials = self.partials.numel()
         _grad_sumsq_kernel[(num_partials,)](
-            grad_buf, self.partials, self.step_count, self.lr, self._betas64, self._scalars, self.num_params,
-            BLOCK=_BLOCK_NORM)
+            grad_buf, self.partials, self.step_count, self.lr, self._hyper64, self._scalars, self.num_params,
+            self.lr_decay_steps, LR_DECAYS=self.lr_decay_steps > 0, BLOCK=_BLOCK_NORM)
         beta1, beta2 = self.betas
         grid = (max(triton.cdiv(self.num_params, _BLOCK_ADAM), _MIN_GRID),)
         _clip_adam_kernel[grid](

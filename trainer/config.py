@@ -59,6 +59,8 @@ class Config:
     """discount factor"""
     lr: float = 5e-4
     """Adam learning rate"""
+    lr_end_factor: float = 1.0
+    """lr at the run's last learner step as a fraction of `lr`, reached linearly (torch LinearLR's end_factor); 1 = constant"""
     adam_eps: float = 1e-8
     """Adam epsilon"""
     weight_decay: float = 0.0
@@ -148,7 +150,8 @@ class Config:
 _POSITIVE_INTS = ("num_envs", "epochs", "learner_steps_per_epoch", "env_steps_per_update", "batch_size",
                   "head_hidden", "sn_power_iterations", "target_update_interval", "replay_capacity", "obs_dim",
                   "log_interval")
-_UNIT_INTERVAL = ("gamma", "per_beta_start", "per_beta_end", "eps_start", "eps_end", "eps_decay_fraction")
+_UNIT_INTERVAL = ("gamma", "per_beta_start", "per_beta_end", "eps_start", "eps_end", "eps_decay_fraction",
+                  "lr_end_factor")
 
 
 def _check_types(cfg: Config) -> None:

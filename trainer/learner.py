@@ -16,6 +16,7 @@ from hotloop.profiles.ranges import phase_range
 from hotloop.trainer.config import Config
 from hotloop.kernels.losses import branch_diversity_term, chosen_q, cql_term, double_dqn_target, td_loss
 from hotloop.trainer.network import BranchingDuelingQNet
+from hotloop.trainer.schedules import LinearSchedule
 
 
 def epsilon_greedy(greedy: torch.Tensor, action_nvec: torch.Tensor, epsilon: float,
@@ -53,7 +54,8 @@ class DQNLearner:
     """Double DQN with a dueling branching Q-network, importance-weighted TD loss, Adam and grad-norm clipping.
 
     Args:
-        cfg: the run's Config (network sizes, gamma, lr, loss, clip, target update, CQL/diversity weights).
+        cfg: the run's Config (network sizes, gamma, lr and its linear decay, loss, clip, target update, CQL/diversity
+            weights).
         obs_dim: observation length; action_nvec: action-branch sizes; device: where everything lives.
     """
 
@@ -68,6 +70,7 @@ class DQNLearner:
         self.optimizer = torch.optim.Adam(self.online.parameters(), lr=cfg.lr, eps=cfg.adam_eps,
                                           weight_decay=cfg.weight_decay)
         self.steps = 0
+        self.lr_factor = LinearSchedule(1.0, cfg.lr_end_factor, max(1, cfg.epochs * cfg.learner_steps_per_epoch))
         self.action_nvec = torch.tensor(action_nvec, device=device)
 
     @torch.no_grad()
@@ -108,6 +111,8 @@ class DQNLearner:
             total.backward()
         with phase_range("optimizer"):
             grad_norm = torch.nn.utils.clip_grad_norm_(self.online.parameters(), cfg.max_grad_norm)
+            for group in self.optimizer.param_groups:  # FusedAdam's linear decay, keyed by the updates done
+                group["lr"] = cfg.lr * self.lr_factor.value(self.steps)
             self.optimizer.step()
             self.steps += 1
             if self.steps % cfg.target_update_interval == 0:

@@ -124,7 +124,8 @@ class HotLearner:
         # gradient (the backward passes dg None: the kernels write none), so that the update is the reference's
         self.learns_gains = cfg.spectral_norm
         self.adam = FusedAdam(lay.numel, device, lr=cfg.lr, eps=cfg.adam_eps, weight_decay=cfg.weight_decay,
-                              max_grad_norm=cfg.max_grad_norm)
+                              max_grad_norm=cfg.max_grad_norm, lr_end_factor=cfg.lr_end_factor,
+                              lr_decay_steps=max(1, cfg.epochs * cfg.learner_steps_per_epoch))
         b, d, a = cfg.batch_size, lay.branches, lay.actions
 
         def new(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:

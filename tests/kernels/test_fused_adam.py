@@ -36,20 +36,25 @@ def _shapes(n: int) -> list[tuple[int, ...]]:
 class _Run:
     """The fused optimizer and two torch references (float64 and float32) over identical starting buffers."""
 
-    def __init__(self, n, *, weight_decay=0.0, tau=None, seed=0, lr=LR, shapes=None):
+    def __init__(self, n, *, weight_decay=0.0, tau=None, seed=0, lr=LR, shapes=None, lr_end_factor=1.0,
+                 lr_decay_steps=0):
         self.gen = torch.Generator(device="cpu").manual_seed(seed)
         self.n, self.tau = n, tau
         self.max_grad_norm = math.sqrt(n)                      # ~ norm of randn(n): grads are scaled by 0.3..3
         params = torch.randn(n, generator=self.gen)
         target = torch.randn(n, generator=self.gen)
-        self.fused = FusedAdam(n, DEVICE, lr=lr, weight_decay=weight_decay, max_grad_norm=self.max_grad_norm)
+        self.fused = FusedAdam(n, DEVICE, lr=lr, weight_decay=weight_decay, max_grad_norm=self.max_grad_norm,
+                               lr_end_factor=lr_end_factor, lr_decay_steps=lr_decay_steps)
         self.params, self.target = params.to(DEVICE, copy=True), target.to(DEVICE, copy=True)
         self.refs = []
         for dtype in (torch.float64, torch.float32):
             p, g = params.to(DEVICE, dtype, copy=True), torch.empty(n, dtype=dtype, device=DEVICE)
             opt = torch.optim.Adam(reference_params(p, g, shapes or _shapes(n)), lr=float(lr),
                                    weight_decay=weight_decay)
-            self.refs.append(dict(params=p, grads=g, target=target.to(DEVICE, dtype, copy=True), opt=opt))
+            sched = (torch.optim.lr_scheduler.LinearLR(opt, 1.0, lr_end_factor, lr_decay_steps)
+                     if lr_decay_steps else None)
+            self.refs.append(dict(params=p, grads=g, target=target.to(DEVICE, dtype, copy=True), opt=opt,
+                                  sched=sched))
         self.clipped = []
 
     def step(self) -> None:
@@ -65,6 +70,8 @@ class _Run:
             ref_norm = adam_reference(ref["opt"], self.max_grad_norm, ref["params"],
                                       None if self.tau is None else ref["target"], tau=self.tau or 1.0)
             torch.testing.assert_close(norm.double(), ref_norm.double(), **NORM_TOL)
+            if ref["sched"] is not None:
+                ref["sched"].step()
         self.clipped.append(ref_norm.item() > self.max_grad_norm)
 
     def check(self, steps: int) -> None:
@@ -128,6 +135,18 @@ def test_lr_tensor_is_read_every_step():
     run.check(3)
 
 
+def test_linear_lr_decay_matches_torch_linear_lr():
+    """lr decays to 0.1 of itself over 8 steps, then holds (torch's LinearLR stepped after every Adam step)."""
+    run = _Run(1000, seed=11, lr_end_factor=0.1, lr_decay_steps=8)
+    const = _Run(1000, seed=11)
+    for _ in range(12):
+        run.step()
+        const.step()
+    run.check(12)
+    assert run.refs[0]["opt"].param_groups[0]["lr"] == pytest.approx(0.1 * LR)
+    assert (run.params - const.params).abs().max() > 1e-3   # the decay moved the trajectory
+
+
 def test_state_dict_round_trip_and_torch_float_step():
     n = 1000
     a, b = _Run(n, seed=5), _Run(n, seed=5)
@@ -169,6 +188,8 @@ def test_value_errors():
         (dict(lr=torch.tensor(1, device=DEVICE)), "lr"), (dict(betas=(0.9, 1.0)), "betas"),
         (dict(betas=(-0.1, 0.9)), "betas"), (dict(eps=-1e-8), "eps"), (dict(weight_decay=-0.1), "weight_decay"),
         (dict(max_grad_norm=0.0), "max_grad_norm"), (dict(max_grad_norm=float("nan")), "max_grad_norm"),
+        (dict(lr_end_factor=1.5), "lr_end_factor"), (dict(lr_end_factor=float("nan")), "lr_end_factor"),
+        (dict(lr_decay_steps=-1), "lr_decay_steps"), (dict(lr_decay_steps=2.0), "lr_decay_steps"),
     ]:
         args = dict(num_params=n, device=DEVICE, lr=LR) | kwargs
         with pytest.raises(ValueError, match=match):

@@ -41,6 +41,7 @@ def test_seed_scale_matches_design_numbers():
     ("batch_size", 10**7, "exceeds config.replay_capacity"),
     ("lr", -1.0, "lr must be > 0"),
     ("td_target_max", -100.0, "td_target_max must be >= 0"),
+    ("lr_end_factor", 1.5, r"lr_end_factor must be in \[0, 1\]"),
 ])
 def test_bad_values_name_the_field(key, value, match):
     with pytest.raises(ValueError, match=match):

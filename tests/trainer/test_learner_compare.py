@@ -61,3 +61,14 @@ def test_spectral_norm_is_refused():
         compare_learners(preset("cartpole-fast", **{**TINY, "spectral_norm": True}), steps=1)
     with pytest.raises(ValueError, match="steps must be >= 1"):
         compare_learners(preset("cartpole-fast", **TINY), steps=0)
+
+
+def test_the_two_learners_decay_lr_alike():
+    """lr decays linearly to 0 over the run's 3 learner steps (factors 1, 2/3, 1/3): the reference learner sets its
+    Adam lr from its update count, the hotloop learner's FusedAdam from its device step count; they stay equal,
+    and the decay changes the parameters (a learner that ignored it would part from the other)."""
+    short = dict(TINY, epochs=1, learner_steps_per_epoch=3)
+    const = compare_learners(preset("cartpole-fast", **short), steps=3)
+    decayed = compare_learners(preset("cartpole-fast", **short, lr_end_factor=0.0), steps=3)
+    assert (decayed.params_rel < (1e-6 if TINY["device"] == "cpu" else 1e-3)).all(), decayed.params_rel
+    assert abs(decayed.loss_ref.iloc[2] - const.loss_ref.iloc[2]) > 1e-4 * const.loss_ref.iloc[2], "no decay seen"
