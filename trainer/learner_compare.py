@@ -24,7 +24,7 @@ none, so `gain_dev` above 0 would itself be a difference of the two algorithms (
 writing gain gradients with spectral norm off: profiles/cpu/learning_causes/README.md, H1).
 
 Run it: `python -m hotloop.trainer.learner_compare --preset cartpole-fast --steps 20 [--resync] [--csv FILE]`
-(on a CPU machine, under TRITON_INTERPRET=1: about 0.7 s per step at cartpole-fast sizes).
+(on a CPU machine, under TRITON_INTERPRET=1: about 3 s per step at cartpole-fast sizes, trunk 256-256).
 """
 
 from __future__ import annotations
