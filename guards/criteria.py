@@ -108,6 +108,13 @@ CRITERIA: tuple[Criterion, ...] = (
               "a small vectorized env (64 CartPoles) runs one-block kernels by nature: counted apart from the learner's, "
               "not limited", phases="env", trace_field="kernel args.grid == [1, 1, 1] in the env phases",
               evidence="kernel names in their phase xN"),
+    Criterion("no sync in the epochs' loop", None, "==", 0,
+              "a sync every N iterations stalls the loop though the guarded window may hold none", phases=(),
+              aggregate="all steps",
+              trace_field="the sync hooks and torch's sync debug warnings over Trainer.iterate in every epoch after "
+                          "the first",
+              evidence="call sites (api or 'sync debug warning' at file:line xN)",
+              measured_by="hotloop.guards.loop_syncs.LoopSyncCensus over the gate's epochs"),
     Criterion("epoch 1 without hang", None, "==", "yes",
               "a hang (e.g. the seed's tree race) must fail fast with stacks, not time out CI", phases=(),
               aggregate="all steps", trace_field="HangWatchdog around every epoch", evidence="",

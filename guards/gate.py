@@ -10,7 +10,9 @@ hotloop.trainer.loop.loop_periods), so every periodic phase runs in the window; 
 phases ran in how many steps. Kernels get their phase from the ranges around their launch, and the hotloop
 learner's graph kernels by name (hotloop.trainer.step.PHASE_RULES, applied inside the learner's phases only:
 hotloop.trainer.loop.learner_phases); the learner-side criteria judge the learner's phases, the sync criteria every
-phase and the loop code between steps.
+phase and the loop code between steps. Beyond the window, the loop of every epoch after the first runs under a
+hotloop.guards.loop_syncs.LoopSyncCensus (the sync hooks and torch's sync debug warnings), so that a sync every N
+iterations that the K iterations never hold still FAILs "no sync in the epochs' loop".
 
 Exit codes: 0 every measured criterion passed, 1 a criterion or a baseline regression failed, 2 bad usage or input
 (raised by the CLI, before training), 3 hang (the watchdog ends the process), 70 internal error (an unexpected
@@ -33,6 +35,7 @@ from hotloop.guards.baselines import (Baseline, baseline_path, compare, compare_
 from hotloop.guards.faults import check_request
 from hotloop.guards.faults import inject as inject_fault
 from hotloop.guards.guard import MIN_WINDOW_STEPS, GuardReport, default_window_steps, guard_window
+from hotloop.guards.loop_syncs import LoopSyncCensus
 from hotloop.guards.step_metrics import PhaseRoles
 from hotloop.profiles.epoch_table import format_table, write_table
 from hotloop.profiles.provenance import device_name
@@ -190,13 +193,16 @@ def run_gate(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress: bo
                    for r in range(repeats)]
         return reports, precision_evidence(trainer)  # after the guarded windows, never inside them
 
-    epochs, (reports, precision) = run_training(cfg, run_dir, epoch_limit_s, show_progress, after_epochs=guard)
+    census = LoopSyncCensus(cuda=device.type == "cuda")
+    epochs, (reports, precision) = run_training(cfg, run_dir, epoch_limit_s, show_progress, after_epochs=guard,
+                                                loop_census=census)
     report = reports[0]
     verdicts = report.verdicts.copy()
     for other in reports[1:]:
         worse = other.verdicts.verdict.eq("FAIL").to_numpy() & ~verdicts.verdict.eq("FAIL").to_numpy()
         verdicts.loc[worse] = other.verdicts.loc[worse].to_numpy()
     judge_precision(verdicts, *precision)
+    judge_loop_syncs(verdicts, census)
     # Reaching this line means every epoch finished under the watchdog (it exits 3 otherwise).
     hang = verdicts.criterion.eq("epoch 1 without hang")
     verdicts.loc[hang, ["measured", "verdict", "status", "source"]] = ["yes", "PASS", "measured", "watchdog"]
@@ -285,6 +291,23 @@ def _every_step_damaged(report: GuardReport) -> bool:
     """Whether every guarded step of `report` holds a trace anomaly (its per_step "anomaly" column is never "")."""
     anomaly = report.per_step.get("anomaly")
     return anomaly is not None and len(anomaly) > 0 and bool(anomaly.ne("").all())
+
+
+LOOP_SYNC_CRITERION = "no sync in the epochs' loop"
+
+
+def judge_loop_syncs(verdicts: pd.DataFrame, census: LoopSyncCensus) -> None:
+    """Fill the LOOP_SYNC_CRITERION row of `verdicts` (in place) from the run's `census`: measured = the loop's host
+    syncs over the epochs after the first, PASS at 0, the call sites as evidence, source "census"; status "not
+    measured (...)" and verdict "-" where the census watched no epoch (no CUDA, one epoch)."""
+    row = verdicts.criterion.eq(LOOP_SYNC_CRITERION)
+    measured, text = census.verdict()
+    if measured is None:
+        verdicts.loc[row, ["verdict", "status"]] = ["-", text]
+        return
+    verdicts["measured"] = verdicts["measured"].astype(object)  # counts beside "yes"/"no" (a str column refuses)
+    verdicts.loc[row, ["measured", "verdict", "status", "source", "evidence"]] = [
+        measured, "PASS" if measured == 0 else "FAIL", "measured", "census", text]
 
 
 PRECISION_CRITERION = "TF32 forward only"

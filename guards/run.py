@@ -11,6 +11,7 @@ import pandas as pd
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from hotloop.guards.loop_syncs import LoopSyncCensus
 from hotloop.guards.watchdog import HangWatchdog
 from hotloop.profiles.epoch_table import epoch_frame, write_table
 from hotloop.profiles.epoch_timer import EpochTimer
@@ -31,7 +32,8 @@ SETUP_LIMIT_S = 300.0
 
 def run_training(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress: bool = True,
                  after_epochs: Callable[[Trainer], object] | None = None,
-                 resume: bool | ResumePoint = False) -> tuple[pd.DataFrame, object]:
+                 resume: bool | ResumePoint = False,
+                 loop_census: LoopSyncCensus | None = None) -> tuple[pd.DataFrame, object]:
     """Train `cfg.epochs` epochs; each epoch must finish within `epoch_limit_s` seconds (the setup within
     max(epoch_limit_s, SETUP_LIMIT_S)) or the process exits 3 with every thread's stack.
 
@@ -58,6 +60,8 @@ def run_training(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress
     (NaN: no guard counts them here), the NVML telemetry sampled after the epoch (NaN without NVML / on CPU);
     and what `after_epochs(trainer)` returned (None without it), called after the last epoch under the same
     watchdog (armed as "after epochs", `epoch_limit_s` long): the gate guards steady-state steps there.
+    loop_census: a hotloop.guards.loop_syncs.LoopSyncCensus that watches each epoch's loop, from the epoch's start
+    to its "readback" phase (`begin(epoch)` / `end()`); the gate reads it after the run.
     Raises hotloop.profiles.run_lock.RunFolderLocked (a ValueError; exit 2 in the CLI) naming the holder's pid when
     another live process holds run_dir, before anything is written; ValueError for a folder that is missing.
     """
@@ -68,12 +72,12 @@ def run_training(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress
             console.print(f"hotloop: {run_dir}: took over the lock left by pid {lock.stale_pid} (no longer running)")
         for path in remove_temp_files(run_dir):
             console.print(f"hotloop: removed {path.name}, a temp file left by a killed write")
-        return _run_locked(console, cfg, run_dir, epoch_limit_s, show_progress, after_epochs, resume)
+        return _run_locked(console, cfg, run_dir, epoch_limit_s, show_progress, after_epochs, resume, loop_census)
 
 
 def _run_locked(console: Console, cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress: bool,
                 after_epochs: Callable[[Trainer], object] | None,
-                resume: bool | ResumePoint) -> tuple[pd.DataFrame, object]:
+                resume: bool | ResumePoint, census: LoopSyncCensus | None) -> tuple[pd.DataFrame, object]:
     """run_training's work, with run_dir's lock held."""
     if isinstance(resume, ResumePoint):
         point = resume
@@ -94,6 +98,8 @@ def _run_locked(console: Console, cfg: Config, run_dir: Path, epoch_limit_s: flo
             watchdog.phase(name)
             if name == "readback":  # the learner loop's last launch is queued: end of the timed GPU work
                 timer.stop()
+                if census is not None:
+                    census.end()
 
         trainer = Trainer(cfg, on_phase=on_phase,
                           on_progress=lambda done, total: progress.update(task, completed=done))
@@ -110,7 +116,13 @@ def _run_locked(console: Console, cfg: Config, run_dir: Path, epoch_limit_s: flo
             progress.update(task, description=f"epoch {epoch}/{cfg.epochs}", completed=0)
             with phase_range("epoch"):
                 timer.start()
-                stats = trainer.run_epoch(epoch)
+                if census is not None:
+                    census.begin(epoch)
+                try:
+                    stats = trainer.run_epoch(epoch)
+                finally:
+                    if census is not None:
+                        census.end()
             elapsed_ms = timer.elapsed_ms()  # raises RuntimeError if the loop never entered "readback"
             gpu_ms = elapsed_ms / stats.learner_steps if timer.uses_cuda_events else math.nan  # host time != GPU
             watchdog.disarm()

@@ -1,0 +1,133 @@
+"""Host syncs of the training loop over a run's steady epochs, outside the guarded window: `LoopSyncCensus`.
+
+The guarded window (hotloop.guards.guard) profiles K consecutive loop iterations; a sync that runs every N
+iterations with N > K, or only at some iteration counts, may never fall inside it. The census watches the loop body
+(`Trainer.iterate`, from the start of an epoch to its "readback" phase) of every epoch after the first, the whole
+run, with two sources:
+
+- `SyncHooks` (hotloop.guards.sync_hooks): the Python-level sync APIs and read-backs of CUDA tensors, each with its
+  call site;
+- torch's sync debug mode (`torch.cuda.set_sync_debug_mode("warn")`, which SyncHooks sets while active): the C++
+  warning "called a synchronizing CUDA operation" that ATen raises where it waits for the device itself (a blocking
+  copy to or from the host, `nonzero`, a boolean-mask index, `torch.tensor(..., device="cuda")` from host data).
+  A warning raised inside a hooked call is that call's, already counted; the others are counted with the call site
+  of the Python line that made them (the first frame outside torch and guards/).
+
+The first epoch is left out: it compiles the kernels and captures the CUDA graphs, and capture synchronizes. The
+readback, evaluation and checkpoint at the end of an epoch are left out too (the epoch's one host read). On a
+machine without CUDA nothing is measured: host "syncs" of CPU tensors wait for no device.
+Source of the warning text: c10/cuda/CUDAFunctions.cpp, `warn_or_error_on_sync`.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from hotloop.guards import sync_hooks
+from hotloop.guards.sync_hooks import SyncHooks
+
+SYNC_WARNING = "called a synchronizing CUDA operation"
+"""The text of the warning torch raises in sync debug mode "warn" (c10/cuda/CUDAFunctions.cpp)."""
+FIRST_STEADY_EPOCH = 2
+"""The first epoch the census watches: epoch 1 compiles and captures."""
+_INTERNAL_DIRS = (str(Path(torch.__file__).parent) + "/", str(Path(sync_hooks.__file__).parent) + "/")
+
+
+@dataclass
+class LoopSyncCensus:
+    """Counts the training loop's host syncs over every epoch >= FIRST_STEADY_EPOCH (module docstring).
+
+    Drive it with `begin(epoch)` right before an epoch's loop and `end()` when the loop has queued its last launch
+    (the "readback" phase; also after an exception: `end` is idempotent). `cuda` (default: torch.cuda.is_available())
+    says whether there is a device to sync with; without one `begin` does nothing. After the run: `epochs` (the
+    epoch numbers watched), `sites` (Counter of "api at file:line" -> calls), `total` (all calls) and `verdict()`.
+    Raises RuntimeError from `begin` while a census epoch is open.
+    """
+
+    cuda: bool = field(default_factory=torch.cuda.is_available)
+    epochs: list[int] = field(default_factory=list)
+    sites: Counter = field(default_factory=Counter)
+    _hooks: SyncHooks | None = None
+    _warnings: warnings.catch_warnings | None = None
+
+    def begin(self, epoch: int) -> None:
+        if self._hooks is not None:
+            raise RuntimeError("LoopSyncCensus.begin: the census of an epoch is already open")
+        if not self.cuda or epoch < FIRST_STEADY_EPOCH:
+            return
+        self._warnings = warnings.catch_warnings()
+        self._warnings.__enter__()
+        warnings.filterwarnings("always", message=SYNC_WARNING)  # every one, not once per line
+        previous = warnings.showwarning
+
+        def show(message, category, filename, lineno, file=None, line=None):
+            if SYNC_WARNING in str(message):
+                if not _inside_hooked_call():
+                    self.sites[f"sync debug warning at {_site()}"] += 1
+                return
+            previous(message, category, filename, lineno, file, line)
+
+        warnings.showwarning = show
+        self._hooks = SyncHooks()
+        try:
+            self._hooks.__enter__()
+        except BaseException:
+            self._hooks = None
+            self._warnings.__exit__(None, None, None)
+            raise
+        self.epochs.append(epoch)
+
+    def end(self) -> None:
+        hooks, self._hooks = self._hooks, None
+        if hooks is None:
+            return
+        hooks.__exit__(None, None, None)
+        self._warnings.__exit__(None, None, None)
+        self._warnings = None
+        for hit in hooks.hits:
+            self.sites[f"{hit.api} at {hit.site}"] += 1
+
+    @property
+    def total(self) -> int:
+        return sum(self.sites.values())
+
+    def verdict(self) -> tuple[int | None, str]:
+        """(measured, status or evidence): (None, "not measured (<why>)") when no epoch was watched (no CUDA, or a
+        run of one epoch), else (total calls, their sites as "site xN; ..." or "none in epochs 2-E")."""
+        if not self.cuda:
+            return None, "not measured (no CUDA)"
+        if not self.epochs:
+            return None, (f"not measured (no epoch after the first: epoch 1 compiles and captures; run "
+                          f"--epochs {FIRST_STEADY_EPOCH} or more)")
+        span = f"epoch{'s' * (len(self.epochs) > 1)} {self.epochs[0]}" + (
+            f"-{self.epochs[-1]}" if len(self.epochs) > 1 else "")
+        if not self.sites:
+            return 0, f"none in the loop of {span}"
+        return self.total, f"in the loop of {span}: " + "; ".join(f"{s} x{n}" for s, n in self.sites.most_common())
+
+
+def _inside_hooked_call() -> bool:
+    """Whether a SyncHooks wrapper (the `hooked` function of sync_hooks.SyncHooks._wrap) is on this thread's stack."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "hooked" and frame.f_code.co_filename == sync_hooks.__file__:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _site() -> str:
+    """"file:line" of the innermost frame outside torch, guards/ and the warnings module ("<unknown>" if none)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not name.startswith(_INTERNAL_DIRS) and name != warnings.__file__:
+            return f"{name}:{frame.f_lineno}"
+        frame = frame.f_back
+    return "<unknown>"

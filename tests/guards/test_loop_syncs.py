@@ -1,0 +1,155 @@
+"""guards/loop_syncs.py: the census of the loop's host syncs over the epochs after the first, and the gate row it fills.
+
+On the CPU no tensor syncs with a device, so the tests that count hits make the hooks count CPU tensors too
+(`sync_hooks.is_device_sync` patched) and raise the sync debug warning's text themselves; the faults sit in the
+training loop's source path (Trainer.train_step, run by run_training's epochs). The mutants
+ci/mutants/loop_nan_check_every_250 and loop_mask_index_every_500 are the same faults on a GPU.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pandas as pd
+import pytest
+import torch
+
+from hotloop.guards import sync_hooks
+from hotloop.guards.criteria import CRITERIA, verdict_table
+from hotloop.guards.gate import LOOP_SYNC_CRITERION, judge_loop_syncs
+from hotloop.guards.loop_syncs import SYNC_WARNING, LoopSyncCensus
+from hotloop.guards.run import run_training
+from hotloop.trainer.config import preset
+from hotloop.trainer.episodes import EpisodeReturns
+from hotloop.trainer.loop import Trainer
+
+TINY = dict(device="cpu", num_envs=8, epochs=3, learner_steps_per_epoch=12, learning_starts=64, batch_size=16,
+            trunk_hidden=(16,), head_hidden=8, eval_episodes=2, spectral_norm=False)
+
+
+@pytest.fixture
+def cpu_tensors_sync(monkeypatch):
+    """The hooks count read-backs of CPU tensors as if they were CUDA ones."""
+    monkeypatch.setattr(sync_hooks, "is_device_sync", lambda t: isinstance(t, torch.Tensor))
+
+
+def _read_back(t: torch.Tensor) -> float:
+    return t.sum().item()
+
+
+def test_counts_only_epochs_after_the_first_and_only_while_open(cpu_tensors_sync):
+    census = LoopSyncCensus(cuda=True)
+    t = torch.randn(5)
+    census.begin(1)            # epoch 1 compiles and captures: not watched
+    _read_back(t)
+    census.end()
+    census.begin(2)
+    for _ in range(3):
+        _read_back(t)
+    census.end()
+    census.end()               # idempotent
+    _read_back(t)              # after the epoch's loop: not counted
+    assert census.epochs == [2] and census.total == 3
+    measured, text = census.verdict()
+    (site, n), = census.sites.items()
+    assert measured == 3 and n == 3 and site.startswith("torch.Tensor.item at ") and __file__ in site
+    assert text.startswith("in the loop of epoch 2: ") and "x3" in text
+    assert torch.Tensor.item is not None and "hooked" not in repr(torch.Tensor.item)  # the hooks are gone
+
+
+def test_sync_debug_warnings_are_counted_once_and_other_warnings_pass(cpu_tensors_sync, monkeypatch):
+    """A warning outside any hooked call is a C++ sync of its own (counted at the line that made it); one raised
+    inside a hooked call is that call's (counted once); any other warning reaches the caller's filters."""
+    def tolist_that_syncs(self):  # stands in for torch's C++ read-back, which warns in sync debug mode
+        warnings.warn(SYNC_WARNING, UserWarning)
+        return []
+
+    monkeypatch.setattr(torch.Tensor, "tolist", tolist_that_syncs)
+    census = LoopSyncCensus(cuda=True)
+    census.begin(3)
+    warnings.warn(SYNC_WARNING, UserWarning)          # an implicit sync (nonzero, a mask index, ...)
+    torch.ones(2).tolist()
+    with pytest.warns(RuntimeWarning, match="unrelated"):
+        warnings.warn("unrelated", RuntimeWarning)
+    census.end()
+    kinds = {site.split(" at ")[0]: n for site, n in census.sites.items()}
+    assert kinds == {"sync debug warning": 1, "torch.Tensor.tolist": 1}, census.sites
+    assert all(__file__ in site for site in census.sites)
+
+
+def test_not_measured_without_cuda_or_a_second_epoch():
+    census = LoopSyncCensus(cuda=False)
+    census.begin(2)
+    census.end()
+    assert census.verdict() == (None, "not measured (no CUDA)") and census.epochs == []
+    one = LoopSyncCensus(cuda=True)
+    one.begin(1)
+    one.end()
+    measured, text = one.verdict()
+    assert measured is None and text.startswith("not measured (no epoch after the first")
+
+
+def test_begin_twice_raises(cpu_tensors_sync):
+    census = LoopSyncCensus(cuda=True)
+    census.begin(2)
+    try:
+        with pytest.raises(RuntimeError, match="already open"):
+            census.begin(3)
+    finally:
+        census.end()
+
+
+def test_a_periodic_read_back_in_the_loop_is_counted_over_the_run(monkeypatch, tmp_path):
+    """The fault in the loop: every 5th train_step reads a value back (as a NaN check would). run_training's epochs
+    2 and 3 (12 iterations each) hold 2 + 3 of them (calls 15, 20 / 25, 30, 35 of 36); epoch 1's (5, 10) are not
+    counted, nor the epoch's own read in its readback phase (EpisodeReturns.mean). Only the tensors these two
+    read count as device tensors here (the CPU loop's other read-backs wait for no device)."""
+    def marked() -> torch.Tensor:
+        t = torch.zeros(1)
+        t.counts_as_device = True
+        return t
+
+    monkeypatch.setattr(sync_hooks, "is_device_sync", lambda t: getattr(t, "counts_as_device", False))
+    calls = {"n": 0}
+    train_step, mean = Trainer.train_step, EpisodeReturns.mean
+
+    def faulty_train_step(self):
+        out = train_step(self)
+        calls["n"] += 1
+        if calls["n"] % 5 == 0:
+            marked().item()  # the fault
+        return out
+
+    def mean_with_its_read(self):
+        marked().item()  # the epoch's one host read: allowed
+        return mean(self)
+
+    monkeypatch.setattr(Trainer, "train_step", faulty_train_step)
+    monkeypatch.setattr(EpisodeReturns, "mean", mean_with_its_read)
+    census = LoopSyncCensus(cuda=True)
+    run_training(preset("cartpole", **TINY), tmp_path, epoch_limit_s=120, show_progress=False, loop_census=census)
+    assert census.epochs == [2, 3] and calls["n"] == 36
+    (site, n), = census.sites.items()
+    assert n == 5 and site.startswith("torch.Tensor.item at ") and __file__ in site, census.sites
+
+
+def test_the_gate_row_takes_the_census_verdict(cpu_tensors_sync):
+    def row_after(census: LoopSyncCensus) -> pd.Series:
+        v = verdict_table({})
+        v["source"], v["evidence"] = "", ""
+        judge_loop_syncs(v, census)
+        return v.set_index("criterion").loc[LOOP_SYNC_CRITERION]
+
+    found, clean = LoopSyncCensus(cuda=True), LoopSyncCensus(cuda=True)
+    found.begin(2)
+    _read_back(torch.ones(1))
+    found.end()
+    clean.begin(2)
+    clean.end()
+    row = row_after(found)
+    assert (row.verdict, row.measured, row.source) == ("FAIL", 1, "census") and "x1" in row.evidence, row
+    row = row_after(clean)
+    assert (row.verdict, row.measured, row.evidence) == ("PASS", 0, "none in the loop of epoch 2"), row
+    row = row_after(LoopSyncCensus(cuda=False))
+    assert (row.verdict, row.status) == ("-", "not measured (no CUDA)"), row
+    assert LOOP_SYNC_CRITERION in {c.name for c in CRITERIA}
