@@ -13,9 +13,15 @@ run, with two sources:
   A warning raised inside a hooked call is that call's, already counted; the others are counted with the call site
   of the Python line that made them (the first frame outside torch and guards/).
 
-The first epoch is left out: it compiles the kernels and captures the CUDA graphs, and capture synchronizes. The
-readback, evaluation and checkpoint at the end of an epoch are left out too (the epoch's one host read). On a
-machine without CUDA nothing is measured: host "syncs" of CPU tensors wait for no device.
+The first epoch the census is given is left out, whatever its number (a resumed run's first epoch captures again): it
+compiles the kernels and captures the CUDA graphs, and capture synchronizes. The readback, evaluation and checkpoint
+at the end of an epoch are left out too (the epoch's one host read). On a machine without CUDA nothing is measured:
+host "syncs" of CPU tensors wait for no device.
+
+Not seen (the guarded window's trace sees them in its K iterations only): a non_blocking copy to pageable memory
+(the driver makes it synchronous; torch raises no warning), syncs through the device-generic `torch.Event` /
+`torch.Stream` or through a function bound before the hooks were installed (sync_hooks' limits), and C++ syncs that
+raise no sync debug warning.
 Source of the warning text: c10/cuda/CUDAFunctions.cpp, `warn_or_error_on_sync`.
 """
 
@@ -34,24 +40,24 @@ from hotloop.guards.sync_hooks import SyncHooks
 
 SYNC_WARNING = "called a synchronizing CUDA operation"
 """The text of the warning torch raises in sync debug mode "warn" (c10/cuda/CUDAFunctions.cpp)."""
-FIRST_STEADY_EPOCH = 2
-"""The first epoch the census watches: epoch 1 compiles and captures."""
 _INTERNAL_DIRS = (str(Path(torch.__file__).parent) + "/", str(Path(sync_hooks.__file__).parent) + "/")
 
 
 @dataclass
 class LoopSyncCensus:
-    """Counts the training loop's host syncs over every epoch >= FIRST_STEADY_EPOCH (module docstring).
+    """Counts the training loop's host syncs over every epoch after the first it is given (module docstring).
 
     Drive it with `begin(epoch)` right before an epoch's loop and `end()` when the loop has queued its last launch
     (the "readback" phase; also after an exception: `end` is idempotent). `cuda` (default: torch.cuda.is_available())
     says whether there is a device to sync with; without one `begin` does nothing. After the run: `epochs` (the
-    epoch numbers watched), `sites` (Counter of "api at file:line" -> calls), `total` (all calls) and `verdict()`.
+    epoch numbers watched), `skipped` (the first epoch's number, None before it), `sites` (Counter of "api at
+    file:line" -> calls), `total` (all calls) and `verdict()`.
     Raises RuntimeError from `begin` while a census epoch is open.
     """
 
     cuda: bool = field(default_factory=torch.cuda.is_available)
     epochs: list[int] = field(default_factory=list)
+    skipped: int | None = None
     sites: Counter = field(default_factory=Counter)
     _hooks: SyncHooks | None = None
     _warnings: warnings.catch_warnings | None = None
@@ -59,7 +65,10 @@ class LoopSyncCensus:
     def begin(self, epoch: int) -> None:
         if self._hooks is not None:
             raise RuntimeError("LoopSyncCensus.begin: the census of an epoch is already open")
-        if not self.cuda or epoch < FIRST_STEADY_EPOCH:
+        if not self.cuda:
+            return
+        if self.skipped is None:  # the run's first epoch compiles and captures
+            self.skipped = epoch
             return
         self._warnings = warnings.catch_warnings()
         self._warnings.__enter__()
@@ -87,9 +96,11 @@ class LoopSyncCensus:
         hooks, self._hooks = self._hooks, None
         if hooks is None:
             return
-        hooks.__exit__(None, None, None)
-        self._warnings.__exit__(None, None, None)
-        self._warnings = None
+        try:
+            hooks.__exit__(None, None, None)
+        finally:
+            self._warnings.__exit__(None, None, None)
+            self._warnings = None
         for hit in hooks.hits:
             self.sites[f"{hit.api} at {hit.site}"] += 1
 
@@ -103,8 +114,8 @@ class LoopSyncCensus:
         if not self.cuda:
             return None, "not measured (no CUDA)"
         if not self.epochs:
-            return None, (f"not measured (no epoch after the first: epoch 1 compiles and captures; run "
-                          f"--epochs {FIRST_STEADY_EPOCH} or more)")
+            return None, ("not measured (no epoch after the first: the first compiles and captures; run "
+                          "--epochs 2 or more)")
         span = f"epoch{'s' * (len(self.epochs) > 1)} {self.epochs[0]}" + (
             f"-{self.epochs[-1]}" if len(self.epochs) > 1 else "")
         if not self.sites:
@@ -122,12 +133,15 @@ def _inside_hooked_call() -> bool:
     return False
 
 
+_WARNING_MODULES = ("warnings", "_py_warnings")  # Python 3.14 moved warnings' code into _py_warnings
+
+
 def _site() -> str:
-    """"file:line" of the innermost frame outside torch, guards/ and the warnings module ("<unknown>" if none)."""
+    """"file:line" of the innermost frame outside torch, guards/ and the warnings modules ("<unknown>" if none)."""
     frame = sys._getframe(1)
     while frame is not None:
         name = frame.f_code.co_filename
-        if not name.startswith(_INTERNAL_DIRS) and name != warnings.__file__:
+        if not name.startswith(_INTERNAL_DIRS) and frame.f_globals.get("__name__") not in _WARNING_MODULES:
             return f"{name}:{frame.f_lineno}"
         frame = frame.f_back
     return "<unknown>"

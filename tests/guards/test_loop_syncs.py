@@ -37,10 +37,17 @@ def _read_back(t: torch.Tensor) -> float:
     return t.sum().item()
 
 
+def _past_first(census: LoopSyncCensus, first: int = 1) -> LoopSyncCensus:
+    """The census after the run's first epoch (`first`), which it never watches."""
+    census.begin(first)
+    census.end()
+    return census
+
+
 def test_counts_only_epochs_after_the_first_and_only_while_open(cpu_tensors_sync):
     census = LoopSyncCensus(cuda=True)
     t = torch.randn(5)
-    census.begin(1)            # epoch 1 compiles and captures: not watched
+    census.begin(1)            # the first epoch compiles and captures: not watched
     _read_back(t)
     census.end()
     census.begin(2)
@@ -65,7 +72,7 @@ def test_sync_debug_warnings_are_counted_once_and_other_warnings_pass(cpu_tensor
         return []
 
     monkeypatch.setattr(torch.Tensor, "tolist", tolist_that_syncs)
-    census = LoopSyncCensus(cuda=True)
+    census = _past_first(LoopSyncCensus(cuda=True), first=2)
     census.begin(3)
     warnings.warn(SYNC_WARNING, UserWarning)          # an implicit sync (nonzero, a mask index, ...)
     torch.ones(2).tolist()
@@ -89,8 +96,19 @@ def test_not_measured_without_cuda_or_a_second_epoch():
     assert measured is None and text.startswith("not measured (no epoch after the first")
 
 
-def test_begin_twice_raises(cpu_tensors_sync):
+def test_a_resumed_runs_first_epoch_is_skipped_whatever_its_number(cpu_tensors_sync):
     census = LoopSyncCensus(cuda=True)
+    census.begin(5)            # a resumed run captures its graphs again in its first epoch
+    _read_back(torch.ones(1))
+    census.end()
+    census.begin(6)
+    _read_back(torch.ones(1))
+    census.end()
+    assert (census.skipped, census.epochs, census.total) == (5, [6], 1)
+
+
+def test_begin_twice_raises(cpu_tensors_sync):
+    census = _past_first(LoopSyncCensus(cuda=True))
     census.begin(2)
     try:
         with pytest.raises(RuntimeError, match="already open"):
@@ -140,7 +158,7 @@ def test_the_gate_row_takes_the_census_verdict(cpu_tensors_sync):
         judge_loop_syncs(v, census)
         return v.set_index("criterion").loc[LOOP_SYNC_CRITERION]
 
-    found, clean = LoopSyncCensus(cuda=True), LoopSyncCensus(cuda=True)
+    found, clean = _past_first(LoopSyncCensus(cuda=True)), _past_first(LoopSyncCensus(cuda=True))
     found.begin(2)
     _read_back(torch.ones(1))
     found.end()
