@@ -171,3 +171,20 @@ def test_the_gate_row_takes_the_census_verdict(cpu_tensors_sync):
     row = row_after(LoopSyncCensus(cuda=False))
     assert (row.verdict, row.status) == ("-", "not measured (no CUDA)"), row
     assert LOOP_SYNC_CRITERION in {c.name for c in CRITERIA}
+
+
+@pytest.mark.gpu
+def test_real_cuda_syncs_are_counted_by_their_hook_and_by_the_sync_debug_warning():
+    """On a GPU: an .item() is counted once (its hook; its C++ warning is the same call's), a boolean-mask index (an
+    implicit nonzero that no Python hook sees) by torch's sync debug warning; the debug mode is restored after."""
+    before = torch.cuda.get_sync_debug_mode()
+    census = _past_first(LoopSyncCensus(cuda=True))
+    x = torch.randn(64, device="cuda")
+    census.begin(2)
+    x.sum().item()
+    positive = x[x > 0]
+    census.end()
+    kinds = {site.split(" at ")[0]: n for site, n in census.sites.items()}
+    assert kinds == {"torch.Tensor.item": 1, "sync debug warning": 1}, census.sites
+    assert all(__file__ in site for site in census.sites) and positive.numel() > 0
+    assert torch.cuda.get_sync_debug_mode() == before
