@@ -28,8 +28,8 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from hotloop.guards.baselines import (Baseline, baseline_path, compare, compare_epochs, config_mismatch, epoch_metrics,
-                                     load_baseline, write_baseline)
+from hotloop.guards.baselines import (KERNEL_US_PREFIX, Baseline, baseline_path, compare, compare_epochs,
+                                     config_mismatch, epoch_metrics, load_baseline, write_baseline)
 from hotloop.guards.faults import check_request
 from hotloop.guards.faults import inject as inject_fault
 from hotloop.guards.guard import MIN_WINDOW_STEPS, GuardReport, default_window_steps, guard_window
@@ -276,7 +276,11 @@ def _baseline_step(reports: list[GuardReport], baseline: Path | None, update: bo
                                                      "(trace anomalies, see note)"]
     table = pd.concat([table, compare_epochs(epochs, loaded).assign(note="")], ignore_index=True)
     write_table(table, run_dir, "baseline")
-    print(f"\nBaseline comparison ({baseline})\n" + format_table(table.drop(columns="note"))
+    kernel = table["metric"].str.startswith(KERNEL_US_PREFIX)
+    failing = table["verdict"].eq("FAIL")
+    print(f"\nBaseline comparison ({baseline})\n" + format_table(table[~kernel | failing].drop(columns="note"))
+          + f"\nper-kernel timings ({KERNEL_US_PREFIX}*): {int(kernel.sum())} compared, "
+            f"{int((kernel & failing).sum())} FAIL (shown above; every row in baseline.csv)"
           + (f"\nnote: {note}" if note else ""))
     return table[table.verdict == "FAIL"]
 

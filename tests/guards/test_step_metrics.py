@@ -12,8 +12,9 @@ import pandas as pd
 import pytest
 
 from hotloop.guards.step_metrics import (FP32, GEMM, HIT_MARK, NO_PHASE, OUTSIDE_LABEL, TF32, WINDOW_RANGE,
-                                         PhaseRoles, event_phases, gemm_precision, kernel_phases, phase_coverage,
-                                         step_metrics)
+                                         PhaseRoles, event_phases, gemm_precision, kernel_phases, kernel_times,
+                                         phase_coverage, step_metrics)
+from hotloop.guards.baselines import KERNEL_US_PREFIX, is_count
 from hotloop.profiles.kineto_reader import read_kineto
 from hotloop.profiles.nsight_reader import read_nsight_sqlite
 from hotloop.profiles.trace_schema import event_frame
@@ -549,3 +550,26 @@ def test_phase_steps_coverage_and_markers():
     assert cov.loc["target_update", "status"] == "not in window (period 100 > window 4)"
     assert list(cov["period"]) == [1, 2, 100, pd.NA]
     assert NO_PHASE not in cov.index and OUTSIDE_LABEL not in cov.index  # nothing there to show
+
+
+def test_per_kernel_times_are_mean_us_per_undamaged_step_by_name():
+    """Each kernel name's summed GPU time over the undamaged steps, divided by their number: a kernel of a periodic
+    phase (here in step 1 only) counts by its share; copy kernels (memcpy*) and damaged steps are left out."""
+    b = TraceBuilder()
+    for k in range(4):
+        g = 1000.0 * (k + 1)
+        with b.step():
+            b.gpu("gemm_a", g, 10.0 + k)           # 10, 11, 12, (13: step 3 is damaged)
+            b.gpu("gemm_a", g + 20, 5.0)           # the same kernel twice per step (two layers)
+            if k == 1:
+                b.gpu("readback_kernel", g + 40, 8.0)
+            b.gpu("memcpy128", g + 60, 3.0, launch="cudaGraphLaunch")
+            if k == 3:
+                b.gpu("lost_kernel", 0.0, 0.0)
+    m = step_metrics(b.frame())
+    times = {name: us for name, us in m.medians.items() if name.startswith(KERNEL_US_PREFIX)}
+    assert times == {f"{KERNEL_US_PREFIX}gemm_a": pytest.approx((10 + 11 + 12 + 3 * 5) / 3),
+                     f"{KERNEL_US_PREFIX}readback_kernel": pytest.approx(8 / 3)}, times
+    assert not is_count(f"{KERNEL_US_PREFIX}gemm_a")
+    assert kernel_times(b.frame(), pd.Series(False, index=b.frame().index), pd.Series(dtype="Int64"),
+                        pd.Series([], dtype="int64")) == {}
