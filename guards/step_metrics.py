@@ -26,7 +26,8 @@ the events of a step (`STEP_COLUMNS` lists the metric columns):
 - gpu_kernel_us (sum of kernel durations), gpu_busy_us (length of the union of kernel intervals, all streams),
   gpu_span_us (first kernel start to last kernel end);
 - in `StepMetrics.medians` only (no per_step column: the names differ per program): KERNEL_US_PREFIX + kernel name,
-  each kernel's mean GPU time per undamaged step (`kernel_times`; hotloop.guards.baselines, "Per-kernel timings");
+  each kernel's GPU time per undamaged step (`kernel_times`: a median, scaled by the share of steps that ran it;
+  hotloop.guards.baselines, "Per-kernel timings");
 - ddqn_kernel_us, ddqn_overlap_us, ddqn_overlap_ratio: kernel time of the Double-DQN forward phase, the part of it
   that runs at the same time as online-forward kernels of another stream, and their ratio (NaN without both).
 
@@ -638,15 +639,20 @@ def _event_metrics(df: pd.DataFrame, phase: pd.Series, path: pd.Series, precisio
 
 
 def kernel_times(df: pd.DataFrame, kernel: pd.Series, bucket: pd.Series, steps: pd.Series) -> dict[str, float]:
-    """{KERNEL_US_PREFIX + name: the kernel's mean GPU time per step (us)} over `steps` (the undamaged steps' numbers),
-    summing the durations of the events where `kernel` (a bool Series on df's index: kernels with a valid time,
-    copy kernels excluded) holds and whose step (`bucket`) is one of `steps`; the mean, not the median, so that a
-    kernel of a periodic phase (every 100 steps) counts. {} when there is no such step."""
+    """{KERNEL_US_PREFIX + name: the kernel's GPU time per step (us)} over `steps` (the undamaged steps' numbers),
+    from the events where `kernel` (a bool Series on df's index: kernels with a valid time, copy kernels excluded)
+    holds and whose step (`bucket`) is one of `steps`: the median over the steps that ran the kernel of its summed
+    time in the step (two layers' launches of one kernel add up), times the share of `steps` that ran it. A median,
+    so that one stalled launch (H200 traces hold a few 2.5 ms instances of 20-40 us kernels) moves nothing; times the
+    share, so that a kernel of a periodic phase (every 100 steps) counts by its share. {} when there is no such step."""
     if not len(steps):
         return {}
     picked = kernel & bucket.isin(steps.tolist()).fillna(False).astype(bool)
-    totals = df.loc[picked].groupby("name", observed=True)["dur_us"].sum()
-    return {f"{KERNEL_US_PREFIX}{name}": float(total) / len(steps) for name, total in totals.items()}
+    per_step = df.loc[picked].assign(step=bucket[picked]).groupby(["name", "step"], observed=True)["dur_us"].sum()
+    out = {}
+    for name, times in per_step.groupby(level="name", observed=True):
+        out[f"{KERNEL_US_PREFIX}{name}"] = float(times.median()) * len(times) / len(steps)
+    return out
 
 
 def _pageable_async_copies(df: pd.DataFrame, api: pd.Series) -> pd.Series:

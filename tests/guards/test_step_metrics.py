@@ -492,9 +492,8 @@ def test_a_graph_copy_counts_the_same_as_a_memcpy_kernel_or_a_dtod_memcpy():
         row = m.per_step.iloc[0]
         assert (row["kernels"], row["kernels_grid1"], row["env_kernels_grid1"], row["d2d_copies"]) == (1, 1, 1, 1)
     assert (kernel_form.medians["memcpy_kernels"], memcpy_form.medians["memcpy_dtod_events"]) == (1.0, 1.0)
-    counts = {k: [v] for k, v in memcpy_form.medians.items() if not k.endswith(("_us", "_ratio"))}
-    base = Baseline(gpu="test", metrics={k: [v] for k, v in kernel_form.medians.items()
-                                          if not k.endswith(("_us", "_ratio"))})
+    counts = {k: [v] for k, v in memcpy_form.medians.items() if is_count(k)}
+    base = Baseline(gpu="test", metrics={k: [v] for k, v in kernel_form.medians.items() if is_count(k)})
     table = compare(counts, base).set_index("metric")
     assert not table.verdict.eq("FAIL").any(), table[table.verdict.eq("FAIL")]
     assert table.loc["d2d_copies", "verdict"] == "PASS"  # the sum is still compared exactly
@@ -552,24 +551,25 @@ def test_phase_steps_coverage_and_markers():
     assert NO_PHASE not in cov.index and OUTSIDE_LABEL not in cov.index  # nothing there to show
 
 
-def test_per_kernel_times_are_mean_us_per_undamaged_step_by_name():
-    """Each kernel name's summed GPU time over the undamaged steps, divided by their number: a kernel of a periodic
-    phase (here in step 1 only) counts by its share; copy kernels (memcpy*) and damaged steps are left out."""
+def test_per_kernel_times_are_median_us_per_undamaged_step_by_name():
+    """Each kernel name's time per step: the median over the steps that ran it of its summed time in the step, times
+    the share of steps that ran it (a kernel of a periodic phase, here in step 1 only, counts by its share); one
+    stalled launch moves nothing; copy kernels (memcpy*) and damaged steps are left out."""
     b = TraceBuilder()
-    for k in range(4):
-        g = 1000.0 * (k + 1)
+    for k in range(5):
+        g = 10_000.0 * (k + 1)
         with b.step():
-            b.gpu("gemm_a", g, 10.0 + k)           # 10, 11, 12, (13: step 3 is damaged)
-            b.gpu("gemm_a", g + 20, 5.0)           # the same kernel twice per step (two layers)
+            b.gpu("gemm_a", g, 2500.0 if k == 2 else 10.0 + k)  # 10, 11, (a 2.5 ms stall), 13, (14: damaged)
+            b.gpu("gemm_a", g + 3000, 5.0)                       # the same kernel twice per step (two layers)
             if k == 1:
-                b.gpu("readback_kernel", g + 40, 8.0)
-            b.gpu("memcpy128", g + 60, 3.0, launch="cudaGraphLaunch")
-            if k == 3:
+                b.gpu("readback_kernel", g + 3040, 8.0)
+            b.gpu("memcpy128", g + 3060, 3.0, launch="cudaGraphLaunch")
+            if k == 4:
                 b.gpu("lost_kernel", 0.0, 0.0)
     m = step_metrics(b.frame())
     times = {name: us for name, us in m.medians.items() if name.startswith(KERNEL_US_PREFIX)}
-    assert times == {f"{KERNEL_US_PREFIX}gemm_a": pytest.approx((10 + 11 + 12 + 3 * 5) / 3),
-                     f"{KERNEL_US_PREFIX}readback_kernel": pytest.approx(8 / 3)}, times
+    assert times == {f"{KERNEL_US_PREFIX}gemm_a": pytest.approx((16 + 18) / 2),    # median of 15, 16, 2505, 18
+                     f"{KERNEL_US_PREFIX}readback_kernel": pytest.approx(8 / 4)}, times
     assert not is_count(f"{KERNEL_US_PREFIX}gemm_a")
     assert kernel_times(b.frame(), pd.Series(False, index=b.frame().index), pd.Series(dtype="Int64"),
                         pd.Series([], dtype="int64")) == {}
