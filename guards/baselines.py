@@ -49,6 +49,16 @@ Comparison (`compare`): a run is R' repeats of the same metrics.
   ratio (H200, 927902a: 10.9 us at ratio 0.85 against the baseline's 10.3 at 0.24, +5.8%, with every baseline
   repeat equal: MAD 0).
 
+Per-kernel timings (KERNEL_US_PREFIX + kernel name, hotloop.guards.step_metrics): each kernel's mean GPU time per
+guarded step, so that one kernel slowed down inside (a tile, a warp count, a grid, an extra pass) fails the gate
+though the step's total moves less than its 5%: a kernel of 4% of the step made twice as slow moves the total by 4%.
+Rule KERNEL_THRESHOLD, "median:+25%", or 3 x MAD spread, or KERNEL_FLOOR_US (1 us), whichever is largest. The
+margin is a first estimate from other data than it judges: over four H200 calls of one seed-scale tree
+(profiles/h200/ab/tf32_rounding/kernels.csv, medians of the longest kernels per launch grid in 100-step gate traces)
+each moved by 0-3%, except a Double-DQN forward kernel that shares the SMs with the online chain as far as they
+overlap: 14% (24.9-28.5 us); repeated clean gates of the cartpole preset (2-5 us kernels) are what must confirm it. A kernel only in the run is new ("-": not in baseline); one only
+in the baseline FAILs as any missing metric does (a renamed kernel: re-record the baseline).
+
 Epoch throughput (`epoch_metrics`, `compare_epochs`): the per-epoch table (hotloop.profiles.epoch_table) is compared
 too, so that a regression of the whole loop (acting, env stepping, readback, logging: work outside the guarded
 steps) fails the gate even when no structural count moves. EPOCH_METRICS are learner_steps_per_s (higher is better,
@@ -101,10 +111,21 @@ THRESHOLDS = {"ddqn_kernel_us": "median:+10%"}
 """Metrics whose default threshold is not `default_threshold`'s (module docstring, "Thresholds of their own")."""
 
 
+KERNEL_US_PREFIX = "kernel_us:"
+"""Prefix of the per-kernel timings: "kernel_us:<kernel name>", the kernel's mean GPU time per guarded step (us)."""
+KERNEL_THRESHOLD = "median:+25%"
+"""The per-kernel timings' rule (module docstring, "Per-kernel timings")."""
+KERNEL_TIME = "kernel time"
+"""What a mutant names when a per-kernel timing row (KERNEL_US_PREFIX) of the baseline comparison must FAIL."""
+KERNEL_FLOOR_US = 1.0
+"""The least worsening a per-kernel timing is allowed, in us: a launch-bound kernel of 2-4 us moves by a few tenths."""
+
+
 def is_count(metric: str) -> bool:
     """True for structural counts (kernels, syncs, copies, memsets, launches, GEMMs, hook hits: compared exactly),
-    False for timings and ratios (names ending in TIMING_SUFFIXES, e.g. gpu_span_us, learner_steps_per_s)."""
-    return not metric.endswith(TIMING_SUFFIXES)
+    False for timings and ratios (names ending in TIMING_SUFFIXES, e.g. gpu_span_us, learner_steps_per_s, and the
+    per-kernel timings, KERNEL_US_PREFIX + name)."""
+    return not (metric.endswith(TIMING_SUFFIXES) or metric.startswith(KERNEL_US_PREFIX))
 MAD_TO_SIGMA = 1.4826
 STATISTICS = {"median": np.nanmedian, "mean": np.nanmean, "min": np.nanmin, "max": np.nanmax}
 SCHEMA = 1
@@ -157,10 +178,12 @@ def parse_threshold(expr: str) -> Threshold:
 
 
 def default_threshold(metric: str) -> str:
-    """THRESHOLDS' expression for the metrics it names; else "median:-5%" for higher-is-better metrics (names ending
-    _per_s or _ratio) and "median:+5%" for the others."""
+    """THRESHOLDS' expression for the metrics it names; KERNEL_THRESHOLD for the per-kernel timings; else
+    "median:-5%" for higher-is-better metrics (names ending _per_s or _ratio) and "median:+5%" for the others."""
     if metric in THRESHOLDS:
         return THRESHOLDS[metric]
+    if metric.startswith(KERNEL_US_PREFIX):
+        return KERNEL_THRESHOLD
     return "median:-5%" if metric.endswith(("_per_s", "_ratio")) else "median:+5%"
 
 
@@ -438,9 +461,11 @@ def _compare_one(metric: str, run: Sequence[float] | None, base: Sequence[float]
         missing = math.isnan(r) and not math.isnan(b)
         return {**row, "baseline": b, "run": r, "delta": r - b, "verdict": "FAIL" if missing else "-",
                 "rule": REPORTED_ONLY[metric] + ("; not measured in the run" if missing else "")}
-    allowed = max(rule.allowed(b), k * row["spread"]) if not math.isnan(b) else math.nan
+    floor = KERNEL_FLOOR_US if metric.startswith(KERNEL_US_PREFIX) else 0.0
+    allowed = max(rule.allowed(b), k * row["spread"], floor) if not math.isnan(b) else math.nan
     sign = "-" if rule.sign < 0 else "+"
-    text = f"{rule.statistic}:{sign}{rule.amount:g}{'%' if rule.percent else ''} or {k:g} x MAD spread"
+    text = (f"{rule.statistic}:{sign}{rule.amount:g}{'%' if rule.percent else ''} or {k:g} x MAD spread"
+            + (f" or {floor:g} us" if floor else ""))
     verdict = "-" if math.isnan(b) else ("FAIL" if math.isnan(r) or rule.sign * (r - b) > allowed else "PASS")
     return {**row, "baseline": b, "run": r, "delta": r - b, "allowed": allowed, "rule": text, "verdict": verdict}
 

@@ -30,8 +30,8 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from hotloop.guards.baselines import (Baseline, baseline_path, compare, compare_epochs, config_mismatch, epoch_metrics,
-                                     load_baseline, write_baseline)
+from hotloop.guards.baselines import (KERNEL_US_PREFIX, Baseline, baseline_path, compare, compare_epochs,
+                                     config_mismatch, epoch_metrics, load_baseline, write_baseline)
 from hotloop.guards.faults import check_request
 from hotloop.guards.faults import inject as inject_fault
 from hotloop.guards.guard import MIN_WINDOW_STEPS, GuardReport, default_window_steps, guard_window
@@ -263,7 +263,8 @@ def _baseline_step(reports: list[GuardReport], baseline: Path | None, update: bo
     to compare: those rows get verdict "-" and a rule saying why, instead of a FAIL for a missing value."""
     if baseline is None:
         return pd.DataFrame()
-    metrics = {m: [r.medians.get(m, float("nan")) for r in reports] for m in reports[0].medians}
+    names = sorted({m for r in reports for m in r.medians})  # a repeat whose steps were all damaged has no kernel_us
+    metrics = {m: [r.medians.get(m, float("nan")) for r in reports] for m in names}
     note = "; ".join(f"repeat {i + 1}: {r.timing_note}" for i, r in enumerate(reports) if r.timing_note)
     if update:
         write_baseline(baseline, metrics, gpu=device_name(torch.device(config["device"])), config=config,
@@ -282,8 +283,14 @@ def _baseline_step(reports: list[GuardReport], baseline: Path | None, update: bo
                                                      "(trace anomalies, see note)"]
     table = pd.concat([table, compare_epochs(epochs, loaded).assign(note="")], ignore_index=True)
     write_table(table, run_dir, "baseline")
-    print(f"\nBaseline comparison ({baseline})\n" + format_table(table.drop(columns="note"))
-          + (f"\nnote: {note}" if note else ""))
+    kernel = table["metric"].str.startswith(KERNEL_US_PREFIX)
+    failing = table["verdict"].eq("FAIL")
+    compared = int((kernel & table["verdict"].isin(["PASS", "FAIL"])).sum())
+    per_kernel = (f"{compared} compared, {int((kernel & failing).sum())} FAIL (shown above; every row in "
+                  f"baseline.csv)" if compared else "none compared: the baseline holds none (re-record it with "
+                  "--update-baseline)")
+    print(f"\nBaseline comparison ({baseline})\n" + format_table(table[~kernel | failing].drop(columns="note"))
+          + f"\nper-kernel timings ({KERNEL_US_PREFIX}*): {per_kernel}" + (f"\nnote: {note}" if note else ""))
     return table[table.verdict == "FAIL"]
 
 

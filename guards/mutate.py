@@ -34,7 +34,7 @@ internal error.
 
 Verdicts (`verdict`): "killed" only when the gate exits 1 and the expected row FAILs in that run (a criteria.csv
 row for a criterion; an `epoch_*` row of baseline.csv for "epoch throughput", hotloop.guards.baselines.
-compare_epochs), or when it exits 3 for an expected "hang"; exit 0 is "survived"; exit 1 without the expected row
+compare_epochs; a `kernel_us:*` row for "kernel time", the per-kernel timings), or when it exits 3 for an expected "hang"; exit 0 is "survived"; exit 1 without the expected row
 (or 3 when a criterion was expected) is "wrong criterion: <what failed>"; any other exit (70 internal error, 2,
 a signal) is "crashed"; a gate that outlives --timeout is killed by the runner and recorded as "timed out".
 
@@ -65,7 +65,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from hotloop.guards.baselines import EPOCH_PREFIX, EPOCH_THROUGHPUT
+from hotloop.guards.baselines import EPOCH_PREFIX, EPOCH_THROUGHPUT, KERNEL_TIME, KERNEL_US_PREFIX
 from hotloop.guards.criteria import CRITERIA
 from hotloop.guards.watchdog import HANG_EXIT_CODE
 
@@ -75,7 +75,7 @@ HANG = "hang"
 GATE_CRITERIA = tuple(c.name for c in CRITERIA if c.name != "smoke suite" and c.comparison in _LIMITS)
 """The criteria rows the gate judges: those with a limit (a reported row never FAILs; the smoke suite is
 `pytest -m smoke`, not the gate)."""
-EXPECTABLE = (*GATE_CRITERIA, EPOCH_THROUGHPUT, HANG)
+EXPECTABLE = (*GATE_CRITERIA, EPOCH_THROUGHPUT, KERNEL_TIME, HANG)
 """What a mutant may name as its criterion ("epoch 1 without hang" reads as "hang")."""
 KILLED, SURVIVED, CRASHED, TIMED_OUT, WRONG = "killed", "survived", "crashed", "timed out", "wrong criterion"
 USAGE, BELOW_MIN_SCORE, CLEAN_FAILED, INTERNAL = 2, 1, 4, 70
@@ -390,8 +390,8 @@ def _under(path: Path, folder: Path) -> bool:
 
 def failed_rows(run_dir: Path) -> list[str]:
     """What FAILed in a gate run folder: the criteria.csv rows with verdict FAIL (criterion names, table order),
-    then "epoch throughput" if an epoch_* row of baseline.csv FAILs, then "regression <metric>" for every other
-    FAIL row of baseline.csv. Empty when neither file exists (a hang or a crash writes none)."""
+    then "epoch throughput" if an epoch_* row of baseline.csv FAILs, "kernel time" if a kernel_us:* row does
+    (KERNEL_US_PREFIX), then "regression <metric>" for every other FAIL row of baseline.csv. Empty when neither file exists (a hang or a crash writes none)."""
     out = []
     crit = Path(run_dir) / "criteria.csv"
     if crit.is_file():
@@ -403,6 +403,8 @@ def failed_rows(run_dir: Path) -> list[str]:
         failing = df.loc[df["verdict"].eq("FAIL"), "metric"].astype(str)
         if failing.str.startswith(EPOCH_PREFIX).any():
             out.append(EPOCH_THROUGHPUT)
+        if failing.str.startswith(KERNEL_US_PREFIX).any():
+            out.append(KERNEL_TIME)
         out += [f"regression {m}" for m in failing if not m.startswith(EPOCH_PREFIX)]
     return out
 

@@ -25,6 +25,9 @@ the events of a step (`STEP_COLUMNS` lists the metric columns):
   (`gemm_precision`);
 - gpu_kernel_us (sum of kernel durations), gpu_busy_us (length of the union of kernel intervals, all streams),
   gpu_span_us (first kernel start to last kernel end);
+- in `StepMetrics.medians` only (no per_step column: the names differ per program): KERNEL_US_PREFIX + kernel name,
+  each kernel's GPU time per undamaged step (`kernel_times`: a median, scaled by the share of steps that ran it;
+  hotloop.guards.baselines, "Per-kernel timings");
 - ddqn_kernel_us, ddqn_overlap_us, ddqn_overlap_ratio: kernel time of the Double-DQN forward phase, the part of it
   that runs at the same time as online-forward kernels of another stream, and their ratio (NaN without both).
 
@@ -73,7 +76,7 @@ from fnmatch import fnmatchcase
 import numpy as np
 import pandas as pd
 
-from hotloop.guards.baselines import is_count
+from hotloop.guards.baselines import KERNEL_US_PREFIX, is_count
 from hotloop.guards.criteria import CRITERIA
 from hotloop.profiles.trace_anomalies import count_anomalies, valid_time
 from hotloop.profiles.trace_counts import (COUNT_COLUMNS, PROFILER_STEP, SYNC_COLUMNS, api_names, assign_steps, event_flags,
@@ -413,6 +416,7 @@ def step_metrics(df: pd.DataFrame, *, step_range_name: str | None = "step", doma
     clean = per_step["anomaly"].eq("")
     cols = [c for c in per_step.columns if c not in ("step", "range_name", "start_us", *ANOMALY_COLUMNS)]
     medians = {c: float(per_step[c][clean | is_count(c)].median()) if len(per_step) else float("nan") for c in cols}
+    medians |= kernel_times(df, ev["kernels"].astype(bool) & valid_time(df), bucket, per_step["step"][clean])
     gemm = kernel & precision.ne("") & in_step
     gemms = (pd.DataFrame({"phase": phase[gemm], "precision": precision[gemm], "name": df.loc[gemm, "name"]})
              .value_counts(sort=False).rename("kernels").reset_index())
@@ -631,6 +635,23 @@ def _event_metrics(df: pd.DataFrame, phase: pd.Series, path: pd.Series, precisio
     out["learner_memsets"] = out["memsets"] * learner
     out["env_kernels_grid1"] = out["kernels_grid1"] * env
     out["gpu_kernel_us"] = df["dur_us"].where(kernel & valid_time(df), 0.0)
+    return out
+
+
+def kernel_times(df: pd.DataFrame, kernel: pd.Series, bucket: pd.Series, steps: pd.Series) -> dict[str, float]:
+    """{KERNEL_US_PREFIX + name: the kernel's GPU time per step (us)} over `steps` (the undamaged steps' numbers),
+    from the events where `kernel` (a bool Series on df's index: kernels with a valid time, copy kernels excluded)
+    holds and whose step (`bucket`) is one of `steps`: the median over the steps that ran the kernel of its summed
+    time in the step (two layers' launches of one kernel add up), times the share of `steps` that ran it. A median,
+    so that one stalled launch (H200 traces hold a few 2.5 ms instances of 20-40 us kernels) moves nothing; times the
+    share, so that a kernel of a periodic phase (every 100 steps) counts by its share. {} when there is no such step."""
+    if not len(steps):
+        return {}
+    picked = kernel & bucket.isin(steps.tolist()).fillna(False).astype(bool)
+    per_step = df.loc[picked].assign(step=bucket[picked]).groupby(["name", "step"], observed=True)["dur_us"].sum()
+    out = {}
+    for name, times in per_step.groupby(level="name", observed=True):
+        out[f"{KERNEL_US_PREFIX}{name}"] = float(times.median()) * len(times) / len(steps)
     return out
 
 

@@ -9,7 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from hotloop.guards.baselines import (COMPARE_COLUMNS, EPOCH_PREFIX, MAD_TO_SIGMA, NO_EPOCH_BASELINE, Baseline,
+from hotloop.guards.baselines import (COMPARE_COLUMNS, EPOCH_PREFIX, KERNEL_FLOOR_US, KERNEL_THRESHOLD,
+                                      KERNEL_US_PREFIX, MAD_TO_SIGMA, NO_EPOCH_BASELINE, Baseline,
                                       BaselineError, baseline_path, compare, compare_epochs, config_mismatch,
                                       default_threshold, epoch_metrics, load_baseline, mad_spread, parse_threshold,
                                       write_baseline)
@@ -331,3 +332,20 @@ def test_epoch_metrics_round_trip_and_bad_entries_name_the_file(tmp_path):
     path.write_text(json.dumps({**doc, "epoch_metrics": empty}))
     with pytest.raises(BaselineError, match="epoch metric 'learner_steps_per_s'"):
         load_baseline(path)
+
+
+def test_per_kernel_timings_allow_25_percent_or_1_us_and_fail_beyond():
+    """A kernel's mean time per step: +25% (or 3 x MAD, or 1 us, whichever is largest) passes, a kernel twice as slow
+    FAILs though the step's total may move less than its 5%; a new kernel has no verdict, a vanished one FAILs."""
+    big, small = f"{KERNEL_US_PREFIX}gemm", f"{KERNEL_US_PREFIX}tiny"
+    base = Baseline("NVIDIA H200", {big: [40.0, 40.2, 39.9, 40.0, 40.1], small: [2.0, 2.1, 2.0, 2.0, 1.9],
+                                    f"{KERNEL_US_PREFIX}gone": [5.0] * 5})
+    assert default_threshold(big) == KERNEL_THRESHOLD
+    run = {big: [49.0], small: [2.9], f"{KERNEL_US_PREFIX}new": [3.0]}   # +22.5%, +0.9 us
+    t = compare(run, base)
+    assert verdict(t, big) == "PASS" and verdict(t, small) == "PASS", t
+    assert verdict(t, f"{KERNEL_US_PREFIX}new") == "-" and verdict(t, f"{KERNEL_US_PREFIX}gone") == "FAIL"
+    row = t.set_index("metric").loc[small]
+    assert row.allowed == KERNEL_FLOOR_US and row.kind == "timing" and "1 us" in row.rule
+    slow = compare({big: [80.0], small: [3.2]}, base)                      # twice as slow; +1.2 us
+    assert verdict(slow, big) == "FAIL" and verdict(slow, small) == "FAIL", slow

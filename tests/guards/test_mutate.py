@@ -121,6 +121,9 @@ def test_failed_rows_read_criteria_and_baseline_tables(tmp_path):
     assert failed_rows(run) == ["no stream sync", "no single-block kernels", "epoch throughput",
                                 "regression kernels_grid1"]
     assert failed_rows(tmp_path / "nothing") == []  # a hang or a crash writes no table
+    slow = _run_folder(tmp_path / "b", [], ["kernel_us:_fwd_online_tf32_gemm_kernel"])
+    assert failed_rows(slow) == ["kernel time", "regression kernel_us:_fwd_online_tf32_gemm_kernel"]
+    assert verdict("kernel time", 1, failed_rows(slow)) == KILLED
 
 
 @pytest.mark.parametrize("expected, rc, failed, want", [

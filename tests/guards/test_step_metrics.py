@@ -12,8 +12,9 @@ import pandas as pd
 import pytest
 
 from hotloop.guards.step_metrics import (FP32, GEMM, HIT_MARK, NO_PHASE, OUTSIDE_LABEL, TF32, WINDOW_RANGE,
-                                         PhaseRoles, event_phases, gemm_precision, kernel_phases, phase_coverage,
-                                         step_metrics)
+                                         PhaseRoles, event_phases, gemm_precision, kernel_phases, kernel_times,
+                                         phase_coverage, step_metrics)
+from hotloop.guards.baselines import KERNEL_US_PREFIX, is_count
 from hotloop.profiles.kineto_reader import read_kineto
 from hotloop.profiles.nsight_reader import read_nsight_sqlite
 from hotloop.profiles.trace_schema import event_frame
@@ -491,9 +492,8 @@ def test_a_graph_copy_counts_the_same_as_a_memcpy_kernel_or_a_dtod_memcpy():
         row = m.per_step.iloc[0]
         assert (row["kernels"], row["kernels_grid1"], row["env_kernels_grid1"], row["d2d_copies"]) == (1, 1, 1, 1)
     assert (kernel_form.medians["memcpy_kernels"], memcpy_form.medians["memcpy_dtod_events"]) == (1.0, 1.0)
-    counts = {k: [v] for k, v in memcpy_form.medians.items() if not k.endswith(("_us", "_ratio"))}
-    base = Baseline(gpu="test", metrics={k: [v] for k, v in kernel_form.medians.items()
-                                          if not k.endswith(("_us", "_ratio"))})
+    counts = {k: [v] for k, v in memcpy_form.medians.items() if is_count(k)}
+    base = Baseline(gpu="test", metrics={k: [v] for k, v in kernel_form.medians.items() if is_count(k)})
     table = compare(counts, base).set_index("metric")
     assert not table.verdict.eq("FAIL").any(), table[table.verdict.eq("FAIL")]
     assert table.loc["d2d_copies", "verdict"] == "PASS"  # the sum is still compared exactly
@@ -549,3 +549,27 @@ def test_phase_steps_coverage_and_markers():
     assert cov.loc["target_update", "status"] == "not in window (period 100 > window 4)"
     assert list(cov["period"]) == [1, 2, 100, pd.NA]
     assert NO_PHASE not in cov.index and OUTSIDE_LABEL not in cov.index  # nothing there to show
+
+
+def test_per_kernel_times_are_median_us_per_undamaged_step_by_name():
+    """Each kernel name's time per step: the median over the steps that ran it of its summed time in the step, times
+    the share of steps that ran it (a kernel of a periodic phase, here in step 1 only, counts by its share); one
+    stalled launch moves nothing; copy kernels (memcpy*) and damaged steps are left out."""
+    b = TraceBuilder()
+    for k in range(5):
+        g = 10_000.0 * (k + 1)
+        with b.step():
+            b.gpu("gemm_a", g, 2500.0 if k == 2 else 10.0 + k)  # 10, 11, (a 2.5 ms stall), 13, (14: damaged)
+            b.gpu("gemm_a", g + 3000, 5.0)                       # the same kernel twice per step (two layers)
+            if k == 1:
+                b.gpu("readback_kernel", g + 3040, 8.0)
+            b.gpu("memcpy128", g + 3060, 3.0, launch="cudaGraphLaunch")
+            if k == 4:
+                b.gpu("lost_kernel", 0.0, 0.0)
+    m = step_metrics(b.frame())
+    times = {name: us for name, us in m.medians.items() if name.startswith(KERNEL_US_PREFIX)}
+    assert times == {f"{KERNEL_US_PREFIX}gemm_a": pytest.approx((16 + 18) / 2),    # median of 15, 16, 2505, 18
+                     f"{KERNEL_US_PREFIX}readback_kernel": pytest.approx(8 / 4)}, times
+    assert not is_count(f"{KERNEL_US_PREFIX}gemm_a")
+    assert kernel_times(b.frame(), pd.Series(False, index=b.frame().index), pd.Series(dtype="Int64"),
+                        pd.Series([], dtype="int64")) == {}

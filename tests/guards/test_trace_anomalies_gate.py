@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from test_step_metrics import TF32_H200, TF32_SM90, TraceBuilder
 
-from hotloop.guards.baselines import load_baseline, write_baseline
+from hotloop.guards.baselines import KERNEL_US_PREFIX, load_baseline, write_baseline
 from hotloop.guards.gate import _baseline_step
 from hotloop.guards.guard import GuardReport, evaluate
 from hotloop.guards.step_metrics import step_metrics
@@ -101,3 +101,17 @@ def test_a_clean_run_has_an_empty_note_column(tmp_path, repeats):
     assert _baseline_step([clean] * repeats, base, False, tmp_path, {}, EPOCHS).empty
     table = pd.read_csv(tmp_path / "baseline.csv", keep_default_na=False)
     assert set(table["note"]) == {""} and set(table["verdict"]) <= {"PASS", "-"}
+
+
+def test_a_repeat_with_every_step_damaged_does_not_drop_the_other_repeats_kernel_timings(tmp_path):
+    """The per-kernel timings exist only where some step was undamaged: the metrics compared are the union over the
+    repeats, so repeat 1 (all damaged, no kernel_us keys) does not make repeat 2's kernel rows "missing from run"."""
+    clean = report(overlap_trace())
+    base = write_baseline(tmp_path / "cpu.json", {m: [v] for m, v in clean.medians.items()})
+    broken = report(overlap_trace(damaged_steps={0, 1}))
+    kernel_rows = [m for m in clean.medians if m.startswith(KERNEL_US_PREFIX)]
+    assert kernel_rows and not any(m.startswith(KERNEL_US_PREFIX) for m in broken.medians)
+    failing = _baseline_step([broken, clean], base, False, tmp_path, {}, EPOCHS)
+    table = pd.read_csv(tmp_path / "baseline.csv", keep_default_na=False).set_index("metric")
+    assert set(table.loc[kernel_rows, "verdict"]) == {"PASS"}, table.loc[kernel_rows]
+    assert list(failing["metric"]) == ["kernels"]  # the damaged repeat's extra (ts 0) kernel, counted as it should
