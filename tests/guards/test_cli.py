@@ -100,6 +100,7 @@ def test_gate_runs_and_writes_its_tables(tmp_path, capsys):
     assert measured == {"no stream sync", "no event sync", "epoch 1 without hang"}  # CPU: hooks + watchdog only
     assert all(verdicts[c]["verdict"] == "PASS" for c in measured)
     assert verdicts["no D2D weight sync"]["status"] == "not measured (no CUDA)"
+    assert verdicts["no sync in the epochs' loop"]["status"].startswith("not measured (off: ")  # no --loop-census
     # the gate hands the TF32 row to the precision probe (hotloop.guards.gate.judge_precision), never to names
     assert verdicts["TF32 forward only"]["status"] == \
         "not measured (the precision probe covers the hotloop learner's kernels)"
@@ -129,6 +130,16 @@ def test_gate_fails_naming_the_criterion_when_a_step_syncs(tmp_path, capsys, mon
     assert verdicts["no event sync"]["verdict"] == "FAIL"
     # the 3-iteration window lacks the target update (every 100): the clean sync row is not measured, not PASS
     assert verdicts["no stream sync"]["status"] == "not measured (phase target_update not in window)"
+
+
+def test_gate_loop_census_flag_reaches_the_gate(tmp_path):
+    """--loop-census turns the census on: on a CPU it then says why it measures nothing (no CUDA), where without the
+    flag the row says it is off (test_gate_runs_and_writes_its_tables)."""
+    out = tmp_path / "run"
+    assert main(["gate", "--epochs", "2", "--device", "cpu", "--out", str(out), "--guard-steps", "4", *TINY,
+                 "--set", "target_update_interval=2", "--loop-census"]) == 0
+    verdicts = {v["criterion"]: v for v in json.loads((out / "criteria.json").read_text())}
+    assert verdicts["no sync in the epochs' loop"]["status"] == "not measured (no CUDA)"
 
 
 def test_train_resumable_config_file(tmp_path, capsys):

@@ -16,7 +16,7 @@ import torch
 
 from hotloop.guards import sync_hooks
 from hotloop.guards.criteria import CRITERIA, verdict_table
-from hotloop.guards.gate import LOOP_SYNC_CRITERION, judge_loop_syncs
+from hotloop.guards.gate import LOOP_CENSUS_OFF, LOOP_SYNC_CRITERION, judge_loop_syncs
 from hotloop.guards.loop_syncs import SYNC_WARNING, LoopSyncCensus
 from hotloop.guards.run import run_training
 from hotloop.trainer.config import preset
@@ -152,7 +152,7 @@ def test_a_periodic_read_back_in_the_loop_is_counted_over_the_run(monkeypatch, t
 
 
 def test_the_gate_row_takes_the_census_verdict(cpu_tensors_sync):
-    def row_after(census: LoopSyncCensus) -> pd.Series:
+    def row_after(census: LoopSyncCensus | None) -> pd.Series:
         v = verdict_table({})
         v["source"], v["evidence"] = "", ""
         judge_loop_syncs(v, census)
@@ -170,6 +170,8 @@ def test_the_gate_row_takes_the_census_verdict(cpu_tensors_sync):
     assert (row.verdict, row.measured, row.evidence) == ("PASS", 0, "none in the loop of epoch 2"), row
     row = row_after(LoopSyncCensus(cuda=False))
     assert (row.verdict, row.status) == ("-", "not measured (no CUDA)"), row
+    row = row_after(None)                       # the gate without --loop-census
+    assert (row.verdict, row.status) == ("-", LOOP_CENSUS_OFF), row
     assert LOOP_SYNC_CRITERION in {c.name for c in CRITERIA}
 
 
