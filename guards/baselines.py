@@ -49,15 +49,17 @@ Comparison (`compare`): a run is R' repeats of the same metrics.
   ratio (H200, 927902a: 10.9 us at ratio 0.85 against the baseline's 10.3 at 0.24, +5.8%, with every baseline
   repeat equal: MAD 0).
 
-Per-kernel timings (KERNEL_US_PREFIX + kernel name, hotloop.guards.step_metrics): each kernel's mean GPU time per
-guarded step, so that one kernel slowed down inside (a tile, a warp count, a grid, an extra pass) fails the gate
-though the step's total moves less than its 5%: a kernel of 4% of the step made twice as slow moves the total by 4%.
+Per-kernel timings (KERNEL_US_PREFIX + kernel name, hotloop.guards.step_metrics.kernel_times): each kernel's GPU
+time per guarded step (the median over the steps that ran it, scaled by their share), so that one kernel slowed
+down inside (a tile, a warp count, a grid, an extra pass) fails the gate though the step's total moves less than its
+5%: a kernel of 4% of the step made twice as slow moves the total by 4%.
 Rule KERNEL_THRESHOLD, "median:+25%", or 3 x MAD spread, or KERNEL_FLOOR_US (1 us), whichever is largest. The
 margin is a first estimate from other data than it judges: over four H200 calls of one seed-scale tree
 (profiles/h200/ab/tf32_rounding/kernels.csv, medians of the longest kernels per launch grid in 100-step gate traces)
 each moved by 0-3%, except a Double-DQN forward kernel that shares the SMs with the online chain as far as they
-overlap: 14% (24.9-28.5 us); repeated clean gates of the cartpole preset (2-5 us kernels) are what must confirm it. A kernel only in the run is new ("-": not in baseline); one only
-in the baseline FAILs as any missing metric does (a renamed kernel: re-record the baseline).
+overlap: 14% (24.9-28.5 us); repeated clean gates of the cartpole preset (2-5 us kernels) are what must confirm it.
+A kernel only in the run is new ("-": not in baseline); one only in the baseline FAILs as any missing metric does
+(a renamed kernel: re-record the baseline).
 
 Epoch throughput (`epoch_metrics`, `compare_epochs`): the per-epoch table (hotloop.profiles.epoch_table) is compared
 too, so that a regression of the whole loop (acting, env stepping, readback, logging: work outside the guarded
@@ -112,7 +114,7 @@ THRESHOLDS = {"ddqn_kernel_us": "median:+10%"}
 
 
 KERNEL_US_PREFIX = "kernel_us:"
-"""Prefix of the per-kernel timings: "kernel_us:<kernel name>", the kernel's mean GPU time per guarded step (us)."""
+"""Prefix of the per-kernel timings: "kernel_us:<kernel name>", the kernel's GPU time per guarded step (us)."""
 KERNEL_THRESHOLD = "median:+25%"
 """The per-kernel timings' rule (module docstring, "Per-kernel timings")."""
 KERNEL_TIME = "kernel time"

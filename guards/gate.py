@@ -303,8 +303,6 @@ def _every_step_damaged(report: GuardReport) -> bool:
 
 
 LOOP_SYNC_CRITERION = "no sync in the epochs' loop"
-
-
 LOOP_CENSUS_OFF = "not measured (off: hotloop gate --loop-census turns it on)"
 
 

@@ -31,16 +31,14 @@ import sys
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
 from hotloop.guards import sync_hooks
-from hotloop.guards.sync_hooks import SyncHooks
+from hotloop.guards.sync_hooks import SyncHooks, call_site
 
 SYNC_WARNING = "called a synchronizing CUDA operation"
 """The text of the warning torch raises in sync debug mode "warn" (c10/cuda/CUDAFunctions.cpp)."""
-_INTERNAL_DIRS = (str(Path(torch.__file__).parent) + "/", str(Path(sync_hooks.__file__).parent) + "/")
 
 
 @dataclass
@@ -78,7 +76,7 @@ class LoopSyncCensus:
         def show(message, category, filename, lineno, file=None, line=None):
             if SYNC_WARNING in str(message):
                 if not _inside_hooked_call():
-                    self.sites[f"sync debug warning at {_site()}"] += 1
+                    self.sites[f"sync debug warning at {call_site()[0]}"] += 1
                 return
             previous(message, category, filename, lineno, file, line)
 
@@ -131,17 +129,3 @@ def _inside_hooked_call() -> bool:
             return True
         frame = frame.f_back
     return False
-
-
-_WARNING_MODULES = ("warnings", "_py_warnings")  # Python 3.14 moved warnings' code into _py_warnings
-
-
-def _site() -> str:
-    """"file:line" of the innermost frame outside torch, guards/ and the warnings modules ("<unknown>" if none)."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        name = frame.f_code.co_filename
-        if not name.startswith(_INTERNAL_DIRS) and frame.f_globals.get("__name__") not in _WARNING_MODULES:
-            return f"{name}:{frame.f_lineno}"
-        frame = frame.f_back
-    return "<unknown>"

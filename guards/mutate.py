@@ -34,9 +34,10 @@ internal error.
 
 Verdicts (`verdict`): "killed" only when the gate exits 1 and the expected row FAILs in that run (a criteria.csv
 row for a criterion; an `epoch_*` row of baseline.csv for "epoch throughput", hotloop.guards.baselines.
-compare_epochs; a `kernel_us:*` row for "kernel time", the per-kernel timings), or when it exits 3 for an expected "hang"; exit 0 is "survived"; exit 1 without the expected row
-(or 3 when a criterion was expected) is "wrong criterion: <what failed>"; any other exit (70 internal error, 2,
-a signal) is "crashed"; a gate that outlives --timeout is killed by the runner and recorded as "timed out".
+compare_epochs; a `kernel_us:*` row for "kernel time", the per-kernel timings), or when it exits 3 for an expected
+"hang"; exit 0 is "survived"; exit 1 without the expected row (or 3 when a criterion was expected) is "wrong
+criterion: <what failed>"; any other exit (70 internal error, 2, a signal) is "crashed"; a gate that outlives
+--timeout is killed by the runner and recorded as "timed out".
 
 Exit codes of the runner: 0 the suite ran (and the score is >= --min-score when given); 1 the score is below
 --min-score; 2 bad usage, manifest or patch (found before anything runs); 4 the clean tree does not pass the gate
@@ -391,7 +392,8 @@ def _under(path: Path, folder: Path) -> bool:
 def failed_rows(run_dir: Path) -> list[str]:
     """What FAILed in a gate run folder: the criteria.csv rows with verdict FAIL (criterion names, table order),
     then "epoch throughput" if an epoch_* row of baseline.csv FAILs, "kernel time" if a kernel_us:* row does
-    (KERNEL_US_PREFIX), then "regression <metric>" for every other FAIL row of baseline.csv. Empty when neither file exists (a hang or a crash writes none)."""
+    (KERNEL_US_PREFIX), then "regression <metric>" for every FAIL row of baseline.csv but the epoch_* ones. Empty
+    when neither file exists (a hang or a crash writes none)."""
     out = []
     crit = Path(run_dir) / "criteria.csv"
     if crit.is_file():

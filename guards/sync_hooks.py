@@ -131,7 +131,7 @@ class SyncHooks:
         def hooked(*args, **kwargs):
             depth = getattr(local, "depth", 0)
             if depth == 0 and (not tensor_method or is_device_sync(args[0])):
-                site, function = _call_site()
+                site, function = call_site()
                 self.hits.append(SyncHit(self.step, api, criterion, site, function,
                                          threading.current_thread().name))
             local.depth = depth + 1
@@ -151,11 +151,17 @@ def _resolve(dotted: str) -> object:
     return obj
 
 
-def _call_site() -> tuple[str, str]:
-    """("file:line", function) of the innermost frame outside torch and guards/ ("<unknown>", "") if none)."""
+_WARNING_MODULES = ("warnings", "_py_warnings")  # Python 3.14 moved warnings' code into _py_warnings
+
+
+def call_site() -> tuple[str, str]:
+    """("file:line", function) of the innermost frame outside torch, guards/ and the warnings modules, above the
+    caller's caller (the hooked call's wrapper, or the warnings' show hook: hotloop.guards.loop_syncs)
+    (("<unknown>", "") if none)."""
     frame = sys._getframe(2)
     while frame is not None:
-        if not frame.f_code.co_filename.startswith(_INTERNAL_DIRS):
+        if (not frame.f_code.co_filename.startswith(_INTERNAL_DIRS)
+                and frame.f_globals.get("__name__") not in _WARNING_MODULES):
             return f"{frame.f_code.co_filename}:{frame.f_lineno}", frame.f_code.co_name
         frame = frame.f_back
     return "<unknown>", ""

@@ -4,8 +4,8 @@ Style after CleanRL's `Args` dataclass (cleanrl/dqn.py): one field per knob, eac
 `hotloop train --help` shows. Presets (`PRESETS`) are the only named configurations: `cartpole`, the default,
 learns CartPole-v1 with either learner, on a CPU in about a minute or on a GPU in seconds (12,000 learner steps,
 spectral norm off: CARTPOLE_LEARNS); `cartpole-fast` is the same run in 24 epochs of 500 learner steps, for timing
-to a return of 475, with a wider net (trunk 256-256, heads 64) and lr decaying linearly to a tenth (CARTPOLE_FAST); `seed-scale` is the shape every perf number is quoted at, spectral norm on every weight matrix
-(docs/h200_facts.md).
+to a return of 475, with a wider net (trunk 256-256, heads 64) and lr decaying linearly to a tenth (CARTPOLE_FAST);
+`seed-scale` is the shape every perf number is quoted at, spectral norm on every weight matrix (docs/h200_facts.md).
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ class Config:
     lr: float = 5e-4
     """Adam learning rate"""
     lr_end_factor: float = 1.0
-    """lr at the run's last learner step as a fraction of `lr`, reached linearly (torch LinearLR's end_factor); 1 = constant"""
+    """lr at the run's last learner step as a fraction of `lr`, reached linearly (LinearLR's end_factor); 1 = none"""
     adam_eps: float = 1e-8
     """Adam epsilon"""
     weight_decay: float = 0.0
@@ -109,6 +109,11 @@ class Config:
             if isinstance(getattr(self, name), list):
                 setattr(self, name, tuple(getattr(self, name)))
         validate(self)
+
+    def total_learner_steps(self) -> int:
+        """epochs x learner_steps_per_epoch: the learner steps of the whole run (>= 1), the span of the PER beta's
+        annealing and of the lr decay."""
+        return self.epochs * self.learner_steps_per_epoch
 
     def env_shape(self) -> dict[str, Any]:
         """The shape keyword arguments hotloop.trainer.envs.make_env takes from this config (`env_shape_fields`)."""

@@ -70,7 +70,7 @@ class DQNLearner:
         self.optimizer = torch.optim.Adam(self.online.parameters(), lr=cfg.lr, eps=cfg.adam_eps,
                                           weight_decay=cfg.weight_decay)
         self.steps = 0
-        self.lr_factor = LinearSchedule(1.0, cfg.lr_end_factor, max(1, cfg.epochs * cfg.learner_steps_per_epoch))
+        self.lr_factor = LinearSchedule(1.0, cfg.lr_end_factor, cfg.total_learner_steps())
         self.action_nvec = torch.tensor(action_nvec, device=device)
 
     @torch.no_grad()

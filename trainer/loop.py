@@ -176,9 +176,9 @@ class Trainer:
         self._obs = self.env.reset(seed=cfg.seed)
         per_update = cfg.env_steps_per_update * cfg.num_envs
         self.prefill_vec_steps = -(-cfg.learning_starts // cfg.num_envs)
-        total_env = cfg.epochs * cfg.learner_steps_per_epoch * per_update + self.prefill_vec_steps * cfg.num_envs
+        total_env = cfg.total_learner_steps() * per_update + self.prefill_vec_steps * cfg.num_envs
         self.epsilon = LinearSchedule(cfg.eps_start, cfg.eps_end, cfg.eps_decay_fraction * total_env)
-        self.beta = LinearSchedule(cfg.per_beta_start, cfg.per_beta_end, cfg.epochs * cfg.learner_steps_per_epoch)
+        self.beta = LinearSchedule(cfg.per_beta_start, cfg.per_beta_end, cfg.total_learner_steps())
         self.actor = None
         if isinstance(self.learner, HotLearner) and capturable(self.env):
             self.actor = DeviceActor(self.learner, self.env, self.replay, self.returns, self.obs, cfg.seed,

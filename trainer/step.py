@@ -125,7 +125,7 @@ class HotLearner:
         self.learns_gains = cfg.spectral_norm
         self.adam = FusedAdam(lay.numel, device, lr=cfg.lr, eps=cfg.adam_eps, weight_decay=cfg.weight_decay,
                               max_grad_norm=cfg.max_grad_norm, lr_end_factor=cfg.lr_end_factor,
-                              lr_decay_steps=max(1, cfg.epochs * cfg.learner_steps_per_epoch))
+                              lr_decay_steps=cfg.total_learner_steps())
         b, d, a = cfg.batch_size, lay.branches, lay.actions
 
         def new(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -134,8 +134,7 @@ class HotLearner:
         # the sampler draws its uniforms and computes the annealed beta itself, keyed by the optimizer's device
         # step count (no launch of batch_uniforms: the same Philox stream and formula)
         self.uniforms = CounterUniforms(self.adam.step_count, cfg.seed)
-        self.beta = AnnealedBeta(self.adam.step_count, cfg.per_beta_start, cfg.per_beta_end,
-                                 max(1, cfg.epochs * cfg.learner_steps_per_epoch))
+        self.beta = AnnealedBeta(self.adam.step_count, cfg.per_beta_start, cfg.per_beta_end, cfg.total_learner_steps())
         self.weights = new(b)
         self.idx, self.action = new(b, dtype=torch.int64), new(b, d, dtype=torch.int64)
         self.reward, self.terminated = new(b), new(b)
