@@ -9,6 +9,7 @@
 #       gpusuite pytest -m "${GPUSUITE_MARKS:-gpu or perf}": the tests that need the GPU
 #       baseline_seed  the same for the seed-scale preset (<gpu>--seed-scale.json), then one clean gate against it
 #       clean5   ${CLEAN_RUNS:-5} clean gates of the default preset (3 epochs) against the installed baseline: the false alarms
+#                (${CLEAN_ARGS}: optional extra gate arguments, shell words, e.g. --loop-census)
 #       ciclean  ci/gate.sh clean only (2 epochs)
 #       precision python -m hotloop.trainer.precision_probe on cartpole and seed-scale: the probe's errors per GEMM
 #                product for the step, an IEEE forward and a one-TF32-dot backward (the bounds' evidence)
@@ -102,7 +103,7 @@ for part in "$@"; do
     clean5)
       # the clean tree's false-alarm check: five gates of the default preset against the installed baseline
       for i in $(seq "${CLEAN_RUNS:-5}"); do
-        timeout 120 $HL gate --preset cartpole --device cuda --epochs 3 --no-progress --out /tmp/r/clean5_$i \
+        timeout 120 $HL gate --preset cartpole --device cuda --epochs 3 --no-progress ${CLEAN_ARGS:-} --out /tmp/r/clean5_$i \
           > /tmp/r/clean5_$i.log 2>&1; echo "clean run $i rc=$? $(tail -n 1 /tmp/r/clean5_$i.log)"
         grep -E "^ *.*(FAIL)" /tmp/r/clean5_$i.log | head -n 5
       done ;;
