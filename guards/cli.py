@@ -105,9 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help="compare with no baseline (the criteria alone decide)")
     gate.add_argument("--update-baseline", action="store_true",
                       help="write this run's repeats as the baseline instead of comparing")
-    gate.add_argument("--loop-census", action="store_true",
-                      help="also count the training loop's host syncs over every epoch after the first, outside the "
-                           "guarded window (criterion \"no sync in the epochs' loop\"; CUDA only; off by default)")
+    gate.add_argument("--no-loop-census", action="store_true",
+                      help="do not count the training loop's host syncs over every epoch after the first, outside the "
+                           "guarded window (criterion \"no sync in the epochs' loop\", CUDA only, on by default: "
+                           "it is then not measured)")
     gate.add_argument("--inject", metavar="FAULT",
                       help="inject a fault before the guarded steps (a mutation test of the gate: it must then "
                            "fail that fault's criterion): item, event_sync, device_sync, pageable_copy, d2d_copy, "
@@ -509,7 +510,7 @@ def _execute(args: argparse.Namespace, cfg: Config, run_dir: Path) -> int:
 
         return run_gate(cfg, run_dir, args.epoch_timeout, not args.no_progress, args.guard_steps,
                         args.guard_warmup, args.repeats, args.baseline, args.update_baseline, args.inject,
-                        loop_census=args.loop_census)
+                        loop_census=not args.no_loop_census)
     from hotloop.profiles.epoch_table import format_table
     from hotloop.guards.run import run_training
 

@@ -11,8 +11,8 @@ phases ran in how many steps. Kernels get their phase from the ranges around the
 learner's graph kernels by name (hotloop.trainer.step.PHASE_RULES, applied inside the learner's phases only:
 hotloop.trainer.loop.learner_phases); the learner-side criteria judge the learner's phases, the sync criteria every
 phase and the loop code between steps. Beyond the window, the loop of every epoch after the first runs under a
-hotloop.guards.loop_syncs.LoopSyncCensus (the sync hooks and torch's sync debug warnings) with --loop-census, so that
-a sync every N iterations that the K iterations never hold still FAILs "no sync in the epochs' loop".
+hotloop.guards.loop_syncs.LoopSyncCensus (the sync hooks and torch's sync debug warnings; --no-loop-census turns it
+off), so that a sync every N iterations that the K iterations never hold still FAILs "no sync in the epochs' loop".
 
 Exit codes: 0 every measured criterion passed, 1 a criterion or a baseline regression failed, 2 bad usage or input
 (raised by the CLI, before training), 3 hang (the watchdog ends the process), 70 internal error (an unexpected
@@ -160,7 +160,7 @@ def guard_loop(trainer: Trainer, steps: int | None = None, warmup: int = 3,
 
 def run_gate(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress: bool = True,
              guard_steps_n: int | None = None, guard_warmup: int = 3, repeats: int = 1, baseline: Path | None = None,
-             update_baseline: bool = False, inject: str | None = None, loop_census: bool = False) -> int:
+             update_baseline: bool = False, inject: str | None = None, loop_census: bool = True) -> int:
     """Run the gate; prints the per-epoch table, the window size, the phase coverage table and the criteria
     verdicts, the gate's wall time and the share spent profiling; writes under `run_dir` epochs.csv/.md,
     criteria.csv/.md/.json (the verdicts), coverage.csv/.md (the first repeat's phase coverage), guard.json (the
@@ -173,8 +173,8 @@ def run_gate(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress: bo
     (hotloop.guards.baselines), the repeats' per-step medians are compared
     with it (baseline.csv/.md, verdict per metric) and any FAIL fails the gate; with `update_baseline` the repeats
     are written as the new baseline instead (deliberately, never implicitly).
-    `loop_census`: also run the epochs under a hotloop.guards.loop_syncs.LoopSyncCensus and judge "no sync in the
-    epochs' loop" by it (off: that row is not measured).
+    `loop_census` (default on): also run the epochs under a hotloop.guards.loop_syncs.LoopSyncCensus and judge "no
+    sync in the epochs' loop" by it (off: that row is not measured, LOOP_CENSUS_OFF).
     `inject`: a hotloop.guards.faults fault name, injected after the epochs and before the guarded steps (mutation test
     of the gate: it must then FAIL that fault's criterion); never together with update_baseline.
     Returns the exit code (0 pass, 1 a criterion or a baseline comparison failed). Raises ValueError, before
@@ -303,7 +303,7 @@ def _every_step_damaged(report: GuardReport) -> bool:
 
 
 LOOP_SYNC_CRITERION = "no sync in the epochs' loop"
-LOOP_CENSUS_OFF = "not measured (off: hotloop gate --loop-census turns it on)"
+LOOP_CENSUS_OFF = "not measured (off: hotloop gate --no-loop-census)"
 
 
 def judge_loop_syncs(verdicts: pd.DataFrame, census: LoopSyncCensus | None) -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from hotloop.profiles.epoch_table import EPOCH_COLUMNS
 from hotloop.guards.cli import main
-from hotloop.guards.gate import ONE_REPEAT_NOTE
+from hotloop.guards.gate import LOOP_CENSUS_OFF, ONE_REPEAT_NOTE
 
 TINY = ["--set", "learner_steps_per_epoch=20", "--set", "learning_starts=64", "--set", "batch_size=32",
         "--set", "trunk_hidden=[16]", "--set", "head_hidden=8", "--set", "eval_episodes=4", "--no-progress"]
@@ -100,7 +100,7 @@ def test_gate_runs_and_writes_its_tables(tmp_path, capsys):
     assert measured == {"no stream sync", "no event sync", "epoch 1 without hang"}  # CPU: hooks + watchdog only
     assert all(verdicts[c]["verdict"] == "PASS" for c in measured)
     assert verdicts["no D2D weight sync"]["status"] == "not measured (no CUDA)"
-    assert verdicts["no sync in the epochs' loop"]["status"].startswith("not measured (off: ")  # no --loop-census
+    assert verdicts["no sync in the epochs' loop"]["status"] == "not measured (no CUDA)"  # the census, on by default
     # the gate hands the TF32 row to the precision probe (hotloop.guards.gate.judge_precision), never to names
     assert verdicts["TF32 forward only"]["status"] == \
         "not measured (the precision probe covers the hotloop learner's kernels)"
@@ -132,14 +132,14 @@ def test_gate_fails_naming_the_criterion_when_a_step_syncs(tmp_path, capsys, mon
     assert verdicts["no stream sync"]["status"] == "not measured (phase target_update not in window)"
 
 
-def test_gate_loop_census_flag_reaches_the_gate(tmp_path):
-    """--loop-census turns the census on: on a CPU it then says why it measures nothing (no CUDA), where without the
-    flag the row says it is off (test_gate_runs_and_writes_its_tables)."""
+def test_gate_no_loop_census_flag_reaches_the_gate(tmp_path):
+    """--no-loop-census turns the census off: the row then says so, where by default the census is on and on a CPU
+    says why it measures nothing (no CUDA; test_gate_runs_and_writes_its_tables)."""
     out = tmp_path / "run"
     assert main(["gate", "--epochs", "2", "--device", "cpu", "--out", str(out), "--guard-steps", "4", *TINY,
-                 "--set", "target_update_interval=2", "--loop-census"]) == 0
+                 "--set", "target_update_interval=2", "--no-loop-census"]) == 0
     verdicts = {v["criterion"]: v for v in json.loads((out / "criteria.json").read_text())}
-    assert verdicts["no sync in the epochs' loop"]["status"] == "not measured (no CUDA)"
+    assert verdicts["no sync in the epochs' loop"]["status"] == LOOP_CENSUS_OFF
 
 
 def test_train_resumable_config_file(tmp_path, capsys):

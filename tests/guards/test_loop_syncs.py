@@ -170,7 +170,7 @@ def test_the_gate_row_takes_the_census_verdict(cpu_tensors_sync):
     assert (row.verdict, row.measured, row.evidence) == ("PASS", 0, "none in the loop of epoch 2"), row
     row = row_after(LoopSyncCensus(cuda=False))
     assert (row.verdict, row.status) == ("-", "not measured (no CUDA)"), row
-    row = row_after(None)                       # the gate without --loop-census
+    row = row_after(None)                       # the gate with --no-loop-census
     assert (row.verdict, row.status) == ("-", LOOP_CENSUS_OFF), row
     assert LOOP_SYNC_CRITERION in {c.name for c in CRITERIA}
 
