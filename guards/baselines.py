@@ -53,11 +53,13 @@ Per-kernel timings (KERNEL_US_PREFIX + kernel name, hotloop.guards.step_metrics.
 time per guarded step (the median over the steps that ran it, scaled by their share), so that one kernel slowed
 down inside (a tile, a warp count, a grid, an extra pass) fails the gate though the step's total moves less than its
 5%: a kernel of 4% of the step made twice as slow moves the total by 4%.
-Rule KERNEL_THRESHOLD, "median:+25%", or 3 x MAD spread, or KERNEL_FLOOR_US (1 us), whichever is largest. The
-margin is a first estimate from other data than it judges: over four H200 calls of one seed-scale tree
-(profiles/h200/ab/tf32_rounding/kernels.csv, medians of the longest kernels per launch grid in 100-step gate traces)
-each moved by 0-3%, except a Double-DQN forward kernel that shares the SMs with the online chain as far as they
-overlap: 14% (24.9-28.5 us); repeated clean gates of the cartpole preset (2-5 us kernels) are what must confirm it.
+Rule KERNEL_THRESHOLD, "median:+10%", or 3 x MAD spread, or KERNEL_FLOOR_US (1 us), whichever is largest. Its
+evidence (profiles/h200/gate/clean5/kernel_timings/): against a baseline of the cartpole preset recorded in an earlier
+H200 call, 4 clean gates (and 4 more against one of their own call) moved no kernel of >= 8 us by more than 0.9% and
+no smaller kernel by more than 0.35 us; a seed-scale clean gate moved none by more than 1.2%. Two kernels slowed inside moved theirs by 11-16% (1.3-3.0 us), which
++25% let pass. Older seed-scale data (profiles/h200/ab/tf32_rounding/kernels.csv) saw a Double-DQN forward kernel,
+which shares the SMs with the online chain as far as they overlap, move 14% between calls: a false alarm this rule
+may raise at seed scale, where re-recording the baseline on the runner is the remedy.
 A kernel only in the run is new ("-": not in baseline); one only in the baseline FAILs as any missing metric does
 (a renamed kernel: re-record the baseline).
 
@@ -115,7 +117,7 @@ THRESHOLDS = {"ddqn_kernel_us": "median:+10%"}
 
 KERNEL_US_PREFIX = "kernel_us:"
 """Prefix of the per-kernel timings: "kernel_us:<kernel name>", the kernel's GPU time per guarded step (us)."""
-KERNEL_THRESHOLD = "median:+25%"
+KERNEL_THRESHOLD = "median:+10%"
 """The per-kernel timings' rule (module docstring, "Per-kernel timings")."""
 KERNEL_TIME = "kernel time"
 """What a mutant names when a per-kernel timing row (KERNEL_US_PREFIX) of the baseline comparison must FAIL."""

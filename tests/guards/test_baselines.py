@@ -334,18 +334,19 @@ def test_epoch_metrics_round_trip_and_bad_entries_name_the_file(tmp_path):
         load_baseline(path)
 
 
-def test_per_kernel_timings_allow_25_percent_or_1_us_and_fail_beyond():
-    """A kernel's mean time per step: +25% (or 3 x MAD, or 1 us, whichever is largest) passes, a kernel twice as slow
-    FAILs though the step's total may move less than its 5%; a new kernel has no verdict, a vanished one FAILs."""
+def test_per_kernel_timings_allow_10_percent_or_1_us_and_fail_beyond():
+    """A kernel's time per step: +10% (or 3 x MAD, or 1 us, whichever is largest) passes, +16% (the sum tree's update
+    with its top levels dropped, on the H200) FAILs though the step's total may move less than its 5%; a new kernel
+    has no verdict, a vanished one FAILs."""
     big, small = f"{KERNEL_US_PREFIX}gemm", f"{KERNEL_US_PREFIX}tiny"
     base = Baseline("NVIDIA H200", {big: [40.0, 40.2, 39.9, 40.0, 40.1], small: [2.0, 2.1, 2.0, 2.0, 1.9],
                                     f"{KERNEL_US_PREFIX}gone": [5.0] * 5})
     assert default_threshold(big) == KERNEL_THRESHOLD
-    run = {big: [49.0], small: [2.9], f"{KERNEL_US_PREFIX}new": [3.0]}   # +22.5%, +0.9 us
+    run = {big: [43.9], small: [2.9], f"{KERNEL_US_PREFIX}new": [3.0]}   # +9.75%, +0.9 us
     t = compare(run, base)
     assert verdict(t, big) == "PASS" and verdict(t, small) == "PASS", t
     assert verdict(t, f"{KERNEL_US_PREFIX}new") == "-" and verdict(t, f"{KERNEL_US_PREFIX}gone") == "FAIL"
     row = t.set_index("metric").loc[small]
     assert row.allowed == KERNEL_FLOOR_US and row.kind == "timing" and "1 us" in row.rule
-    slow = compare({big: [80.0], small: [3.2]}, base)                      # twice as slow; +1.2 us
+    slow = compare({big: [46.4], small: [3.2]}, base)                      # +16%; +1.2 us
     assert verdict(slow, big) == "FAIL" and verdict(slow, small) == "FAIL", slow
