@@ -56,8 +56,8 @@ down inside (a tile, a warp count, a grid, an extra pass) fails the gate though 
 Rule KERNEL_THRESHOLD, "median:+10%", or 3 x MAD spread, or KERNEL_FLOOR_US (1 us), whichever is largest. Its
 evidence (profiles/h200/gate/clean5/kernel_timings/): against a baseline of the cartpole preset recorded in an earlier
 H200 call, 4 clean gates (and 4 more against one of their own call) moved no kernel of >= 8 us by more than 0.9% and
-no smaller kernel by more than 0.35 us; a seed-scale clean gate moved none by more than 1.2%. Two kernels slowed inside moved theirs by 11-16% (1.3-3.0 us), which
-+25% let pass. Older seed-scale data (profiles/h200/ab/tf32_rounding/kernels.csv) saw a Double-DQN forward kernel,
+no smaller kernel by more than 0.35 us; a seed-scale clean gate moved none by more than 1.2%. Two kernels slowed
+inside moved theirs by 11-16% (1.3-3.0 us), which +25% let pass. Older seed-scale data (profiles/h200/ab/tf32_rounding/kernels.csv) saw a Double-DQN forward kernel,
 which shares the SMs with the online chain as far as they overlap, move 14% between calls: a false alarm this rule
 may raise at seed scale, where re-recording the baseline on the runner is the remedy.
 A kernel only in the run is new ("-": not in baseline); one only in the baseline FAILs as any missing metric does

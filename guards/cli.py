@@ -106,9 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     gate.add_argument("--update-baseline", action="store_true",
                       help="write this run's repeats as the baseline instead of comparing")
     gate.add_argument("--no-loop-census", action="store_true",
-                      help="do not count the training loop's host syncs over every epoch after the first, outside the "
-                           "guarded window (criterion \"no sync in the epochs' loop\", CUDA only, on by default: "
-                           "it is then not measured)")
+                      help="turn off the census of the training loop's host syncs over every epoch after the first, "
+                           "outside the guarded window (on by default, CUDA only): criterion \"no sync in the epochs' "
+                           "loop\" is then not measured")
     gate.add_argument("--inject", metavar="FAULT",
                       help="inject a fault before the guarded steps (a mutation test of the gate: it must then "
                            "fail that fault's criterion): item, event_sync, device_sync, pageable_copy, d2d_copy, "
