@@ -24,6 +24,8 @@
 #       probe    python -m hotloop.profiles.split_gemm_probe: the backward GEMMs by precision, split placement and layout
 #                (${PROBE_MODES}: a comma-separated subset of its modes, e.g. tf32x3,bf16x3,bf16x6,cat-tma,tf32;
 #                ${PROBE_GEMMS}: only the GEMMs whose name holds that text)
+#       floor    profiles/h200/experiments/step_floor.py: the step's design floor (bare GEMMs, no tail, no sampling),
+#                seven variants of the step body timed interleaved, per-kernel times from Kineto
 #       cpsweep  profiles/h200/device/cartpole_sweep_hot.sh: the hotloop learner on CartPole, 10 settings x 6 seeds
 #       bench1   hotloop bench: eager, graph-fp32, graph-tf32, compiled-split, hotloop
 #       benchhot hotloop bench: hotloop only
@@ -196,6 +198,8 @@ PY
       ;;
     probe) timeout 300 python3 -m hotloop.profiles.split_gemm_probe --out /tmp/r ${PROBE_MODES:+--modes $PROBE_MODES} \
              ${PROBE_GEMMS:+--gemms "$PROBE_GEMMS"} 2>&1 | tee /tmp/r/split_gemm_probe.md ;;
+    floor) timeout 400 python3 profiles/h200/experiments/step_floor.py /tmp/r/floor > /tmp/r/step_floor.log 2>&1
+           echo "floor rc=$?"; tail -n 60 /tmp/r/step_floor.log | cut -c1-200 ;;
     cpsweep) timeout 500 bash profiles/h200/device/cartpole_sweep_hot.sh /tmp/r/cpsweep 2>&1 | tee /tmp/r/cpsweep.txt ;;
     bench1) timeout 560 $HL bench --preset seed-scale --variants eager,graph,compiled-split,hotloop --out /tmp/r/bench1 \
               > /tmp/r/bench1.log 2>&1; echo "rc=$?"; tail -n 12 /tmp/r/bench1.log ;;
