@@ -180,8 +180,8 @@ class _MarkedHooks(SyncHooks):
     HIT_MARK + n: the trace then shows where the hit happened (its step and phase ranges), whoever opened them.
     Built on SyncHooks' `_wrap` (hotloop.guards.sync_hooks)."""
 
-    def _wrap(self, original, api: str, criterion: str, tensor_method: bool):
-        hooked = super()._wrap(original, api, criterion, tensor_method)
+    def _wrap(self, original, api: str, criterion: str):
+        hooked = super()._wrap(original, api, criterion)
         local = self._local
 
         @functools.wraps(original)

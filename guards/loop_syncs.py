@@ -18,23 +18,22 @@ compiles the kernels and captures the CUDA graphs, and capture synchronizes. The
 at the end of an epoch are left out too (the epoch's one host read). On a machine without CUDA nothing is measured:
 host "syncs" of CPU tensors wait for no device.
 
-Not seen (the guarded window's trace sees them in its K iterations only): a non_blocking copy to pageable memory
-(the driver makes it synchronous; torch raises no warning), syncs through the device-generic `torch.Event` /
-`torch.Stream` or through a function bound before the hooks were installed (sync_hooks' limits), and C++ syncs that
-raise no sync debug warning.
+A non_blocking copy between a CUDA tensor and pageable host memory (the driver makes it synchronous; torch raises
+no warning) is seen by its hook when made through `Tensor.copy_` / `.to` / `.cuda` from Python.
+Not seen (the guarded window's trace sees them in its K iterations only): such a copy made from C++, syncs through
+the device-generic `torch.Event` / `torch.Stream` or through a function bound before the hooks were installed
+(sync_hooks' limits), and C++ syncs that raise no sync debug warning.
 Source of the warning text: c10/cuda/CUDAFunctions.cpp, `warn_or_error_on_sync`.
 """
 
 from __future__ import annotations
 
-import sys
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
 
-from hotloop.guards import sync_hooks
 from hotloop.guards.sync_hooks import SyncHooks, call_site
 
 SYNC_WARNING = "called a synchronizing CUDA operation"
@@ -75,7 +74,7 @@ class LoopSyncCensus:
 
         def show(message, category, filename, lineno, file=None, line=None):
             if SYNC_WARNING in str(message):
-                if not _inside_hooked_call():
+                if not (self._hooks is not None and self._hooks.in_counted_call()):
                     self.sites[f"sync debug warning at {call_site()[0]}"] += 1
                 return
             previous(message, category, filename, lineno, file, line)
@@ -120,12 +119,3 @@ class LoopSyncCensus:
             return 0, f"none in the loop of {span}"
         return self.total, f"in the loop of {span}: " + "; ".join(f"{s} x{n}" for s, n in self.sites.most_common())
 
-
-def _inside_hooked_call() -> bool:
-    """Whether a SyncHooks wrapper (the `hooked` function of sync_hooks.SyncHooks._wrap) is on this thread's stack."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        if frame.f_code.co_name == "hooked" and frame.f_code.co_filename == sync_hooks.__file__:
-            return True
-        frame = frame.f_back
-    return False

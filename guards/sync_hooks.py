@@ -13,9 +13,16 @@ Hooked APIs and the criterion of docs/criteria.md each hit counts against (HOOKE
 - `torch.Tensor.item / .cpu / .tolist / .numpy / .__bool__` on a CUDA tensor: "no stream sync" (torch copies the
   value with cudaMemcpyAsync and then waits with cudaStreamSynchronize: at::_local_scalar_dense / copy_, so the
   trace shows the same read-back as a stream sync).
+- `torch.Tensor.copy_`, `.to`, `.cuda` with non_blocking=True between a CUDA tensor and pageable (not pinned) host
+  memory: "no event sync", as the trace's rule counts such a copy (hotloop.guards.step_metrics). The driver makes a
+  cudaMemcpyAsync to pageable memory return only once the copy is done, and may wait for the stream before one
+  from pageable memory (CUDA Runtime API, "API synchronization behavior"); torch raises no sync debug warning for
+  either. `.to(cpu, non_blocking=True)` is not counted: torch pins its output (at::_to_copy).
 
-Tensor rule (`is_device_sync`): a read-back counts only when the tensor is on a CUDA device. A CPU tensor's `.item()`
-reads host memory and waits for no device, so it is not a host sync and is not recorded.
+Tensor rules (`is_device_sync`, `is_pageable_async_copy`): a read-back counts only when the tensor is on a CUDA
+device. A CPU tensor's `.item()` reads host memory and waits for no device, so it is not a host sync and is not
+recorded. A copy counts only when it is non_blocking, one side is on a CUDA device and the other is pageable host
+memory: a blocking copy is torch's own sync (its debug warning), a pinned one is asynchronous.
 
 Limits: the hooks replace module/class attributes, so code that bound a function before the hooks were entered
 (`from torch.cuda import synchronize`), C++ callers and the immutable device-generic `torch.Stream` /
@@ -36,12 +43,14 @@ import torch
 
 STREAM_SYNC, EVENT_SYNC = "no stream sync", "no event sync"
 TENSOR_READBACKS = ("item", "cpu", "tolist", "numpy", "__bool__")
+TENSOR_COPIES = ("copy_", "to", "cuda")
 HOOKED_APIS: dict[str, str] = {
     "torch.cuda.synchronize": EVENT_SYNC,
     "torch.accelerator.synchronize": EVENT_SYNC,
     "torch.cuda.Stream.synchronize": STREAM_SYNC,
     "torch.cuda.Event.synchronize": EVENT_SYNC,
     **{f"torch.Tensor.{m}": STREAM_SYNC for m in TENSOR_READBACKS},
+    **{f"torch.Tensor.{m}": EVENT_SYNC for m in TENSOR_COPIES},
 }
 HIT_COLUMNS = ("step", "api", "criterion", "site", "function", "thread")
 # Frames in these directories are internals: a hit's call site is the first frame outside them.
@@ -54,6 +63,67 @@ def is_device_sync(tensor: object) -> bool:
     True exactly when it is a tensor on a CUDA device (`tensor.is_cuda`); False for CPU, meta and other tensors and
     for non-tensors. Source: at::_local_scalar_dense / copy_ wait on the stream only for CUDA data."""
     return isinstance(tensor, torch.Tensor) and bool(tensor.is_cuda)
+
+
+def _pageable_host(tensor: object) -> bool:
+    return (isinstance(tensor, torch.Tensor) and not tensor.is_cuda and tensor.device.type == "cpu"
+            and not tensor.is_pinned())
+
+
+def is_pageable_async_copy(dst: object, src: object, non_blocking: object) -> bool:
+    """Whether copying `src` into `dst` is a non_blocking copy between a CUDA tensor and pageable host memory, which
+    the driver makes synchronous (module docstring): True exactly when `non_blocking` is true, one of the two is a
+    tensor on a CUDA device and the other a CPU tensor that is not pinned. False for anything else, non-tensors
+    included."""
+    return bool(non_blocking) and ((is_device_sync(src) and _pageable_host(dst))
+                                   or (is_device_sync(dst) and _pageable_host(src)))
+
+
+def _bool_arg(args: tuple, kwargs: dict, name: str) -> bool:
+    """`name`'s value: the keyword, else the first bool among the positional arguments after self (in every overload
+    of Tensor.to and Tensor.cuda, non_blocking is the first bool parameter)."""
+    if name in kwargs:
+        return bool(kwargs[name])
+    return next((a for a in args[1:] if isinstance(a, bool)), False)
+
+
+def _to_cuda(args: tuple, kwargs: dict) -> bool:
+    """Whether Tensor.to(*args[1:], **kwargs) targets a CUDA device (a device, its name or index, or a tensor)."""
+    for target in (kwargs.get("device"), kwargs.get("other"), *args[1:]):
+        if target is None or isinstance(target, (bool, torch.dtype, torch.memory_format)):
+            continue
+        if isinstance(target, torch.Tensor):
+            return bool(target.is_cuda)
+        return isinstance(target, int) or torch.device(target).type == "cuda"
+    return False
+
+
+def _copy_counts(args: tuple, kwargs: dict) -> bool:
+    src = args[1] if len(args) > 1 else kwargs.get("src")
+    return is_pageable_async_copy(args[0], src, args[2] if len(args) > 2 else kwargs.get("non_blocking", False))
+
+
+def _to_counts(args: tuple, kwargs: dict) -> bool:  # host -> device only: a non_blocking .to(cpu) pins its output
+    return _pageable_host(args[0]) and _bool_arg(args, kwargs, "non_blocking") and _to_cuda(args, kwargs)
+
+
+def _cuda_counts(args: tuple, kwargs: dict) -> bool:
+    return _pageable_host(args[0]) and _bool_arg(args, kwargs, "non_blocking")
+
+
+def counts_as_sync(api: str, args: tuple, kwargs: dict) -> bool:
+    """Whether the call `api`(*args, **kwargs) of a HOOKED_APIS function is a host sync by the tensor rules (module
+    docstring); the non-tensor APIs always are. Arguments it cannot read count as no sync (the call itself then
+    raises its own error)."""
+    owner, attr = api.rsplit(".", 1)
+    if owner != "torch.Tensor":
+        return True
+    try:
+        if attr in TENSOR_READBACKS:
+            return is_device_sync(args[0])
+        return {"copy_": _copy_counts, "to": _to_counts, "cuda": _cuda_counts}[attr](args, kwargs)
+    except (TypeError, ValueError, RuntimeError, IndexError):
+        return False
 
 
 @dataclass(frozen=True)
@@ -96,7 +166,7 @@ class SyncHooks:
                 owner_name, attr = api.rsplit(".", 1)
                 owner = _resolve(owner_name)
                 self._saved.append((owner, attr, vars(owner).get(attr, _MISSING)))
-                setattr(owner, attr, self._wrap(getattr(owner, attr), api, criterion, owner is torch.Tensor))
+                setattr(owner, attr, self._wrap(getattr(owner, attr), api, criterion))
             if torch.cuda.is_available():
                 self._debug_mode = torch.cuda.get_sync_debug_mode()
                 torch.cuda.set_sync_debug_mode("warn")
@@ -124,21 +194,25 @@ class SyncHooks:
             torch.cuda.set_sync_debug_mode(self._debug_mode)
             self._debug_mode = None
 
-    def _wrap(self, original, api: str, criterion: str, tensor_method: bool):
+    def in_counted_call(self) -> bool:
+        """Whether this thread is inside a hooked call that recorded a hit (a sync warning raised there is that
+        call's: hotloop.guards.loop_syncs)."""
+        return bool(getattr(self._local, "depth", 0))
+
+    def _wrap(self, original, api: str, criterion: str):
         local = self._local
 
         @functools.wraps(original)
         def hooked(*args, **kwargs):
-            depth = getattr(local, "depth", 0)
-            if depth == 0 and (not tensor_method or is_device_sync(args[0])):
-                site, function = call_site()
-                self.hits.append(SyncHit(self.step, api, criterion, site, function,
-                                         threading.current_thread().name))
-            local.depth = depth + 1
+            if getattr(local, "depth", 0) or not counts_as_sync(api, args, kwargs):
+                return original(*args, **kwargs)  # inside a counted call (it counts once), or no sync
+            site, function = call_site()
+            self.hits.append(SyncHit(self.step, api, criterion, site, function, threading.current_thread().name))
+            local.depth = 1
             try:
                 return original(*args, **kwargs)
             finally:
-                local.depth = depth
+                local.depth = 0
 
         return hooked
 

@@ -3,7 +3,7 @@
 On the CPU no tensor syncs with a device, so the tests that count hits make the hooks count CPU tensors too
 (`sync_hooks.is_device_sync` patched) and raise the sync debug warning's text themselves; the faults sit in the
 training loop's source path (Trainer.train_step, run by run_training's epochs). The mutants
-ci/mutants/loop_nan_check_every_250 and loop_mask_index_every_500 are the same faults on a GPU.
+ci/mutants/loop_nan_check_every_250, loop_mask_index_every_500 and loop_pageable_copy_every_300 are the same faults on a GPU.
 """
 
 from __future__ import annotations
@@ -82,6 +82,24 @@ def test_sync_debug_warnings_are_counted_once_and_other_warnings_pass(cpu_tensor
     kinds = {site.split(" at ")[0]: n for site, n in census.sites.items()}
     assert kinds == {"sync debug warning": 1, "torch.Tensor.tolist": 1}, census.sites
     assert all(__file__ in site for site in census.sites)
+
+
+def test_a_sync_warning_inside_a_hooked_call_that_is_no_sync_is_counted(monkeypatch):
+    """A hooked API whose call is no sync by its rule (here a blocking copy_, whose C++ sync only warns) leaves the
+    warning to count as the C++ sync it is: only a call the hooks recorded owns the warnings raised inside it."""
+    original = torch.Tensor.copy_
+
+    def copy_that_syncs(self, src, non_blocking=False):  # stands in for a blocking device copy's debug warning
+        warnings.warn(SYNC_WARNING, UserWarning)
+        return original(self, src, non_blocking)
+
+    monkeypatch.setattr(torch.Tensor, "copy_", copy_that_syncs)
+    census = _past_first(LoopSyncCensus(cuda=True))
+    census.begin(2)
+    torch.zeros(2).copy_(torch.ones(2))
+    census.end()
+    (site, n), = census.sites.items()
+    assert site.startswith("sync debug warning at ") and __file__ in site and n == 1, census.sites
 
 
 def test_not_measured_without_cuda_or_a_second_epoch():
@@ -190,3 +208,24 @@ def test_real_cuda_syncs_are_counted_by_their_hook_and_by_the_sync_debug_warning
     assert kinds == {"torch.Tensor.item": 1, "sync debug warning": 1}, census.sites
     assert all(__file__ in site for site in census.sites) and positive.numel() > 0
     assert torch.cuda.get_sync_debug_mode() == before
+
+
+@pytest.mark.gpu
+def test_real_pageable_non_blocking_copies_are_counted_and_pinned_ones_are_not():
+    """On a GPU: non_blocking copies with pageable host memory (copy_ to the host, .to / .cuda from it) are counted
+    by their hooks; into pinned memory, or a non_blocking .to(cpu) (torch pins its output), they are not."""
+    x = torch.randn(1024, device="cuda")
+    pageable, pinned = torch.empty(1024), torch.empty(1024, pin_memory=True)
+    census = _past_first(LoopSyncCensus(cuda=True))
+    census.begin(2)
+    pageable.copy_(x, non_blocking=True)
+    on_device = pageable.to("cuda", non_blocking=True)
+    on_device2 = pageable.cuda(non_blocking=True)
+    pinned.copy_(x, non_blocking=True)
+    x.to("cpu", non_blocking=True)
+    census.end()
+    torch.cuda.synchronize()
+    kinds = {site.split(" at ")[0]: n for site, n in census.sites.items()}
+    assert kinds == {"torch.Tensor.copy_": 1, "torch.Tensor.to": 1, "torch.Tensor.cuda": 1}, census.sites
+    assert all(__file__ in site for site in census.sites)
+    assert torch.equal(on_device, x) and torch.equal(on_device2, x) and torch.equal(pinned.cuda(), x)

@@ -6,7 +6,8 @@ import inspect
 import pytest
 import torch
 
-from hotloop.guards.sync_hooks import EVENT_SYNC, HIT_COLUMNS, HOOKED_APIS, STREAM_SYNC, SyncHooks, is_device_sync
+from hotloop.guards.sync_hooks import (EVENT_SYNC, HIT_COLUMNS, HOOKED_APIS, STREAM_SYNC, SyncHooks, counts_as_sync,
+                                       is_device_sync, is_pageable_async_copy)
 
 OWNERS = {"torch.cuda": torch.cuda, "torch.accelerator": torch.accelerator, "torch.cuda.Stream": torch.cuda.Stream,
           "torch.cuda.Event": torch.cuda.Event, "torch.Tensor": torch.Tensor}
@@ -97,6 +98,42 @@ def test_cuda_tensor_read_backs_count_once_each():
                                                                          "__bool__")]
     assert {h.criterion for h in hooks.hits} == {STREAM_SYNC}
     assert all(h.site.startswith(__file__) for h in hooks.hits)
+
+
+def test_non_blocking_copies_with_pageable_host_memory_are_event_syncs():
+    """copy_ with non_blocking=True between a CUDA tensor and pageable host memory, either way, is recorded (the
+    driver makes it synchronous); a blocking copy (torch's own sync, its debug warning) and a host-to-host one are
+    not."""
+    host, dev = torch.zeros(2), fake_cuda([1.0, 2.0])
+    with SyncHooks() as hooks:
+        line = inspect.currentframe().f_lineno + 1
+        host.copy_(dev, non_blocking=True)
+        dev.copy_(host, non_blocking=True)
+        host.copy_(dev)
+        host.copy_(torch.ones(2), non_blocking=True)
+    assert [(h.api, h.criterion) for h in hooks.hits] == [("torch.Tensor.copy_", EVENT_SYNC)] * 2
+    assert [h.site for h in hooks.hits] == [f"{__file__}:{line}", f"{__file__}:{line + 1}"]
+    assert host.tolist() == [1.0, 1.0]  # the originals ran
+
+
+def test_copy_rules_read_every_form_of_to_and_cuda():
+    host, dev = torch.zeros(2), fake_cuda([1.0, 2.0])
+    assert is_pageable_async_copy(host, dev, True) and is_pageable_async_copy(dev, host, True)
+    assert not is_pageable_async_copy(host, dev, False) and not is_pageable_async_copy(host, host, True)
+    assert not is_pageable_async_copy(dev, dev, True) and not is_pageable_async_copy(host, 3.0, True)
+    to = "torch.Tensor.to"
+    assert counts_as_sync(to, (host, "cuda"), {"non_blocking": True})
+    assert counts_as_sync(to, (host, "cuda:1", torch.float16, True), {})
+    assert counts_as_sync(to, (host,), {"device": 0, "non_blocking": True})
+    assert counts_as_sync(to, (host, dev, True), {})                  # to(other, non_blocking)
+    assert not counts_as_sync(to, (host, "cuda"), {})                 # blocking: torch's own sync warning
+    assert not counts_as_sync(to, (dev, "cpu", True), {})             # to the host: torch pins the output
+    assert not counts_as_sync(to, (host, torch.float64, True), {})    # no device at all
+    assert not counts_as_sync(to, (host, "no-such-device", True), {})  # unreadable: the call raises its own error
+    assert counts_as_sync("torch.Tensor.cuda", (host,), {"non_blocking": True})
+    assert counts_as_sync("torch.Tensor.cuda", (host, 0, True), {})
+    assert not counts_as_sync("torch.Tensor.cuda", (host,), {}) and not counts_as_sync("torch.Tensor.cuda", (dev, None, True), {})
+    assert counts_as_sync("torch.cuda.synchronize", (), {})
 
 
 def test_is_device_sync_rule():
