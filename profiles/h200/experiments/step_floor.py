@@ -22,6 +22,9 @@ traced with Kineto for its per-kernel times:
   bare_bwd_no_tail_sample   levers 2 and 4 at their ceilings, the forward as built
   floor           everything above at once: bare GEMMs, no tail, no sampling; heads, loss, the TF32 weight copy,
                   W^T and the gradient memset kept
+  floor_no_fwd    the floor with all three forward passes gone (trunks and heads: HotLearner._forward a no-op;
+                  added at the next commit, after the first run): 0.20 ms minus its time is what any forward, fused
+                  or not, may take
 Timings only: the bare launches read random operands and write scratch buffers, so the variants' parameters stop
 learning (the first capture, `committed`, warms every real buffer first).
 Usage (repo root on the H200, hotloop importable): python3 step_floor.py OUT_DIR  (writes step_floor.csv,
@@ -47,7 +50,7 @@ dev = torch.device("cuda")
 L = build_hotloop_variant(preset("seed-scale"), dev).step.__self__
 real = dict(tree_update=S.tree_update, bwd_weight=S.linear_backward_weight, bwd_input=L.linear_backward_input,
             fwd=L.linear_forward, adam_step=L.adam.step, spectral_norm=L.spectral_norm, sample=L._sample,
-            gather=L._gather)
+            gather=L._gather, forward=L._forward)
 gemm_rows, bare = [], {}
 
 
@@ -127,11 +130,12 @@ def setup(name):
     S.linear_backward_weight = bare_bwd_weight if "bare_bwd" in parts else real["bwd_weight"]
     L.linear_backward_input = bare_bwd_input if "bare_bwd" in parts else real["bwd_input"]
     L.linear_forward = bare_fwd if "bare_fwd" in parts else real["fwd"]
+    L._forward = (lambda *a, **k: None) if "no_fwd" in parts else real["forward"]
 
 
 VARIANTS = {"committed": "committed", "no_tail": "no_tail", "no_tail_sample": "no_tail+no_sample",
             "bare_bwd": "bare_bwd", "bare_fwd": "bare_fwd", "bare_bwd_no_tail_sample": "bare_bwd+no_tail+no_sample",
-            "floor": "bare_bwd+bare_fwd+no_tail+no_sample"}
+            "floor": "bare_bwd+bare_fwd+no_tail+no_sample", "floor_no_fwd": "bare_bwd+no_fwd+no_tail+no_sample"}
 graphs = {}
 for name, parts in VARIANTS.items():
     setup(parts)
