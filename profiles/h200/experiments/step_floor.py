@@ -1,5 +1,5 @@
-"""First run at the commit that added it (2026-12-02); it reaches into private members (HotLearner._body, _sample,
-_gather; rebinds hotloop.trainer.step's linear_backward_weight and tree_update): a record tied to that commit, not
+"""Run at 579f4c1 and 01e3c9d (2026-12-03); it reaches into private members (HotLearner._body, _sample,
+_gather; rebinds hotloop.trainer.step's linear_backward_weight and tree_update): a record tied to those commits, not
 kept working against later code.
 
 The floor of the seed-scale step's design, measured inside the step (levers 2 and 4 of the 0.20 ms issue at their
