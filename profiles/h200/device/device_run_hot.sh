@@ -25,7 +25,7 @@
 #                (${PROBE_MODES}: a comma-separated subset of its modes, e.g. tf32x3,bf16x3,bf16x6,cat-tma,tf32;
 #                ${PROBE_GEMMS}: only the GEMMs whose name holds that text)
 #       floor    profiles/h200/experiments/step_floor.py: the step's design floor (bare GEMMs, no tail, no sampling),
-#                eight variants of the step body timed interleaved, per-kernel times from Kineto
+#                eleven variants of the step body timed interleaved, per-kernel times from Kineto
 #       cpsweep  profiles/h200/device/cartpole_sweep_hot.sh: the hotloop learner on CartPole, 10 settings x 6 seeds
 #       bench1   hotloop bench: eager, graph-fp32, graph-tf32, compiled-split, hotloop
 #       benchhot hotloop bench: hotloop only

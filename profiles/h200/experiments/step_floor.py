@@ -1,4 +1,4 @@
-"""Run at 579f4c1 and 01e3c9d (2026-12-03); it reaches into private members (HotLearner._body, _sample,
+"""Run at 579f4c1, 01e3c9d and after (2026-12-03); it reaches into private members (HotLearner._body, _sample,
 _gather; rebinds hotloop.trainer.step's linear_backward_weight and tree_update): a record tied to those commits, not
 kept working against later code.
 
@@ -25,6 +25,8 @@ traced with Kineto for its per-kernel times:
   floor_no_fwd    the floor with all three forward passes gone (trunks and heads: HotLearner._forward a no-op;
                   added at the next commit, after the first run): 0.20 ms minus its time is what any forward, fused
                   or not, may take
+  no_fwd, no_fwd_no_tail_sample, bare_bwd_no_fwd   the forward gone from the committed step, and with levers 4 or 2 at
+                  their ceilings beside it (added for the third run): what a free forward leaves
 Timings only: the bare launches read random operands and write scratch buffers, so the variants' parameters stop
 learning (the first capture, `committed`, warms every real buffer first).
 Usage (repo root on the H200, hotloop importable): python3 step_floor.py OUT_DIR  (writes step_floor.csv,
@@ -135,7 +137,8 @@ def setup(name):
 
 VARIANTS = {"committed": "committed", "no_tail": "no_tail", "no_tail_sample": "no_tail+no_sample",
             "bare_bwd": "bare_bwd", "bare_fwd": "bare_fwd", "bare_bwd_no_tail_sample": "bare_bwd+no_tail+no_sample",
-            "floor": "bare_bwd+bare_fwd+no_tail+no_sample", "floor_no_fwd": "bare_bwd+no_fwd+no_tail+no_sample"}
+            "floor": "bare_bwd+bare_fwd+no_tail+no_sample", "floor_no_fwd": "bare_bwd+no_fwd+no_tail+no_sample",
+            "no_fwd": "no_fwd", "no_fwd_no_tail_sample": "no_fwd+no_tail+no_sample", "bare_bwd_no_fwd": "bare_bwd+no_fwd"}
 graphs = {}
 for name, parts in VARIANTS.items():
     setup(parts)
