@@ -138,7 +138,8 @@ def setup(name):
 VARIANTS = {"committed": "committed", "no_tail": "no_tail", "no_tail_sample": "no_tail+no_sample",
             "bare_bwd": "bare_bwd", "bare_fwd": "bare_fwd", "bare_bwd_no_tail_sample": "bare_bwd+no_tail+no_sample",
             "floor": "bare_bwd+bare_fwd+no_tail+no_sample", "floor_no_fwd": "bare_bwd+no_fwd+no_tail+no_sample",
-            "no_fwd": "no_fwd", "no_fwd_no_tail_sample": "no_fwd+no_tail+no_sample", "bare_bwd_no_fwd": "bare_bwd+no_fwd"}
+            "no_fwd": "no_fwd", "no_fwd_no_tail_sample": "no_fwd+no_tail+no_sample",
+            "bare_bwd_no_fwd": "bare_bwd+no_fwd"}
 graphs = {}
 for name, parts in VARIANTS.items():
     setup(parts)
