@@ -21,13 +21,17 @@ Hooked APIs and the criterion of docs/criteria.md each hit counts against (HOOKE
 
 Tensor rules (`is_device_sync`, `is_pageable_async_copy`): a read-back counts only when the tensor is on a CUDA
 device. A CPU tensor's `.item()` reads host memory and waits for no device, so it is not a host sync and is not
-recorded. A copy counts only when it is non_blocking, one side is on a CUDA device and the other is pageable host
-memory: a blocking copy is torch's own sync (its debug warning), a pinned one is asynchronous.
+recorded. A copy counts only when non_blocking is True (the only value torch accepts as true there), one side is
+on a CUDA device, the other is pageable host memory and it copies at least one element: a blocking copy is torch's
+own sync (its debug warning), a contiguous same-dtype copy with pinned memory is asynchronous.
 
 Limits: the hooks replace module/class attributes, so code that bound a function before the hooks were entered
 (`from torch.cuda import synchronize`), C++ callers and the immutable device-generic `torch.Stream` /
-`torch.Event` types are not seen (the trace sees those syncs). A hooked call made from
-inside another hooked call (e.g. a Tensor subclass's __torch_function__ re-dispatching `.item()`) counts once.
+`torch.Event` types are not seen (the trace sees those syncs), nor are the copies torch stages through a pageable
+temporary from C++ when a non_blocking copy with pinned memory is non-contiguous, broadcast or converts the dtype
+(aten/src/ATen/native/cuda/Copy.cu, copy_requires_temporaries; the trace's "Pageable" rule counts those). Inside a
+counted call no hooked call counts: a Tensor subclass's __torch_function__ re-dispatching `.item()` counts once, and
+another sync such an override makes inside the counted call is not seen by the hooks.
 """
 
 from __future__ import annotations
@@ -72,24 +76,29 @@ def _pageable_host(tensor: object) -> bool:
 
 def is_pageable_async_copy(dst: object, src: object, non_blocking: object) -> bool:
     """Whether copying `src` into `dst` is a non_blocking copy between a CUDA tensor and pageable host memory, which
-    the driver makes synchronous (module docstring): True exactly when `non_blocking` is true, one of the two is a
-    tensor on a CUDA device and the other a CPU tensor that is not pinned. False for anything else, non-tensors
-    included."""
-    return bool(non_blocking) and ((is_device_sync(src) and _pageable_host(dst))
-                                   or (is_device_sync(dst) and _pageable_host(src)))
+    the driver makes synchronous (module docstring): True exactly when `non_blocking` is True (the bool; torch
+    rejects any other value there), `dst` holds at least one element, one of the two is a tensor on a CUDA device
+    and the other a CPU tensor that is not pinned. False for anything else, non-tensors included."""
+    return non_blocking is True and _nonempty(dst) and ((is_device_sync(src) and _pageable_host(dst))
+                                                         or (is_device_sync(dst) and _pageable_host(src)))
+
+
+def _nonempty(tensor: object) -> bool:
+    return isinstance(tensor, torch.Tensor) and tensor.numel() > 0
 
 
 def _bool_arg(args: tuple, kwargs: dict, name: str) -> bool:
-    """`name`'s value: the keyword, else the first bool among the positional arguments after self (in every overload
-    of Tensor.to and Tensor.cuda, non_blocking is the first bool parameter)."""
+    """Whether `name` is passed as True: the keyword, else the first bool among the positional arguments after self
+    (in every overload of Tensor.to and Tensor.cuda, non_blocking is the first bool parameter). Only the bool True
+    counts, as torch accepts no other value there (an int or a tensor is its TypeError)."""
     if name in kwargs:
-        return bool(kwargs[name])
-    return next((a for a in args[1:] if isinstance(a, bool)), False)
+        return kwargs[name] is True
+    return next((a for a in args[1:] if isinstance(a, bool)), False) is True
 
 
 def _to_cuda(args: tuple, kwargs: dict) -> bool:
     """Whether Tensor.to(*args[1:], **kwargs) targets a CUDA device (a device, its name or index, or a tensor)."""
-    for target in (kwargs.get("device"), kwargs.get("other"), *args[1:]):
+    for target in (kwargs.get("device"), kwargs.get("tensor"), *args[1:]):
         if target is None or isinstance(target, (bool, torch.dtype, torch.memory_format)):
             continue
         if isinstance(target, torch.Tensor):
@@ -99,16 +108,17 @@ def _to_cuda(args: tuple, kwargs: dict) -> bool:
 
 
 def _copy_counts(args: tuple, kwargs: dict) -> bool:
-    src = args[1] if len(args) > 1 else kwargs.get("src")
+    src = args[1] if len(args) > 1 else kwargs.get("other")  # torch names copy_'s source `other`
     return is_pageable_async_copy(args[0], src, args[2] if len(args) > 2 else kwargs.get("non_blocking", False))
 
 
 def _to_counts(args: tuple, kwargs: dict) -> bool:  # host -> device only: a non_blocking .to(cpu) pins its output
-    return _pageable_host(args[0]) and _bool_arg(args, kwargs, "non_blocking") and _to_cuda(args, kwargs)
+    return (_bool_arg(args, kwargs, "non_blocking") and _to_cuda(args, kwargs) and _nonempty(args[0])
+            and _pageable_host(args[0]))
 
 
 def _cuda_counts(args: tuple, kwargs: dict) -> bool:
-    return _pageable_host(args[0]) and _bool_arg(args, kwargs, "non_blocking")
+    return _bool_arg(args, kwargs, "non_blocking") and _nonempty(args[0]) and _pageable_host(args[0])
 
 
 def counts_as_sync(api: str, args: tuple, kwargs: dict) -> bool:
@@ -122,7 +132,7 @@ def counts_as_sync(api: str, args: tuple, kwargs: dict) -> bool:
         if attr in TENSOR_READBACKS:
             return is_device_sync(args[0])
         return {"copy_": _copy_counts, "to": _to_counts, "cuda": _cuda_counts}[attr](args, kwargs)
-    except (TypeError, ValueError, RuntimeError, IndexError):
+    except Exception:  # noqa: BLE001 (any argument it cannot read: the wrapped call raises its own error)
         return False
 
 

@@ -136,6 +136,38 @@ def test_copy_rules_read_every_form_of_to_and_cuda():
     assert counts_as_sync("torch.cuda.synchronize", (), {})
 
 
+def test_copy_rules_read_torchs_keyword_names_and_only_the_bool_true():
+    """copy_'s source is the keyword `other` and to()'s tensor target `tensor` (torch's names); non_blocking counts
+    only as the bool True, which is all torch accepts there; an empty copy copies nothing."""
+    host, dev = torch.zeros(2), fake_cuda([1.0, 2.0])
+    copy_, to, cuda = "torch.Tensor.copy_", "torch.Tensor.to", "torch.Tensor.cuda"
+    assert counts_as_sync(copy_, (host,), {"other": dev, "non_blocking": True})
+    assert counts_as_sync(to, (host,), {"tensor": dev, "non_blocking": True})
+    for not_the_bool in (1, "yes", torch.tensor(True)):
+        assert not counts_as_sync(copy_, (host, dev), {"non_blocking": not_the_bool})
+        assert not counts_as_sync(copy_, (host, dev, not_the_bool), {})
+        assert not counts_as_sync(cuda, (host,), {"non_blocking": not_the_bool})
+    empty = torch.zeros(0)
+    assert not counts_as_sync(copy_, (empty, fake_cuda([])), {"non_blocking": True})
+    assert not counts_as_sync(cuda, (empty,), {"non_blocking": True})
+    assert not counts_as_sync(to, (empty, "cuda", True), {})
+
+
+def test_a_non_blocking_value_that_cannot_be_read_changes_nothing_in_the_call():
+    """The rule never calls bool() on the argument (a CUDA tensor there would be a read-back of its own, an object
+    whose __bool__ raises would raise from the hook): the call raises torch's own TypeError and nothing is hit."""
+    class Unreadable:
+        def __bool__(self):
+            raise ZeroDivisionError("read")
+
+    host, dev = torch.zeros(2), fake_cuda([1.0, 2.0])
+    with SyncHooks() as hooks:
+        for value in (Unreadable(), fake_cuda(1.0)):
+            with pytest.raises(TypeError):
+                host.copy_(dev, non_blocking=value)
+    assert hooks.hits == []
+
+
 def test_is_device_sync_rule():
     assert is_device_sync(fake_cuda())
     assert not is_device_sync(torch.ones(2))
