@@ -121,6 +121,10 @@ def _cuda_counts(args: tuple, kwargs: dict) -> bool:
     return _bool_arg(args, kwargs, "non_blocking") and _nonempty(args[0]) and _pageable_host(args[0])
 
 
+_TENSOR_RULES = {**{m: lambda args, kwargs: is_device_sync(args[0]) for m in TENSOR_READBACKS},
+                 "copy_": _copy_counts, "to": _to_counts, "cuda": _cuda_counts}
+
+
 def counts_as_sync(api: str, args: tuple, kwargs: dict) -> bool:
     """Whether the call `api`(*args, **kwargs) of a HOOKED_APIS function is a host sync by the tensor rules (module
     docstring); the non-tensor APIs always are. Arguments it cannot read count as no sync (the call itself then
@@ -128,10 +132,9 @@ def counts_as_sync(api: str, args: tuple, kwargs: dict) -> bool:
     owner, attr = api.rsplit(".", 1)
     if owner != "torch.Tensor":
         return True
+    rule = _TENSOR_RULES[attr]  # every torch.Tensor method of HOOKED_APIS has one
     try:
-        if attr in TENSOR_READBACKS:
-            return is_device_sync(args[0])
-        return {"copy_": _copy_counts, "to": _to_counts, "cuda": _cuda_counts}[attr](args, kwargs)
+        return rule(args, kwargs)
     except Exception:  # noqa: BLE001 (any argument it cannot read: the wrapped call raises its own error)
         return False
 
