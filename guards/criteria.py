@@ -112,8 +112,8 @@ CRITERIA: tuple[Criterion, ...] = (
               "a sync every N iterations stalls the loop though the guarded window may hold none", phases=(),
               aggregate="all steps",
               trace_field="the sync hooks and torch's sync debug warnings over Trainer.iterate in every epoch after "
-                          "the first, pageable non_blocking copies made from Python included (C++-made ones: the window's "
-                          "trace sees those)",
+                          "the first, pageable non_blocking copies made from Python included (C++-made ones: the "
+                          "window's trace sees those)",
               evidence="call sites (api or 'sync debug warning' at file:line xN)",
               measured_by="hotloop.guards.loop_syncs.LoopSyncCensus over the gate's epochs"),
     Criterion("epoch 1 without hang", None, "==", "yes",

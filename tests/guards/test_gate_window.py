@@ -120,8 +120,8 @@ def test_gate_default_window_covers_the_target_update(tmp_path, capsys):
     assert verdicts["no stream sync"]["verdict"] == "PASS" and verdicts["no event sync"]["verdict"] == "PASS"
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="runs the hotloop learner on --device cpu, which needs the Triton "
-                    "CPU interpreter: tests/conftest.py sets TRITON_INTERPRET only where CUDA is absent")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="runs the hotloop learner on --device cpu, which needs the "
+                    "Triton CPU interpreter: tests/conftest.py sets TRITON_INTERPRET only where CUDA is absent")
 def test_gate_with_a_window_shorter_than_the_readback_period_says_so(tmp_path, capsys):
     """The hotloop learner (Triton CPU interpreter) publishes its readback every log_interval = 100 steps; a
     10-step window cannot hold it, and the gate says so instead of passing the sync criteria."""

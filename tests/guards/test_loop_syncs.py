@@ -3,7 +3,8 @@
 On the CPU no tensor syncs with a device, so the tests that count hits make the hooks count CPU tensors too
 (`sync_hooks.is_device_sync` patched) and raise the sync debug warning's text themselves; the faults sit in the
 training loop's source path (Trainer.train_step, run by run_training's epochs). The mutants
-ci/mutants/loop_nan_check_every_250, loop_mask_index_every_500 and loop_pageable_copy_every_300 are the same faults on a GPU.
+ci/mutants/loop_nan_check_every_250, loop_mask_index_every_500 and loop_pageable_copy_every_300 are the same faults
+on a GPU.
 """
 
 from __future__ import annotations

@@ -132,7 +132,8 @@ def test_copy_rules_read_every_form_of_to_and_cuda():
     assert not counts_as_sync(to, (host, "no-such-device", True), {})  # unreadable: the call raises its own error
     assert counts_as_sync("torch.Tensor.cuda", (host,), {"non_blocking": True})
     assert counts_as_sync("torch.Tensor.cuda", (host, 0, True), {})
-    assert not counts_as_sync("torch.Tensor.cuda", (host,), {}) and not counts_as_sync("torch.Tensor.cuda", (dev, None, True), {})
+    assert not counts_as_sync("torch.Tensor.cuda", (host,), {})
+    assert not counts_as_sync("torch.Tensor.cuda", (dev, None, True), {})
     assert counts_as_sync("torch.cuda.synchronize", (), {})
 
 
