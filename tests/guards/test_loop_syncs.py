@@ -10,6 +10,7 @@ on a GPU.
 from __future__ import annotations
 
 import warnings
+from collections import Counter
 
 import pandas as pd
 import pytest
@@ -36,6 +37,14 @@ def cpu_tensors_sync(monkeypatch):
 
 def _read_back(t: torch.Tensor) -> float:
     return t.sum().item()
+
+
+def _by_kind(census: LoopSyncCensus) -> dict[str, int]:
+    """The census's counts summed per kind (the api, or "sync debug warning"), over all its call sites."""
+    kinds = Counter()
+    for site, n in census.sites.items():
+        kinds[site.split(" at ")[0]] += n
+    return dict(kinds)
 
 
 def _past_first(census: LoopSyncCensus, first: int = 1) -> LoopSyncCensus:
@@ -80,7 +89,7 @@ def test_sync_debug_warnings_are_counted_once_and_other_warnings_pass(cpu_tensor
     with pytest.warns(RuntimeWarning, match="unrelated"):
         warnings.warn("unrelated", RuntimeWarning)
     census.end()
-    kinds = {site.split(" at ")[0]: n for site, n in census.sites.items()}
+    kinds = _by_kind(census)
     assert kinds == {"sync debug warning": 1, "torch.Tensor.tolist": 1}, census.sites
     assert all(__file__ in site for site in census.sites)
 
@@ -205,7 +214,7 @@ def test_real_cuda_syncs_are_counted_by_their_hook_and_by_the_sync_debug_warning
     x.sum().item()
     positive = x[x > 0]
     census.end()
-    kinds = {site.split(" at ")[0]: n for site, n in census.sites.items()}
+    kinds = _by_kind(census)
     assert kinds == {"torch.Tensor.item": 1, "sync debug warning": 1}, census.sites
     assert all(__file__ in site for site in census.sites) and positive.numel() > 0
     assert torch.cuda.get_sync_debug_mode() == before
@@ -226,7 +235,7 @@ def test_real_pageable_non_blocking_copies_are_counted_and_pinned_ones_are_not()
     x.to("cpu", non_blocking=True)
     census.end()
     torch.cuda.synchronize()
-    kinds = {site.split(" at ")[0]: n for site, n in census.sites.items()}
+    kinds = _by_kind(census)
     assert kinds == {"torch.Tensor.copy_": 1, "torch.Tensor.to": 1, "torch.Tensor.cuda": 1}, census.sites
     assert all(__file__ in site for site in census.sites)
     assert torch.equal(on_device, x) and torch.equal(on_device2, x) and torch.equal(pinned.cuda(), x)
