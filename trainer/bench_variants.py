@@ -17,6 +17,10 @@ grad-norm clip) + the priority update. The builders return a `Variant` whose `st
   clip+Adam step through `torch.compile(mode="max-autotune-no-cudagraphs", dynamic=False)`, warmed up (the compile
   time is `setup_s`), then the whole step captured in one CUDA graph as in `build_graph`.
 
+- `build_iteration`: not a learner step but the whole training-loop iteration, `Trainer.iterate(1)` of
+  hotloop.trainer.loop (env step(s), replay insert, learner step, the periodic readback publication or target
+  update), the real loop built from the same Config on the bench's device.
+
 `DQNLearner.update` itself is not capture-friendly: its Python-side `steps` counter decides the target-network
 update, so a capture would bake the update into every replay or into none. `learner_update` below is the same math
 without it; the target update (one copy per `target_update_interval` steps) is left out of every timed step.
@@ -26,6 +30,7 @@ The replay's importance-sampling exponent is fixed at `cfg.per_beta_start` (no a
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import Callable, Iterator
 from typing import NamedTuple
@@ -39,7 +44,7 @@ from hotloop.trainer.network import BranchingDuelingQNet
 from hotloop.trainer.replay import PrioritizedBatch, PrioritizedReplay
 from hotloop.trainer.step import HotLearner
 
-SETUP_KINDS = ("none", "capture", "compile+capture")
+SETUP_KINDS = ("none", "capture", "compile+capture", "trainer", "trainer+captures")
 GRAPH_PRECISIONS = ("fp32", "tf32")
 COMPILED_PRECISIONS = ("tf32", "split")
 FILL_BATCHES = 4
@@ -47,6 +52,9 @@ FILL_BATCHES = 4
 GRAPH_WARMUP = 3
 """Steps run on a side stream before a capture (Adam's state, cuBLAS handles, the compiled graphs' recompiles)."""
 COMPILE_MODE = "max-autotune-no-cudagraphs"
+ITERATION_WARMUP = 3
+"""Loop iterations `build_iteration` runs after the prefill (the first captures the actor's and the learner's CUDA
+graphs on CUDA), inside setup_s."""
 
 
 class Variant(NamedTuple):
@@ -61,6 +69,7 @@ class Variant(NamedTuple):
         setup_kind: "none", "capture" or "compile+capture" (SETUP_KINDS).
         precision: FP32 matmul mode of the step: "fp32", "tf32", or "split" (TF32 forward, FP32 backward).
         note: what the variant does and leaves out, for the table's note column.
+        step_multiple: see the field (default 1).
     """
 
     name: str
@@ -69,6 +78,9 @@ class Variant(NamedTuple):
     setup_kind: str
     precision: str
     note: str
+    step_multiple: int = 1
+    """The bench times a multiple of this many steps (its --steps rounded up): 1 for a learner step; for the
+    iteration, the longest period of its periodic phases, so the timed window holds whole periods."""
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -438,3 +450,72 @@ def build_hotloop_variant(cfg: Config, device: torch.device) -> Variant:
                    f"compile+warm-up {learner.warmup_s:.1f} s before the capture; flat buffers, fused Triton "
                    "kernels, DDQN forward on a 2nd stream, one CUDA graph; TF32 forward, "
                    "3xTF32 (FP32-accurate) backward; target update fused into Adam")
+
+
+class IterationStep:
+    """The iteration variant's step: `trainer.iterate(1)`, one whole loop iteration (its (3,) device sums are
+    dropped: no host read). Attribute: trainer (the `hotloop.trainer.loop.Trainer`)."""
+
+    def __init__(self, trainer) -> None:
+        self.trainer = trainer
+
+    def __call__(self) -> None:
+        self.trainer.iterate(1)
+
+
+def iteration_periods(cfg: Config, kind: str) -> dict[str, int]:
+    """{phase: period} of the periodic phases a row of `Trainer.iterate(1)` calls can hold: those of
+    `hotloop.trainer.loop.loop_periods(cfg, kind)` except "progress" (iterate counts it from the start of each call,
+    so one-iteration calls open it only when its period is 1; its callback is a no-op here). The counters of the
+    others (learner_steps for readback_publish, DQNLearner.steps for target_update) run across calls.
+    `kind`: "hotloop" or "reference" (ValueError otherwise, from loop_periods)."""
+    from hotloop.trainer.loop import loop_periods
+
+    return {k: v for k, v in loop_periods(cfg, kind).items() if k != "progress"}
+
+
+def build_iteration(cfg: Config, device: torch.device) -> Variant:
+    """The "iteration" row of `hotloop bench`: the whole training-loop iteration, `Trainer.iterate(1)`.
+
+    Builds `hotloop.trainer.loop.Trainer(cfg with device=str(device))` (everything else as `cfg`; the Trainer
+    resolves learner "auto" to hotloop on CUDA and to the reference learner elsewhere), runs its prefill
+    (`Trainer.prefill`: learning_starts transitions) and ITERATION_WARMUP iterations, which on CUDA with the hotloop
+    learner capture the actor's env-step graph and the learner's step graph; setup_s = the wall seconds of all
+    that (build + prefill + captures, synchronized on CUDA). `step()` runs one iteration: env_steps_per_update
+    vectorized env steps of num_envs each + one learner step + the periodic phases that fall on it (hotloop: the
+    readback publication every log_interval learner steps; reference: the target update every
+    target_update_interval steps).
+    step_multiple = the longest period of `iteration_periods(cfg, kind)`, so the bench times whole periods.
+    setup_kind "trainer+captures" when a CUDA graph was captured, else "trainer"; precision "split" for the hotloop
+    learner (TF32 forward, 3xTF32 backward), else "tf32" or "fp32" after the process's TF32 matmul flag on CUDA
+    ("fp32" on CPU). Raises what the Trainer raises (ValueError for an unusable device or env, errors of the
+    prefill, the captures or the steps).
+    """
+    from hotloop.trainer.loop import Trainer
+
+    device = torch.device(device)
+    run_cfg = dataclasses.replace(cfg, device=str(device))
+    start = time.perf_counter()
+    trainer = Trainer(run_cfg)
+    trainer.prefill()
+    for _ in range(ITERATION_WARMUP):
+        trainer.iterate(1)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    setup = time.perf_counter() - start
+    kind = trainer.learner_kind
+    captured = any(getattr(part, "graph", None) is not None for part in (trainer.learner, trainer.actor))
+    if kind == "hotloop":
+        precision = "split"
+    else:
+        precision = "tf32" if device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32 else "fp32"
+    periods = iteration_periods(run_cfg, kind)
+    periodic = ", ".join(f"{k} every {v}" for k, v in periods.items() if v > 1) or "none"
+    if trainer.actor is None:
+        actor = "eager env steps"
+    else:
+        actor = "the actor's " + ("captured" if getattr(trainer.actor, "graph", None) is not None else "eager")
+    note = (f"Trainer.iterate(1): {cfg.env_steps_per_update} x {cfg.num_envs} env steps ({actor}) + {kind} learner "
+            f"step; periodic: {periodic}; the learner-step rows leave out the env and the periodic work")
+    return Variant("iteration", IterationStep(trainer), setup, "trainer+captures" if captured else "trainer",
+                   precision, note, max(periods.values()))

@@ -1,5 +1,6 @@
 """Learner-step variants of `hotloop bench` (trainer/bench_variants.py): the eager step on the CPU, the fresh step's
-math against `DQNLearner.update`, the TF32 switch; capture and compile on the GPU (marked gpu)."""
+math against `DQNLearner.update`, the TF32 switch, the loop-iteration variant on the CPU; capture and compile on the
+GPU (marked gpu)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import copy
 import pytest
 import torch
 
-from hotloop.trainer.bench_variants import (BenchState, Variant, build_compiled, build_eager, build_graph, env_shapes,
-                                    tf32_matmuls)
+from hotloop.trainer.bench_variants import (BenchState, Variant, build_compiled, build_eager, build_graph,
+                                            build_iteration, env_shapes, iteration_periods, tf32_matmuls)
 from hotloop.trainer.config import preset
 
 CPU = torch.device("cpu")
@@ -77,6 +78,27 @@ def test_bench_state_fills_the_replay_with_the_env_shapes():
     assert env_shapes(cfg) == (4, (2,)) == (state.obs_dim, state.action_nvec)
     assert len(state.replay) == min(cfg.replay_capacity, 4 * cfg.batch_size)
     assert env_shapes(_cfg(env="synthetic", obs_dim=5, action_nvec=(3, 4))) == (5, (3, 4))
+
+
+def test_the_iteration_variant_runs_one_loop_iteration_of_a_trainer_on_the_bench_device():
+    cfg = _cfg(num_envs=4, learning_starts=32, eval_episodes=0, target_update_interval=3, device="cuda:7")
+    v = build_iteration(cfg, CPU)
+    trainer = v.step.trainer
+    assert isinstance(v, Variant) and (v.name, v.setup_kind, v.precision) == ("iteration", "trainer", "fp32")
+    assert trainer.device == CPU and trainer.learner_kind == "reference"  # auto on the CPU
+    assert v.setup_s > 0 and v.step_multiple == 3 and "reference learner step" in v.note
+    assert trainer.learner_steps == 3 and trainer.env_steps == 32 + 3 * 4  # prefill + ITERATION_WARMUP iterations
+    v.step()
+    assert trainer.learner_steps == 4 and trainer.env_steps == 48 and trainer.learner.steps == 4
+
+
+def test_iteration_periods_leave_out_progress():
+    cfg = _cfg(log_interval=7, target_update_interval=5, learner_steps_per_epoch=300)
+    assert iteration_periods(cfg, "hotloop") == {"env_step": 1, "update": 1, "readback_publish": 7}
+    assert iteration_periods(cfg, "reference") == {"env_step": 1, "sample": 1, "update": 1, "priority_update": 1,
+                                                   "target_update": 5}
+    with pytest.raises(ValueError, match="learner kind"):
+        iteration_periods(cfg, "auto")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU refusal")
