@@ -1,17 +1,26 @@
-"""`hotloop bench`: learner-step variants timed side by side in ONE process on one device, plus a roofline floor.
+"""`hotloop bench`: the training-loop iteration and learner-step variants timed side by side in ONE process on one
+device, plus a roofline floor.
 
-Each variant (trainer/bench_variants.py: eager, graph-fp32, graph-tf32, compiled-split, compiled-tf32; and
-"hotloop", hotloop's own step, built by `hotloop.trainer.bench_variants.build_hotloop_variant`) is built, warmed up,
-and timed step by step with CUDA events (host perf_counter on CPU); then 5 more steps run under
-`hotloop.guards.guard.guard_steps` for the kernels per step. One row per variant; a variant that raises gets a row of NaN
-numbers with the error in `note`, and the others still run. docs/h200_facts.md asks for exactly this: "hotloop's
+The headline row, "iteration", is the whole loop iteration, `Trainer.iterate(1)` of hotloop.trainer.loop (env
+step(s), replay insert, learner step, periodic readback publication / target update), built from the same Config
+on the same device (`hotloop.trainer.bench_variants.build_iteration`); it leads the table whenever it is asked for
+(it is in the default "all"). The learner-step variants (trainer/bench_variants.py: eager, graph-fp32, graph-tf32,
+compiled-split, compiled-tf32; and "hotloop", hotloop's own step, built by
+`hotloop.trainer.bench_variants.build_hotloop_variant`) follow. Each is built, warmed up, and timed step by step
+(iteration by iteration) with CUDA events (host perf_counter on CPU); then 5 more steps run under
+`hotloop.guards.guard.guard_steps` for the kernels per step. One row per variant; a variant that raises gets a row of
+NaN numbers with the error in `note`, and the others still run. docs/h200_facts.md asks for exactly this: "hotloop's
 bench must measure its baselines itself, in the same run as its own step".
 
-Table columns (BENCH_COLUMNS): variant, precision, us_per_step_p20/p50/p80 (microseconds per learner step,
-quantiles over the timed steps), kernels_per_step (median over the guarded steps of GPU kernels launched, those of a
-replayed graph included; NaN off CUDA), setup_kind, setup_s (one-time setup seconds: capture / compile + capture),
+Table columns (BENCH_COLUMNS): variant, precision, us_per_step_p20/p50/p80 (microseconds per learner step, per
+loop iteration in the iteration row; quantiles over the timed steps), kernels_per_step (median over the guarded steps
+of GPU kernels launched, those of a replayed graph included; NaN off CUDA), kernels_grid1_per_step (the same median
+of the kernels launched with grid (1,1,1), the guard's "kernels_grid1" count; NaN off CUDA), setup_kind, setup_s
+(one-time setup seconds: capture / compile + capture; for the iteration build + prefill + captures),
 ratio_to_hotloop (us_per_step_p50 / the "hotloop" row's; NaN without one), roofline_floor_us (`roofline_floor_us`
-at the config's shapes), steps (timed steps; 0 for a failed row), gpu, commit, date (UTC), note.
+at the config's shapes: the learner step's floor, the same value in every row; for the iteration row a floor too,
+as the iteration holds one learner step, but not a tight one: env steps and periodic work are not counted), steps
+(timed steps; 0 for a failed row), gpu, commit, date (UTC), note.
 Output style after profiles/kernel_bench.py, Triton's tutorial benchmarks (`python/tutorials/05-layer-norm.py`) and
 Liger-Kernel's `benchmark/scripts/utils.py`.
 """
@@ -33,15 +42,17 @@ import torch
 
 from hotloop.profiles.provenance import commit_id, device_name
 from hotloop.trainer.bench_variants import (Variant, build_compiled, build_eager, build_graph,
-                                            build_hotloop_variant, env_shapes)
+                                            build_hotloop_variant, build_iteration, env_shapes)
 from hotloop.trainer.config import Config
 
 BENCH_COLUMNS = ["variant", "precision", "us_per_step_p20", "us_per_step_p50", "us_per_step_p80", "kernels_per_step",
-                 "setup_kind", "setup_s", "ratio_to_hotloop", "roofline_floor_us", "steps", "gpu", "commit", "date",
-                 "note"]
+                 "kernels_grid1_per_step", "setup_kind", "setup_s", "ratio_to_hotloop", "roofline_floor_us", "steps",
+                 "gpu", "commit", "date", "note"]
 GUARD_STEPS, GUARD_WARMUP = 5, 2
 """Steps profiled by hotloop.guards.guard.guard_steps for kernels_per_step, and its unprofiled warm-up steps."""
 GUARD_STEP_RANGE = "bench_step"
+HEADLINE = "iteration"
+"""The variant that leads the table when asked for: the whole loop iteration."""
 TF32_TFLOPS = 494.7
 """Dense TF32 tensor-core peak of an H100/H200 SXM, TFLOP/s (NVIDIA H100 datasheet: 989 with sparsity)."""
 COPY_GBS = 4250.0
@@ -58,6 +69,7 @@ class VariantSpec(NamedTuple):
 
 
 VARIANTS: dict[str, VariantSpec] = {
+    "iteration": VariantSpec(build_iteration, "", "trainer+captures"),
     "eager": VariantSpec(build_eager, "fp32", "none"),
     "graph-fp32": VariantSpec(functools.partial(build_graph, precision="fp32"), "fp32", "capture"),
     "graph-tf32": VariantSpec(functools.partial(build_graph, precision="tf32"), "tf32", "capture"),
@@ -65,7 +77,8 @@ VARIANTS: dict[str, VariantSpec] = {
     "compiled-tf32": VariantSpec(functools.partial(build_compiled, precision="tf32"), "tf32", "compile+capture"),
     "hotloop": VariantSpec(build_hotloop_variant, "", ""),
 }
-"""The variants `hotloop bench` knows, in the default (table) order."""
+"""The variants `hotloop bench` knows, in the default (table) order: the loop iteration first, then the learner
+steps."""
 ALIASES: dict[str, tuple[str, ...]] = {
     "all": tuple(VARIANTS),
     "graph": ("graph-fp32", "graph-tf32"),
@@ -188,19 +201,21 @@ def time_steps(step: Callable[[], object], steps: int, device: torch.device) -> 
         return [s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)]
 
 
-def guard_summary(report, steps: int = GUARD_STEPS) -> tuple[float, str]:
-    """(kernels_per_step, gemm note) from a `hotloop.guards.guard.GuardReport`: the median of its per-step "kernels" column
-    (NaN when the report has no CUDA side), and "gemms/step tf32=.. fp32=.. other=.." from its GEMM table (kernel
+def guard_summary(report, steps: int = GUARD_STEPS) -> tuple[float, float, str]:
+    """(kernels_per_step, kernels_grid1_per_step, gemm note) from a `hotloop.guards.guard.GuardReport`: the medians
+    of its per-step "kernels" and "kernels_grid1" columns (NaN when the report has no CUDA side, or no such
+    median), and "gemms/step tf32=.. fp32=.. other=.." from its GEMM table (kernel
     counts over `steps` guarded steps; "other" = GEMMs whose name does not tell the precision, e.g. Inductor Triton
     templates; "" without CUDA)."""
     if not report.cuda:
-        return math.nan, ""
+        return math.nan, math.nan, ""
     kernels = float(report.medians["kernels"])
+    grid1 = float(report.medians.get("kernels_grid1", math.nan))
     g = report.gemms
     if g.empty:
-        return kernels, "gemms/step none"
+        return kernels, grid1, "gemms/step none"
     per = g.groupby("precision")["kernels"].sum() / steps
-    return kernels, (f"gemms/step tf32={per.get('tf32', 0):g} fp32={per.get('fp32', 0):g} "
+    return kernels, grid1, (f"gemms/step tf32={per.get('tf32', 0):g} fp32={per.get('fp32', 0):g} "
                      f"other={per.drop(['tf32', 'fp32'], errors='ignore').sum():g}")
 
 
@@ -215,30 +230,37 @@ def _free(device: torch.device, compiled: bool) -> None:
 
 def _measure(name: str, spec: VariantSpec, cfg: Config, device: torch.device, steps: int, warmup: int,
              base: dict) -> dict:
-    """Build, warm up, time and guard one variant; returns its row (raises what the build or the steps raise)."""
+    """Build, warm up, time and guard one variant; returns its row (raises what the build or the steps raise).
+    Timed steps: `steps` rounded up to a multiple of the variant's step_multiple; when that is > 1 the note gets the
+    mean us per step over them (the periodic phases amortized)."""
     from hotloop.guards.guard import guard_steps
 
     variant = spec.builder(cfg, device)
     if not isinstance(variant, Variant):
-        raise TypeError(f"the builder of {name!r} returned {type(variant).__name__}, expected hotloop.trainer.bench_variants."
-                        f"Variant")
+        raise TypeError(f"the builder of {name!r} returned {type(variant).__name__}, expected "
+                        f"hotloop.trainer.bench_variants.Variant")
     try:
         for _ in range(warmup):
             variant.step()
+        multiple = max(1, int(variant.step_multiple))
+        steps = -(-steps // multiple) * multiple
         us = pd.Series(time_steps(variant.step, steps, device))
         note = variant.note
-        kernels = math.nan
+        if multiple > 1:
+            note = f"{note}; {steps} timed steps ({steps // multiple} x {multiple}), mean {us.mean():.1f} us"
+        kernels = grid1 = math.nan
         if device.type == "cuda":
             try:
                 report = guard_steps(variant.step, steps=GUARD_STEPS, warmup=GUARD_WARMUP,
                                      step_range=GUARD_STEP_RANGE)
-                kernels, gemm_note = guard_summary(report)
+                kernels, grid1, gemm_note = guard_summary(report)
                 note = f"{note}; {gemm_note}" if gemm_note else note
             except Exception as exc:  # the timing stands; say why the kernel count is missing
                 note = f"{note}; kernels_per_step not measured: {type(exc).__name__}: {exc}"
         q = us.quantile([0.2, 0.5, 0.8]).tolist()
         return {**base, "variant": name, "precision": variant.precision, "us_per_step_p20": q[0],
                 "us_per_step_p50": q[1], "us_per_step_p80": q[2], "kernels_per_step": kernels,
+                "kernels_grid1_per_step": grid1,
                 "setup_kind": variant.setup_kind, "setup_s": float(variant.setup_s), "steps": steps, "note": note}
     finally:
         compiled = "compile" in variant.setup_kind
@@ -249,20 +271,25 @@ def _measure(name: str, spec: VariantSpec, cfg: Config, device: torch.device, st
 def run_bench(cfg: Config, device: torch.device | str, variants: list[str], steps: int = 200, warmup: int = 20,
               out_dir: str | Path | None = None,
               extra_variants: Mapping[str, Callable[[Config, torch.device], Variant]] = {}) -> pd.DataFrame:
-    """Time each named variant's learner step on `device`, one after the other in this process; print the table,
-    write it as out_dir/bench.csv and out_dir/bench.md (hotloop.profiles.epoch_table.write_table) when `out_dir` is given,
-    and return it (columns BENCH_COLUMNS, one row per variant in the order asked).
+    """Time each named variant's step on `device`, one after the other in this process; print the table, write it
+    as out_dir/bench.csv and out_dir/bench.md (hotloop.profiles.epoch_table.write_table) when `out_dir` is given,
+    and return it (columns BENCH_COLUMNS, one row per variant in the order asked, except that the "iteration" row,
+    when asked for, is run first and leads the table).
 
     Args:
         cfg: the Config (its shapes; the seed-scale preset is what numbers are quoted at).
         device: torch.device or string ("cpu", "cuda", "cuda:N").
         variants: names of VARIANTS or `extra_variants` (aliases of `expand_variants` allowed).
-        steps: timed steps per variant (>= 1); warmup: untimed steps before them (>= 0), after the build's own.
+        steps: timed steps per variant (>= 1), rounded up to a multiple of the variant's step_multiple (the
+            iteration: its longest periodic phase's period, e.g. log_interval with the hotloop learner, so the timed
+            iterations hold every periodic phase, whole periods of it); warmup: untimed steps before them (>= 0),
+            after the build's own.
         out_dir: folder for bench.csv / bench.md (created); must not hold either already (nothing is overwritten).
         extra_variants: {name: builder(cfg, device) -> Variant}, added to (or replacing) VARIANTS' builders.
     Per variant: build; `warmup` steps; `time_steps` (CUDA events per step, or perf_counter on CPU) -> p20/p50/p80
-    us per step; on CUDA `hotloop.guards.guard.guard_steps(step, steps=5, warmup=2, step_range="bench_step")` -> kernels per
-    step (median of its "kernels" column) and GEMM kernels per step by precision (appended to the note); then the
+    us per step; on CUDA `hotloop.guards.guard.guard_steps(step, steps=5, warmup=2, step_range="bench_step")` ->
+    kernels and grid-(1,1,1) kernels per step (medians of its "kernels" / "kernels_grid1" columns) and GEMM kernels
+    per step by precision (appended to the note); then the
     variant is deleted and the CUDA cache emptied (Dynamo reset after compiled ones) before the next is built.
     An exception while building or running a variant gives its row NaN numbers, steps 0 and note "<Type>: <msg>"
     ("skipped: ..." for a variant that needs CUDA on a CPU device). ratio_to_hotloop = p50 / the "hotloop" row's p50.
@@ -271,6 +298,7 @@ def run_bench(cfg: Config, device: torch.device | str, variants: list[str], step
     an out_dir that already holds bench.csv / bench.md or is not a folder.
     """
     names = expand_variants(variants, extra_variants)
+    names.sort(key=lambda n: n != HEADLINE)  # stable: the iteration first, the others in the order asked
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be an int >= 1, got {steps!r}")
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
@@ -305,7 +333,8 @@ def run_bench(cfg: Config, device: torch.device | str, variants: list[str], step
                          "steps": 0, "note": msg})
         _free(device, "compile" in spec.setup_kind)  # after the except block: its traceback no longer holds the state
     df = pd.DataFrame(rows).reindex(columns=BENCH_COLUMNS)
-    for col in ("us_per_step_p20", "us_per_step_p50", "us_per_step_p80", "kernels_per_step", "setup_s",
+    for col in ("us_per_step_p20", "us_per_step_p50", "us_per_step_p80", "kernels_per_step",
+                "kernels_grid1_per_step", "setup_s",
                 "ratio_to_hotloop", "roofline_floor_us"):
         df[col] = df[col].astype("float64")
     df["steps"] = df["steps"].astype("int64")
@@ -313,7 +342,8 @@ def run_bench(cfg: Config, device: torch.device | str, variants: list[str], step
     df["ratio_to_hotloop"] = df["us_per_step_p50"] / hot.iloc[0] if len(hot) else math.nan
     from hotloop.profiles.epoch_table import format_table, write_table
 
-    print(f"hotloop bench: {len(df)} variants, {steps} timed steps each, device {device} ({base['gpu']}), "
+    print(f"hotloop bench: {len(df)} variants, {steps} timed steps each (the iteration: whole periods), "
+          f"device {device} ({base['gpu']}), "
           f"batch {cfg.batch_size}, roofline floor {base['roofline_floor_us']:.1f} us")
     print(format_table(df))
     if out_dir is not None:

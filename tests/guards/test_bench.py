@@ -1,5 +1,6 @@
 """`hotloop bench` (guards/bench.py, the CLI subcommand): the roofline floor by hand, the table on the CPU (eager
-measured, captured variants skipped), files written and never overwritten, bad input exits 2."""
+and the loop iteration measured, captured variants skipped, the iteration row first), files written and never
+overwritten, bad input exits 2."""
 
 from __future__ import annotations
 
@@ -70,6 +71,7 @@ def test_run_bench_on_cpu_measures_eager_and_skips_the_graph(tmp_path, capsys):
     assert eager["us_per_step_p20"] <= eager["us_per_step_p50"] <= eager["us_per_step_p80"]
     assert eager["steps"] == 5 and eager["setup_kind"] == "none" and eager["precision"] == "fp32"
     assert math.isnan(eager["kernels_per_step"]) and math.isnan(eager["ratio_to_hotloop"])
+    assert math.isnan(eager["kernels_grid1_per_step"])
     assert graph[["us_per_step_p20", "us_per_step_p50", "us_per_step_p80", "setup_s"]].isna().all()
     assert "needs CUDA" in graph["note"] and graph["steps"] == 0 and graph["precision"] == "fp32"
     assert (df["gpu"] == "cpu").all() and (df["roofline_floor_us"] > 0).all() and df["commit"].str.len().gt(0).all()
@@ -101,14 +103,49 @@ def test_a_failing_variant_is_a_row_and_ratio_to_hotloop_uses_the_hotloop_row(mo
     assert slow["ratio_to_hotloop"] == pytest.approx(slow["us_per_step_p50"] / hot["us_per_step_p50"])
 
 
+def _tiny_loop(**kw):
+    """`_cfg` with a loop small enough for the CPU: 4 envs, 32 prefill transitions, no evaluation env, and the
+    reference learner's target update every 3 steps (the iteration's periodic phase)."""
+    return _cfg(**{"num_envs": 4, "learning_starts": 32, "eval_episodes": 0, "target_update_interval": 3, **kw})
+
+
+def test_the_iteration_row_leads_and_times_whole_periods_on_the_cpu():
+    df = run_bench(_tiny_loop(), CPU, ["eager", "iteration"], steps=4, warmup=1)
+    assert list(df["variant"]) == ["iteration", "eager"] and list(df.columns) == BENCH_COLUMNS
+    it = df.iloc[0]
+    q = it[["us_per_step_p20", "us_per_step_p50", "us_per_step_p80"]].astype(float)
+    assert q.map(math.isfinite).all() and 0 < q.iloc[0] <= q.iloc[1] <= q.iloc[2]
+    assert it["steps"] == 6  # 4 rounded up to whole periods of the target update (every 3 steps)
+    assert "6 timed steps (2 x 3), mean" in it["note"] and "Trainer.iterate(1)" in it["note"]
+    assert it["setup_kind"] == "trainer" and it["setup_s"] > 0 and it["precision"] == "fp32"  # reference on CPU
+    assert math.isnan(it["kernels_per_step"]) and math.isnan(it["kernels_grid1_per_step"])  # no CUDA
+    assert math.isnan(it["ratio_to_hotloop"]) and it["roofline_floor_us"] == df.iloc[1]["roofline_floor_us"]
+    assert df.iloc[1]["steps"] == 4  # the learner-step rows time exactly --steps
+
+
+def test_a_failing_iteration_build_is_a_nan_row_that_still_leads(monkeypatch):
+    def broken_trainer(cfg):
+        raise OSError(f"no env on {cfg.device}")
+
+    monkeypatch.setattr("hotloop.trainer.loop.Trainer", broken_trainer)
+    df = run_bench(_tiny_loop(), CPU, ["eager", "iteration"], steps=2, warmup=0)
+    it, eager = df.iloc[0], df.iloc[1]
+    assert it["variant"] == "iteration" and it["steps"] == 0 and it["setup_kind"] == "trainer+captures"
+    assert it["note"] == "OSError: no env on cpu"
+    assert it[["us_per_step_p50", "kernels_per_step", "kernels_grid1_per_step", "setup_s"]].isna().all()
+    assert eager["steps"] == 2 and math.isfinite(eager["us_per_step_p50"])
+
+
 def test_expand_variants():
-    assert expand_variants("all") == list(VARIANTS)
+    assert expand_variants("all") == list(VARIANTS) and list(VARIANTS)[0] == "iteration"
     assert expand_variants("graph,eager,graph-fp32") == ["graph-fp32", "graph-tf32", "eager"]
     assert expand_variants(["compiled"]) == ["compiled-split", "compiled-tf32"]
     assert expand_variants("mine,eager", {"mine": build_eager}) == ["mine", "eager"]
     for bad in ("eagr", "", "eager,,graph"):
-        with pytest.raises(ValueError, match="valid variants: eager, graph-fp32"):
+        with pytest.raises(ValueError, match="valid variants: .*eager, graph-fp32"):
             expand_variants(bad)
+    with pytest.raises(ValueError, match="valid variants: iteration, eager, graph-fp32"):
+        expand_variants("eagr")
 
 
 @pytest.mark.parametrize("kw,match", [({"steps": 0}, "steps"), ({"warmup": -1}, "warmup"),
@@ -122,14 +159,17 @@ def test_run_bench_bad_input(kw, match):
 def test_guard_summary_reads_the_kernels_column():
     x = torch.randn(8, 8)
     report = guard_steps(lambda: x @ x, steps=2, warmup=0, step_range="bench_step")
-    kernels, note = guard_summary(report, steps=2)
+    kernels, grid1, note = guard_summary(report, steps=2)
     if not report.cuda:
-        assert math.isnan(kernels) and note == ""
-        report = dataclasses.replace(report, cuda=True, gemms=pd.DataFrame(
-            {"phase": ["", "", ""], "precision": ["tf32", "fp32", "gemm"], "name": ["a", "b", "c"],
-             "kernels": [6, 4, 2]}))
-        kernels, note = guard_summary(report, steps=2)
-    assert kernels == report.medians["kernels"]
+        assert math.isnan(kernels) and math.isnan(grid1) and note == ""
+        report = dataclasses.replace(report, cuda=True, medians={**report.medians, "kernels_grid1": 3.0},
+                                     gemms=pd.DataFrame({"phase": ["", "", ""], "precision": ["tf32", "fp32", "gemm"],
+                                                         "name": ["a", "b", "c"], "kernels": [6, 4, 2]}))
+        kernels, grid1, note = guard_summary(report, steps=2)
+        assert grid1 == 3.0
+        no_grid1 = {k: v for k, v in report.medians.items() if k != "kernels_grid1"}
+        assert math.isnan(guard_summary(dataclasses.replace(report, medians=no_grid1), steps=2)[1])
+    assert kernels == report.medians["kernels"] and grid1 == report.medians["kernels_grid1"]
     if not torch.cuda.is_available():
         assert note == "gemms/step tf32=3 fp32=2 other=1"
 
@@ -172,6 +212,18 @@ def test_run_bench_on_the_gpu_measures_every_captured_variant(tmp_path):
     assert df[["us_per_step_p50", "kernels_per_step", "setup_s"]].notna().all().all(), df["note"].tolist()
     assert (df["kernels_per_step"] > 10).all() and df["note"].str.contains("gemms/step").all()
     assert "gemms/step tf32=0 " in df.set_index("variant").loc["graph-fp32", "note"]  # no TF32 GEMM under FP32
+
+
+@pytest.mark.gpu
+def test_run_bench_on_the_gpu_leads_with_the_captured_loop_iteration():
+    cfg = _cfg(batch_size=64, replay_capacity=4096, num_envs=16, learning_starts=256, eval_episodes=0, log_interval=4)
+    df = run_bench(cfg, torch.device("cuda"), ["hotloop", "iteration"], steps=6, warmup=2)
+    it, hot = df.iloc[0], df.iloc[1]
+    assert list(df["variant"]) == ["iteration", "hotloop"], df["note"].tolist()
+    assert it[["us_per_step_p50", "kernels_per_step", "kernels_grid1_per_step", "setup_s"]].notna().all(), it["note"]
+    assert (it["setup_kind"], it["precision"], it["steps"]) == ("trainer+captures", "split", 8)  # 2 x log_interval
+    assert it["kernels_per_step"] >= hot["kernels_per_step"] > 0 and it["kernels_grid1_per_step"] >= 0
+    assert it["ratio_to_hotloop"] == pytest.approx(it["us_per_step_p50"] / hot["us_per_step_p50"])
 
 
 def test_commit_id_prefers_the_environment(monkeypatch):
