@@ -284,6 +284,15 @@ def tree_update(nodes: torch.Tensor, indices: torch.Tensor, values: torch.Tensor
         DEPTH=depth, INSERT=False, START_ON_DEVICE=False, TOP=min(TOP_LEVELS, depth), BLOCK=block, num_warps=1)
 
 
+@triton.jit
+def _tree_insert_kernel(nodes_ptr, n, capacity, start_ptr, start_val, first, max_ptr, floor, DEPTH: tl.constexpr,
+                        START_ON_DEVICE: tl.constexpr, TOP: tl.constexpr, BLOCK: tl.constexpr):
+    """The update kernel's insert path under its own name: the actor's tree insert (kernels/actor_step.py) is told
+    apart from the learner's priority update by kernel name in a trace (the gate's phase attribution)."""
+    _tree_update_kernel(nodes_ptr, nodes_ptr, nodes_ptr, n, capacity, start_ptr, start_val, first, max_ptr, max_ptr,
+                        floor, DEPTH, True, START_ON_DEVICE, TOP, BLOCK)
+
+
 def tree_insert(nodes: torch.Tensor, start_pos: torch.Tensor | int, count: int, capacity: int,
                 max_value: torch.Tensor, floor: float = PRIORITY_FLOOR) -> None:
     """Give `count` new ring slots the current max priority (read on the device), in one launch.
@@ -312,10 +321,9 @@ def tree_insert(nodes: torch.Tensor, start_pos: torch.Tensor | int, count: int, 
     if kept == 0:
         return
     block = _block()
-    _tree_update_kernel[(_grid(kept, block),)](
-        nodes, nodes, nodes, kept, capacity, nodes if start_t is None else start_t, start_v, count - kept,
-        max_value, max_value, floor, DEPTH=depth, INSERT=True, START_ON_DEVICE=start_t is not None,
-        TOP=min(TOP_LEVELS, depth), BLOCK=block, num_warps=1)
+    _tree_insert_kernel[(_grid(kept, block),)](
+        nodes, kept, capacity, nodes if start_t is None else start_t, start_v, count - kept, max_value, floor,
+        DEPTH=depth, START_ON_DEVICE=start_t is not None, TOP=min(TOP_LEVELS, depth), BLOCK=block, num_warps=1)
 
 
 def tree_sample(nodes: torch.Tensor, capacity: int, size: torch.Tensor | int, batch_size: int,

@@ -10,6 +10,17 @@ vector steps), so eager runs and graph replays draw the same numbers and nothing
 column 0 decides exploration (u < epsilon), columns 1..D pick each branch's random action (floor(u * n_d)), the rest
 go to the env (its `step_uniforms`: CartPole's reset states, the synthetic env's noise). The host keeps its own
 counters (env steps, the replay's pos and size) in step, by the same arithmetic.
+
+Two implementations of one step, the same arithmetic:
+- the fused step (`fused`: CartPole in float32 and the synthetic env, N <= the replay's capacity): three launches,
+  `hotloop.kernels.actor_step.actor_step` (uniforms, epsilon, the net's greedy actions, epsilon-greedy, the env with
+  autoreset, the replay's storage, the returns), the sum tree's insert, and `actor_commit` (the episode ring and the
+  counters) -- no single-block kernel, no host read;
+- `reference_step`: the same step in stock torch ops (one `batch_uniforms` launch, the learner's forward kernels,
+  the env's own `step`, `PrioritizedReplay.write`, `EpisodeReturns.update`): the plain-torch reference the fused
+  kernels are tested against (tests/kernels/test_actor_step.py), and the step for every other env.
+Both act with `acting_weights`: the learner's TF32-rounded snapshot of its parameters (`HotLearner.nets_tf32[0]`,
+refreshed at the start of every learner step and when it is built or loaded), the weights its last forward read.
 """
 
 from __future__ import annotations
@@ -19,8 +30,10 @@ import time
 
 import torch
 
+from hotloop.kernels.actor_step import ENV_CARTPOLE, ENV_SYNTHETIC, ActingNet, ActorBuffers, actor_commit, actor_step
 from hotloop.kernels.replay_batch import batch_uniforms
-from hotloop.trainer.envs import VecEnv
+from hotloop.kernels.segment_tree import tree_insert
+from hotloop.trainer.envs import CartPoleVec, SyntheticBatchEnv, VecEnv
 from hotloop.trainer.episodes import EpisodeReturns
 from hotloop.trainer.learner import epsilon_greedy_from
 from hotloop.trainer.replay import PrioritizedReplay
@@ -50,7 +63,9 @@ class DeviceActor:
             steps (float >= 0; 0: epsilon is eps_end from the start).
     Attributes: t (0-dim int64, vector steps taken), epsilon (0-dim float32, the value the last step used),
         uniforms (N, 1 + D + env.step_uniforms) float32, graph (CUDAGraph or None), capture_s (seconds, nan before),
-        eager_steps (host count of steps run without the graph: `capture` needs one first, to compile the kernels).
+        eager_steps (host count of steps run without the graph: `capture` needs one first, to compile the kernels),
+        acting_weights ((P,) float32, the learner's `nets_tf32[0]`), fused (the fused step's `ActorBuffers`, or None
+        where `reference_step` runs), net (the `ActingNet` offsets, with the fused step).
     Raises ValueError for an env that is not capturable, an obs buffer of the wrong shape, dtype or device, a seed
     that is not an int >= 0, or eps_decay_steps not a finite number >= 0.
     """
@@ -79,19 +94,71 @@ class DeviceActor:
         self.graph: torch.cuda.CUDAGraph | None = None
         self.capture_s = float("nan")
         self.eager_steps = 0
+        self.acting_weights = learner.nets_tf32[0]
+        self.fused = self._fused_buffers()
+
+    def _fused_buffers(self) -> ActorBuffers | None:
+        """The fused step's buffers when it can run this env (CartPole in float32, the synthetic env; N <= the
+        replay's capacity), else None (`reference_step` then runs)."""
+        env, rp, n = self.env, self.replay, self.env.num_envs
+        if n > rp.capacity or rp.obs_dtype != torch.float32:
+            return None
+        if isinstance(env, CartPoleVec) and env.dtype == torch.float32:
+            self._env_kind, self._time_limit, state = ENV_CARTPOLE, env.max_episode_steps, env.state
+            start = env_a = env_b = env_c = self.obs
+        elif isinstance(env, SyntheticBatchEnv):
+            self._env_kind, self._time_limit, state = ENV_SYNTHETIC, env.episode_length, env._obs
+            start, env_a, env_b, env_c = env._start, env._A, env._B, env._C
+        else:
+            return None
+        self.net = ActingNet.from_layout(self.learner.layout, self.obs.device)
+        dev = self.obs.device
+        return ActorBuffers(
+            t=self.t, pos=rp.pos_t, epsilon=self.epsilon, obs=self.obs, state=state, elapsed=env.elapsed_steps,
+            start=start, env_a=env_a, env_b=env_b, env_c=env_c, replay_obs=rp.obs, replay_action=rp.action,
+            replay_reward=rp.reward, replay_next_obs=rp.next_obs, replay_terminated=rp.terminated,
+            running=self.returns.running, ended=torch.empty(n, dtype=torch.float64, device=dev),
+            done=torch.empty(n, dtype=torch.int32, device=dev), ring=self.returns.ring,
+            finished=self.returns.finished, ticket=torch.zeros((), dtype=torch.int32, device=dev),
+            scratch=torch.empty(2, n, self.net.max_width, device=dev))
 
     @torch.no_grad()
     def _body(self) -> None:
+        if self.fused is None:
+            self.reference_step()
+            return
+        actor_step(self.net, self.acting_weights, self.fused, self.seed, self.eps_start, self.eps_end,
+                   self.eps_decay_steps, self._env_kind, self._time_limit)
+        tree_insert(self.replay.tree.nodes, self.replay.pos_t, self.env.num_envs, self.replay.capacity,
+                    self.replay.tree.max_value)
+        actor_commit(self.fused)
+
+    @torch.no_grad()
+    def reference_step(self) -> None:
+        """One step in stock torch ops (the plain-torch reference of the fused step, and the step of every env the
+        fused kernels do not simulate): device work only, host counters untouched (`step` advances those)."""
         batch_uniforms(self.t, self.uniforms.view(-1), self.epsilon, self.seed, self.eps_start, self.eps_end,
                        self.eps_decay_steps)
         d = self.branches
-        actions = epsilon_greedy_from(self.learner.greedy(self.obs), self.learner.action_nvec, self.epsilon,
-                                      self.uniforms[:, :1], self.uniforms[:, 1:1 + d])
+        actions = epsilon_greedy_from(self.learner.acting.greedy(self.acting_weights, self.obs),
+                                      self.learner.action_nvec, self.epsilon, self.uniforms[:, :1],
+                                      self.uniforms[:, 1:1 + d])
         res = self.env.step(actions, self.uniforms[:, 1 + d:])
         self.replay.write(self.obs, actions, res.reward, res.final_obs, res.terminated)
         self.returns.update(res.reward, res.terminated | res.truncated)
         self.obs.copy_(res.obs)
         self.t.add_(1)
+
+    def uniforms_at(self, t: int) -> torch.Tensor:
+        """The uniform table (N, 1 + D + env.step_uniforms) float32 the step at counter `t` draws (both
+        implementations: Philox keyed by (seed + t, i)), written into `uniforms` and returned; for tests and
+        inspection (one launch, no host read). Raises ValueError for t not an int >= 0."""
+        if isinstance(t, bool) or not isinstance(t, int) or t < 0:
+            raise ValueError(f"t must be an int >= 0, got {t!r}")
+        counter = torch.full((), t, dtype=torch.int64, device=self.t.device)
+        batch_uniforms(counter, self.uniforms.view(-1), torch.empty((), device=self.t.device), self.seed,
+                       self.eps_start, self.eps_end, self.eps_decay_steps)
+        return self.uniforms
 
     def capture(self) -> float:
         """Capture one step into a CUDA graph; returns (and keeps in capture_s) its seconds. Nothing runs during the

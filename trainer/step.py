@@ -120,6 +120,9 @@ class HotLearner:
         if cfg.spectral_norm:
             spectral_norm_(self.params, self.sn_table, self.sn_u, self.sn_v, SN_WARMUP_ITERATIONS)
         self.target.copy_(self.params)
+        # the forwards' TF32-rounded weights, made at every step's start; made here too, so that the actor, which
+        # acts with the online half (trainer/actor.py), never reads them unset
+        tf32_round_copy(self.nets, self.nets_tf32)
         # the gains are learned only with spectral norm (sigma-reparam); without it they stay 1 and get no
         # gradient (the backward passes dg None: the kernels write none), so that the update is the reference's
         self.learns_gains = cfg.spectral_norm
@@ -363,6 +366,7 @@ class HotLearner:
             if key not in state or tuple(state[key].shape) != tuple(t.shape):
                 raise ValueError(f"learner state: {key!r} missing or not of shape {tuple(t.shape)}")
             t.copy_(state[key])
+        self.round_weights(self.nets, self.nets_tf32)  # the actor's weights follow the loaded ones
         self.adam.load_state_dict({k[5:]: v for k, v in state.items() if k.startswith("adam.")})
 
 
