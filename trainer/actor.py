@@ -127,8 +127,24 @@ class DeviceActor:
         if self.fused is None:
             self.reference_step()
             return
+        self.launch_main()
+        self.launch_tail()
+
+    @torch.no_grad()
+    def launch_main(self) -> None:
+        """The fused step's main launch (`actor_step`: acting, env, replay storage, returns); it reads t and pos.
+        With `launch_tail` after it, one step. RuntimeError without the fused step."""
+        if self.fused is None:
+            raise RuntimeError("DeviceActor.launch_main: this env runs the reference step (no fused step)")
         actor_step(self.net, self.acting_weights, self.fused, self.seed, self.eps_start, self.eps_end,
                    self.eps_decay_steps, self._env_kind, self._time_limit)
+
+    @torch.no_grad()
+    def launch_tail(self) -> None:
+        """The fused step's last two launches: the sum tree's insert of the N new leaves at max priority, and the
+        commit (episode ring, counters advanced). RuntimeError without the fused step."""
+        if self.fused is None:
+            raise RuntimeError("DeviceActor.launch_tail: this env runs the reference step (no fused step)")
         tree_insert(self.replay.tree.nodes, self.replay.pos_t, self.env.num_envs, self.replay.capacity,
                     self.replay.tree.max_value)
         actor_commit(self.fused)
@@ -185,6 +201,11 @@ class DeviceActor:
         else:
             self._body()
             self.eager_steps += 1
+        return self.note_step()
+
+    def note_step(self) -> int:
+        """The host half of one step, whoever launched its device work (`step`, or the learner's step with the actor
+        attached, HotLearner.attach_actor): the replay's host counters advance by N (`note_added`); returns N."""
         n = self.env.num_envs
         self.replay.note_added(n)
         return n

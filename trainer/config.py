@@ -43,6 +43,11 @@ class Config:
     """learner (gradient) steps per epoch"""
     env_steps_per_update: int = 1
     """vectorized env steps taken before each learner step (each is `num_envs` transitions)"""
+    actor_in_step: bool = False
+    """hotloop learner with the fused actor and one env step per update: run the env step inside the learner step's
+    CUDA graph (one graph per iteration), its main launch on a third stream beside the loss, backward and optimizer,
+    once the step has read the replay; the step then samples the transitions of the iterations before (trainer/
+    actor.py)"""
     learning_starts: int = 1000
     """transitions collected with the exploration policy before the first learner step"""
     batch_size: int = 128

@@ -29,7 +29,7 @@ from hotloop.trainer.readback import AsyncReadback
 from hotloop.trainer.replay import PrioritizedReplay
 from hotloop.trainer.resume import restore_trainer, trainer_state
 from hotloop.trainer.schedules import LinearSchedule
-from hotloop.trainer.step import PHASE_RULES, HotLearner
+from hotloop.trainer.step import ACTOR_PHASE, PHASE_RULES, HotLearner
 
 
 def resolve_device(name: str) -> torch.device:
@@ -58,7 +58,7 @@ STEP_RANGE = "step"
 """Name of the range (NVTX + record_function, hotloop.profiles.ranges.phase_range) around each loop iteration."""
 LEARNER_KINDS = ("hotloop", "reference")
 _LEARNER_PHASES = {
-    "hotloop": (*dict.fromkeys(PHASE_RULES.values()), "update"),
+    "hotloop": (*(p for p in dict.fromkeys(PHASE_RULES.values()) if p != ACTOR_PHASE), "update"),
     "reference": ("sample", "update", "priority_update", "target_update"),
 }
 
@@ -183,6 +183,10 @@ class Trainer:
         if isinstance(self.learner, HotLearner) and capturable(self.env):
             self.actor = DeviceActor(self.learner, self.env, self.replay, self.returns, self.obs, cfg.seed,
                                      cfg.eps_start, cfg.eps_end, self.epsilon.duration / cfg.num_envs)
+        self.actor_in_step = bool(cfg.actor_in_step and self.actor is not None and self.actor.fused is not None
+                                  and cfg.env_steps_per_update == 1)
+        if self.actor_in_step:
+            self.learner.attach_actor(self.actor.launch_main, self.actor.launch_tail)
         self.env_steps = 0
         self.learner_steps = 0
         self.epochs_done = 0
@@ -249,7 +253,17 @@ class Trainer:
 
     def train_step(self) -> torch.Tensor | None:
         """One iteration of the loop: `env_steps_per_update` vectorized env steps, then one learner step;
-        returns what `learner_step` returns."""
+        returns what `learner_step` returns. With `actor_in_step` the learner step runs the env step itself (one
+        graph: it samples before the actor writes, HotLearner.attach_actor), and the "env_step" phase that follows
+        it keeps the host's counters."""
+        if self.actor_in_step:
+            if self.actor.eager_steps == 0 and self.learner.graph is None and self.learner.use_graph:
+                with self.phase("env_step"):  # compile the actor's kernels before the learner's capture holds them
+                    self.env_step()
+            out = self.learner_step()
+            with self.phase("env_step"):
+                self.env_steps += self.actor.note_step()
+            return out
         with self.phase("env_step"):
             for _ in range(self.cfg.env_steps_per_update):
                 self.env_step()

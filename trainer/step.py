@@ -36,7 +36,7 @@ differ by one step's change of sigma, O(lr)).
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import nullcontext
 
 import torch
@@ -174,6 +174,21 @@ class HotLearner:
                                                     cfg.sn_power_iterations)
         self.capture_s = self.warmup_s = float("nan")
         self.steps = 0
+        self.actor: tuple[Callable[[], None], Callable[[], None]] | None = None
+        self.actor_stream: torch.cuda.Stream | None = None
+
+    def attach_actor(self, overlapped: Callable[[], None], tail: Callable[[], None]) -> None:
+        """Run one env step of the actor inside every later step (and so inside its graph, when captured after
+        this): `overlapped` (the fused actor's main launch, which writes the replay's storage at the ring position)
+        on a third stream once the step's reads of the replay storage are done (the forwards and the gather),
+        concurrent with the loss, backward, optimizer and spectral norm; `tail` (the sum tree's insert and the
+        actor's commit) on the main stream after the step's last join (after the priority update). The actor acts
+        with nets_tf32[0], which this step wrote before its forwards and the next step rewrites only after the
+        graph ends. The warm-up steps of `capture` run without it. Raises RuntimeError once captured."""
+        if self.graph is not None:
+            raise RuntimeError("attach_actor: the step is captured already")
+        self.actor = (overlapped, tail)
+        self.actor_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
 
     def _sample(self) -> None:
         cfg, rp = self.cfg, self.replay
@@ -218,21 +233,23 @@ class HotLearner:
                                            lay.layers[i - 1].views(grads)[1], dx=self.dz[i - 1],
                                            weight_grad_below=below)
 
-    def _on_side(self):
-        """Context: launches in it run on the side stream after everything launched so far on the current one
-        (a fork; `_join_side` joins). Without a side stream (the CPU, the ddqn_serial fault) a no-op."""
-        if self.side is None:
+    def _on_side(self, stream: torch.cuda.Stream | None | str = "side"):
+        """Context: launches in it run on the side stream (or `stream`) after everything launched so far on the
+        current one (a fork; `_join_side` joins). Without that stream (the CPU, the ddqn_serial fault) a no-op."""
+        stream = self.side if stream == "side" else stream
+        if stream is None:
             return nullcontext()
-        self.side.wait_stream(torch.cuda.current_stream(self.device))
-        return torch.cuda.stream(self.side)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        return torch.cuda.stream(stream)
 
     def _join_side(self) -> None:
         """The current stream waits for everything launched on the side stream so far."""
         if self.side is not None:
             torch.cuda.current_stream(self.device).wait_stream(self.side)
 
-    def _body(self) -> None:
+    def _body(self, with_actor: bool = True) -> None:
         cfg, rp, lay = self.cfg, self.replay, self.layout
+        actor = self.actor if with_actor else None
         # beside the sampling (small latency-bound launches): the gain-scaled W^T the input-gradient GEMMs read
         # (it reads only the parameters) and the zeroed gradient buffer the weight-gradient kernels accumulate into
         # (after the previous step's Adam read it: the fork makes the side stream wait for the main one); on the
@@ -255,6 +272,9 @@ class HotLearner:
             self._forward(rp.obs, self.acts, self.q, nets=1, acts_t=self.acts_t)
         self._gather()  # after the online chain, the shorter one: off the critical path
         self._join_side()
+        if actor is not None:  # the replay's storage is read: the actor may write its ring slots now
+            with self._on_side(self.actor_stream), phase_range("env_step"):
+                actor[0]()
         b, d, a = cfg.batch_size, lay.branches, lay.actions
         with phase_range("loss"):
             td_loss_forward(self.q.view(b, d, a), self.q_next[0].view(b, d, a), self.q_next[1].view(b, d, a),
@@ -275,6 +295,11 @@ class HotLearner:
             with phase_range("spectral_norm"):
                 self.spectral_norm()
         self._join_side()
+        if actor is not None:  # after the priority update: the insert's leaves win, as in the sequential order
+            if self.actor_stream is not None:
+                torch.cuda.current_stream(self.device).wait_stream(self.actor_stream)
+            with phase_range("env_step"):
+                actor[1]()
 
     def capture(self) -> float:
         """Run WARMUP_STEPS eager steps on a side stream (compiling every kernel: their wall seconds go to
@@ -288,7 +313,7 @@ class HotLearner:
         warm.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(warm):
             for _ in range(WARMUP_STEPS):
-                self._body()
+                self._body(with_actor=False)
                 self.steps += 1
         torch.cuda.current_stream(self.device).wait_stream(warm)
         torch.cuda.synchronize(self.device)
@@ -371,6 +396,7 @@ class HotLearner:
 
 
 PHASE_RULES = {
+    r"_actor_step_kernel|_tree_insert_kernel|_actor_commit_kernel": "env_step",
     r"_tree_sample|_tree_weights|_gather_transitions": "sample",
     r"_fwd_ddqn_|_heads_ddqn_": "ddqn_forward",
     r"_fwd_online_|_heads_online_|_fwd_weights_rna": "forward",
@@ -382,4 +408,7 @@ PHASE_RULES = {
 }
 """Kernel-name regex -> phase of HotLearner's kernels, for hotloop.guards.step_metrics (a graph replay carries no
 record_function ranges, so its kernels are assigned to phases by name; the gradient buffer's zero_() is the
-backward's one memset, a FillFunctor kernel)."""
+backward's one memset, a FillFunctor kernel). The fused actor's kernels (`attach_actor`) are the env step's, not
+the learner's (`ACTOR_PHASE`)."""
+ACTOR_PHASE = "env_step"
+"""The phase of the fused actor's kernels in PHASE_RULES (hotloop.trainer.loop.learner_phases leaves it out)."""

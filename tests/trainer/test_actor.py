@@ -185,3 +185,34 @@ def test_bad_input_is_refused_with_its_name():
         tr.env.step(actions, torch.zeros(8, 4, dtype=torch.int64, device=DEVICE))
     with pytest.raises(ValueError, match="n must be an int >= 0"):
         tr.replay.note_added(-1)
+
+
+@pytest.mark.parametrize("env", ["cartpole", "synthetic"])
+def test_the_actor_in_the_learner_step_equals_the_learner_step_then_the_env_step(env):
+    """actor_in_step: one iteration = the learner step (which samples first) with the env step inside it; the
+    state after k iterations is bit for bit that of the loop run as learner step, then env step."""
+    shape = {"obs_dim": 6, "action_nvec": (3, 3)} if env == "synthetic" else {}
+    inside, outside = _trainer(env, actor_in_step=True, **shape), _trainer(env, **shape)
+    assert inside.actor_in_step and not outside.actor_in_step and inside.learner.actor is not None
+    for tr in (inside, outside):
+        tr.prefill()
+    inside.iterate(6)
+    for _ in range(6):
+        outside.learner_step()
+        outside.env_step()
+    assert inside.env_steps == outside.env_steps and inside.learner_steps == outside.learner_steps == 6
+    for name in ("obs", "action", "reward", "next_obs", "terminated"):
+        assert torch.equal(getattr(inside.replay, name), getattr(outside.replay, name)), name
+    assert torch.equal(inside.replay.tree.nodes, outside.replay.tree.nodes)
+    assert torch.equal(inside.learner.nets, outside.learner.nets) and torch.equal(inside.obs, outside.obs)
+    assert (inside.replay.pos, inside.replay.size) == (outside.replay.pos, outside.replay.size)
+    assert int(inside.actor.t) == int(outside.actor.t) and inside.returns.count() == outside.returns.count()
+
+
+def test_the_actor_stays_outside_the_step_where_the_fused_step_cannot_run():
+    assert not _trainer(actor_in_step=True, env_steps_per_update=2).actor_in_step
+    assert not _trainer(actor_in_step=True, learner="reference").actor_in_step
+    with pytest.raises(RuntimeError, match="captured already"):
+        tr = _trainer()
+        tr.learner.graph = object()
+        tr.learner.attach_actor(tr.actor.launch_main, tr.actor.launch_tail)
