@@ -291,6 +291,8 @@ def run_bench(cfg: Config, device: torch.device | str, variants: list[str], step
     kernels and grid-(1,1,1) kernels per step (medians of its "kernels" / "kernels_grid1" columns) and GEMM kernels
     per step by precision (appended to the note); then the
     variant is deleted and the CUDA cache emptied (Dynamo reset after compiled ones) before the next is built.
+    Compiled kernels stay cached in the process: a row built after another that compiled the same Triton kernels
+    (the "hotloop" row after the iteration, whose HotLearner compiles them cold) shows a warm setup_s.
     An exception while building or running a variant gives its row NaN numbers, steps 0 and note "<Type>: <msg>"
     ("skipped: ..." for a variant that needs CUDA on a CPU device). ratio_to_hotloop = p50 / the "hotloop" row's p50.
 

@@ -480,7 +480,8 @@ def build_iteration(cfg: Config, device: torch.device) -> Variant:
     Builds `hotloop.trainer.loop.Trainer(cfg with device=str(device))` (everything else as `cfg`; the Trainer
     resolves learner "auto" to hotloop on CUDA and to the reference learner elsewhere), runs its prefill
     (`Trainer.prefill`: learning_starts transitions) and ITERATION_WARMUP iterations, which on CUDA with the hotloop
-    learner capture the actor's env-step graph and the learner's step graph; setup_s = the wall seconds of all
+    learner capture the actor's env-step graph and the learner's step graph (one graph holding both when the
+    Trainer runs the actor inside the learner step); setup_s = the wall seconds of all
     that (build + prefill + captures, synchronized on CUDA). `step()` runs one iteration: env_steps_per_update
     vectorized env steps of num_envs each + one learner step + the periodic phases that fall on it (hotloop: the
     readback publication every log_interval learner steps; reference: the target update every
@@ -513,8 +514,11 @@ def build_iteration(cfg: Config, device: torch.device) -> Variant:
     periodic = ", ".join(f"{k} every {v}" for k, v in periods.items() if v > 1) or "none"
     if trainer.actor is None:
         actor = "eager env steps"
+    elif getattr(trainer, "actor_in_step", False):
+        actor = "the actor's kernels in the learner's graph"
     else:
-        actor = "the actor's " + ("captured" if getattr(trainer.actor, "graph", None) is not None else "eager")
+        actor = ("the actor's captured graph" if getattr(trainer.actor, "graph", None) is not None
+                 else "the actor's eager step")
     note = (f"Trainer.iterate(1): {cfg.env_steps_per_update} x {cfg.num_envs} env steps ({actor}) + {kind} learner "
             f"step; periodic: {periodic}; the learner-step rows leave out the env and the periodic work")
     return Variant("iteration", IterationStep(trainer), setup, "trainer+captures" if captured else "trainer",

@@ -216,7 +216,8 @@ def test_run_bench_on_the_gpu_measures_every_captured_variant(tmp_path):
 
 @pytest.mark.gpu
 def test_run_bench_on_the_gpu_leads_with_the_captured_loop_iteration():
-    cfg = _cfg(batch_size=64, replay_capacity=4096, num_envs=16, learning_starts=256, eval_episodes=0, log_interval=4)
+    cfg = _cfg(env="synthetic", obs_dim=8, action_nvec=(3, 3), batch_size=64, replay_capacity=4096, num_envs=16,
+               learning_starts=256, eval_episodes=0, log_interval=4)
     df = run_bench(cfg, torch.device("cuda"), ["hotloop", "iteration"], steps=6, warmup=2)
     it, hot = df.iloc[0], df.iloc[1]
     assert list(df["variant"]) == ["iteration", "hotloop"], df["note"].tolist()
