@@ -123,6 +123,9 @@ class HotLearner:
         # the forwards' TF32-rounded weights, made at every step's start; made here too, so that the actor, which
         # acts with the online half (trainer/actor.py), never reads them unset
         tf32_round_copy(self.nets, self.nets_tf32)
+        # the actor's launches when it runs inside the step (attach_actor), and their stream
+        self.actor: tuple[Callable[[], None], Callable[[], None]] | None = None
+        self.actor_stream: torch.cuda.Stream | None = None
         # the gains are learned only with spectral norm (sigma-reparam); without it they stay 1 and get no
         # gradient (the backward passes dg None: the kernels write none), so that the update is the reference's
         self.learns_gains = cfg.spectral_norm
@@ -174,21 +177,6 @@ class HotLearner:
                                                     cfg.sn_power_iterations)
         self.capture_s = self.warmup_s = float("nan")
         self.steps = 0
-        self.actor: tuple[Callable[[], None], Callable[[], None]] | None = None
-        self.actor_stream: torch.cuda.Stream | None = None
-
-    def attach_actor(self, overlapped: Callable[[], None], tail: Callable[[], None]) -> None:
-        """Run one env step of the actor inside every later step (and so inside its graph, when captured after
-        this): `overlapped` (the fused actor's main launch, which writes the replay's storage at the ring position)
-        on a third stream once the step's reads of the replay storage are done (the forwards and the gather),
-        concurrent with the loss, backward, optimizer and spectral norm; `tail` (the sum tree's insert and the
-        actor's commit) on the main stream after the step's last join (after the priority update). The actor acts
-        with nets_tf32[0], which this step wrote before its forwards and the next step rewrites only after the
-        graph ends. The warm-up steps of `capture` run without it. Raises RuntimeError once captured."""
-        if self.graph is not None:
-            raise RuntimeError("attach_actor: the step is captured already")
-        self.actor = (overlapped, tail)
-        self.actor_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
 
     def _sample(self) -> None:
         cfg, rp = self.cfg, self.replay
@@ -246,6 +234,19 @@ class HotLearner:
         """The current stream waits for everything launched on the side stream so far."""
         if self.side is not None:
             torch.cuda.current_stream(self.device).wait_stream(self.side)
+
+    def attach_actor(self, overlapped: Callable[[], None], tail: Callable[[], None]) -> None:
+        """Run one env step of the actor inside every later step (and so inside its graph, when captured after
+        this): `overlapped` (the fused actor's main launch, which writes the replay's storage at the ring position)
+        on a third stream once the step's reads of the replay storage are done (the forwards and the gather),
+        concurrent with the loss, backward, optimizer and spectral norm; `tail` (the sum tree's insert and the
+        actor's commit) on the main stream after the step's last join (after the priority update). The actor acts
+        with nets_tf32[0], which this step wrote before its forwards and the next step rewrites only after the
+        graph ends. The warm-up steps of `capture` run without it. Raises RuntimeError once captured."""
+        if self.graph is not None:
+            raise RuntimeError("attach_actor: the step is captured already")
+        self.actor = (overlapped, tail)
+        self.actor_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
 
     def _body(self, with_actor: bool = True) -> None:
         cfg, rp, lay = self.cfg, self.replay, self.layout
