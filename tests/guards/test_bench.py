@@ -203,6 +203,7 @@ def test_cli_bench_help_lists_every_variant(capsys):
     assert exc.value.code == 0
     out = " ".join(capsys.readouterr().out.split())
     assert all(name in out for name in VARIANTS) and "--variants" in out and "seed-scale" in out
+    assert "iteration (the whole loop iteration" in out
 
 
 @pytest.mark.gpu
