@@ -88,8 +88,8 @@ CRITERIA: tuple[Criterion, ...] = (
               "one fused launch normalizes all weight matrices", phases="spectral_norm",
               trace_field="kernels of phase spectral_norm (by name in a replay, else the enclosing range)",
               evidence="kernel names xN"),
-    Criterion("no single-block kernels", "learner_kernels_grid1", "==", 0,
-              "a one-block kernel leaves 131 of 132 SMs idle", phases="learner",
+    Criterion("no single-block kernels", "kernels_grid1", "==", 0,
+              "a one-block kernel leaves 131 of 132 SMs idle", phases="every",
               trace_field="kernel args.grid == [1, 1, 1]", evidence="kernel names in their phase xN"),
     Criterion("memsets only where needed", "learner_memsets", "<=", 1,
               "accumulators are initialized inside the kernels that use them", phases="learner",
@@ -104,10 +104,13 @@ CRITERIA: tuple[Criterion, ...] = (
               phases="ddqn", aggregate="median over steps",
               trace_field="intervals of ddqn_forward kernels overlapping forward kernels on another stream",
               evidence="the two phases' kernels per stream xN; the timing note of damaged steps"),
-    Criterion("single-block kernels in env_step", "env_kernels_grid1", REPORT, None,
-              "a small vectorized env (64 CartPoles) runs one-block kernels by nature: counted apart from the learner's, "
-              "not limited", phases="env", trace_field="kernel args.grid == [1, 1, 1] in the env phases",
-              evidence="kernel names in their phase xN"),
+    Criterion("env kernels per env step", "env_kernels_per_env_step", "<=", 3,
+              "the fused actor runs a vectorized env step in at most 3 launches (act, tree insert, commit); "
+              "every extra launch is paid on every env step", phases="env",
+              trace_field="kernels of the env phases in the step / the env steps it ran (PhaseRoles."
+                          "env_steps_per_update: cfg.env_steps_per_update)",
+              evidence="kernel names in their phase xN, env_steps_per_update, the env's grid (1,1,1) kernels "
+                       "(env_kernels_grid1) over the window"),
     Criterion("no sync in the epochs' loop", None, "==", 0,
               "a sync every N iterations stalls the loop though the guarded window may hold none", phases=(),
               aggregate="all steps",

@@ -3,16 +3,18 @@ the training loop itself (`Trainer.iterate`, the loop body `run_epoch` runs) and
 docs/criteria.md.
 
 The guarded window (`guard_loop`): W unprofiled warm-up iterations, then `Trainer.iterate(K)` inside
-hotloop.guards.guard.guard_window, whose step ranges are the loop's own "step" ranges (one per iteration: env
-steps through the actor graph or eagerly, replay insert, learner step, the periodic readback publication or target
-update, the progress callback). K defaults to max(20, the longest period of the loop's periodic phases:
-hotloop.trainer.loop.loop_periods), so every periodic phase runs in the window; the coverage table says which
-phases ran in how many steps. Kernels get their phase from the ranges around their launch, and the hotloop
-learner's graph kernels by name (hotloop.trainer.step.PHASE_RULES, applied inside the learner's phases only:
-hotloop.trainer.loop.learner_phases); the learner-side criteria judge the learner's phases, the sync criteria every
-phase and the loop code between steps. Beyond the window, the loop of every epoch after the first runs under a
-hotloop.guards.loop_syncs.LoopSyncCensus (the sync hooks and torch's sync debug warnings; --no-loop-census turns it
-off), so that a sync every N iterations that the K iterations never hold still FAILs "no sync in the epochs' loop".
+hotloop.guards.guard.guard_window, whose step ranges are the loop's own "step" ranges (one per iteration: env steps
+through the actor graph or eagerly, replay insert, learner step, the periodic readback publication or target update,
+the progress callback). K defaults to max(20, the longest period of the loop's periodic phases:
+hotloop.trainer.loop.loop_periods), so every periodic phase runs in the window; the coverage table says which phases
+ran in how many steps. Kernels get their phase from the ranges around their launch, and the hotloop learner's graph
+kernels by name (hotloop.trainer.step.PHASE_RULES, applied inside the learner's phases only:
+hotloop.trainer.loop.learner_phases); the learner-side criteria (D2D copies, memsets) judge the learner's phases,
+the sync and single-block criteria every phase and the loop code between steps, and the env's kernels per env step
+(cfg.env_steps_per_update of them per iteration) the env_step phase. Beyond the window, the loop of every epoch
+after the first runs under a hotloop.guards.loop_syncs.LoopSyncCensus (the sync hooks and torch's sync debug
+warnings; --no-loop-census turns it off), so that a sync every N iterations that the K iterations never hold still
+FAILs "no sync in the epochs' loop".
 
 Exit codes: 0 every measured criterion passed, 1 a criterion or a baseline regression failed, 2 bad usage or input
 (raised by the CLI, before training), 3 hang (the watchdog ends the process), 70 internal error (an unexpected
@@ -141,16 +143,20 @@ def guard_loop(trainer: Trainer, steps: int | None = None, warmup: int = 3,
     """Guard `steps` (default: `window_size`) consecutive iterations of `trainer`'s training loop: `warmup`
     unprofiled `trainer.iterate` iterations, then `trainer.iterate(K)` inside hotloop.guards.guard.guard_window, its
     step ranges the loop's own (STEP_RANGE), its periods the loop's (loop_periods), the learner's phases
-    (learner_phases) as PhaseRoles.learner; with the hotloop learner, PHASE_RULES name the graph kernels launched
-    inside the learner's phases. The trainer's counters advance by warmup + K iterations. `trace_path`: where to
-    keep the Kineto trace. Returns the GuardReport; RuntimeError if the trace does not hold K step ranges."""
+    (learner_phases) as PhaseRoles.learner and cfg.env_steps_per_update (the vectorized env steps of one
+    iteration's env_step range) as PhaseRoles.env_steps_per_update; with the hotloop learner, PHASE_RULES name the
+    graph kernels launched inside the learner's phases. The trainer's counters advance by warmup + K iterations.
+    `trace_path`: where to keep the Kineto trace. Returns the GuardReport; RuntimeError if the trace does not hold K
+    step ranges."""
     kind = trainer.learner_kind
     k, periods, _ = window_size(trainer.cfg, kind, steps)
     hot = kind == "hotloop"
     trainer.iterate(warmup)
     with guard_window(k, 0, step_range=STEP_RANGE, phases=PHASE_RULES if hot else None,
                       rule_phases=learner_phases(kind) if hot else None,
-                      roles=PhaseRoles(learner=learner_phases(kind)), periods=periods, trace_path=trace_path,
+                      roles=PhaseRoles(learner=learner_phases(kind),
+                                       env_steps_per_update=trainer.cfg.env_steps_per_update),
+                      periods=periods, trace_path=trace_path,
                       cuda=trainer.device.type == "cuda") as window:
         trainer.iterate(k)
     report = window.report

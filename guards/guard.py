@@ -88,8 +88,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from hotloop.guards.criteria import CRITERIA, REPORT, Criterion, verdict_table
-from hotloop.guards.step_metrics import (HIT_MARK, OUTSIDE_LABEL, WINDOW_RANGE, PhaseRoles, PhaseRule, StepMetrics,
-                                         phase_coverage, step_metrics)
+from hotloop.guards.step_metrics import (HIT_MARK, OUTSIDE_LABEL, PER_ENV_STEP, WINDOW_RANGE, PhaseRoles, PhaseRule,
+                                         StepMetrics, phase_coverage, step_metrics)
 from hotloop.guards.sync_hooks import SyncHooks
 from hotloop.profiles.kineto_reader import read_kineto
 
@@ -124,9 +124,10 @@ class GuardReport:
     "yes"/"no" for TF32), limit ("== 0"), verdict (PASS / FAIL / "-" when not measured or reported only), status
     ("measured", "reported", or "not measured (<why>)"), source (hook / trace / both: the ways that saw the fault
     when it failed, else the ways that measured it), worst_step (the step index, or "(outside steps)", where the
-    measured count was seen; "" when 0), total (the count over the whole window: steps + outside), phases (the
-    phases the row judged), evidence (call sites, API and kernel names with their phase and counts over the
-    window).
+    measured count was seen; "" when 0; a per-env-step row's measured value is a float when the division leaves a
+    fraction), total (the count over the whole window: steps + outside; for a per-env-step row the env kernels,
+    undivided: hotloop.guards.step_metrics.PER_ENV_STEP), phases (the phases the row judged), evidence (call sites,
+    API and kernel names with their phase and counts over the window).
     per_step: `StepMetrics.per_step` plus stream_sync_hook_hits and event_sync_hook_hits. medians: its medians
     (timings over the undamaged steps only: hotloop.guards.step_metrics). hits: `SyncHooks.frame()` plus phase
     (str) and outside (bool), each hit placed by its marker. gemms: `StepMetrics.gemms`. cuda: whether the CUDA side
@@ -460,7 +461,8 @@ def evaluate(metrics: StepMetrics, hits: pd.DataFrame, cuda: bool, roles: PhaseR
     `attribute_hits`; hits with no step are outside steps) and whether the trace has a CUDA side.
 
     Each row of `criteria` is judged on its column over the events of its phases (`PhaseRoles.scope`): the worst
-    step (rows of phases "every" also the outside-steps bucket), hook and trace counts joined per step by max.
+    step (rows of phases "every" also the outside-steps bucket), hook and trace counts joined per step by max; a
+    per-env-step row (env_kernels_per_env_step) on its per-step ratio, its total the env kernels of the window.
     Without CUDA only the rows with a hook column are measured (by the hooks); the others get status NO_CUDA.
     Coverage: a phase of `periods` that ran in no step (`StepMetrics.phase_steps`) and that a row applies to
     (phases "every": all of them), or a row none of whose phases ran, makes the row "not measured (phase X not in
@@ -496,11 +498,11 @@ def evaluate(metrics: StepMetrics, hits: pd.DataFrame, cuda: bool, roles: PhaseR
             continue
         trace = per_step[c.column] if cuda else zeros
         hook = per_step[c.hook_column] if c.hook_column else zeros
-        values = [int(v) for v in trace.combine(hook, max)]
+        values = [_number(v) for v in trace.combine(hook, max)]
         labels = [str(s) for s in per_step["step"]]
         if every:
-            values.append(int(max(outside.get(c.column, 0) if cuda else 0,
-                                  outside.get(c.hook_column, 0) if c.hook_column else 0)))
+            values.append(_number(max(outside.get(c.column, 0) if cuda else 0,
+                                      outside.get(c.hook_column, 0) if c.hook_column else 0)))
             labels.append(OUTSIDE_LABEL)
         value = max(values, default=0)
         fails = c.comparison != REPORT and not c.check(value)
@@ -509,7 +511,8 @@ def evaluate(metrics: StepMetrics, hits: pd.DataFrame, cuda: bool, roles: PhaseR
             continue
         measured[c.name] = value
         worst[c.name] = labels[values.index(value)] if value else ""
-        total[c.name] = sum(values)
+        count = PER_ENV_STEP.get(c.column)  # a ratio row's total: the count it divides (an int, as the others)
+        total[c.name] = int(per_step[count].sum()) if count and cuda else sum(values)
         ways = ["hook"] * bool(c.hook_column) + ["trace"] * cuda
         seen = ["hook"] * bool(sum(hook) + (outside.get(c.hook_column, 0) if c.hook_column and every else 0)) + \
             ["trace"] * bool(cuda and (sum(trace) + (outside.get(c.column, 0) if every else 0)))
@@ -563,6 +566,13 @@ def _judge_overlap(per_step, cuda, roles, measured, status, source, lacking=()) 
         status[name] = _not_in_window(list(lacking))
     else:
         measured[name], source[name] = round(float(ratio), 4), "trace"
+
+
+def _number(v: float) -> int | float:
+    """A per-step value as the verdict shows it: an int when whole (counts), else the float (a per-env-step ratio
+    such as 3.5)."""
+    v = float(v)
+    return int(v) if v.is_integer() else v
 
 
 def _ways(ways: list[str]) -> str:

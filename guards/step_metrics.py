@@ -38,11 +38,12 @@ event), but its timing columns (names ending _us / _ms / _s / _ratio, `hotloop.g
 left out of the medians, so of the baseline comparison too, and `StepMetrics.timing_note` says which steps and
 why. The interval metrics of every step use only events with a valid time (start > 0, dur >= 0, both finite).
 
-- learner_d2d_copies, learner_kernels_grid1, learner_memsets (`SCOPED_COLUMNS`): the same counts over the events
-  of the learner's phases and those of the step in no phase range (`PhaseRoles.learner`; every event of the step
-  when it is None);
-  env_kernels_grid1: grid (1,1,1) kernels of the env phases (`PhaseRoles.env`: a tiny vectorized env's kernels are
-  single-block by nature; reported, not limited).
+- learner_d2d_copies, learner_memsets (`SCOPED_COLUMNS`): the same counts over the events of the learner's phases
+  and those of the step in no phase range (`PhaseRoles.learner`; every event of the step when it is None);
+  env_kernels, env_kernels_grid1: the kernels (copy kernels excluded, as in kernels) and the grid (1,1,1) kernels
+  of the env phases (`PhaseRoles.env`); env_kernels_per_env_step = env_kernels / PhaseRoles.env_steps_per_update
+  (float: the kernels one vectorized env step launches, when the step's env phase ran that many; `PER_ENV_STEP`).
+  The grid (1,1,1) kernels of every phase are kernels_grid1 (judged over every phase and the outside-steps bucket).
 
 Phases (`event_phases`): every event gets a phase (its innermost phase range) and a path (all its enclosing phase
 ranges, outermost first). A phase range is a CPU `user_annotation` (record_function / NVTX) or a GPU
@@ -94,8 +95,14 @@ STEP_COLUMNS = ("stream_sync_calls", "event_sync_calls", "blocking_memcpy_calls"
                 "d2d_copies", "memsets", "spectral_norm_launches", "fwd_gemms", "fwd_gemms_not_tf32", "bwd_gemms",
                 "bwd_gemms_tf32", "gpu_kernel_us", "gpu_busy_us", "gpu_span_us", "ddqn_kernel_us",
                 "ddqn_overlap_us", "ddqn_overlap_ratio")
-SCOPED_COLUMNS = ("learner_d2d_copies", "learner_kernels_grid1", "learner_memsets", "env_kernels_grid1")
-"""Per-step counts over the learner's (PhaseRoles.learner) or the env's (PhaseRoles.env) phases only."""
+SCOPED_COLUMNS = ("learner_d2d_copies", "learner_memsets", "env_kernels", "env_kernels_grid1",
+                  "env_kernels_per_env_step")
+"""Per-step columns over the learner's (PhaseRoles.learner) or the env's (PhaseRoles.env) phases only: counts, and
+env_kernels_per_env_step (float), env_kernels divided by PhaseRoles.env_steps_per_update (`PER_ENV_STEP`)."""
+PER_ENV_STEP = {"env_kernels_per_env_step": "env_kernels"}
+"""Per-step column -> the count column it is made of: that count divided by PhaseRoles.env_steps_per_update, the
+vectorized env steps one loop iteration runs. A criterion on such a column names the events of the count column as
+its evidence and gives the count column's window total (hotloop.guards.guard.evaluate)."""
 WINDOW_RANGE = "guard_window"
 """Name of the range around the guarded window (hotloop.guards.guard.GuardWindow opens it)."""
 HIT_MARK = "hotloop_sync_hit#"
@@ -128,13 +135,23 @@ class PhaseRoles:
     ddqn_forward: str = "ddqn_forward"
     """The Double-DQN (target) forward phase, run on a second stream."""
     learner: tuple[str, ...] | None = None
-    """Phases of the learner step: an event of a step counts for the learner-side criteria (D2D copies, grid
-    (1,1,1) kernels, memsets) when one of its enclosing phases is one of these, or when it is in no phase range at
-    all (loop code between the phases: nothing but the learner should launch there, e.g. an op added after the
-    learner step, as hotloop.guards.faults injects it). None: every event of a step (a step of your own is all
-    learner). hotloop's trainer: hotloop.trainer.loop.learner_phases."""
+    """Phases of the learner step: an event of a step counts for the learner-side criteria (D2D copies, memsets)
+    when one of its enclosing phases is one of these, or when it is in no phase range at all (loop code between the
+    phases: nothing but the learner should launch there, e.g. an op added after the learner step, as
+    hotloop.guards.faults injects it). None: every event of a step (a step of your own is all learner). hotloop's
+    trainer: hotloop.trainer.loop.learner_phases."""
     env: tuple[str, ...] = ("env_step",)
-    """Phases of the env step (their single-block kernels are reported apart: "single-block kernels in env_step")."""
+    """Phases of the env step: their kernels per vectorized env step are limited ("env kernels per env step"); their
+    grid (1,1,1) kernels count in "no single-block kernels" as every phase's do."""
+    env_steps_per_update: int = 1
+    """Vectorized env steps the env phases run in one step (loop iteration): hotloop's trainer runs
+    cfg.env_steps_per_update of them in its one env_step range. env_kernels_per_env_step divides the step's env
+    kernels by it. An int >= 1 (ValueError otherwise)."""
+
+    def __post_init__(self) -> None:
+        n = self.env_steps_per_update
+        if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1:
+            raise ValueError(f"PhaseRoles.env_steps_per_update must be an int >= 1, got {n!r}")
 
     def scope(self, name: str | tuple[str, ...]) -> tuple[str, ...] | None:
         """The phase names a criterion's `phases` (hotloop.guards.criteria.Criterion) stand for: "every" -> None
@@ -411,6 +428,8 @@ def step_metrics(df: pd.DataFrame, *, step_range_name: str | None = "step", doma
     per_step = pd.concat([ranges.drop(columns="anomaly"), per_step,
                           _interval_metrics(df[timed], phase, steps, roles, ranges),
                           step_anomalies(df, ranges, steps)], axis=1)
+    for ratio, count in PER_ENV_STEP.items():  # divided per step (exact for integers), never summed as fractions
+        per_step[ratio] = per_step[count].astype("float64") / roles.env_steps_per_update
     per_step = per_step[["step", "range_name", "start_us", "dur_us", *COUNT_COLUMNS, *SYNC_COLUMNS, *STEP_COLUMNS,
                          *SCOPED_COLUMNS, *ANOMALY_COLUMNS]]
     clean = per_step["anomaly"].eq("")
@@ -631,8 +650,8 @@ def _event_metrics(df: pd.DataFrame, phase: pd.Series, path: pd.Series, precisio
     learner = (_in_scope(path, roles.learner) | unphased).astype("int64")
     env = _in_scope(path, roles.env).astype("int64")
     out["learner_d2d_copies"] = out["d2d_copies"] * learner
-    out["learner_kernels_grid1"] = out["kernels_grid1"] * learner
     out["learner_memsets"] = out["memsets"] * learner
+    out["env_kernels"] = out["kernels"] * env
     out["env_kernels_grid1"] = out["kernels_grid1"] * env
     out["gpu_kernel_us"] = df["dur_us"].where(kernel & valid_time(df), 0.0)
     return out
@@ -719,7 +738,8 @@ def _evidence(df: pd.DataFrame, ev: pd.DataFrame, phase: pd.Series, precision: p
               outside: pd.Series) -> dict[str, list[str]]:
     """{criterion: ["<name>[ in <phase>][ (outside steps)] x<count>", ...]} over the window's events `df` (event
     metrics `ev`; `outside`: the events outside every step), for each CRITERIA row whose column is an event
-    metric, and the TF32 / DDQN rows."""
+    metric (a PER_ENV_STEP column: its count column's events, then "env_steps_per_update <n>" and
+    "env_kernels_grid1 <count> over the window"), and the TF32 / DDQN rows."""
     def named(mask: pd.Series, label: pd.Series | None = None) -> list[str]:
         counts = (where if label is None else label)[mask].map(_short).value_counts(sort=True)
         return [f"{name} x{n}" for name, n in counts.items()]
@@ -733,7 +753,13 @@ def _evidence(df: pd.DataFrame, ev: pd.DataFrame, phase: pd.Series, precision: p
     gemm_label = (pd.Series(np.where(bad, "FAIL ", ""), index=df.index).astype(str) + ph + ": "
                   + precision.astype(str) + " " + df["name"].astype(str))
     ddqn = df["kind"].eq("kernel") & phase.isin([roles.ddqn_forward, roles.online_forward])
-    out = {c.name: named(ev[c.column].gt(0)) for c in CRITERIA if c.column in ev.columns}
+    out = {c.name: named(ev[PER_ENV_STEP.get(c.column, c.column)].gt(0)) for c in CRITERIA
+           if PER_ENV_STEP.get(c.column, c.column) in ev.columns}
+    n = roles.env_steps_per_update
+    for c in CRITERIA:  # a per-env-step row also says its divisor and the env's grid (1,1,1) kernels
+        if c.column in PER_ENV_STEP:
+            grid1 = int(ev["env_kernels_grid1"].sum())
+            out[c.name] += [f"env_steps_per_update {n}", f"env_kernels_grid1 {grid1} over the window"]
     out["TF32 forward only"] = named(bad, gemm_label) + named((fwd | bwd) & ~bad, gemm_label)
     out["DDQN overlapped"] = named(ddqn, ph + " stream " + df["stream"].astype(str) + ": " + df["name"].astype(str))
     return out

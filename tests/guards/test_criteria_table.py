@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hotloop.guards.criteria import AGGREGATES, CRITERIA, REPORT, verdict_table
+from hotloop.guards.criteria import AGGREGATES, CRITERIA, REPORT, Criterion, verdict_table
 from hotloop.guards.guard import HOOK_COLUMNS
 from hotloop.guards.step_metrics import PhaseRoles, step_metrics
 from test_step_metrics import learner_trace
@@ -51,8 +51,11 @@ def test_docs_criteria_table_mirrors_the_code():
 
 def test_the_docs_check_can_fail():
     text = DOC.read_text()
-    assert check_docs(text.replace("| `learner_kernels_grid1` |", "| `kernels_grid1` |")) == [
-        "no single-block kernels: metric '`kernels_grid1`', code '`learner_kernels_grid1`'"]
+    assert check_docs(text.replace("| `kernels_grid1` |", "| `learner_kernels_grid1` |")) == [
+        "no single-block kernels: metric '`learner_kernels_grid1`', code '`kernels_grid1`'"]
+    assert check_docs(text.replace("| `env`: env_step | worst step | <= 3 |", "| `env`: env_step | worst step | "
+                                   "none (reported) |")) == [
+        "env kernels per env step: limit 'none (reported)', code '<= 3'"]
     assert check_docs(text.replace("| smoke suite |", "| smoke suites |")) == [
         "smoke suite: no row", "smoke suites: a row the code does not have"]
     assert check_docs(text.replace("| `learner` | worst step | <= 1 |", "| `every` | worst step | <= 1 |")) == [
@@ -72,11 +75,23 @@ def test_every_metric_column_is_computed_and_every_scope_resolves():
         roles.scope("learners")
 
 
+def test_every_phase_is_judged_and_the_env_row_is_a_limit():
+    """Issue 35: "no single-block kernels" applies to every phase (the env's included) and the outside-steps
+    bucket; the env row limits its kernels per env step; no row of the table is reported without a limit."""
+    rows = {c.name: c for c in CRITERIA}
+    grid1, env = rows["no single-block kernels"], rows["env kernels per env step"]
+    assert (grid1.column, grid1.phases, grid1.limit_text) == ("kernels_grid1", "every", "== 0")
+    assert (env.column, env.phases, env.aggregate, env.limit_text) == ("env_kernels_per_env_step", "env",
+                                                                       "worst step", "<= 3")
+    assert (env.check(3), env.check(3.5)) == (True, False)
+    assert [c.name for c in CRITERIA if c.comparison == REPORT] == []
+
+
 def test_a_reported_row_has_no_verdict_and_no_limit_to_check():
-    reported = [c for c in CRITERIA if c.comparison == REPORT]
-    assert [c.name for c in reported] == ["single-block kernels in env_step"]
-    table = verdict_table({"single-block kernels in env_step": 7}).set_index("criterion")
-    row = table.loc["single-block kernels in env_step"]
+    reported = Criterion("grid (1,1,1) kernels of the env", "env_kernels_grid1", REPORT, None, "shown, not judged",
+                         phases="env")
+    table = verdict_table({reported.name: 7}, (reported,)).set_index("criterion")
+    row = table.loc[reported.name]
     assert (row["status"], row["verdict"], row["limit"], row["measured"]) == ("reported", "-", "none (reported)", 7)
     with pytest.raises(ValueError, match="no limit to check"):
-        reported[0].check(0)
+        reported.check(0)

@@ -94,6 +94,26 @@ def test_a_host_read_in_the_env_step_is_placed_in_its_step_and_phase():
     assert report.window["form"] == "own step ranges" and report.window["missing"] == []
 
 
+def test_the_gate_divides_the_env_kernels_by_the_configs_env_steps_per_update(monkeypatch):
+    """guard_loop hands cfg.env_steps_per_update to the window's PhaseRoles (the env row's divisor); on a CPU run
+    there is no trace, so the env row and the single-block row are "not measured (no CUDA)"."""
+    import hotloop.guards.gate as gate_module
+
+    seen, real = [], gate_module.guard_window
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["roles"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(gate_module, "guard_window", spy)
+    trainer = _trainer(target_update_interval=1, env_steps_per_update=2)
+    report = guard_loop(trainer, steps=3, warmup=0)
+    assert [r.env_steps_per_update for r in seen] == [2] and seen[0].learner == learner_phases("reference")
+    v = report.verdicts.set_index("criterion")
+    for name in ("env kernels per env step", "no single-block kernels"):
+        assert (v.loc[name, "status"], v.loc[name, "verdict"]) == ("not measured (no CUDA)", "-"), name
+
+
 def test_a_window_without_the_target_update_leaves_the_sync_criteria_not_measured():
     trainer = _trainer(target_update_interval=100)
     report = guard_loop(trainer, steps=5, warmup=0)

@@ -16,7 +16,7 @@ from hotloop.guards.step_metrics import step_metrics
 from hotloop.guards.sync_hooks import SyncHooks
 
 GPU_ROWS = ["no D2D weight sync", "spectral norm fused", "no single-block kernels", "memsets only where needed",
-            "TF32 forward only", "DDQN overlapped"]
+            "TF32 forward only", "DDQN overlapped", "env kernels per env step"]
 NO_HITS = SyncHooks().frame()
 
 

@@ -1,7 +1,8 @@
 """The guarded window over a whole loop: verdicts on synthetic loop traces (a sync in a phase outside the learner,
-between steps, a periodic phase missing from the window, the env's single-block kernels, the actor graph's
-kernels), and the loop form of the guard (`guard_window`) on CPU loops, with hook hits faked as
-tests/guards/test_sync_hooks.py does and placed in their step and phase by their trace markers."""
+between steps, a periodic phase missing from the window, a single-block kernel in the env's phase, the env's
+kernels per env step, the actor graph's kernels), and the loop form of the guard (`guard_window`) on CPU loops,
+with hook hits faked as tests/guards/test_sync_hooks.py does and placed in their step and phase by their trace
+markers."""
 
 from __future__ import annotations
 
@@ -39,14 +40,20 @@ def fake_cuda(value=1.0):
     return torch.Tensor._make_subclass(FakeCudaTensor, torch.tensor(value))
 
 
+ACTOR_KERNELS = ("_actor_step_kernel", "_tree_insert_kernel", "_actor_commit_kernel")
+"""The fused actor's launches per vectorized env step (each of >= 2 programs)."""
+
+
 def loop_trace(steps=3, *, sync_in=None, between=False, readback_every=None, env_grid1=False, window=True,
-               after_learner=False):
+               after_learner=False, env_kernels=None):
     """A synthetic hotloop loop: per step an env_step range launching the actor graph (a `_fwd_online_` kernel:
     the learner's name), an update range replaying the learner graph (kernels named by PHASE_RULES), and every
     `readback_every` steps a readback_publish range (a pinned DtoH copy). `sync_in`: a cudaStreamSynchronize
     inside that phase range every step; `between`: one after every step, outside it; `env_grid1`: a grid (1,1,1)
     kernel in env_step every step; `window`: the WINDOW_RANGE around it all; `after_learner`: a D2D copy and a
-    one-element add after the update range, in no phase (how hotloop.guards.faults wraps the learner step)."""
+    one-element add after the update range, in no phase (how hotloop.guards.faults wraps the learner step);
+    `env_kernels`: the env_step range launches that many kernels of grid (2,1,1) (the fused actor's names in
+    turn, ACTOR_KERNELS) in place of the actor graph's one kernel."""
     b = TraceBuilder()
 
     def body():
@@ -54,7 +61,10 @@ def loop_trace(steps=3, *, sync_in=None, between=False, readback_every=None, env
             g = 1000.0 * (k + 1)
             with b.step():
                 with b.step("env_step"):
-                    b.gpu("_fwd_online_actor", g, 5, launch="cudaGraphLaunch")
+                    if env_kernels is None:
+                        b.gpu("_fwd_online_actor", g, 5, launch="cudaGraphLaunch")
+                    for i in range(env_kernels or 0):
+                        b.gpu(ACTOR_KERNELS[i % 3], g + i * 0.5, 0.25, grid=(2, 1, 1))
                     if env_grid1:
                         b.gpu("cartpole_reset", g + 6, 1, grid=(1, 1, 1))
                     if sync_in == "env_step":
@@ -85,9 +95,9 @@ def loop_trace(steps=3, *, sync_in=None, between=False, readback_every=None, env
     return b.frame()
 
 
-def verdicts(frame, hits=NO_HITS, periods=None, criteria=CRITERIA):
-    m = step_metrics(frame, phases=PHASE_RULES, rule_phases=HOT, roles=HOT_ROLES)
-    return evaluate(m, hits, cuda=True, roles=HOT_ROLES, periods=periods, criteria=criteria).set_index("criterion")
+def verdicts(frame, hits=NO_HITS, periods=None, criteria=CRITERIA, roles=HOT_ROLES):
+    m = step_metrics(frame, phases=PHASE_RULES, rule_phases=HOT, roles=roles)
+    return evaluate(m, hits, cuda=True, roles=roles, periods=periods, criteria=criteria).set_index("criterion")
 
 
 def test_a_stream_sync_in_env_step_fails_no_stream_sync_naming_the_phase():
@@ -98,7 +108,7 @@ def test_a_stream_sync_in_env_step_fails_no_stream_sync_naming_the_phase():
     assert (row["verdict"], row["measured"], row["worst_step"], row["total"]) == ("FAIL", 1, "0", 3)
     assert row["evidence"] == "trace: cudaStreamSynchronize in env_step x3" and row["source"] == "trace"
     assert row["phases"] == "every phase + outside steps"
-    assert v.loc["no single-block kernels", "verdict"] == "PASS"  # env_step is not a learner phase
+    assert v.loc["no single-block kernels", "verdict"] == "PASS"  # the env's kernels there are of >= 2 blocks
 
 
 def test_a_sync_between_steps_inside_the_window_fails():
@@ -121,14 +131,14 @@ def test_a_hook_hit_outside_steps_fails_the_sync_criterion():
 
 def test_a_periodic_phase_missing_from_the_window_leaves_its_criteria_not_measured():
     """The config says readback_publish runs every 100 iterations; a 3-step window never saw it: a sync there
-    could not have been seen, so the sync criteria (every phase) are not measured rather than PASS. The learner's
-    criteria do not apply to readback_publish: they are still measured."""
+    could not have been seen, so the sync criteria and the single-block one (every phase) are not measured rather
+    than PASS. The learner's criteria and the env's do not apply to readback_publish: they are still measured."""
     v = verdicts(loop_trace(), periods=HOT_PERIODS)
-    for name in SYNC_ROWS:
+    for name in [*SYNC_ROWS, "no single-block kernels"]:
         assert v.loc[name, "status"] == "not measured (phase readback_publish not in window)", name
         assert v.loc[name, "verdict"] == "-"
-    assert v.loc["no single-block kernels", "status"] == "measured"
-    assert v.loc["no single-block kernels", "verdict"] == "PASS"
+    for name in ("no D2D weight sync", "env kernels per env step"):
+        assert (v.loc[name, "status"], v.loc[name, "verdict"]) == ("measured", "PASS"), name
     present = verdicts(loop_trace(readback_every=2), periods={"env_step": 1, "update": 1, "readback_publish": 2})
     assert list(present.loc[SYNC_ROWS, "verdict"]) == ["PASS", "PASS"]
     only_readback = (Criterion("no sync in readback", "stream_sync_calls", "==", 0, "test",
@@ -145,21 +155,84 @@ def test_a_failure_stays_a_failure_when_a_phase_is_missing():
     assert row["evidence"].endswith("also phase readback_publish not in window")
 
 
-def test_the_envs_single_block_kernels_are_their_own_reported_row():
+def test_a_single_block_kernel_in_env_step_fails_no_single_block_kernels():
+    """Every phase is judged: a grid (1,1,1) kernel in the env's phase FAILs as one in the learner's does; the env
+    row shows the env's grid (1,1,1) count in its evidence."""
+    assert verdicts(loop_trace()).loc["no single-block kernels", "verdict"] == "PASS"
     v = verdicts(loop_trace(env_grid1=True))
-    row = v.loc["single-block kernels in env_step"]
-    assert (row["status"], row["verdict"], row["measured"], row["total"]) == ("reported", "-", 1, 3)
-    assert row["limit"] == "none (reported)" and row["evidence"] == "cartpole_reset in env_step x3"
-    assert v.loc["no single-block kernels", "verdict"] == "PASS"
-    # the same kernel in the learner's update fails the learner's row
+    row = v.loc["no single-block kernels"]
+    assert (row["verdict"], row["measured"], row["worst_step"], row["total"]) == ("FAIL", 1, "0", 3)
+    assert row["evidence"] == "cartpole_reset in env_step x3" and row["phases"] == "every phase + outside steps"
+    assert row["limit"] == "== 0" and row["metric"] == "kernels_grid1"
+    env = v.loc["env kernels per env step"]
+    assert (env["verdict"], env["measured"], env["total"]) == ("PASS", 2, 6)  # the actor's kernel + cartpole_reset
+    assert env["evidence"].endswith("env_steps_per_update 1; env_kernels_grid1 3 over the window")
+    # the same kernel in the learner's update, or in a phase neither the learner's nor the env's, fails it too
+    for phase in ("update", "readback_publish"):
+        b = TraceBuilder()
+        with b.step():
+            with b.step(phase):
+                b.gpu("reduce_kernel", 100, grid=(1, 1, 1))
+        m = step_metrics(b.frame(), phases=PHASE_RULES, rule_phases=HOT, roles=HOT_ROLES)
+        row = evaluate(m, NO_HITS, cuda=True, roles=HOT_ROLES).set_index("criterion").loc["no single-block kernels"]
+        assert (row["verdict"], row["evidence"]) == ("FAIL", f"reduce_kernel in {phase} x1"), phase
+
+
+def test_a_single_block_kernel_between_steps_fails_no_single_block_kernels():
     b = TraceBuilder()
-    with b.step():
-        with b.step("update"):
-            b.gpu("reduce_kernel", 100, grid=(1, 1, 1))
-    m = step_metrics(b.frame(), phases=PHASE_RULES, rule_phases=HOT, roles=HOT_ROLES)
-    learner = evaluate(m, NO_HITS, cuda=True, roles=HOT_ROLES).set_index("criterion")
-    assert learner.loc["no single-block kernels", "verdict"] == "FAIL"
-    assert learner.loc["no single-block kernels", "evidence"] == "reduce_kernel in update x1"
+    with b.step(WINDOW_RANGE):
+        for k in range(2):
+            with b.step():
+                with b.step("env_step"):
+                    b.gpu("_actor_step_kernel", 100.0 * (k + 1), grid=(4, 1, 1))
+            b.gpu("between_steps_add", 100.0 * (k + 1) + 50, grid=(1, 1, 1))  # the loop's code between steps
+    row = verdicts(b.frame()).loc["no single-block kernels"]
+    assert (row["verdict"], row["worst_step"], row["total"]) == ("FAIL", OUTSIDE_LABEL, 2)
+    assert row["evidence"] == f"between_steps_add {OUTSIDE_LABEL} x2"
+
+
+@pytest.mark.parametrize("env_steps, kernels, verdict, measured", [
+    (1, 3, "PASS", 3),
+    (1, 4, "FAIL", 4),
+    (2, 6, "PASS", 3),
+    (2, 7, "FAIL", 3.5),
+    (2, 8, "FAIL", 4),
+    (3, 9, "PASS", 3),
+])
+def test_env_kernels_per_env_step_are_limited_to_three(env_steps, kernels, verdict, measured):
+    """The fused actor launches at most 3 kernels per vectorized env step; a step of `env_steps` env steps may hold
+    3 x env_steps of them (PhaseRoles.env_steps_per_update, the gate's cfg.env_steps_per_update)."""
+    roles = PhaseRoles(learner=HOT, env_steps_per_update=env_steps)
+    v = verdicts(loop_trace(env_kernels=kernels), roles=roles)
+    row = v.loc["env kernels per env step"]
+    assert (row["verdict"], row["measured"], row["status"]) == (verdict, measured, "measured")
+    assert (row["limit"], row["metric"], row["phases"], row["total"]) == ("<= 3", "env_kernels_per_env_step",
+                                                                          "env_step", 3 * kernels)
+    assert row["worst_step"] == "0" and row["evidence"].endswith(
+        f"env_steps_per_update {env_steps}; env_kernels_grid1 0 over the window")
+    assert "_actor_step_kernel in env_step x" in row["evidence"]
+    failed = set(v.index[v["verdict"].eq("FAIL")])
+    assert failed == ({"env kernels per env step"} if verdict == "FAIL" else set())
+
+
+def test_one_step_over_the_limit_fails_the_env_row_on_that_step():
+    """Worst step: two clean steps and one with a fourth env kernel FAIL, the worst step named."""
+    b = TraceBuilder()
+    for k, n in enumerate((3, 4, 3)):
+        with b.step():
+            with b.step("env_step"):
+                for i in range(n):
+                    b.gpu(f"env_kernel_{i}", 1000.0 * (k + 1) + i, 0.5)
+    row = verdicts(b.frame()).loc["env kernels per env step"]
+    assert (row["verdict"], row["measured"], row["worst_step"], row["total"]) == ("FAIL", 4, "1", 10)
+    assert row["evidence"].startswith("env_kernel_0 in env_step x3; env_kernel_1 in env_step x3; ")
+
+
+def test_env_steps_per_update_must_be_a_positive_int():
+    assert PhaseRoles().env_steps_per_update == 1
+    for bad in (0, -1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="env_steps_per_update must be an int >= 1"):
+            PhaseRoles(env_steps_per_update=bad)
 
 
 def test_an_op_added_after_the_learner_step_fails_the_learners_rows():
@@ -168,7 +241,7 @@ def test_an_op_added_after_the_learner_step_fails_the_learners_rows():
     v = verdicts(loop_trace(after_learner=True))
     assert list(v.loc[["no D2D weight sync", "no single-block kernels"], "verdict"]) == ["FAIL", "FAIL"]
     assert v.loc["no D2D weight sync", "evidence"] == "Memcpy DtoD (Device -> Device) x3"  # in no phase
-    assert v.loc["single-block kernels in env_step", "measured"] == 0
+    assert v.loc["env kernels per env step", "measured"] == 1  # the actor's kernel only: the add is not the env's
 
 
 def test_the_actor_graphs_kernels_belong_to_env_step_and_the_learners_to_their_phases():
@@ -187,7 +260,7 @@ def test_reference_learner_rows_need_target_update():
     m = step_metrics(b.frame(), roles=ref)
     v = evaluate(m, NO_HITS, cuda=True, roles=ref, periods={"update": 1, "target_update": 100}).set_index("criterion")
     assert v.loc["no D2D weight sync", "status"] == "not measured (phase target_update not in window)"
-    assert v.loc["single-block kernels in env_step", "status"] == "not measured (phase env_step not in window)"
+    assert v.loc["env kernels per env step", "status"] == "not measured (phase env_step not in window)"
 
 
 def test_default_window_holds_every_period():

@@ -445,7 +445,7 @@ def test_events_between_steps_inside_the_window_are_counted_outside_steps():
     assert m2.window["source"] == "steps" and m2.outside["stream_sync_calls"] == 1
 
 
-def test_learner_and_env_scopes_split_the_single_block_kernels():
+def test_learner_and_env_scopes_and_the_env_kernels_per_env_step():
     b = TraceBuilder()
     for k in range(2):
         with b.step():
@@ -460,10 +460,16 @@ def test_learner_and_env_scopes_split_the_single_block_kernels():
                 b.gpu("added_after_the_learner_step", 100.0 * (k + 1) + 60, grid=(1, 1, 1))
     df = b.frame()
     scoped = step_metrics(df, roles=PhaseRoles(learner=("update",))).per_step
-    assert list(scoped["kernels_grid1"]) == [3, 3] and list(scoped["learner_kernels_grid1"]) == [1, 1]
+    assert list(scoped["kernels_grid1"]) == [3, 3]  # every phase's, the env's and readback_publish's included
     assert list(scoped["env_kernels_grid1"]) == [1, 1] and list(scoped["learner_memsets"]) == [0, 0]
+    assert list(scoped["env_kernels"]) == [1, 1] and list(scoped["env_kernels_per_env_step"]) == [1.0, 1.0]
     everything = step_metrics(df).per_step  # no learner phases given: every event of a step is the learner's
-    assert list(everything["learner_kernels_grid1"]) == [3, 3] and list(everything["learner_memsets"]) == [1, 1]
+    assert list(everything["learner_memsets"]) == [1, 1]
+    two = step_metrics(df, roles=PhaseRoles(learner=("update",), env_steps_per_update=2))
+    assert list(two.per_step["env_kernels_per_env_step"]) == [0.5, 0.5] and two.medians["env_kernels"] == 1.0
+    assert "learner_kernels_grid1" not in scoped  # retired: "no single-block kernels" judges kernels_grid1
+    assert two.evidence["env kernels per env step"] == ["env_reset in env_step x2", "env_steps_per_update 2",
+                                                        "env_kernels_grid1 2 over the window"]
 
 
 def _graph_copy_step(as_kernel: bool) -> pd.DataFrame:
@@ -514,7 +520,7 @@ def test_loop_code_in_no_phase_range_counts_for_the_learner():
             b.gpu("one_element_add", 140, grid=(1, 1, 1))
         b.gpu("between_steps_add", 200, grid=(1, 1, 1))
     ps = step_metrics(b.frame(), roles=PhaseRoles(learner=("update",))).per_step
-    assert (ps["learner_d2d_copies"].iloc[0], ps["learner_kernels_grid1"].iloc[0]) == (1, 1)
+    assert (ps["learner_d2d_copies"].iloc[0], ps["kernels_grid1"].iloc[0]) == (1, 1)
 
 
 def test_phase_steps_coverage_and_markers():
