@@ -63,6 +63,11 @@ may raise at seed scale, where re-recording the baseline on the runner is the re
 A kernel only in the run is new ("-": not in baseline); one only in the baseline FAILs as any missing metric does
 (a renamed kernel: re-record the baseline).
 
+Renamed columns: a per-step column the gate no longer computes (`RETIRED`, e.g. learner_kernels_grid1 since "no
+single-block kernels" judges kernels_grid1 over every phase) is shown beside an old baseline with verdict "-" and
+its rule saying so, not FAILed; the column that replaced it (or a new one: env_kernels, env_kernels_per_env_step)
+is "not in baseline" ("-") until the baseline is re-recorded.
+
 Epoch throughput (`epoch_metrics`, `compare_epochs`): the per-epoch table (hotloop.profiles.epoch_table) is compared
 too, so that a regression of the whole loop (acting, env stepping, readback, logging: work outside the guarded
 steps) fails the gate even when no structural count moves. EPOCH_METRICS are learner_steps_per_s (higher is better,
@@ -111,6 +116,14 @@ REPORTED_ONLY = {
 }
 """Metrics `compare` shows next to the baseline without a verdict, each with the rule text it prints (module
 docstring says why)."""
+RETIRED = {
+    "learner_kernels_grid1": "retired: 'no single-block kernels' judges kernels_grid1 over every phase (issue 35); "
+                             "re-record the baseline",
+}
+"""Metrics the gate measured once and no longer does (a column renamed or dropped), each with the rule text
+`compare` prints: one of these in the baseline but not in the run is shown with verdict "-" (not a FAIL, as any
+other metric missing from the run is), so that a baseline recorded before the change still compares; the metric
+that took its place is "not in baseline" until the baseline is re-recorded."""
 THRESHOLDS = {"ddqn_kernel_us": "median:+10%"}
 """Metrics whose default threshold is not `default_threshold`'s (module docstring, "Thresholds of their own")."""
 
@@ -429,8 +442,9 @@ def compare(run_metrics: Mapping[str, Sequence[float]], baseline: Baseline, *,
     (that statistic of each side's values; for counts the baseline's median and the run value farthest from it);
     delta (run - baseline); allowed (worsening allowed: 0 for counts, max(threshold, k x spread) for timings);
     spread (`mad_spread` of the baseline's values); rule; verdict: PASS, FAIL, or "-" (metric only in the run, not
-    measured in the baseline, or a measured REPORTED_ONLY metric, whatever its value). A metric only in the
-    baseline (or with no run values), or NaN in the run but not in the baseline, FAILs.
+    measured in the baseline, or a measured REPORTED_ONLY metric, whatever its value, or a RETIRED metric only in
+    the baseline: its rule says so). Any other metric only in the baseline (or with no run values), or NaN in the
+    run but not in the baseline, FAILs.
     `thresholds`: {metric: expression} overriding `default_threshold`; parsed before comparing (ValueError);
     REPORTED_ONLY metrics get no verdict whatever their threshold.
     """
@@ -449,6 +463,8 @@ def _compare_one(metric: str, run: Sequence[float] | None, base: Sequence[float]
                baseline=math.nan, run=math.nan, delta=math.nan, allowed=0.0 if count else math.nan,
                spread=mad_spread(base) if base else math.nan, rule="", verdict="-")
     if base is None or not run:
+        if base is not None and run is None and metric in RETIRED:
+            return {**row, "baseline": _stat(np.nanmedian, base), "rule": RETIRED[metric]}
         return {**row, "rule": "not in baseline" if base is None else "missing from run",
                 "verdict": "-" if base is None else "FAIL"}
     stat = STATISTICS[row["statistic"]]

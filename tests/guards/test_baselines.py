@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from hotloop.guards.baselines import (COMPARE_COLUMNS, EPOCH_PREFIX, KERNEL_FLOOR_US, KERNEL_THRESHOLD,
-                                      KERNEL_US_PREFIX, MAD_TO_SIGMA, NO_EPOCH_BASELINE, Baseline,
+                                      KERNEL_US_PREFIX, MAD_TO_SIGMA, NO_EPOCH_BASELINE, RETIRED, Baseline,
                                       BaselineError, baseline_path, compare, compare_epochs, config_mismatch,
                                       default_threshold, epoch_metrics, load_baseline, mad_spread, parse_threshold,
                                       write_baseline)
@@ -133,6 +133,28 @@ def test_metrics_on_one_side_only_and_nan():
     assert verdict(df, "cache_hit_ratio") == "-"  # not measured in the baseline
     assert verdict(df, "memsets") == "FAIL" and verdict(df, "new_us") == "-"
     assert list(df["metric"]) == sorted(df["metric"])
+
+
+@pytest.mark.parametrize("name", ["nvidia-h200.json", "nvidia-h200--seed-scale.json"])
+def test_a_baseline_with_a_retired_column_still_compares(name):
+    """The baselines recorded before issue 35 hold learner_kernels_grid1, which the gate no longer computes ("no
+    single-block kernels" judges kernels_grid1 over every phase): shown with verdict "-" and a rule saying it is
+    retired, not a FAIL; the new env columns are "not in baseline" until the baseline is re-recorded."""
+    base = load_baseline(resources.files("hotloop.profiles") / "baselines" / name)
+    assert "learner_kernels_grid1" in base.metrics and "env_kernels_per_env_step" not in base.metrics
+    run = {m: v for m, v in base.metrics.items() if m not in RETIRED}
+    run |= {"env_kernels": [3.0], "env_kernels_per_env_step": [3.0]}
+    df = compare(run, base).set_index("metric")
+    assert not df.verdict.eq("FAIL").any(), df[df.verdict.eq("FAIL")]
+    retired = df.loc["learner_kernels_grid1"]
+    assert (retired["verdict"], retired["rule"], retired["baseline"]) == ("-", RETIRED["learner_kernels_grid1"], 0.0)
+    assert retired["rule"].startswith("retired: ") and np.isnan(retired["run"])
+    for new in ("env_kernels", "env_kernels_per_env_step"):
+        assert tuple(df.loc[new, ["verdict", "rule", "kind"]]) == ("-", "not in baseline", "count"), new
+    assert df.loc["kernels_grid1", "verdict"] == "PASS"
+    # a retired column a run still reports is compared as before; another column missing from the run still FAILs
+    assert verdict(compare({**run, "learner_kernels_grid1": [1.0]}, base), "learner_kernels_grid1") == "FAIL"
+    assert verdict(compare({m: v for m, v in run.items() if m != "kernels_grid1"}, base), "kernels_grid1") == "FAIL"
 
 
 def test_per_metric_thresholds_are_parsed_before_comparing():
