@@ -45,12 +45,11 @@ ENV_CARTPOLE, ENV_SYNTHETIC = 0, 1
 
 # CartPole-v1's constants (Gymnasium's; trainer/envs/cartpole.py holds the same, a test checks: kernels import no
 # trainer module)
-_GRAVITY, _MASSPOLE, _TOTAL_MASS, _LENGTH, _POLEMASS_LENGTH = 9.8, 0.1, 0.1 + 1.0, 0.5, 0.1 * 0.5
-_FORCE_MAG, _TAU = 10.0, 0.02
-_THETA_THRESHOLD, _X_THRESHOLD = 12 * 2 * math.pi / 360, 2.4
-_RESET_SPAN, _RESET_BOUND = 2 * 0.05, 0.05
-_CARTPOLE_CONSTANTS = (_GRAVITY, _MASSPOLE, _TOTAL_MASS, _LENGTH, _POLEMASS_LENGTH, _FORCE_MAG, _TAU,
-                       _THETA_THRESHOLD, _X_THRESHOLD, _RESET_SPAN, _RESET_BOUND)
+_CARTPOLE_CONSTANTS = (9.8, 0.1, 0.1 + 1.0, 0.5, 0.1 * 0.5, 10.0, 0.02, 12 * 2 * math.pi / 360, 2.4, 2 * 0.05, 0.05)
+"""gravity, pole mass, total mass, half length, pole mass x half length, force, tau, theta and x thresholds, the
+reset span and bound; as constexpr globals below (a Triton kernel reads no other module global)."""
+(_GRAVITY, _MASSPOLE, _TOTAL_MASS, _LENGTH, _POLEMASS_LENGTH, _FORCE_MAG, _TAU, _THETA_THRESHOLD, _X_THRESHOLD,
+ _RESET_SPAN, _RESET_BOUND) = (tl.constexpr(c) for c in _CARTPOLE_CONSTANTS)
 
 
 @triton.jit
@@ -129,6 +128,34 @@ def _greedy(w_ptr, out_w, out_b, out_g, h_ptr, n, mask_n, MAXW, H,
 
 
 @triton.jit
+def _cartpole_step(obs_ptr, n, mask_n, a0, key, W: tl.constexpr, D: tl.constexpr):
+    """CartPole-v1 from the observation columns at obs_ptr (rows n, 4 floats each) under actions a0: Gymnasium's
+    operations in Gymnasium's order (trainer/envs/cartpole.py). Returns (next state's 4 columns, terminated, the
+    4 reset columns drawn from the env's uniforms)."""
+    x = tl.load(obs_ptr + n * 4, mask=mask_n, other=0.0)
+    x_dot = tl.load(obs_ptr + n * 4 + 1, mask=mask_n, other=0.0)
+    theta = tl.load(obs_ptr + n * 4 + 2, mask=mask_n, other=0.0)
+    theta_dot = tl.load(obs_ptr + n * 4 + 3, mask=mask_n, other=0.0)
+    force = tl.where(a0 == 1, _FORCE_MAG, -_FORCE_MAG)
+    costheta = tl.cos(theta)
+    sintheta = tl.sin(theta)
+    temp = (force + _POLEMASS_LENGTH * (theta_dot * theta_dot) * sintheta) / _TOTAL_MASS
+    thetaacc = (_GRAVITY * sintheta - costheta * temp) / (
+        _LENGTH * (4.0 / 3.0 - _MASSPOLE * (costheta * costheta) / _TOTAL_MASS))
+    xacc = temp - _POLEMASS_LENGTH * thetaacc * costheta / _TOTAL_MASS
+    nx = x + _TAU * x_dot
+    ntheta = theta + _TAU * theta_dot
+    terminated = (nx < -_X_THRESHOLD) | (nx > _X_THRESHOLD) | (ntheta < -_THETA_THRESHOLD) | \
+        (ntheta > _THETA_THRESHOLD)
+    nxt = (nx, x_dot + _TAU * xacc, ntheta, theta_dot + _TAU * thetaacc)
+    fresh = (_uniform(key, n, W, 1 + D) * _RESET_SPAN - _RESET_BOUND,
+             _uniform(key, n, W, 2 + D) * _RESET_SPAN - _RESET_BOUND,
+             _uniform(key, n, W, 3 + D) * _RESET_SPAN - _RESET_BOUND,
+             _uniform(key, n, W, 4 + D) * _RESET_SPAN - _RESET_BOUND)
+    return nxt, terminated, fresh
+
+
+@triton.jit
 def _actor_step_kernel(
         t_ptr, pos_ptr, eps_ptr, seed, eps_start, eps_end, eps_decay,
         w_ptr, table_ptr, num_layers, out_w, out_b, out_g, H, scratch_ptr, MAXW,
@@ -146,14 +173,19 @@ def _actor_step_kernel(
     eps = eps_start + (eps_end - eps_start) * tl.minimum(t.to(tl.float32) / eps_decay, 1.0)
     if pid == 0:
         tl.store(eps_ptr, eps)
+    slot = (tl.load(pos_ptr) + n) % capacity
     o = tl.arange(0, BLOCK_O)
     mask_o = o < OBS
     m_no = mask_n[:, None] & mask_o[None, :]
-    obs = tl.load(obs_ptr + n[:, None] * OBS + o[None, :], mask=m_no, other=0.0)
 
-    # acting: the net's greedy actions (input staged in scratch[1]), then epsilon-greedy
+    # the observation: into the replay's slot and the forward's input (scratch[1]); not kept in registers (the
+    # env reloads it: few live tiles, no spills)
+    obs = tl.load(obs_ptr + n[:, None] * OBS + o[None, :], mask=m_no, other=0.0)
+    tl.store(r_obs_ptr + slot[:, None] * OBS + o[None, :], obs, mask=m_no)
     tl.store(scratch_ptr + N * MAXW + n[:, None] * MAXW + o[None, :], obs, mask=m_no)
     tl.debug_barrier()
+
+    # acting: the net's greedy actions, then epsilon-greedy
     last = _hidden_layers(w_ptr, table_ptr, num_layers, scratch_ptr, n, mask_n, N, MAXW, BLOCK_N, BLOCK_R, BLOCK_K)
     greedy = _greedy(w_ptr, out_w, out_b, out_g, scratch_ptr + last * N * MAXW, n, mask_n, MAXW, H, D, A,
                      BLOCK_N, BLOCK_J, BLOCK_K, BLOCK_D)
@@ -162,43 +194,30 @@ def _actor_step_kernel(
     explore = _uniform(key, n, W, 0) < eps
     u_act = _uniform(key, n[:, None], W, 1 + dcol[None, :])
     action = tl.where(explore[:, None], (u_act * A).to(tl.int64), greedy)
-    m_nd = mask_n[:, None] & mask_d[None, :]
+    tl.store(r_action_ptr + slot[:, None] * D + dcol[None, :], action, mask=mask_n[:, None] & mask_d[None, :])
 
-    # the env step, with autoreset
+    # the env step, with autoreset; the transition's rest, the new observation
     elapsed = tl.load(elapsed_ptr + n, mask=mask_n, other=0) + 1
     truncated = elapsed >= time_limit
-    if ENV == 0:  # CartPole-v1: Gymnasium's operations in Gymnasium's order (trainer/envs/cartpole.py)
+    if ENV == 0:
         a0 = tl.sum(tl.where((dcol == 0)[None, :], action, 0), axis=1)
-        x = tl.sum(tl.where((o == 0)[None, :], obs, 0.0), axis=1)
-        x_dot = tl.sum(tl.where((o == 1)[None, :], obs, 0.0), axis=1)
-        theta = tl.sum(tl.where((o == 2)[None, :], obs, 0.0), axis=1)
-        theta_dot = tl.sum(tl.where((o == 3)[None, :], obs, 0.0), axis=1)
-        force = tl.where(a0 == 1, _FORCE_MAG, -_FORCE_MAG)
-        costheta = tl.cos(theta)
-        sintheta = tl.sin(theta)
-        temp = (force + _POLEMASS_LENGTH * (theta_dot * theta_dot) * sintheta) / _TOTAL_MASS
-        thetaacc = (_GRAVITY * sintheta - costheta * temp) / (
-            _LENGTH * (4.0 / 3.0 - _MASSPOLE * (costheta * costheta) / _TOTAL_MASS))
-        xacc = temp - _POLEMASS_LENGTH * thetaacc * costheta / _TOTAL_MASS
-        nx = x + _TAU * x_dot
-        ntheta = theta + _TAU * theta_dot
-        nxt = tl.where((o == 0)[None, :], nx[:, None], 0.0)
-        nxt += tl.where((o == 1)[None, :], (x_dot + _TAU * xacc)[:, None], 0.0)
-        nxt += tl.where((o == 2)[None, :], ntheta[:, None], 0.0)
-        nxt += tl.where((o == 3)[None, :], (theta_dot + _TAU * thetaacc)[:, None], 0.0)
-        terminated = (nx < -_X_THRESHOLD) | (nx > _X_THRESHOLD) | (ntheta < -_THETA_THRESHOLD) | \
-            (ntheta > _THETA_THRESHOLD)
+        nxt, terminated, fresh = _cartpole_step(obs_ptr, n, mask_n, a0, key, W, D)
         reward = tl.full((BLOCK_N,), 1.0, tl.float32)
         done = terminated | truncated
-        fresh = _uniform(key, n[:, None], W, 1 + D + o[None, :]) * _RESET_SPAN - _RESET_BOUND
-        new_obs = tl.where(done[:, None], fresh, nxt)
+        for c in tl.static_range(4):
+            tl.store(r_next_ptr + slot * 4 + c, nxt[c], mask=mask_n)
+            new = tl.where(done, fresh[c], nxt[c])
+            tl.store(obs_ptr + n * 4 + c, new, mask=mask_n)
+            tl.store(state_ptr + n * 4 + c, new, mask=mask_n)
     else:  # the synthetic recurrence (trainer/envs/synthetic.py): obs' = tanh(obs A + onehot(a) B + 0.1 noise)
+        obs = tl.load(obs_ptr + n[:, None] * OBS + o[None, :], mask=m_no, other=0.0)
         tc = tl.arange(0, BLOCK_J)
         cmat = tl.load(c_ptr + o[:, None] * (D * A) + tc[None, :], mask=mask_o[:, None] & (tc < D * A)[None, :],
                        other=0.0)
         logits = tl.dot(obs, cmat, input_precision="ieee")
+        amat = tl.load(a_ptr + o[:, None] * OBS + o[None, :], mask=mask_o[:, None] & mask_o[None, :], other=0.0)
+        z = tl.dot(obs, amat, input_precision="ieee")
         reward = tl.zeros((BLOCK_N,), tl.float32)
-        push = tl.zeros((BLOCK_N, BLOCK_O), tl.float32)
         for d in tl.static_range(D):
             sel = ((tc >= d * A) & (tc < (d + 1) * A))[None, :]
             lg = tl.where(sel, logits, -float("inf"))
@@ -207,29 +226,21 @@ def _actor_step_kernel(
             a_d = tl.sum(tl.where((dcol == d)[None, :], action, 0), axis=1)
             reward += (a_d == best).to(tl.float32)
             ok = (a_d >= 0) & (a_d < A)
-            push += tl.load(b_ptr + (d * A + a_d)[:, None] * OBS + o[None, :], mask=(mask_n & ok)[:, None] &
-                            mask_o[None, :], other=0.0)
+            z += tl.load(b_ptr + (d * A + a_d)[:, None] * OBS + o[None, :],
+                         mask=(mask_n & ok)[:, None] & mask_o[None, :], other=0.0)
         reward = reward / D
-        amat = tl.load(a_ptr + o[:, None] * OBS + o[None, :], mask=mask_o[:, None] & mask_o[None, :], other=0.0)
         u1 = _uniform(key, n[:, None], W, 1 + D + o[None, :])
-        u2 = _uniform(key, n[:, None], W, 1 + D + OBS + o[None, :])
-        noise = tl.sqrt(-2.0 * tl.log(1.0 - u1)) * tl.cos(6.283185307179586 * u2)
-        z = tl.dot(obs, amat, input_precision="ieee") + push + 0.1 * noise
+        z += 0.1 * (tl.sqrt(-2.0 * tl.log(1.0 - u1)) * tl.cos(6.283185307179586 *
+                                                               _uniform(key, n[:, None], W, 1 + D + OBS + o[None, :])))
         nxt = 1.0 - 2.0 / (tl.exp(2.0 * z) + 1.0)  # tanh(z), saturating to +-1 without inf / inf
+        tl.store(r_next_ptr + slot[:, None] * OBS + o[None, :], nxt, mask=m_no)
         terminated = tl.zeros((BLOCK_N,), tl.int1)
         done = truncated
-        start = tl.load(start_ptr + n[:, None] * OBS + o[None, :], mask=m_no, other=0.0)
-        new_obs = tl.where(done[:, None], start, nxt)
-
-    # the replay's ring, the new observation, the episode returns
-    slot = (tl.load(pos_ptr) + n) % capacity
-    tl.store(r_obs_ptr + slot[:, None] * OBS + o[None, :], obs, mask=m_no)
-    tl.store(r_next_ptr + slot[:, None] * OBS + o[None, :], nxt, mask=m_no)
-    tl.store(r_action_ptr + slot[:, None] * D + dcol[None, :], action, mask=m_nd)
+        new = tl.where(done[:, None], tl.load(start_ptr + n[:, None] * OBS + o[None, :], mask=m_no, other=0.0), nxt)
+        tl.store(obs_ptr + n[:, None] * OBS + o[None, :], new, mask=m_no)
+        tl.store(state_ptr + n[:, None] * OBS + o[None, :], new, mask=m_no)
     tl.store(r_reward_ptr + slot, reward, mask=mask_n)
     tl.store(r_term_ptr + slot, terminated.to(tl.float32), mask=mask_n)
-    tl.store(obs_ptr + n[:, None] * OBS + o[None, :], new_obs, mask=m_no)
-    tl.store(state_ptr + n[:, None] * OBS + o[None, :], new_obs, mask=m_no)
     tl.store(elapsed_ptr + n, tl.where(done, 0, elapsed), mask=mask_n)
     ret = tl.load(running_ptr + n, mask=mask_n, other=0.0) + reward.to(tl.float64)
     tl.store(ended_ptr + n, ret, mask=mask_n)
@@ -373,7 +384,8 @@ def _check(net: ActingNet, weights: torch.Tensor, buf: ActorBuffers, env: int, t
 
 
 def actor_step(net: ActingNet, weights: torch.Tensor, buf: ActorBuffers, seed: int, eps_start: float,
-               eps_end: float, eps_decay: float, env: int, time_limit: int) -> None:
+               eps_end: float, eps_decay: float, env: int, time_limit: int,
+               tiles: tuple[int, int, int, int] | None = None) -> None:
     """The fused acting + env + replay-storage + returns part of one vectorized env step (`_actor_step_kernel`,
     max(2, ceil(N / BLOCK_N)) programs: never a single block, even for N <= BLOCK_N), reading t and pos.
 
@@ -385,6 +397,8 @@ def actor_step(net: ActingNet, weights: torch.Tensor, buf: ActorBuffers, seed: i
         seed: the Philox key base (python int >= 0; the key is seed + t).
         eps_start, eps_end, eps_decay: the epsilon schedule (eps_decay > 0, in vector steps).
         env: ENV_CARTPOLE or ENV_SYNTHETIC. time_limit: CartPole's max_episode_steps / the synthetic episode_length.
+        tiles: (BLOCK_N, BLOCK_R, BLOCK_K, num_warps) instead of the defaults (`_blocks`), powers of two >= 16
+            (num_warps: 1, 2, 4 or 8), for tuning.
     Raises ValueError (naming the argument) for a wrong dtype, shape or device, N > replay capacity, a CartPole
     net that is not 4 -> one branch of 2 actions, seed < 0 or eps_decay <= 0.
     """
@@ -393,7 +407,9 @@ def actor_step(net: ActingNet, weights: torch.Tensor, buf: ActorBuffers, seed: i
         raise ValueError(f"seed must be an int >= 0, got {seed!r}")
     if not (isinstance(eps_decay, (int, float)) and eps_decay > 0):
         raise ValueError(f"eps_decay must be a number > 0, got {eps_decay!r}")
-    block_n, block_r, block_k, warps = _blocks(n)
+    block_n, block_r, block_k, warps = _blocks(n) if tiles is None else tiles
+    if any(b < 16 or b & (b - 1) for b in (block_n, block_r, block_k)) or warps not in (1, 2, 4, 8):
+        raise ValueError(f"tiles must be three powers of two >= 16 and num_warps in 1, 2, 4, 8, got {tiles!r}")
     uniforms = 1 + d + (4 if env == ENV_CARTPOLE else 2 * o)
     _actor_step_kernel[(max(2, triton.cdiv(n, block_n)),)](
         buf.t, buf.pos, buf.epsilon, seed, float(eps_start), float(eps_end), float(eps_decay),

@@ -190,6 +190,7 @@ class Trainer:
         self.env_steps = 0
         self.learner_steps = 0
         self.epochs_done = 0
+        self._no_sums = torch.zeros(3, device=self.device)
 
     @property
     def obs(self) -> torch.Tensor:
@@ -279,7 +280,10 @@ class Trainer:
         Raises ValueError for n < 0."""
         if n < 0:
             raise ValueError(f"iterate: n must be >= 0, got {n}")
-        sums = torch.zeros(3, device=self.device)
+        # the hotloop learner's metrics go through the readback: its sums are a zero buffer made once (a zeros(3)
+        # per call would be a one-block fill kernel in the loop)
+        hot = isinstance(self.learner, HotLearner)
+        sums = self._no_sums if hot else torch.zeros(3, device=self.device)
         every = progress_period(self.cfg)
         for i in range(n):
             with phase_range(STEP_RANGE):

@@ -89,14 +89,14 @@ def test_the_fused_step_equals_the_reference_step_on_random_input(env, num_envs,
         got = _state(tr)
         # the actions: equal except where the reference's two best Q values are within rounding of each other
         top2 = q.topk(2, dim=2).values if q.shape[2] > 1 else None
-        slots = (before["pos"] + torch.arange(num_envs)) % capacity
+        slots = (before["pos"] + torch.arange(num_envs, device=DEVICE)) % capacity
         differ = (got["r_action"][slots] != want["r_action"][slots]).any(1)
         if bool(differ.any()):
             gap = (top2[..., 0] - top2[..., 1]).min(1).values
             assert bool((gap[differ] < 1e-4).all()), f"trial {trial}: actions differ where Q is not tied"
             keep = ~differ
         else:
-            keep = torch.ones(num_envs, dtype=torch.bool)
+            keep = torch.ones(num_envs, dtype=torch.bool, device=DEVICE)
         assert int(keep.sum()) >= num_envs - 1
         for k in ("t", "pos", "eps", "max", "finished"):
             assert torch.equal(got[k], want[k]), k
@@ -109,7 +109,7 @@ def test_the_fused_step_equals_the_reference_step_on_random_input(env, num_envs,
         assert torch.equal(got["elapsed"], want["elapsed"])
         torch.testing.assert_close(got["running"], want["running"], rtol=0, atol=0)
         torch.testing.assert_close(got["nodes"], want["nodes"], rtol=1e-6, atol=1e-6)
-        untouched = torch.ones(capacity, dtype=torch.bool)
+        untouched = torch.ones(capacity, dtype=torch.bool, device=DEVICE)
         untouched[slots] = False
         assert bool(got["r_obs"][untouched].isnan().all()), "a slot outside the step's was written"
         ring, want_ring = got["ring"][:-1], want["ring"][:-1]  # the last slot: the reference's spare (unread)
@@ -130,6 +130,7 @@ def test_the_commit_advances_the_counters_once_and_fills_the_ring_in_env_order()
     n = 37
     dev = torch.device(DEVICE)
     done = (torch.rand(n) < 0.4).to(torch.int32).to(dev)
+    done[0] = 1
     ended = torch.rand(n, dtype=torch.float64).to(dev)
     ring = torch.full((50 + 1,), float("nan"), dtype=torch.float64, device=dev)
     z = torch.zeros((), dtype=torch.int64, device=dev)
@@ -141,7 +142,7 @@ def test_the_commit_advances_the_counters_once_and_fills_the_ring_in_env_order()
     actor_commit(buf)
     k = int(done.sum())
     want = torch.full_like(ring, float("nan"))
-    want[(45 + torch.arange(k)) % 50] = ended[done.bool()]
+    want[(45 + torch.arange(k, device=dev)) % 50] = ended[done.bool()]
     assert torch.equal(ring.isnan(), want.isnan()) and torch.equal(ring[~ring.isnan()], want[~want.isnan()])
     assert (int(buf.t), int(buf.pos), int(buf.finished), int(buf.ticket)) == (6, (60 + n) % 64, 45 + k, 0)
 

@@ -49,8 +49,10 @@ def test_a_step_is_the_epsilon_greedy_env_step_done_by_hand_from_its_uniforms(en
     slots = (pos0 + torch.arange(n, device=DEVICE)) % tr.replay.capacity
     assert torch.equal(tr.replay.obs[slots], obs0)
     assert torch.equal(tr.replay.action[slots], want_actions)
-    # CartPole: the same float32 operations, bit for bit; the synthetic env's tanh and log within rounding
-    tol = dict(rtol=0, atol=0) if env == "cartpole" else dict(rtol=2e-6, atol=2e-6)
+    # CartPole: the same float32 operations in the same order, bit for bit on the interpreter (on the GPU
+    # Triton's sin/cos and torch's may round differently); the synthetic env's tanh and log within rounding
+    exact = env == "cartpole" and DEVICE == "cpu"
+    tol = dict(rtol=0, atol=0) if exact else dict(rtol=2e-6, atol=2e-6)
     torch.testing.assert_close(tr.replay.next_obs[slots], res.final_obs, **tol)
     assert torch.equal(tr.replay.reward[slots], res.reward)
     assert torch.equal(tr.replay.terminated[slots], res.terminated.float())
