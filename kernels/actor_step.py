@@ -215,8 +215,6 @@ def _actor_step_kernel(
         cmat = tl.load(c_ptr + o[:, None] * (D * A) + tc[None, :], mask=mask_o[:, None] & (tc < D * A)[None, :],
                        other=0.0)
         logits = tl.dot(obs, cmat, input_precision="ieee")
-        amat = tl.load(a_ptr + o[:, None] * OBS + o[None, :], mask=mask_o[:, None] & mask_o[None, :], other=0.0)
-        z = tl.dot(obs, amat, input_precision="ieee")
         reward = tl.zeros((BLOCK_N,), tl.float32)
         for d in tl.static_range(D):
             sel = ((tc >= d * A) & (tc < (d + 1) * A))[None, :]
@@ -225,20 +223,30 @@ def _actor_step_kernel(
             best = tl.min(tl.where(sel & (lg == top[:, None]), tc[None, :], BLOCK_J), axis=1) - d * A
             a_d = tl.sum(tl.where((dcol == d)[None, :], action, 0), axis=1)
             reward += (a_d == best).to(tl.float32)
-            ok = (a_d >= 0) & (a_d < A)
-            z += tl.load(b_ptr + (d * A + a_d)[:, None] * OBS + o[None, :],
-                         mask=(mask_n & ok)[:, None] & mask_o[None, :], other=0.0)
         reward = reward / D
-        u1 = _uniform(key, n[:, None], W, 1 + D + o[None, :])
-        z += 0.1 * (tl.sqrt(-2.0 * tl.log(1.0 - u1)) * tl.cos(6.283185307179586 *
-                                                               _uniform(key, n[:, None], W, 1 + D + OBS + o[None, :])))
-        nxt = 1.0 - 2.0 / (tl.exp(2.0 * z) + 1.0)  # tanh(z), saturating to +-1 without inf / inf
-        tl.store(r_next_ptr + slot[:, None] * OBS + o[None, :], nxt, mask=m_no)
         terminated = tl.zeros((BLOCK_N,), tl.int1)
         done = truncated
-        new = tl.where(done[:, None], tl.load(start_ptr + n[:, None] * OBS + o[None, :], mask=m_no, other=0.0), nxt)
-        tl.store(obs_ptr + n[:, None] * OBS + o[None, :], new, mask=m_no)
-        tl.store(state_ptr + n[:, None] * OBS + o[None, :], new, mask=m_no)
+        # the next observation 16 columns at a time (few live tiles: no register spills)
+        for c0 in tl.static_range(0, BLOCK_O, 16):
+            oc = c0 + tl.arange(0, 16)
+            mask_c = oc < OBS
+            m_nc = mask_n[:, None] & mask_c[None, :]
+            amat = tl.load(a_ptr + o[:, None] * OBS + oc[None, :], mask=mask_o[:, None] & mask_c[None, :], other=0.0)
+            z = tl.dot(obs, amat, input_precision="ieee")
+            for d in tl.static_range(D):
+                a_d = tl.sum(tl.where((dcol == d)[None, :], action, 0), axis=1)
+                ok = (a_d >= 0) & (a_d < A)
+                z += tl.load(b_ptr + (d * A + a_d)[:, None] * OBS + oc[None, :], mask=(mask_n & ok)[:, None] &
+                             mask_c[None, :], other=0.0)
+            u1 = _uniform(key, n[:, None], W, 1 + D + oc[None, :])
+            u2 = _uniform(key, n[:, None], W, 1 + D + OBS + oc[None, :])
+            z += 0.1 * (tl.sqrt(-2.0 * tl.log(1.0 - u1)) * tl.cos(6.283185307179586 * u2))
+            nxt = 1.0 - 2.0 / (tl.exp(2.0 * z) + 1.0)  # tanh(z), saturating to +-1 without inf / inf
+            tl.store(r_next_ptr + slot[:, None] * OBS + oc[None, :], nxt, mask=m_nc)
+            start = tl.load(start_ptr + n[:, None] * OBS + oc[None, :], mask=m_nc, other=0.0)
+            new = tl.where(done[:, None], start, nxt)
+            tl.store(obs_ptr + n[:, None] * OBS + oc[None, :], new, mask=m_nc)
+            tl.store(state_ptr + n[:, None] * OBS + oc[None, :], new, mask=m_nc)
     tl.store(r_reward_ptr + slot, reward, mask=mask_n)
     tl.store(r_term_ptr + slot, terminated.to(tl.float32), mask=mask_n)
     tl.store(elapsed_ptr + n, tl.where(done, 0, elapsed), mask=mask_n)
@@ -344,11 +352,13 @@ class ActorBuffers:
 
 
 def _blocks(n: int) -> tuple[int, int, int, int]:
-    """(BLOCK_N, BLOCK_R, BLOCK_K, num_warps): 64 envs a program at seed scale (8192 -> 128 programs on 132 SMs),
-    16 for small N (64 CartPoles -> 4 programs); wide row tiles on the interpreter, which runs programs serially."""
+    """(BLOCK_N, BLOCK_R, BLOCK_K, num_warps): at seed scale 32 envs a program (8192 -> 256 programs) with 128-row
+    tiles, the fastest of the H200 sweep (profiles/h200/experiments/actor_kernel_parts.py: 202 us against 589 with
+    64 envs, whose tiles spilled); 16 for small N (64 CartPoles -> 4 programs); wide row tiles on the
+    interpreter, which runs programs serially."""
     if interpreting():
         return 16, 128, 64, 4
-    return (64 if n >= 4096 else 16), 64, 32, 4
+    return (32, 128, 32, 4) if n >= 4096 else (16, 64, 32, 4)
 
 
 def _check(net: ActingNet, weights: torch.Tensor, buf: ActorBuffers, env: int, time_limit: int) -> tuple[int, ...]:
