@@ -8,9 +8,10 @@ measures what the gate sees of the whole loop: mutation score = killed / total.
 
 What `run_suite` does, in this order (nothing runs on the GPU before the first two checks pass):
 1. reads the manifest (`load_manifest`; a bad entry is a usage error, exit 2, naming it);
-2. copies the checkout (`copy_checkout`: the files `git ls-files --cached --others --exclude-standard` lists, as
-   they are in the working tree; without git, the tree less build outputs) to a temporary folder and checks that
-   every selected patch applies to it (`git apply --check`, else `patch --dry-run`); one that does not is a usage
+2. copies the checkout (`copy_checkout`: the files git tracks (`git ls-files --cached`), as they are in the
+   working tree, so uncommitted changes to tracked files come along and untracked files (a .venv inside a clone)
+   do not; without git, the tree less build outputs, virtual environments and .gitignore's plain patterns) to a
+   temporary folder, printing what it copied (N files, M MB), and checks that every selected patch applies to it (`git apply --check`, else `patch --dry-run`); one that does not is a usage
    error (exit 2) naming it;
 3. runs the gate on the clean copy, once per distinct argument list of the selected mutants: each must PASS
    (exit 0), else the suite stops with exit 4 and no score (a tree that already fails has nothing to kill); with
@@ -49,6 +50,7 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import json
+import math
 import os
 import re
 import shlex
@@ -220,19 +222,16 @@ def checkout_root(start: str | Path = ".") -> Path:
 
 
 def checkout_files(root: Path, leave_out: Sequence[Path] = ()) -> list[str]:
-    """Paths (relative, POSIX) of the checkout's files as the working tree has them: tracked and untracked files git
-    does not ignore (deleted ones left out); without git (or outside a repository), every file but NOT_COPIED
-    folders, *.egg-info, profiles/runs, virtual environments (a folder holding pyvenv.cfg) and what root/.gitignore's
-    plain patterns match. Paths under `leave_out` (absolute folders, e.g. the runner's own output
-    folder) are left out."""
+    """Paths (relative, POSIX) of the checkout's files as the working tree has them: the files git tracks
+    (`git ls-files --cached`: uncommitted changes to them come along, tracked files deleted in the working tree are
+    left out, untracked files are not copied even when no .gitignore pattern covers them, e.g. a .venv inside a
+    clone); without git (or outside a repository), every file but NOT_COPIED folders, *.egg-info, profiles/runs,
+    virtual environments (a folder holding pyvenv.cfg) and what root/.gitignore's plain patterns match. Paths under
+    `leave_out` (absolute folders, e.g. the runner's own output folder) are left out. Raises nothing of its own
+    (OSError from walking the tree passes through)."""
     root = Path(root).resolve()
     skip = [Path(p).resolve() for p in leave_out]
-    files = None
-    if (root / ".git").exists() and shutil.which("git"):
-        out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=root,
-                             capture_output=True)
-        if out.returncode == 0:
-            files = sorted(set(p for p in out.stdout.decode().split("\0") if p))
+    files = _git_files(root, "--cached")
     if files is None:
         ignored = _ignore_patterns(root)
         files = []
@@ -252,6 +251,37 @@ def checkout_files(root: Path, leave_out: Sequence[Path] = ()) -> list[str]:
     return keep
 
 
+def _git_files(root: Path, *which: str) -> list[str] | None:
+    """`git ls-files -z WHICH` in `root` (sorted, unique), or None when `root` is not a git checkout's top level
+    or git is missing or fails."""
+    if not (root / ".git").exists() or not shutil.which("git"):
+        return None
+    out = subprocess.run(["git", "ls-files", "-z", *which], cwd=root, capture_output=True)
+    if out.returncode != 0:
+        return None
+    return sorted(set(p for p in out.stdout.decode(errors="surrogateescape").split("\0") if p))
+
+
+def copy_summary(root: str | Path, dest: str | Path) -> str:
+    """One line saying what `copy_checkout` copied from `root` to `dest`: the number of files and their size in MB,
+    what was selected (git's tracked files, or the walk without git), and how many untracked files git does not
+    ignore were left out (they must be `git add`ed to reach the copies)."""
+    root, dest = Path(root).resolve(), Path(dest)
+    count, size = 0, 0
+    for dirpath, _, filenames in os.walk(dest):
+        for f in filenames:
+            count += 1
+            size += os.lstat(os.path.join(dirpath, f)).st_size
+    untracked = _git_files(root, "--others", "--exclude-standard")
+    how = ("the files git tracks, as the working tree has them" if untracked is not None else
+           "not a git checkout: every file but build outputs, virtual environments and .gitignore's patterns")
+    line = f"copied {count} files ({size / 1e6:.1f} MB) of {root} ({how})"
+    if untracked:
+        line += (f"; {len(untracked)} untracked files not copied ({', '.join(untracked[:3])}"
+                 f"{', ...' if len(untracked) > 3 else ''}: git add them to include them)")
+    return line
+
+
 def _ignore_patterns(root: Path) -> list[str]:
     """The plain patterns of root/.gitignore (comments, blank lines and negations left out; "/" at the ends
     stripped), for a copy made without git."""
@@ -269,7 +299,8 @@ def _ignored(rel: str, patterns: Sequence[str]) -> bool:
 
 
 def copy_checkout(root: str | Path, dest: str | Path, leave_out: Sequence[Path] = ()) -> Path:
-    """Copy the checkout's files (`checkout_files`) to `dest` (created; must not exist); returns dest."""
+    """Copy the checkout's files (`checkout_files`) to `dest` (created; must not exist); returns dest
+    (`copy_summary` says what was copied). Raises FileExistsError when `dest` exists; OSError from copying."""
     root, dest = Path(root).resolve(), Path(dest)
     dest.mkdir(parents=True)
     for rel in checkout_files(root, leave_out):
@@ -477,16 +508,17 @@ def run_suite(manifest: Path, root: Path, out: Path, jobs: int = 3, only: Sequen
     `self_baseline`: before each clean check, write a baseline of the clean tree (`gate ARGS --update-baseline
     --baseline <out>/baselines/<clean>.json`), then run the clean check and that arg set's mutants against it, so
     that the suite never depends on the committed baseline being current (the epoch-throughput mutants need a
-    baseline holding epoch metrics). Raises UsageError (exit 2) for a bad manifest, an unknown --only id, a patch
-    that does not apply, or `self_baseline` with args that choose a baseline themselves, before anything runs."""
+    baseline holding epoch metrics). Raises UsageError (exit 2) for a bad manifest, an unknown --only id, `jobs`
+    < 1, a `timeout_s` that is not a finite number > 0 (nan, inf), a patch that does not apply, or
+    `self_baseline` with args that choose a baseline themselves, before anything runs."""
     mutants = load_manifest(manifest)
     if only:
         unknown = sorted(set(only) - {m.id for m in mutants})
         if unknown:
             raise UsageError(f"--only: no mutant {unknown} in {manifest}")
         mutants = [m for m in mutants if m.id in set(only)]
-    if jobs < 1 or timeout_s <= 0:
-        raise UsageError(f"--jobs must be >= 1 and --timeout > 0, got {jobs} and {timeout_s}")
+    if jobs < 1 or not math.isfinite(timeout_s) or timeout_s <= 0:  # nan passes `<= 0`; inf never times out
+        raise UsageError(f"--jobs must be >= 1 and --timeout a finite number > 0, got {jobs} and {timeout_s}")
     if self_baseline:
         chosen = sorted({a.split("=")[0] for m in mutants for a in (*m.args, *extra_args)} & set(_BASELINE_OPTIONS))
         if chosen:
@@ -495,6 +527,7 @@ def run_suite(manifest: Path, root: Path, out: Path, jobs: int = 3, only: Sequen
     work = Path(tempfile.mkdtemp(prefix="hotloop-mutate-"))
     try:
         clean = copy_checkout(root, work / "clean", leave_out=[out])
+        print(f"hotloop mutate: {copy_summary(root, clean)}; each mutant runs in a copy of it", flush=True)
         problems = check_patches(mutants, clean)
         if problems:
             raise UsageError("patches that do not apply (fix or re-place them; nothing was run): "

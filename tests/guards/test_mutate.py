@@ -102,6 +102,54 @@ def test_the_copy_leaves_out_the_output_folder_and_build_outputs(tmp_path):
     assert mutate.checkout_files(root, leave_out=[root / "out"]) == [".gitignore", "README.md", "kernels/a.py"]
 
 
+@needs_git
+def test_a_copy_holds_what_git_tracks_as_the_working_tree_has_it_and_no_untracked_files(tmp_path, capsys):
+    """Issue 41 item 8: a .venv inside a clone (untracked, not in .gitignore) was copied into every mutant's copy."""
+    root = tmp_path / "clone"
+    for rel in ("kernels/a.py", "README.md", "gone.py"):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text("committed\n")
+    (root / ".gitignore").write_text("*.log\n")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+    subprocess.run(["git", "add", "."], cwd=root, check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "x"], cwd=root, check=True)
+    (root / "kernels" / "a.py").write_text("changed, not committed\n")  # a working-tree change: copied as it is
+    (root / "gone.py").unlink()  # deleted in the working tree: not copied
+    for rel in (".venv/pyvenv.cfg", ".venv/lib/big.bin", "notes.txt", "build.log"):  # untracked / ignored
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text("x" * 1000)
+    assert mutate.checkout_files(root) == [".gitignore", "README.md", "kernels/a.py"]
+    copy = copy_checkout(root, tmp_path / "copy")
+    assert (copy / "kernels" / "a.py").read_text() == "changed, not committed\n"
+    assert not (copy / ".venv").exists() and not (copy / "notes.txt").exists()
+    line = mutate.copy_summary(root, copy)
+    assert line.startswith("copied 3 files (0.0 MB) of ") and "the files git tracks" in line, line
+    assert "3 untracked files not copied (.venv/lib/big.bin, .venv/pyvenv.cfg, notes.txt" in line, line
+    (root / "m").mkdir()  # the runner says it: one line before anything runs
+    manifest = _manifest(root / "m", [_entry("a", "no stream sync", "1 no stream sync")])
+    subprocess.run(["git", "add", "m"], cwd=root, check=True)
+    (root / "guards").mkdir()
+    (root / "guards" / "stub_gate.txt").write_text(_stub_state("0"))
+    subprocess.run(["git", "add", "guards"], cwd=root, check=True)
+    assert mutate.main(["--manifest", str(manifest), "--root", str(root), "--check"]) == 0
+    assert "hotloop mutate: copied 6 files (" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("timeout", ["nan", "inf", "-1", "0"])
+def test_a_timeout_that_is_not_a_finite_positive_number_is_exit_2_before_anything_runs(tmp_path, monkeypatch,
+                                                                                      capsys, timeout):
+    """Issue 41 item 8: --timeout nan passed the `> 0` check (the clean tree then "did not pass the gate")."""
+    root = _stub_checkout(tmp_path)
+    monkeypatch.setenv("STUB_CALLS", str(tmp_path / "calls.txt"))
+    manifest = _manifest(tmp_path / "mutants", [_entry("a", "no stream sync", "1 no stream sync")])
+    code = mutate.main(["--manifest", str(manifest), "--root", str(root), "--out", str(tmp_path / "out"),
+                        "--timeout", timeout])
+    err = capsys.readouterr().err
+    assert code == USAGE and "--timeout a finite number > 0" in err and timeout in err, err
+    assert not (tmp_path / "calls.txt").exists() and not (tmp_path / "out").exists()
+
+
 # --------------------------------------------------------------------------------------------------- verdicts
 
 def _run_folder(path: Path, failed: list[str] = (), regressions: list[str] = ()) -> Path:
