@@ -410,7 +410,8 @@ def actor_step(net: ActingNet, weights: torch.Tensor, buf: ActorBuffers, seed: i
         tiles: (BLOCK_N, BLOCK_R, BLOCK_K, num_warps) instead of the defaults (`_blocks`), powers of two >= 16
             (num_warps: 1, 2, 4 or 8), for tuning.
     Raises ValueError (naming the argument) for a wrong dtype, shape or device, N > replay capacity, a CartPole
-    net that is not 4 -> one branch of 2 actions, seed < 0 or eps_decay <= 0.
+    net that is not 4 -> one branch of 2 actions, seed < 0, eps_decay <= 0, an unknown env, time_limit < 1 or bad
+    tiles; nothing is launched then.
     """
     n, o, d, cap = _check(net, weights, buf, env, time_limit)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:

@@ -65,7 +65,8 @@ class DeviceActor:
         uniforms (N, 1 + D + env.step_uniforms) float32, graph (CUDAGraph or None), capture_s (seconds, nan before),
         eager_steps (host count of steps run without the graph: `capture` needs one first, to compile the kernels),
         acting_weights ((P,) float32, the learner's `nets_tf32[0]`), fused (the fused step's `ActorBuffers`, or None
-        where `reference_step` runs), net (the `ActingNet` offsets, with the fused step).
+        where `reference_step` runs), net (the `ActingNet` offsets, with the fused step), tiles (the fused main
+        launch's (BLOCK_N, BLOCK_R, BLOCK_K, num_warps), None for `actor_step`'s defaults).
     Raises ValueError for an env that is not capturable, an obs buffer of the wrong shape, dtype or device, a seed
     that is not an int >= 0, or eps_decay_steps not a finite number >= 0.
     """
@@ -95,6 +96,7 @@ class DeviceActor:
         self.capture_s = float("nan")
         self.eager_steps = 0
         self.acting_weights = learner.nets_tf32[0]
+        self.tiles: tuple[int, int, int, int] | None = None  # the main launch's tiles (None: its defaults)
         self.fused = self._fused_buffers()
 
     def _fused_buffers(self) -> ActorBuffers | None:
@@ -137,7 +139,7 @@ class DeviceActor:
         if self.fused is None:
             raise RuntimeError("DeviceActor.launch_main: this env runs the reference step (no fused step)")
         actor_step(self.net, self.acting_weights, self.fused, self.seed, self.eps_start, self.eps_end,
-                   self.eps_decay_steps, self._env_kind, self._time_limit)
+                   self.eps_decay_steps, self._env_kind, self._time_limit, self.tiles)
 
     @torch.no_grad()
     def launch_tail(self) -> None:

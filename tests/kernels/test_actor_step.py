@@ -71,10 +71,14 @@ def _poison(tr: Trainer) -> None:
         tr.actor.fused.scratch.fill_(float("nan"))
 
 
-@pytest.mark.parametrize("env,num_envs,capacity", [("cartpole", 40, 64), ("cartpole", 8, 8), ("synthetic", 24, 40)])
-def test_the_fused_step_equals_the_reference_step_on_random_input(env, num_envs, capacity):
+@pytest.mark.parametrize("env,num_envs,capacity,tiles", [
+    ("cartpole", 40, 64, None), ("cartpole", 8, 8, None), ("synthetic", 24, 40, None),
+    ("synthetic", 72, 96, (32, 128, 32, 4)),  # the seed-scale tiles (kernels/actor_step.py `_blocks`)
+    ("cartpole", 40, 64, (16, 64, 32, 4))])  # the small-N tiles of the GPU
+def test_the_fused_step_equals_the_reference_step_on_random_input(env, num_envs, capacity, tiles):
     tr = _trainer(env, num_envs, capacity, batch_size=min(16, capacity))
     assert tr.actor is not None and tr.actor.fused is not None
+    tr.actor.tiles = tiles
     gen = torch.Generator().manual_seed(hash((env, num_envs)) % 1000)
     for trial in range(2):
         _randomize(tr, gen, env)
@@ -180,3 +184,11 @@ def test_bad_scalars_are_refused():
         actor_step(a.net, a.acting_weights, a.fused, 1, 1.0, 0.1, 10.0, 5, 500)
     assert math.isfinite(float(a.t))
     assert isinstance(ActingNet.from_layout(tr.learner.layout, tr.device).max_width, int)
+
+
+@pytest.mark.parametrize("tiles", [(8, 64, 32, 4), (16, 48, 32, 4), (16, 64, 32, 3)])
+def test_bad_tiles_are_refused(tiles):
+    tr = _trainer("cartpole", 8, 16)
+    a = tr.actor
+    with pytest.raises(ValueError, match="tiles"):
+        actor_step(a.net, a.acting_weights, a.fused, 1, 1.0, 0.1, 10.0, ENV_CARTPOLE, 500, tiles)
