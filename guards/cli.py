@@ -5,7 +5,8 @@ Exit codes (`main`; ci/gate.sh and ci/README.md act on them):
   0   success / pass
   1   a criterion or a baseline regression failed (`hotloop gate`)
   2   bad usage or input: a bad option, config value, config or baseline file, device, or a run that cannot fit in
-      the device's memory; found before anything is trained or written
+      the device's memory (or a gate whose guarded window cannot fit in the host's: --guard-steps, --repeats);
+      found before anything is trained or written
   3   hang: the watchdog stopped an epoch (guards/watchdog.py)
   70  internal error (EX_SOFTWARE of sysexits.h): an unexpected exception; one line on stderr names its type,
       message and where it was raised, and the full traceback is saved as <run folder>/error.log (or, when no run
@@ -89,7 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "period of the loop's periodic phases: readback every log_interval, target update every "
                            "target_update_interval, progress), so every periodic phase runs in the window; a "
                            "smaller K may leave a phase out: the coverage table flags it and the criteria that "
-                           "apply to it are not measured)")
+                           "apply to it are not measured); a window whose estimated memory (the profiler's events: K x --repeats x "
+                           "a per-step bound, hotloop.trainer.memory_estimate) exceeds the host's available memory "
+                           "is refused (exit 2)")
     gate.add_argument("--guard-warmup", type=int, default=3, metavar="W",
                       help="unprofiled loop iterations before the window (default 3)")
     gate.add_argument("--repeats", type=int, default=1, metavar="R",
@@ -208,6 +211,26 @@ def check_fits(cfg: Config, device, obs_dim: int, action_nvec: tuple[int, ...]) 
     from hotloop.trainer.memory_estimate import check_memory
 
     check_memory(cfg, device, obs_dim, action_nvec)
+
+
+def check_window_fits(args: argparse.Namespace, cfg: Config, device, obs_dim: int,
+                      action_nvec: tuple[int, ...]) -> None:
+    """`hotloop gate`: ValueError naming --guard-steps (and --repeats) when the guarded windows' estimated host
+    memory (hotloop.trainer.memory_estimate.check_window_memory: K steps x R repeats x the per-step bound of the
+    profiler's trace events; on a CPU device plus the run's own estimate) exceeds the host's available memory, with
+    the estimate and how many steps fit. K is hotloop.guards.gate.window_size's (--guard-steps, else the default)."""
+    from hotloop.guards.gate import window_size
+    from hotloop.trainer.loop import learner_kind
+    from hotloop.trainer.memory_estimate import check_window_memory, estimate_memory
+
+    kind = learner_kind(cfg, device)
+    k, _, _ = window_size(cfg, kind, args.guard_steps)
+    run_bytes = estimate_memory(cfg, obs_dim, action_nvec).total if device.type == "cpu" else 0
+    try:
+        check_window_memory(k, args.repeats, device, kind, run_bytes)
+    except ValueError as exc:
+        given = f"--guard-steps {k}" if args.guard_steps is not None else f"--guard-steps (default {k})"
+        raise ValueError(f"{given} with --repeats {args.repeats}: {exc}") from None
 
 
 def check_writable(path: Path, option: str) -> None:
@@ -340,7 +363,8 @@ def prepare_run(args: argparse.Namespace) -> tuple[Config, Path]:
     Checked, in this order, before anything is trained or written: the options and the config (values, types,
     config file), the gate's options (baseline, --inject, --update-baseline's path), the device, the env, that
     learning_starts fits the replay (hotloop.trainer.config.validate_run; train/gate), that the learner can run on
-    the device (`check_learner`; train/gate), that the run fits in the device's free memory (`check_fits`), the
+    the device (`check_learner`; train/gate), that the run fits in the device's free memory (`check_fits`) and the
+    gate's guarded window in the host's (`check_window_fits`), the
     checkpoint of a resumed run, and that the run folder can be created and written.
     Raises ValueError (bad input, exit 2) naming what was wrong; nothing is written before every check passed."""
     from hotloop.profiles.epoch_table import new_run_dir
@@ -368,6 +392,8 @@ def prepare_run(args: argparse.Namespace) -> tuple[Config, Path]:
         check_learner(cfg, device, action_nvec)
     if cfg.env != "synthetic":
         check_fits(cfg, device, obs_dim, action_nvec)
+    if args.command == "gate":
+        check_window_fits(args, cfg, device, obs_dim, action_nvec)
     if resume is not None:
         _check_folder_writable(args.resume, "--resume")
         args.run_lock = acquire(args.resume)  # before the checkpoint is read: no other run may write it meanwhile

@@ -28,6 +28,23 @@ on the H200, seed-scale (hotloop learner) was estimated at 931 MB, and torch.cud
 after the Trainer was built and had run one train step (798 MB before it). The check refuses a run only when the
 estimate exceeds the free memory, so a run within a few percent of the device's free memory may be refused.
 
+The guarded window of `hotloop gate` (`estimate_window_memory`, checked by `check_window_memory` before anything
+runs) costs host memory in proportion to its loop iterations K and its repeats R: torch.profiler keeps every event of
+the window in memory, then the window's trace is exported, read back into frames and judged; each repeat's report is
+kept until the gate ends. Its estimate is K x R x bytes per guarded step (`window_bytes_per_step`):
+
+- CPU: measured with `hotloop gate --device cpu --epochs 1 --set learner_steps_per_epoch=50 --no-baseline` on the
+  default preset (cartpole, reference learner; torch 2.13 CPU, 2 cores, 23 GB): peak RSS 546 MB at
+  --guard-steps 1, 1177 MB at 100, 2430 MB at 300 (6.3 MB per guarded step, 2948 trace events per step: 2.1 kB per
+  event), 3769 MB at 300 with --repeats 2 (a second repeat adds 4.5 MB per step more). The seed-scale preset
+  (spectral norm, 4 branches; widths shrunk, which do not change the op count) has 4962 events per step. The bound
+  taken: CPU_EVENTS_PER_STEP = 5000 events x BYTES_PER_EVENT 2.2 kB = 11 MB per step (at 3000 steps, 33 GB; the
+  issue-41 report: 18.5 GB peak at 3000 steps of the default preset).
+- CUDA, hotloop learner (one CUDA graph per learner step): 12,740 events per 100-step window on the H200
+  (profiles/h200/gate logs, seed-scale, 127 per step); bound CUDA_GRAPH_EVENTS_PER_STEP = 1000 (2.2 MB per step).
+- CUDA, reference learner (eager): not measured; bound CUDA_EAGER_EVENTS_PER_STEP = 5 x the CPU bound (each op's
+  CPU event plus, per kernel it launches, a runtime event, a kernel event and two flow events): 55 MB per step.
+
 Available memory (`available_memory`): on CUDA, the free bytes of `torch.cuda.mem_get_info`; on the CPU,
 MemAvailable of /proc/meminfo (else os.sysconf's available physical pages), capped by the cgroup's limit minus its
 usage where one is set (cgroup v2 memory.max / memory.current, v1 memory.limit_in_bytes / memory.usage_in_bytes).
@@ -48,6 +65,14 @@ INT64 = 8
 NET_COPIES = 9
 """Copies of the P parameters a learner keeps: online, target, gradients, Adam's two moments, transposed weights,
 both nets rounded to TF32 (the learner step's forward weights) and the acting forward's rounded copy."""
+BYTES_PER_EVENT = 2_200
+"""Host bytes per profiler event of the guarded window at its peak (measured 2.1 kB on the CPU: module docstring)."""
+CPU_EVENTS_PER_STEP = 5_000
+"""Trace events per guarded step on the CPU, a bound (measured 2948 cartpole, 4962 seed-scale: module docstring)."""
+CUDA_GRAPH_EVENTS_PER_STEP = 1_000
+"""Trace events per guarded step on CUDA with the hotloop learner, a bound (127 measured on the H200)."""
+CUDA_EAGER_EVENTS_PER_STEP = 5 * CPU_EVENTS_PER_STEP
+"""Trace events per guarded step on CUDA with the reference learner, a bound (not measured: module docstring)."""
 
 
 @dataclass(frozen=True)
@@ -179,3 +204,49 @@ def check_memory(cfg: Config, device: torch.device, obs_dim: int, action_nvec: t
     ]
     raise ValueError(f"the run does not fit in {device}'s memory: it needs an estimated {format_bytes(est.total)}, "
                      f"{format_bytes(free)} is available ({source}): {'; '.join(parts)}; lower the largest of them")
+
+
+def window_bytes_per_step(device_type: str, learner_kind: str) -> tuple[int, str]:
+    """(host bytes per guarded step of `hotloop gate`'s window, where the figure comes from) for a run on a
+    `device_type` ("cpu" / "cuda") device with a `learner_kind` ("hotloop" / "reference") learner: the bound of the
+    module docstring, events per step x BYTES_PER_EVENT. Raises ValueError for another device type."""
+    if device_type == "cpu":
+        events, why = CPU_EVENTS_PER_STEP, "CPU, measured 2948-4962"
+    elif device_type == "cuda" and learner_kind == "hotloop":
+        events, why = CUDA_GRAPH_EVENTS_PER_STEP, "CUDA graph learner, measured 127 on the H200"
+    elif device_type == "cuda":
+        events, why = CUDA_EAGER_EVENTS_PER_STEP, "CUDA eager learner, 5 x the CPU bound"
+    else:
+        raise ValueError(f"no guarded-window estimate for device type {device_type!r} (cpu or cuda)")
+    return events * BYTES_PER_EVENT, f"{events} trace events per step ({why}) x {BYTES_PER_EVENT} B"
+
+
+def estimate_window_memory(steps: int, repeats: int, device_type: str, learner_kind: str) -> int:
+    """Host bytes of `hotloop gate`'s guarded windows: `steps` (K) x `repeats` (R) x `window_bytes_per_step`
+    (each repeat's report is kept to the end). Python ints: no size is too large to estimate. Raises ValueError as
+    window_bytes_per_step does, or for steps or repeats < 1."""
+    if steps < 1 or repeats < 1:
+        raise ValueError(f"the guarded window needs steps >= 1 and repeats >= 1, got {steps} and {repeats}")
+    return steps * repeats * window_bytes_per_step(device_type, learner_kind)[0]
+
+
+def check_window_memory(steps: int, repeats: int, device: torch.device, learner_kind: str, run_bytes: int = 0,
+                        available: tuple[int | None, str] | None = None) -> int:
+    """Raise ValueError when `hotloop gate`'s guarded windows (`estimate_window_memory`: `steps` x `repeats` x the
+    per-step bound), plus `run_bytes` of the run's own that live in host memory (its `estimate_memory` total on a
+    CPU device, 0 on CUDA), exceed the host's available memory (`available_memory` of the CPU, or `available` as
+    (bytes, source)). The message gives the estimate, its per-step figure and source, what is available and how
+    many steps would fit. Returns the window's estimate; an unreadable amount of available memory skips the
+    comparison. Raises ValueError as estimate_window_memory does."""
+    est = estimate_window_memory(steps, repeats, device.type, learner_kind)
+    free, source = available if available is not None else available_memory(torch.device("cpu"))
+    if free is None or est + run_bytes <= free:
+        return est
+    per_step, why = window_bytes_per_step(device.type, learner_kind)
+    room = max(0, free - run_bytes) // (per_step * repeats)
+    run = f", plus the run's own {format_bytes(run_bytes)} (on the CPU)" if run_bytes else ""
+    raise ValueError(f"the guarded window does not fit in the host's memory: {steps} steps x {repeats} repeat"
+                     f"{'s' * (repeats != 1)} x {format_bytes(per_step)} per step ({why}) = an estimated "
+                     f"{format_bytes(est)}{run}, {format_bytes(free)} is available ({source}); "
+                     f"{f'at most {room} steps fit' if room else 'not one step fits'} at {repeats} "
+                     f"repeat{'s' * (repeats != 1)}")

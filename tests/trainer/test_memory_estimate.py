@@ -8,8 +8,10 @@ import torch
 
 from hotloop.trainer.config import preset
 from hotloop.trainer.flat_net import FlatLayout
-from hotloop.trainer.memory_estimate import (NET_COPIES, available_memory, check_memory, estimate_memory,
-                                             format_bytes, param_count, replay_bytes)
+from hotloop.trainer.memory_estimate import (BYTES_PER_EVENT, CPU_EVENTS_PER_STEP, NET_COPIES, available_memory,
+                                             check_memory, check_window_memory, estimate_memory,
+                                             estimate_window_memory, format_bytes, param_count, replay_bytes,
+                                             window_bytes_per_step)
 from hotloop.trainer.network import BranchingDuelingQNet
 from hotloop.trainer.replay import PrioritizedReplay
 
@@ -79,3 +81,25 @@ def test_check_memory_refuses_naming_the_fields():
 def test_format_bytes():
     assert [format_bytes(n) for n in (0, 999, 1500, 8.8e12, 10**30)] == ["0 B", "999 B", "1.5 kB", "8.8 TB",
                                                                         "1e+12 EB"]
+
+
+def test_the_guarded_windows_estimate_grows_with_its_steps_and_repeats_and_is_refused_when_it_cannot_fit():
+    """Issue 41 item 3: `--guard-steps 3000` peaked at 18.5 GB on a 24 GB machine, 10**9 grew until killed."""
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    per_step, why = window_bytes_per_step("cpu", "reference")
+    assert per_step == CPU_EVENTS_PER_STEP * BYTES_PER_EVENT >= 6_300_000  # >= the 6.3 MB/step measured (docstring)
+    assert "trace events per step" in why
+    assert window_bytes_per_step("cuda", "hotloop")[0] < per_step < window_bytes_per_step("cuda", "reference")[0]
+    assert estimate_window_memory(3000, 2, "cpu", "reference") == 6000 * per_step
+    assert estimate_window_memory(10**9, 1, "cpu", "reference") == 10**9 * per_step  # no overflow, nothing allocated
+    assert check_window_memory(100, 1, cpu, "reference", available=(100 * per_step, "a stub")) == 100 * per_step
+    with pytest.raises(ValueError) as exc:
+        check_window_memory(3000, 1, cpu, "reference", run_bytes=10**9, available=(24 * 10**9, "a stub"))
+    msg = str(exc.value)
+    assert ("3000 steps x 1 repeat x 11 MB per step" in msg and "an estimated 33 GB, plus the run's own 1 GB" in msg
+            and "24 GB is available (a stub)" in msg and f"at most {23 * 10**9 // per_step} steps fit" in msg), msg
+    with pytest.raises(ValueError, match="1000000000 steps x 2 repeats"):
+        check_window_memory(10**9, 2, cuda, "hotloop", available=(10**12, "a stub"))
+    assert check_window_memory(10**9, 1, cpu, "reference", available=(None, "unknown")) > 0  # unknown: no check
+    with pytest.raises(ValueError, match="steps >= 1 and repeats >= 1"):
+        estimate_window_memory(0, 1, "cpu", "reference")
