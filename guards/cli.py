@@ -11,6 +11,8 @@ Exit codes (`main`; ci/gate.sh and ci/README.md act on them):
   70  internal error (EX_SOFTWARE of sysexits.h): an unexpected exception; one line on stderr names its type,
       message and where it was raised, and the full traceback is saved as <run folder>/error.log (or, when no run
       folder exists yet, a temporary file the line names)
+      A full disk is exit 70 too, its line saying "disk full" (not "internal error") and what the run folder
+      keeps: its last complete checkpoint, resumable with `hotloop train --resume` (hotloop.profiles.disk_full)
   130 interrupted (Ctrl-C); the finished epochs stay in the run folder
   141 stdout was closed early (e.g. piped into `head`), as 128 + SIGPIPE; nothing more is printed
 """
@@ -27,6 +29,7 @@ from pathlib import Path
 
 from hotloop.guards.learning_report import add_learning_parser, run_learning
 from hotloop.guards.mutate import add_mutate_parser, run_mutate
+from hotloop.profiles.disk_full import DiskFullError, disk_full_cause
 from hotloop.profiles.inspect_cmd import add_inspect_parser, run_inspect, stdout_to_devnull
 from hotloop.profiles.nsys_cmd import add_nsys_parser, run_nsys
 from hotloop.profiles.report import add_report_parser, run_report
@@ -446,7 +449,10 @@ def report_internal_error(command: str, exc: BaseException, run_dir: Path | None
     The full traceback goes to <run_dir>/error.log when the run folder exists, else (or when that cannot be
     written) to a new temporary file (tempfile.mkstemp, prefix hotloop-<command>-error-); one line on stderr names
     the exception's type and message, where it was raised (file:line in function) and the traceback's file. If no
-    file can be written, the traceback follows that line on stderr."""
+    file can be written, the traceback follows that line on stderr. A full disk (an OSError ENOSPC / EDQUOT in the
+    exception's chain, hotloop.profiles.disk_full.disk_full_cause; torch.save reports it as a RuntimeError) is
+    reported as "disk full" instead of "internal error", and a second line says what the run folder keeps: its
+    last complete checkpoint (`train`: with the `--resume` command that continues it), or none. Raises nothing."""
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     log = None
     if run_dir is not None and run_dir.is_dir():
@@ -469,9 +475,28 @@ def report_internal_error(command: str, exc: BaseException, run_dir: Path | None
     message = message if len(message) <= 300 else message[:297] + "..."
     head = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
     tail = f"full traceback in {log}" if log is not None else "the traceback could not be saved; it follows"
-    print(f"hotloop {command}: internal error: {head} ({where}{tail})", file=sys.stderr)
+    full = disk_full_cause(exc)
+    if isinstance(exc, DiskFullError):
+        head = message.removeprefix("disk full: ")
+    elif full is not None and full is not exc:  # e.g. torch.save's RuntimeError ("unexpected pos ...")
+        head = f"{head} (caused by: [Errno {full.errno}] {full.strerror or full})"
+    print(f"hotloop {command}: {'disk full' if full is not None else 'internal error'}: {head} ({where}{tail})",
+          file=sys.stderr)
     if log is None:
         print(text, file=sys.stderr, end="")
+    if full is not None and run_dir is not None:
+        from hotloop.trainer.resume import CHECKPOINT_FILE
+
+        if not (run_dir / CHECKPOINT_FILE).is_file():
+            print(f"hotloop {command}: {run_dir} holds no checkpoint yet: free space on its disk and start the run "
+                  f"again", file=sys.stderr)
+        elif command == "train":
+            print(f"hotloop {command}: {run_dir} keeps its last complete checkpoint ({CHECKPOINT_FILE} is only ever "
+                  f"replaced by a whole new one): free space on its disk, then continue with: hotloop train --resume "
+                  f"{run_dir}", file=sys.stderr)
+        else:
+            print(f"hotloop {command}: {run_dir} keeps its last complete checkpoint ({CHECKPOINT_FILE}): free space "
+                  f"on its disk and run it again", file=sys.stderr)
     return INTERNAL_ERROR
 
 

@@ -13,6 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from hotloop.guards.loop_syncs import LoopSyncCensus
 from hotloop.guards.watchdog import HangWatchdog
+from hotloop.profiles.disk_full import DiskFullError, disk_full_cause
 from hotloop.profiles.epoch_table import epoch_frame, write_table
 from hotloop.profiles.epoch_timer import EpochTimer
 from hotloop.profiles.plots import plot_epochs
@@ -54,7 +55,9 @@ def run_training(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress
     invocation) after checking that the checkpoint is still the file it was read from (ResumePoint.source; else
     ValueError: another run wrote it since); the trainer is restored (its env reset) and runs the epochs after the
     checkpoint's up to cfg.epochs, the table keeping the earlier rows. Killing the process loses at most the epoch
-    in progress.
+    in progress. So does a full disk: config.json, the table and the checkpoints are each replaced whole or not at
+    all, and a write that finds the disk full raises hotloop.profiles.disk_full.DiskFullError naming the file (the
+    CLI: exit 70, "disk full"), the folder resumable from its last complete checkpoint.
     Returns the per-epoch DataFrame: hotloop.profiles.epoch_table.EPOCH_COLUMNS first, then gpu_ms_per_step (CUDA events
     from the epoch's start to the loop's "readback" phase; NaN off CUDA), kernels_per_step and syncs_per_step
     (NaN: no guard counts them here), the NVML telemetry sampled after the epoch (NaN without NVML / on CPU);
@@ -134,7 +137,14 @@ def _run_locked(console: Console, cfg: Config, run_dir: Path, epoch_limit_s: flo
             rows.append({**stats.as_row(), "gpu_ms_per_step": gpu_ms, "kernels_per_step": math.nan,
                          "syncs_per_step": math.nan, **telemetry.sample(),
                          "best_epoch": math.nan if best_epoch is None else best_epoch})
-            write_table(epoch_frame(rows), run_dir, "epochs")
+            try:
+                write_table(epoch_frame(rows), run_dir, "epochs")
+            except OSError as exc:  # the old table stays whole (atomic); so does the last checkpoint
+                if (full := disk_full_cause(exc)) is None:
+                    raise
+                raise DiskFullError(f"disk full: {run_dir / 'epochs.csv'} could not be written with epoch {epoch}'s "
+                                    f"row ({full.strerror or full}); the table as it was and the last checkpoint "
+                                    f"are kept", full.errno) from exc
             watchdog.arm(f"checkpoint {epoch}")
             save_checkpoint(run_dir / CHECKPOINT_FILE, *trainer.checkpoint_state())
             watchdog.disarm()

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from hotloop.profiles.disk_full import DiskFullError, disk_full_cause
 from hotloop.profiles.durable_files import fsync_dir
 
 FORMAT, VERSION = "hotloop-checkpoint", 2
@@ -40,7 +41,10 @@ def save_checkpoint(path: str | os.PathLike, tensors: Mapping[str, torch.Tensor]
     the same directory; on any error it is removed and an existing file at `path` is left untouched. Each tensor's
     `tensor_digest` is stored with it (verified by load_checkpoint).
     Raises ValueError for a non-str name, a non-tensor value, a non-str or non-JSON-serializable meta key/value
-    (naming the key), a missing parent directory or a `path` that is a directory; OSError from the file system."""
+    (naming the key), a missing parent directory or a `path` that is a directory; hotloop.profiles.disk_full.
+    DiskFullError (an OSError whose message starts "disk full") naming `path` when the disk is full or over quota
+    (ENOSPC / EDQUOT, also when torch.save reports it as its own RuntimeError), the file at `path` left as it was;
+    OSError from the file system otherwise."""
     path = Path(path)
     if not isinstance(tensors, Mapping):
         raise ValueError(f"tensors must be a mapping of name -> tensor, got {type(tensors).__name__}")
@@ -73,11 +77,16 @@ def save_checkpoint(path: str | os.PathLike, tensors: Mapping[str, torch.Tensor]
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        full = disk_full_cause(exc)
+        if full is not None and not isinstance(exc, DiskFullError):
+            kept = "the file there before is kept whole" if path.exists() else "no file was there before"
+            raise DiskFullError(f"disk full: {path} could not be written ({full.strerror or full}); {kept}",
+                                full.errno) from exc
         raise
     fsync_dir(path.parent)
     return path

@@ -137,8 +137,34 @@ class Config:
         return cls(**data)
 
     def save(self, path: str | Path) -> None:
-        """Write as JSON to `path`."""
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        """Write as JSON to `path`, atomically: to a temp file `.<name>.<8 hex>.tmp` in the same folder (created
+        O_EXCL, 0666 less the umask; a run folder's leftover temp files are removed at its next start), fsynced,
+        then renamed over `path` (os.replace), so that a full disk or a killed process leaves the old file whole (a
+        resumed run rewrites its run folder's config.json; a torn one could not be resumed). Raises OSError from
+        the file system, the temp file removed and `path` left as it was."""
+        import os
+        import secrets
+
+        path = Path(path)
+        while True:
+            tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+                break
+            except FileExistsError:
+                continue
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(json.dumps(self.to_dict(), indent=2) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            raise
 
     @classmethod
     def load(cls, path: str | Path) -> "Config":

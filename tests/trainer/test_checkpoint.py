@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import math
@@ -14,6 +15,7 @@ import zipfile
 import pytest
 import torch
 
+from hotloop.profiles.disk_full import DiskFullError, disk_full_cause
 from hotloop.trainer.checkpoint import (generator_state, load_checkpoint, rng_state, save_checkpoint, set_generator_state,
                                 set_rng_state, tensor_digest)
 
@@ -116,6 +118,43 @@ def test_crash_on_first_save_leaves_nothing(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError):
         save_checkpoint(tmp_path / "ck.pt", _tensors(0), {})
     assert os.listdir(tmp_path) == []
+
+
+class _FullDisk(io.RawIOBase):
+    """A file whose disk fills after `room` bytes: writes past it raise OSError ENOSPC, as write(2) does."""
+
+    def __init__(self, f, room: int) -> None:
+        self.f, self.room = f, room
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b) -> int:
+        if len(b) > self.room:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        self.room -= len(b)
+        return self.f.write(b)
+
+
+def test_a_full_disk_is_a_disk_full_error_naming_the_file_and_the_old_checkpoint_stays(tmp_path, monkeypatch):
+    """Issue 41 item 3: torch.save reports the failed write as its own RuntimeError ("unexpected pos"), the
+    OSError ENOSPC only its __context__: save_checkpoint says "disk full" and names the file."""
+    path = tmp_path / "ck.pt"
+    save_checkpoint(path, _tensors(1), {"epoch": 1})
+    before = path.read_bytes()
+    real_save = torch.save
+    monkeypatch.setattr(torch, "save", lambda obj, f, *a, **k: real_save(obj, _FullDisk(f, 300), *a, **k))
+    with pytest.raises(DiskFullError, match=f"^disk full: {path} could not be written \\(No space left on device\\); "
+                                            f"the file there before is kept whole$") as exc:
+        save_checkpoint(path, _tensors(2), {"epoch": 2})
+    assert exc.value.errno == errno.ENOSPC and isinstance(exc.value, OSError)
+    assert disk_full_cause(exc.value.__cause__).errno == errno.ENOSPC  # torch's RuntimeError, with the OSError
+    with pytest.raises(DiskFullError, match="no file was there before"):
+        save_checkpoint(tmp_path / "new.pt", _tensors(2), {"epoch": 2})
+    monkeypatch.undo()
+    assert os.listdir(tmp_path) == ["ck.pt"] and path.read_bytes() == before  # no temp file, the old one whole
+    assert load_checkpoint(path)[1] == {"epoch": 1}
+    assert disk_full_cause(RuntimeError("x")) is None and disk_full_cause(OSError(errno.EACCES, "no")) is None
 
 
 class _Payload:

@@ -364,3 +364,69 @@ def test_a_resume_point_is_refused_once_another_run_wrote_the_checkpoint(run_cop
     with pytest.raises(ValueError, match="changed since it was read for this resume"):
         run_training(cfg, run_copy, 60.0, show_progress=False, resume=point)
     assert _listing(run_copy) == before
+
+
+def test_a_full_disk_at_the_second_checkpoint_says_disk_full_and_the_folder_resumes(tmp_path, capsys, monkeypatch):
+    """Issue 41 item 3: a full disk mid-run was exit 70 with torch's "unexpected pos" message. The write of epoch
+    2's checkpoint runs out of space part-way (torch.save into a file whose disk fills: torch raises its own
+    RuntimeError, the OSError ENOSPC its __context__): exit 70 saying "disk full" and how to continue; the folder
+    keeps epoch 1's checkpoint whole (no temp file left) and resumes from it."""
+    import errno
+    import io
+
+    from hotloop.trainer.resume import STATE_FORMAT
+
+    class FullDisk(io.RawIOBase):
+        def __init__(self, f):
+            self.f, self.room = f, 4096
+
+        def writable(self):
+            return True
+
+        def write(self, b):
+            if len(b) > self.room:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            self.room -= len(b)
+            return self.f.write(b)
+
+    real_save = torch.save
+
+    def save(obj, f, *args, **kwargs):
+        meta = obj.get("meta", {}) if isinstance(obj, dict) else {}
+        full = meta.get("format") == STATE_FORMAT and meta.get("epoch") == 2  # epoch 2's checkpoint only
+        return real_save(obj, FullDisk(f) if full else f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", save)
+    out = tmp_path / "run"
+    assert main(["train", *TINY_SET, "--epochs", "3", "--out", str(out), "--device", "cpu", "--no-progress"]) == 70
+    err = capsys.readouterr().err
+    assert (f"hotloop train: disk full: {out / CHECKPOINT_FILE} could not be written (No space left on device); "
+            f"the file there before is kept whole") in err, err
+    assert f"then continue with: hotloop train --resume {out}" in err and "internal error" not in err
+    assert "unexpected pos" not in err.splitlines()[-2]  # torch's message only in error.log's traceback
+    assert not list(out.glob(".*.tmp")) and load_checkpoint(out / CHECKPOINT_FILE)[1]["epoch"] == 1
+    monkeypatch.undo()  # space freed
+    assert main(["train", "--resume", str(out), "--no-progress"]) == 0
+    assert "resumed after epoch 1" in capsys.readouterr().err
+    assert pd.read_csv(out / "epochs.csv").epoch.tolist() == [1, 2, 3]
+    assert load_checkpoint(out / CHECKPOINT_FILE)[1]["epoch"] == 3
+
+
+def test_a_full_disk_writing_the_table_names_it(tmp_path, monkeypatch):
+    import errno
+
+    import hotloop.guards.run
+    from hotloop.profiles.disk_full import DiskFullError
+
+    real = hotloop.guards.run.write_table
+
+    def write_table(df, run_dir, stem):
+        if len(df) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(df, run_dir, stem)
+
+    monkeypatch.setattr(hotloop.guards.run, "write_table", write_table)
+    with pytest.raises(DiskFullError, match=f"disk full: {tmp_path / 'epochs.csv'} could not be written with epoch "
+                                            f"2's row \\(No space left on device\\)"):
+        run_training(preset("cartpole", **TINY), tmp_path, 60.0, show_progress=False)
+    assert load_checkpoint(tmp_path / CHECKPOINT_FILE)[1]["epoch"] == 1
