@@ -30,7 +30,7 @@ class Config:
     num_envs: int = 8
     """environments stepped together as one batch per vectorized env step"""
     seed: int = 1
-    """seed of every random generator (torch, env, replay, exploration)"""
+    """seed of every random generator (torch, env, replay, exploration); 0 <= seed < 2**47 (SEED_LIMIT)"""
     device: str = "auto"
     """`cpu`, `cuda`, `cuda:N`, or `auto` (cuda when available, else cpu)"""
     learner: str = "auto"
@@ -183,6 +183,15 @@ class Config:
         return cls.from_dict(data)
 
 
+SEED_LIMIT = 2**47
+"""config.seed must be in [0, SEED_LIMIT): every seed derived from it must stay in the range its consumer takes.
+The binding one: each epoch's greedy evaluation reseeds its env with seed * 100_003 + epoch
+(hotloop.trainer.loop.Trainer.run_epoch), and torch.Generator.manual_seed takes only values below 2**64
+(2**64 / 100_003 is about 1.8e14 = 2**47.4; 2**47 leaves room for 4e18 epochs). The others fit then too: the
+actor's Philox key seed + 2**40 + its step counter and the learner's seed + step are int64 kernel arguments
+(< 2**63), and the env reseed on resume, seed + 7919 * epoch. Negative seeds: the hotloop learner's Philox streams
+and Gymnasium's seeding take none."""
+
 _POSITIVE_INTS = ("num_envs", "epochs", "learner_steps_per_epoch", "env_steps_per_update", "batch_size",
                   "head_hidden", "sn_power_iterations", "target_update_interval", "replay_capacity", "obs_dim",
                   "log_interval")
@@ -236,6 +245,11 @@ def validate_run(cfg: Config) -> None:
 def validate(cfg: Config) -> None:
     """Raise ValueError naming the first field whose value has the wrong type or is out of range."""
     _check_types(cfg)
+    if not 0 <= cfg.seed < SEED_LIMIT:
+        raise ValueError(f"config.seed must be in [0, 2**47) = [0, {SEED_LIMIT - 1}], got {_short_repr(cfg.seed)}: "
+                         f"the per-epoch evaluation seeds its env with seed * 100003 + epoch, which "
+                         f"torch.Generator.manual_seed takes only below 2**64, and the actor's Philox key is seed + "
+                         f"2**40 + its step counter, an int64 (hotloop.trainer.config.SEED_LIMIT)")
     for name in _POSITIVE_INTS:
         value = getattr(cfg, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:

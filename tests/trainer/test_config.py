@@ -99,6 +99,43 @@ def test_learning_starts_beyond_the_replay_is_refused_for_a_run():
         validate_run(preset(name))
 
 
+@pytest.mark.parametrize("seed", [2**70, 2**64, 2**62, 2**47, -1])
+def test_a_seed_out_of_range_is_refused_naming_seed(seed):
+    """Issue 41 item 5: the range is checked up front (2**62 passed before and crashed the first evaluation with
+    "Overflow when unpacking long long": its env is reseeded with seed * 100003 + epoch, beyond uint64)."""
+    from hotloop.trainer.config import SEED_LIMIT
+
+    assert SEED_LIMIT == 2**47
+    with pytest.raises(ValueError, match=r"^config.seed must be in \[0, 2\*\*47\) = \[0, 140737488355327\], got "
+                                         + str(seed) + ": the per-epoch evaluation seeds its env with seed \\* 100003"):
+        preset("cartpole", seed=seed)
+    assert preset("cartpole", seed=SEED_LIMIT - 1).seed == SEED_LIMIT - 1 and preset("cartpole", seed=0).seed == 0
+
+
+@pytest.mark.parametrize("argv", [["train", "--seed", str(2**70)], ["gate", "--set", f"seed={2**70}"],
+                                  ["bench", "--seed", str(2**70)]])
+def test_the_cli_refuses_a_seed_out_of_range_naming_seed_not_the_env(argv, tmp_path, capsys):
+    """Before: "config.env 'cartpole' cannot be used: Overflow when unpacking long long" (exit 2, the wrong blame)."""
+    from hotloop.guards.cli import main
+
+    out = tmp_path / "run"
+    assert main([*argv, "--device", "cpu", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"error: config.seed must be in [0, 2**47) = [0, 140737488355327], got {2**70}" in err
+    assert "config.env" not in err and not out.exists()
+
+
+def test_the_largest_seed_trains_and_evaluates(tmp_path):
+    """The bound is enough: seed 2**47 - 1 runs an epoch and its greedy evaluation (seed * 100003 + 1 < 2**64)."""
+    from hotloop.guards.cli import main
+    from hotloop.trainer.config import SEED_LIMIT
+
+    assert main(["train", "--seed", str(SEED_LIMIT - 1), "--epochs", "1", "--device", "cpu", "--out",
+                 str(tmp_path / "run"), "--set", "learner_steps_per_epoch=20", "--set", "learning_starts=64",
+                 "--set", "batch_size=32", "--set", "trunk_hidden=[16]", "--set", "head_hidden=8",
+                 "--set", "eval_episodes=4", "--no-progress"]) == 0
+
+
 def test_config_files_that_cannot_be_read_name_the_file(tmp_path):
     bad = tmp_path / "c.json"
     bad.write_text('{"lr": ' + "[" * 100_000 + "]" * 100_000 + "}")
