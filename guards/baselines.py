@@ -103,6 +103,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from hotloop.profiles.input_files import MAX_BASELINE_BYTES, InputFileError, read_input_bytes
+
 TIMING_SUFFIXES = ("_us", "_ms", "_s", "_ratio")
 """A metric whose name ends with one of these is a timing (or a ratio of timings); every other metric is a count."""
 
@@ -387,11 +389,16 @@ def load_baseline(path: str | Path) -> Baseline:
     deep for the parser (a RecursionError, reported as "nested too deep"), another schema version, a "config"
     that is not an object, or a metric whose "values" is not a non-empty list of numbers or nulls; an
     "epoch_metrics" (optional) that is not {"steady": bool, "epochs": [ints], "metrics": {...}} with metrics as
-    above."""
+    above; a path that is not a regular file (a FIFO, a device such as /dev/zero, a folder) or a file larger than
+    MAX_BASELINE_BYTES (16 MiB, stated in the message): read through hotloop.profiles.input_files.read_input_bytes,
+    which never blocks and never reads more than that."""
     try:
-        doc = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise BaselineError(path, "no such baseline file; write one with `hotloop gate --update-baseline`") from None
+        doc = json.loads(read_input_bytes(path, "baseline", MAX_BASELINE_BYTES).decode("utf-8"))
+    except InputFileError as exc:
+        if exc.missing:
+            raise BaselineError(path, "no such baseline file; write one with `hotloop gate --update-baseline`") \
+                from None
+        raise BaselineError(path, exc.problem) from None
     except OSError as exc:
         raise BaselineError(path, f"cannot read: {exc.strerror or exc}") from None
     except json.JSONDecodeError as exc:

@@ -3,7 +3,8 @@ into one event schema (trace_schema), the counts over it (trace_counts; trace_st
 stream of frames, in bounded memory; trace_anomalies) and `hotloop inspect` (inspect_cmd),
 `hotloop nsys` (nsys_cmd), NVTX ranges (ranges), per-epoch tables and timers (epoch_table, epoch_timer), NVML
 telemetry, plots, durable_files (fsync of a run folder after an atomic replace), run_lock (one writer per run
-folder), trace_synth / trace_read_bench (synthetic traces and the reader benchmark), kernel_evidence (MMA
+folder), input_files (every input file read: regular files only, whole reads capped), trace_synth /
+trace_read_bench (synthetic traces and the reader benchmark), kernel_evidence (MMA
 instruction counts of compiled Triton kernels), `hotloop report`, provenance (commit and GPU of a result),
 and the kernel bench and split-GEMM probe (kernel_bench, split_gemm_probe). baselines/ is package data: the per-GPU baselines of `hotloop gate`.
 

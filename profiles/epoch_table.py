@@ -31,6 +31,13 @@ EPOCH_COLUMNS = ["epoch", "learner_steps", "env_steps", "wall_s", "learner_steps
 TELEMETRY_COLUMNS = ["sm_clock_mhz", "mem_clock_mhz", "power_w", "temp_c", "clocks_event_reasons",
                      "gpu_mem_used_gib"]
 OPTIONAL_COLUMNS = ["gpu_ms_per_step", "kernels_per_step", "syncs_per_step", *TELEMETRY_COLUMNS]
+TEXT_COLUMNS = ("clocks_event_reasons",)
+"""The per-epoch columns that hold text; every other column a run writes holds numbers."""
+INTEGER_COLUMNS = ("epoch", "learner_steps", "env_steps", "episodes", "metrics_step", "best_epoch")
+"""Columns of whole numbers (>= 0; epoch >= 1). epoch, learner_steps and env_steps are never empty; best_epoch is
+empty until the first evaluation (hotloop.guards.run.run_training)."""
+_REQUIRED = ("epoch", "learner_steps", "env_steps")
+_NUMERIC = (*EPOCH_COLUMNS, *OPTIONAL_COLUMNS, "grad_norm", "eval_return", "episodes", "metrics_step", "best_epoch")
 
 
 def epoch_frame(rows: Iterable[dict]) -> pd.DataFrame:
@@ -45,6 +52,48 @@ def epoch_frame(rows: Iterable[dict]) -> pd.DataFrame:
         raise ValueError(f"per-epoch rows lack columns {missing}")
     optional = [c for c in OPTIONAL_COLUMNS if c in df.columns]
     return df[EPOCH_COLUMNS + optional + [c for c in df.columns if c not in EPOCH_COLUMNS + optional]]
+
+
+def check_epoch_rows(df: pd.DataFrame, path: str | Path) -> pd.DataFrame:
+    """Validate a per-epoch table read back from a run folder (`pd.read_csv` of its epochs.csv, `path`) before
+    anything uses it; returns it with the checked columns as numbers (float64, or int64 where whole and never
+    empty).
+
+    Checked, for the columns a run writes as numbers (EPOCH_COLUMNS, OPTIONAL_COLUMNS but TEXT_COLUMNS, grad_norm,
+    eval_return, episodes, metrics_step, best_epoch, head_norm_*; other columns are kept as read): every cell a
+    number or empty (NaN); in INTEGER_COLUMNS a whole, finite number >= 0 (epoch >= 1), and epoch, learner_steps and
+    env_steps never empty. Raises ValueError naming the file, the row (1 = the first row after the header), the
+    field and the value ("<path>: row 3, field 'epoch': 'two' is not a number; ..."); a missing EPOCH_COLUMNS
+    column is named too."""
+    missing = [c for c in EPOCH_COLUMNS if c not in df.columns]
+    if missing:
+        raise ValueError(f"{path}: no column {missing[0]!r} (a per-epoch table written by hotloop has {EPOCH_COLUMNS})")
+    df = df.copy()
+    for col in [c for c in df.columns if c in _NUMERIC and c not in TEXT_COLUMNS or str(c).startswith("head_norm_")]:
+        raw = df[col]
+        values = pd.to_numeric(raw.where(~raw.map(lambda v: isinstance(v, bool)), "bool"), errors="coerce")
+        values = values.astype("float64")
+        problem = None
+        if col in INTEGER_COLUMNS:
+            low = 1 if col == "epoch" else 0
+            whole = values.isna() | ((values == values.round()) & (values >= low) & values.abs().lt(2 ** 53))
+        else:
+            whole = pd.Series(True, index=values.index)
+        bad = (raw.notna() & values.isna()) | ~whole | (values.isna() if col in _REQUIRED else False)
+        if bad.any():
+            row = int(bad.to_numpy().nonzero()[0][0])
+            value = raw.iloc[row]
+            value = value.item() if hasattr(value, "item") else value  # a numpy scalar shown as a number
+            if pd.isna(value):
+                problem = "empty, and every row of a run's table has it"
+            elif pd.isna(values.iloc[row]):
+                problem = f"{value!r} is not a number"
+            else:
+                problem = f"{value!r} is not a whole number >= {1 if col == 'epoch' else 0}"
+            raise ValueError(f"{path}: row {row + 1}, field {col!r}: {problem}; the file was changed or damaged: "
+                             f"restore it or start a new run")
+        df[col] = values.astype("int64") if col in INTEGER_COLUMNS and values.notna().all() else values
+    return df
 
 
 def solved_at(df: pd.DataFrame, threshold: float = 475.0) -> dict[str, float] | None:

@@ -40,6 +40,7 @@ import pandas as pd
 from hotloop.profiles.trace_anomalies import describe_anomalies
 from hotloop.profiles.trace_counts import COUNT_COLUMNS
 from hotloop.profiles.epoch_table import format_table
+from hotloop.profiles.input_files import InputFileError, open_input
 from hotloop.profiles.kineto_reader import iter_kineto, read_kineto
 from hotloop.profiles.nsight_reader import SQLITE_MAGIC, read_nsight_sqlite
 from hotloop.profiles.trace_schema import TraceReadError
@@ -79,11 +80,15 @@ memory follows the GPU and CUDA-API events, not the file (profiles/cpu/trace_rea
 
 
 def _is_sqlite(path: str | Path) -> bool:
-    """Whether `path` starts with SQLite's header; TraceReadError naming the file when it cannot be read, or when
-    it is named like an SQLite export (.sqlite, .db) without the header."""
+    """Whether `path` starts with SQLite's header; TraceReadError naming the file when it cannot be read, is not a
+    regular file (a FIFO, a device, a folder: refused without reading or waiting for a FIFO's writer,
+    hotloop.profiles.input_files.open_input), or is named like an SQLite export (.sqlite, .db) without the
+    header."""
     try:
-        with open(path, "rb") as f:
+        with open_input(path, "trace") as f:
             is_sqlite = f.read(len(SQLITE_MAGIC)) == SQLITE_MAGIC
+    except InputFileError as exc:
+        raise TraceReadError(path, exc.problem) from None
     except OSError as exc:
         raise TraceReadError(path, f"cannot read: {exc.strerror or exc}") from None
     if not is_sqlite and Path(path).suffix in (".sqlite", ".db"):

@@ -44,6 +44,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from hotloop.profiles.input_files import InputFileError, open_input
 from hotloop.profiles.trace_schema import KIND_DTYPE, KINDS, TraceReadError, TraceReadWarning, event_frame
 
 _CHUNK = 2**20
@@ -107,7 +108,8 @@ def read_kineto(path: str | Path, *, max_json_bytes: int | None = None, kinds: I
     Raw control characters inside JSON strings (invalid in strict JSON) are read leniently, as the characters
     themselves (`json` with strict=False; the meaning is unambiguous), with a TraceReadWarning saying so.
 
-    Raises TraceReadError (a ValueError) naming the file for: a missing/unreadable file, a corrupt or truncated
+    Raises TraceReadError (a ValueError) naming the file for: a missing/unreadable file, a path that is not a
+    regular file (a FIFO, a device, a folder: refused without waiting for a writer), a corrupt or truncated
     gzip stream, text that is not UTF-8, text that is not one JSON object, invalid JSON (with line and column),
     JSON nested deeper than Python's recursion limit allows the decoder, an integer of more than 4300 digits
     (Python's int_max_str_digits), an object without a "traceEvents" list, an event that is not an object, an "X"
@@ -214,9 +216,12 @@ class _Reader:
 
     def __enter__(self) -> _Reader:
         try:
-            self.raw = open(self.path, "rb")
+            self.raw = open_input(self.path, "trace")  # a FIFO or device refused, never waited on
             gz = self.raw.read(2) == b"\x1f\x8b"
             self.raw.seek(0)
+        except InputFileError as exc:
+            self.close()
+            raise TraceReadError(self.path, exc.problem) from None
         except OSError as exc:
             self.close()
             raise TraceReadError(self.path, f"cannot read: {exc.strerror or exc}") from None

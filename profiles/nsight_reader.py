@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from hotloop.profiles.input_files import InputFileError, open_input
 from hotloop.profiles.trace_schema import TraceReadError, event_frame
 
 KERNEL_TABLE = "CUPTI_ACTIVITY_KIND_KERNEL"
@@ -58,15 +59,18 @@ def read_nsight_sqlite(path: str | Path) -> pd.DataFrame:
     """The kernels, memcpys, memsets, CUDA runtime/driver calls and NVTX ranges of an Nsight Systems SQLite export
     as a DataFrame in the `hotloop.profiles.trace_schema` schema (see the module docstring for the table -> kind map).
 
-    Raises TraceReadError (a ValueError) naming the file for: a missing or unreadable file, a file that is not
+    Raises TraceReadError (a ValueError) naming the file for: a missing or unreadable file, a path that is not a
+    regular file (a FIFO, a device: refused without waiting for a writer), a file that is not
     an SQLite database (checked by its 16-byte header) or is a corrupt one, a database without
     CUPTI_ACTIVITY_KIND_KERNEL or StringIds (the table is named in the message; e.g. a capture without
     `--trace=cuda`, or one that launched no kernel), or a table lacking a column this reader uses.
     """
     path = Path(path)
     try:
-        with open(path, "rb") as f:
+        with open_input(path, "trace") as f:  # a FIFO or device refused, never waited on
             header = f.read(len(SQLITE_MAGIC))
+    except InputFileError as exc:
+        raise TraceReadError(path, exc.problem) from None
     except OSError as exc:
         raise TraceReadError(path, f"cannot read: {exc.strerror or exc}") from None
     if header != SQLITE_MAGIC:

@@ -26,6 +26,7 @@ import torch
 
 from hotloop.profiles.disk_full import DiskFullError, disk_full_cause
 from hotloop.profiles.durable_files import fsync_dir
+from hotloop.profiles.input_files import file_kind
 
 FORMAT, VERSION = "hotloop-checkpoint", 2
 READABLE_VERSIONS = (1, 2)
@@ -96,7 +97,8 @@ def load_checkpoint(path: str | os.PathLike, device: torch.device | str | None =
                     ) -> tuple[dict[str, torch.Tensor], dict]:
     """Read a checkpoint written by save_checkpoint: (tensors on `device`, default cpu; meta dict of JSON values).
     Uses torch.load(weights_only=True): a file that would need any other global (a custom class, a __reduce__
-    payload) is refused before it is built. Raises ValueError naming the path for a missing file, content torch
+    payload) is refused before it is built. Raises ValueError naming the path for a missing file, a path that is not
+    a regular file (a FIFO, a device, a folder: never opened), content torch
     cannot read (truncated, corrupt, or not a torch file; the torch error is chained), a file that is not a
     hotloop checkpoint of a READABLE_VERSIONS version, a device that is not cpu or an available cuda, or a tensor
     whose bytes do not match the digest stored with it (naming the first such tensor, in the file's order; the
@@ -106,8 +108,9 @@ def load_checkpoint(path: str | os.PathLike, device: torch.device | str | None =
     device = torch.device("cpu" if device is None else device)
     if device.type not in ("cpu", "cuda") or (device.type == "cuda" and not torch.cuda.is_available()):
         raise ValueError(f"device {device} must be cpu or an available cuda device")
-    if not path.is_file():
-        raise ValueError(f"checkpoint {path}: no such file")
+    if not path.is_file():  # a FIFO or device is refused here, never opened (hotloop.profiles.input_files)
+        kind = f" (it is {file_kind(path.stat().st_mode)}, not a regular file)" if path.exists() else ""
+        raise ValueError(f"checkpoint {path}: no such file{kind}")
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except PermissionError:

@@ -169,10 +169,17 @@ class Config:
     @classmethod
     def load(cls, path: str | Path) -> "Config":
         """Read a JSON file written by `save`; raises ValueError naming the file on unreadable or invalid content
-        (a missing file, not UTF-8, invalid JSON, numbers too long to parse, nesting too deep for the parser, not
-        an object) or on a bad field (`from_dict`)."""
+        (a missing file, not a regular file (a FIFO, a device such as /dev/zero, a folder), larger than
+        hotloop.profiles.input_files.MAX_CONFIG_BYTES (1 MiB; the cap is in the message), not UTF-8, invalid JSON,
+        numbers too long to parse, nesting too deep for the parser, not an object) or on a bad field
+        (`from_dict`). Read through hotloop.profiles.input_files.read_input_bytes: never blocks, never reads more
+        than the cap."""
+        from hotloop.profiles.input_files import MAX_CONFIG_BYTES, InputFileError, read_input_bytes
+
         try:
-            data = json.loads(Path(path).read_text())
+            data = json.loads(read_input_bytes(path, "config file", MAX_CONFIG_BYTES).decode("utf-8"))
+        except InputFileError as exc:
+            raise ValueError(f"config file {path}: {exc.problem}") from None
         except RecursionError:
             raise ValueError(f"config file {path}: nested too deep to read (JSON arrays/objects nested beyond the "
                              f"parser's limit; a config is one flat object)") from None

@@ -38,6 +38,8 @@ from typing import TYPE_CHECKING, NamedTuple
 import pandas as pd
 import torch
 
+from hotloop.profiles.epoch_table import check_epoch_rows
+from hotloop.profiles.input_files import MAX_TABLE_BYTES, read_input_bytes
 from hotloop.trainer.checkpoint import generator_state, load_checkpoint, rng_state, set_generator_state, set_rng_state
 from hotloop.trainer.config import Config, env_shape_fields
 from hotloop.trainer.step import HotLearner
@@ -230,9 +232,11 @@ def check_table_complete(table: str | Path) -> None:
     the header, a quoted field left open, or a last row without its line end (to_csv ends every row with one), the
     marks of a write that stopped part-way (the table of a run killed while writing it before writes were atomic,
     or a damaged file). Resuming from it would keep the torn row's missing values as NaN. An empty file passes
-    (pandas' reader refuses it). OSError and UnicodeDecodeError from reading pass through."""
+    (pandas' reader refuses it). Read through hotloop.profiles.input_files.read_input_bytes: a path that is not a
+    regular file (a FIFO, a device) or a file larger than MAX_TABLE_BYTES (128 MiB, stated in the message) raises
+    its InputFileError (a ValueError naming the file); UnicodeDecodeError passes through."""
     table = Path(table)
-    text = table.read_text(encoding="utf-8")
+    text = read_input_bytes(table, "per-epoch table", MAX_TABLE_BYTES).decode("utf-8")
     if not text:
         return
     reader = csv.reader(io.StringIO(text, newline=""))
@@ -264,6 +268,8 @@ def read_resume_point(run_dir: str | Path, cfg: Config) -> ResumePoint:
     run takes the folder's lock first (hotloop.profiles.run_lock.acquire) or compares `source` after taking it.
     Raises ValueError naming the file for a missing or unreadable checkpoint or table, a checkpoint whose tensor
     bytes do not match their checksums (naming the tensor), a torn table (`check_table_complete`, naming the row),
+    a table that is not a regular file or is too large (hotloop.profiles.input_files), a cell that is not what a run
+    writes (hotloop.profiles.epoch_table.check_epoch_rows, naming the row and the field),
     a table without the checkpoint's epochs 1..epoch, or a mismatch."""
     from hotloop.trainer.loop import learner_kind, resolve_device
 
@@ -287,6 +293,7 @@ def read_resume_point(run_dir: str | Path, cfg: Config) -> ResumePoint:
     epoch = meta["epoch"]
     if "epoch" not in frame.columns:
         raise ValueError(f"{table} has no 'epoch' column")
+    frame = check_epoch_rows(frame, table)  # names the file, row and field of a cell that is not a run's
     frame = frame[frame["epoch"] <= epoch]
     if frame["epoch"].tolist() != list(range(1, epoch + 1)):
         raise ValueError(f"{table} holds epochs {frame['epoch'].tolist()}, the checkpoint 1..{epoch}")

@@ -430,3 +430,60 @@ def test_a_full_disk_writing_the_table_names_it(tmp_path, monkeypatch):
                                             f"2's row \\(No space left on device\\)"):
         run_training(preset("cartpole", **TINY), tmp_path, 60.0, show_progress=False)
     assert load_checkpoint(tmp_path / CHECKPOINT_FILE)[1]["epoch"] == 1
+
+
+def test_a_config_changed_between_runs_is_refused_at_resume_unless_allowed_and_then_recorded(tmp_path, capsys):
+    """Issue 41 item 6: a config.json edited between runs (lr) was taken silently by --resume, so the folder's
+    epochs were trained under two configs while it claimed one."""
+    from hotloop.trainer.resume import CONFIG_CHANGES_FILE, config_hash
+
+    out = tmp_path / "run"
+    assert main(["train", *TINY_SET, "--epochs", "1", "--out", str(out), "--device", "cpu", "--no-progress"]) == 0
+    config = json.loads((out / "config.json").read_text())
+    meta = load_checkpoint(out / CHECKPOINT_FILE)[1]
+    assert meta["config_sha256"] == config_hash(config) == config_hash({**config, "epochs": 99})  # epochs: not in it
+    old_lr, old_gamma = config["lr"], config["gamma"]
+    (out / "config.json").write_text(json.dumps({**config, "lr": 0.1, "gamma": 0.5}))
+    capsys.readouterr()
+    listing = _listing(out)
+    assert main(["train", "--resume", str(out), "--epochs", "2", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert (f"the config differs from the one the run was trained with (its checkpoint {out / CHECKPOINT_FILE}, "
+            f"epoch 1) in gamma, lr: gamma (checkpoint {old_gamma!r}, now 0.5); lr (checkpoint {old_lr!r}, now 0.1)"
+            ) in err, err
+    assert "--allow-config-change" in err and _listing(out) == listing  # nothing written
+    assert main(["train", "--resume", str(out), "--epochs", "2", "--allow-config-change", "--no-progress"]) == 0
+    assert f"config changed at resume after epoch 1 (allowed): gamma {old_gamma!r} -> 0.5; lr {old_lr!r} -> 0.1" \
+        in capsys.readouterr().err
+    [record] = json.loads((out / CONFIG_CHANGES_FILE).read_text())
+    assert record["epoch"] == 1 and record["changes"] == {"gamma": {"old": old_gamma, "new": 0.5},
+                                                          "lr": {"old": old_lr, "new": 0.1}}
+    new = json.loads((out / "config.json").read_text())
+    assert record["config_sha256"] == {"old": meta["config_sha256"], "new": config_hash(new)}
+    meta = load_checkpoint(out / CHECKPOINT_FILE)[1]  # the next checkpoint holds the config it was trained with
+    assert (meta["epoch"], meta["config"]["lr"], meta["config_sha256"]) == (2, 0.1, config_hash(new))
+    assert main(["train", "--resume", str(out), "--epochs", "3", "--no-progress"]) == 0  # unchanged since: resumes
+    assert len(json.loads((out / CONFIG_CHANGES_FILE).read_text())) == 1
+    assert main(["train", *TINY_SET, "--epochs", "1", "--out", str(tmp_path / "new"), "--device", "cpu",
+                 "--allow-config-change", "--no-progress"]) == 2  # only with --resume
+    assert "--allow-config-change is for --resume" in capsys.readouterr().err
+
+
+def test_a_checkpoint_without_a_config_hash_still_resumes_saying_so_and_a_changed_record_is_refused(tmp_path,
+                                                                                                    capsys):
+    out = tmp_path / "run"
+    assert main(["train", *TINY_SET, "--epochs", "1", "--out", str(out), "--device", "cpu", "--no-progress"]) == 0
+    tensors, meta = load_checkpoint(out / CHECKPOINT_FILE)
+    save_checkpoint(out / CHECKPOINT_FILE, tensors, {**meta, "config": {**meta["config"], "lr": 0.5}})
+    capsys.readouterr()
+    assert main(["train", "--resume", str(out), "--epochs", "2", "--no-progress"]) == 2
+    assert "its meta's config does not match its config_sha256" in capsys.readouterr().err
+    old = {k: v for k, v in meta.items() if k != "config_sha256"}  # as checkpoints were before issue 41
+    save_checkpoint(out / CHECKPOINT_FILE, tensors, old)
+    config = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**config, "lr": 0.1}))
+    assert main(["train", "--resume", str(out), "--epochs", "2", "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert "was written before checkpoints recorded their config's hash (config_sha256): the config is taken as it " \
+           "is, not checked" in err, err
+    assert load_checkpoint(out / CHECKPOINT_FILE)[1]["config_sha256"]  # from now on it is
