@@ -95,7 +95,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,7 +105,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from hotloop.profiles.input_files import MAX_BASELINE_BYTES, InputFileError, read_input_bytes
+from hotloop.profiles.durable_files import write_text_atomic
+from hotloop.profiles.input_files import MAX_BASELINE_BYTES, InputFileError, file_kind, read_input_bytes
+from hotloop.profiles.run_lock import LOCK_FILE, RunFolderLocked, check_not_held
 
 TIMING_SUFFIXES = ("_us", "_ms", "_s", "_ratio")
 """A metric whose name ends with one of these is a timing (or a ratio of timings); every other metric is a count."""
@@ -345,24 +349,70 @@ def config_mismatch(baseline_config: Mapping, run_config: Mapping, defaults: Map
     return out
 
 
+def check_baseline_target(path: str | Path) -> None:
+    """Refuse a destination of `write_baseline` whose writing would lose someone's data; checked by `hotloop gate
+    --update-baseline` before anything is trained, and by `write_baseline` again before it writes.
+
+    Raises ValueError "<path> cannot be written: <why>" when `path` (symlinks followed) lies in a run folder that
+    another live hotloop process holds (a folder above it with hotloop.profiles.run_lock.LOCK_FILE, probed with
+    run_lock.check_not_held; the holder's pid named), is not a regular file (a FIFO, a device, a folder), or is an
+    existing file that is not a hotloop baseline (`load_baseline` refuses it: a config JSON, another run's
+    epochs.csv, ...; the reason named). A missing file, an empty one (nothing to lose) and a baseline pass:
+    rewriting a baseline is what --update-baseline is for. Whether the file can be written at all is the
+    caller's check (guards/cli.py check_writable)."""
+    target = Path(os.path.realpath(path))
+    for folder in target.parents:
+        if (folder / LOCK_FILE).exists():
+            try:
+                check_not_held(folder)
+            except RunFolderLocked as exc:
+                who = f"pid {exc.pid}" if exc.pid is not None else "a process whose pid could not be read"
+                raise ValueError(f"{path} cannot be written: it lies in the run folder {folder}, which another "
+                                 f"hotloop run holds ({who}); nothing in a live run's folder is overwritten: "
+                                 f"choose another path") from None
+    try:
+        mode = os.stat(target).st_mode
+    except OSError:
+        return  # a missing file, or one that cannot be looked at: the caller's writability check says why
+    if not stat.S_ISREG(mode):
+        raise ValueError(f"{path} cannot be written: it is {file_kind(mode)}, not a baseline file")
+    try:
+        load_baseline(target)
+    except BaselineError as exc:
+        try:
+            if not read_input_bytes(target, "baseline", MAX_BASELINE_BYTES):
+                return  # an empty file: nothing to lose
+        except InputFileError:
+            pass
+        raise ValueError(f"{path} cannot be written: it exists and is not a hotloop baseline ({exc.problem}); "
+                         f"--update-baseline replaces only a baseline file: remove it first or choose another "
+                         f"path") from None
+
+
 def write_baseline(path: str | Path, metrics: Mapping[str, Sequence[float]], gpu: str = "",
                    config: Mapping | None = None, epochs: EpochMetrics | None = None) -> Path:
     """Write `metrics` ({metric: R repeat values}) as a baseline file (format in the module docstring), with the
     run's `config` (a JSON-ready Config.to_dict()) and its per-epoch throughput `epochs` (`epoch_metrics` of its
-    per-epoch table) when given, creating parent folders and replacing any previous file; returns the path.
-    Raises ValueError for no metrics or a metric without values or with a non-numeric value (epoch metrics too)."""
+    per-epoch table) when given, creating parent folders and replacing any previous baseline; returns the path.
+    The file is replaced atomically (hotloop.profiles.durable_files.write_text_atomic: a temp file in the same
+    folder, fsync, os.replace; a symlink's target is replaced): a reader or a kill sees the old baseline or the new
+    one whole. Raises ValueError for no metrics or a metric without values or with a non-numeric value (epoch
+    metrics too), and for a destination `check_baseline_target` refuses (a file that is not a baseline, a live
+    run's folder); OSError from the file system."""
     if not metrics:
         raise ValueError("write_baseline: no metrics")
     doc = _metric_entries(metrics, is_count)
+    check_baseline_target(path)
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    target = Path(os.path.realpath(path))
+    target.parent.mkdir(parents=True, exist_ok=True)
     head = {"schema": SCHEMA, "gpu": gpu} | ({"config": dict(config)} if config is not None else {})
     tail = {}
     if epochs is not None:
         tail["epoch_metrics"] = {"steady": bool(getattr(epochs, "steady", True)),
                                  "epochs": [int(e) for e in getattr(epochs, "epochs", [])],
                                  "metrics": _metric_entries(epochs, lambda m: False)}
-    path.write_text(json.dumps(head | {"metrics": doc} | tail, indent=2) + "\n")
+    write_text_atomic(target, json.dumps(head | {"metrics": doc} | tail, indent=2) + "\n")
     return path
 
 

@@ -10,8 +10,7 @@ Exit codes (`main`; ci/gate.sh and ci/README.md act on them):
   3   hang: the watchdog stopped an epoch (guards/watchdog.py)
   70  internal error (EX_SOFTWARE of sysexits.h): an unexpected exception; one line on stderr names its type,
       message and where it was raised, and the full traceback is saved as <run folder>/error.log (or, when no run
-      folder exists yet, a temporary file the line names); also when the hang watchdog's thread fails: the run
-      stops rather than go on unguarded (guards/watchdog.py)
+      folder exists yet, a temporary file the line names)
       A full disk is exit 70 too, its line saying "disk full" (not "internal error") and what the run folder
       keeps: its last complete checkpoint, resumable with `hotloop train --resume` (hotloop.profiles.disk_full)
   130 interrupted (Ctrl-C); the finished epochs stay in the run folder
@@ -65,8 +64,7 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
                    "instead of a preset")
     p.add_argument("--out", type=Path, help="run folder (default: profiles/runs/<UTC timestamp>/)")
     p.add_argument("--epoch-timeout", type=float, default=900.0, metavar="SECONDS",
-                   help="hang watchdog: an epoch longer than this dumps all stacks and exits 3 (default 900; at "
-                        "most threading.TIMEOUT_MAX, about 292 years on Linux)")
+                   help="hang watchdog: an epoch longer than this dumps all stacks and exits 3 (default 900)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -266,8 +264,9 @@ def check_gate_args(args: argparse.Namespace, cfg: Config) -> None:
     measured with `cfg`'s step on this GPU (hotloop.guards.gate.baseline_mismatch); the default one
     (profiles/baselines/<gpu>.json) is dropped with a note on stderr when it was not; --inject needs a CUDA device
     (and, for a learner fault, the hotloop learner); --update-baseline needs a baseline path that can be written
-    (`check_writable`). ValueError (naming the option) before any training."""
-    from hotloop.guards.baselines import load_baseline
+    (`check_writable`) and whose file, if there is one, is a baseline outside any live run's folder
+    (hotloop.guards.baselines.check_baseline_target). ValueError (naming the option) before any training."""
+    from hotloop.guards.baselines import check_baseline_target, load_baseline
     from hotloop.guards.gate import baseline_mismatch, default_baseline
     from hotloop.trainer.loop import learner_kind, resolve_device
 
@@ -295,6 +294,10 @@ def check_gate_args(args: argparse.Namespace, cfg: Config) -> None:
     if args.update_baseline:
         if args.baseline is None:
             raise ValueError("--update-baseline needs --baseline PATH on a machine without CUDA")
+        try:  # before check_writable, whose open for appending would wait on a FIFO
+            check_baseline_target(args.baseline)  # not a baseline, or in a live run's folder: refused
+        except ValueError as exc:
+            raise ValueError(f"--baseline {exc}") from None
         check_writable(args.baseline, "--baseline")
     elif args.baseline is not None:
         baseline = load_baseline(args.baseline)  # a missing or broken baseline is bad input: fail before training
@@ -383,10 +386,8 @@ def prepare_run(args: argparse.Namespace) -> tuple[Config, Path]:
     cfg = config_from_args(args)
     if args.command == "bench":
         check_bench_args(args)
-    else:  # > 0 and <= threading.TIMEOUT_MAX: a longer wait would kill the watchdog's thread
-        from hotloop.guards.watchdog import check_limit_s
-
-        check_limit_s(args.epoch_timeout, "--epoch-timeout")
+    elif not args.epoch_timeout > 0:
+        raise ValueError(f"--epoch-timeout must be > 0 seconds, got {args.epoch_timeout}")
     if args.command == "gate":
         check_gate_args(args, cfg)
     device = resolve_device(cfg.device)

@@ -152,6 +152,32 @@ def acquire(run_dir: str | os.PathLike, *, create: bool = False, must_be_empty: 
         return lock
 
 
+def check_not_held(run_dir: str | os.PathLike) -> None:
+    """Raise RunFolderLocked (a ValueError naming the holder's pid) when another live process holds `run_dir`'s
+    lock; return when none does: the folder has no lock file (or it cannot be opened), its holder is dead (a
+    killed run's lock file), or this process holds it. Takes no lock that lasts: the lock file is opened read-only
+    (O_NONBLOCK: never waits) and probed with a shared non-blocking flock that is released at once, so a run that
+    tries to acquire the folder in that same instant (microseconds) would be refused as if it were held. For
+    writers of a file into a folder that is not theirs (`hotloop gate --update-baseline`: no file of a live run is
+    overwritten)."""
+    run_dir = Path(run_dir)
+    with _guard:
+        if os.path.realpath(run_dir) in _held:
+            return
+        try:
+            fd = os.open(run_dir / LOCK_FILE, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RunFolderLocked(run_dir, _read_pid(fd, wait_s=_PID_WAIT_S)) from None
+        except OSError:
+            return
+        finally:
+            os.close(fd)
+
+
 def remove_temp_files(run_dir: str | os.PathLike) -> list[Path]:
     """Delete the files matching TEMP_GLOB directly in `run_dir` (temp files of an atomic write that a killed process
     left) and return their paths, sorted. Call it only while holding the folder's lock (another live writer's temp
