@@ -10,7 +10,8 @@ Exit codes (`main`; ci/gate.sh and ci/README.md act on them):
   3   hang: the watchdog stopped an epoch (guards/watchdog.py)
   70  internal error (EX_SOFTWARE of sysexits.h): an unexpected exception; one line on stderr names its type,
       message and where it was raised, and the full traceback is saved as <run folder>/error.log (or, when no run
-      folder exists yet, a temporary file the line names)
+      folder exists yet, a temporary file the line names); also when the hang watchdog's thread fails: the run
+      stops rather than go on unguarded (guards/watchdog.py)
       A full disk is exit 70 too, its line saying "disk full" (not "internal error") and what the run folder
       keeps: its last complete checkpoint, resumable with `hotloop train --resume` (hotloop.profiles.disk_full)
   130 interrupted (Ctrl-C); the finished epochs stay in the run folder
@@ -64,7 +65,8 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
                    "instead of a preset")
     p.add_argument("--out", type=Path, help="run folder (default: profiles/runs/<UTC timestamp>/)")
     p.add_argument("--epoch-timeout", type=float, default=900.0, metavar="SECONDS",
-                   help="hang watchdog: an epoch longer than this dumps all stacks and exits 3 (default 900)")
+                   help="hang watchdog: an epoch longer than this dumps all stacks and exits 3 (default 900; at "
+                        "most threading.TIMEOUT_MAX, about 292 years on Linux)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -386,8 +388,10 @@ def prepare_run(args: argparse.Namespace) -> tuple[Config, Path]:
     cfg = config_from_args(args)
     if args.command == "bench":
         check_bench_args(args)
-    elif not args.epoch_timeout > 0:
-        raise ValueError(f"--epoch-timeout must be > 0 seconds, got {args.epoch_timeout}")
+    else:  # > 0 and <= threading.TIMEOUT_MAX: a longer wait would kill the watchdog's thread
+        from hotloop.guards.watchdog import check_limit_s
+
+        check_limit_s(args.epoch_timeout, "--epoch-timeout")
     if args.command == "gate":
         check_gate_args(args, cfg)
     device = resolve_device(cfg.device)

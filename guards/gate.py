@@ -18,7 +18,8 @@ FAILs "no sync in the epochs' loop".
 
 Exit codes: 0 every measured criterion passed, 1 a criterion or a baseline regression failed, 2 bad usage or input
 (raised by the CLI, before training), 3 hang (the watchdog ends the process), 70 internal error (an unexpected
-exception: the CLI saves its traceback as <run folder>/error.log; hotloop.guards.cli.report_internal_error).
+exception: the CLI saves its traceback as <run folder>/error.log; hotloop.guards.cli.report_internal_error; or the
+watchdog's own thread failed: it ends the process rather than let the run go on unguarded).
 """
 
 from __future__ import annotations
@@ -202,8 +203,9 @@ def run_gate(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress: bo
         return reports, precision_evidence(trainer)  # after the guarded windows, never inside them
 
     census = LoopSyncCensus(cuda=device.type == "cuda") if loop_census else None
+    watched: dict[str, bool] = {}
     epochs, (reports, precision) = run_training(cfg, run_dir, epoch_limit_s, show_progress, after_epochs=guard,
-                                                loop_census=census)
+                                                loop_census=census, watched=watched)
     report = reports[0]
     verdicts = report.verdicts.copy()
     for other in reports[1:]:
@@ -211,9 +213,7 @@ def run_gate(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress: bo
         verdicts.loc[worse] = other.verdicts.loc[worse].to_numpy()
     judge_precision(verdicts, *precision)
     judge_loop_syncs(verdicts, census)
-    # Reaching this line means every epoch finished under the watchdog (it exits 3 otherwise).
-    hang = verdicts.criterion.eq("epoch 1 without hang")
-    verdicts.loc[hang, ["measured", "verdict", "status", "source"]] = ["yes", "PASS", "measured", "watchdog"]
+    judge_hang(verdicts, watched)
     write_table(verdicts, run_dir, "criteria")
     (run_dir / "criteria.json").write_text(json.dumps(verdicts.to_dict(orient="records"), indent=2) + "\n")
     write_table(report.coverage, run_dir, "coverage")
@@ -306,6 +306,31 @@ def _every_step_damaged(report: GuardReport) -> bool:
     """Whether every guarded step of `report` holds a trace anomaly (its per_step "anomaly" column is never "")."""
     anomaly = report.per_step.get("anomaly")
     return anomaly is not None and len(anomaly) > 0 and bool(anomaly.ne("").all())
+
+
+HANG_CRITERION = "epoch 1 without hang"
+HANG_PERIOD = "epoch 1"
+"""The watchdog period (hotloop.guards.run.run_training arms each epoch as "epoch N") HANG_CRITERION judges."""
+
+
+def judge_hang(verdicts: pd.DataFrame, watched: Mapping[str, bool]) -> None:
+    """Fill the HANG_CRITERION row of `verdicts` (in place) from the watchdog's record `watched`
+    (HangWatchdog.watched, as run_training fills it): PASS ("yes", source "watchdog") only when epoch 1 finished
+    with the watchdog's thread alive from its start to its end; FAIL ("no") when the thread was not alive all
+    through it (a run that goes on unguarded: the watchdog exits 70 first, so this is a last line of defence);
+    verdict "-" and "not measured (...)" when epoch 1 did not run under the watchdog (e.g. a resumed run)."""
+    row = verdicts.criterion.eq(HANG_CRITERION)
+    alive = watched.get(HANG_PERIOD)
+    cells = ["measured", "verdict", "status", "source", "evidence"]
+    if alive is None:
+        verdicts.loc[row, cells] = ["", "-", f"not measured ({HANG_PERIOD} did not run under the watchdog)", "", ""]
+    elif alive:
+        verdicts.loc[row, cells] = ["yes", "PASS", "measured", "watchdog",
+                                    f"{HANG_PERIOD} finished under the hang watchdog, alive from its start to its end"]
+    else:
+        verdicts.loc[row, cells] = ["no", "FAIL", "measured", "watchdog",
+                                    f"the hang watchdog was not alive for the whole of {HANG_PERIOD}: a hang there "
+                                    f"would not have been stopped"]
 
 
 LOOP_SYNC_CRITERION = "no sync in the epochs' loop"

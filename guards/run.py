@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from hotloop.guards.loop_syncs import LoopSyncCensus
-from hotloop.guards.watchdog import HangWatchdog
+from hotloop.guards.watchdog import HangWatchdog, check_limit_s
 from hotloop.profiles.disk_full import DiskFullError, disk_full_cause
 from hotloop.profiles.epoch_table import epoch_frame, write_table
 from hotloop.profiles.epoch_timer import EpochTimer
@@ -34,9 +34,12 @@ SETUP_LIMIT_S = 300.0
 def run_training(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress: bool = True,
                  after_epochs: Callable[[Trainer], object] | None = None,
                  resume: bool | ResumePoint = False,
-                 loop_census: LoopSyncCensus | None = None) -> tuple[pd.DataFrame, object]:
+                 loop_census: LoopSyncCensus | None = None,
+                 watched: dict[str, bool] | None = None) -> tuple[pd.DataFrame, object]:
     """Train `cfg.epochs` epochs; each epoch must finish within `epoch_limit_s` seconds (the setup within
-    max(epoch_limit_s, SETUP_LIMIT_S)) or the process exits 3 with every thread's stack.
+    max(epoch_limit_s, SETUP_LIMIT_S)) or the process exits 3 with every thread's stack. If the watchdog's thread
+    fails, the process exits 70 (hotloop.guards.watchdog: the run never goes on unguarded; the traceback in
+    run_dir/error.log).
 
     First takes run_dir's lock (hotloop.profiles.run_lock.acquire; re-entrant, so a caller that already holds it,
     as the CLI does from where it creates or opens the folder, keeps it past this call) and removes the temp files a
@@ -65,9 +68,14 @@ def run_training(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress
     watchdog (armed as "after epochs", `epoch_limit_s` long): the gate guards steady-state steps there.
     loop_census: a hotloop.guards.loop_syncs.LoopSyncCensus that watches each epoch's loop, from the epoch's start
     to its "readback" phase (`begin(epoch)` / `end()`); the gate reads it after the run.
-    Raises hotloop.profiles.run_lock.RunFolderLocked (a ValueError; exit 2 in the CLI) naming the holder's pid when
+    watched: a dict filled, when the run ends normally, with HangWatchdog.watched: {period label ("epoch 1",
+    "checkpoint 1", "after epochs", ...): True when the watchdog's thread was alive from its start to its end}.
+    Raises ValueError for an epoch_limit_s outside (0, hotloop.guards.watchdog.MAX_LIMIT_S], before anything is
+    read or written; RuntimeError when the watchdog is not running at the start or end of a period (the CLI: exit
+    70); hotloop.profiles.run_lock.RunFolderLocked (a ValueError; exit 2 in the CLI) naming the holder's pid when
     another live process holds run_dir, before anything is written; ValueError for a folder that is missing.
     """
+    check_limit_s(epoch_limit_s, "epoch_limit_s")
     console = Console(stderr=True, soft_wrap=True)
     run_dir = Path(run_dir)
     with acquire(run_dir) as lock:
@@ -75,12 +83,14 @@ def run_training(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress
             console.print(f"hotloop: {run_dir}: took over the lock left by pid {lock.stale_pid} (no longer running)")
         for path in remove_temp_files(run_dir):
             console.print(f"hotloop: removed {path.name}, a temp file left by a killed write")
-        return _run_locked(console, cfg, run_dir, epoch_limit_s, show_progress, after_epochs, resume, loop_census)
+        return _run_locked(console, cfg, run_dir, epoch_limit_s, show_progress, after_epochs, resume, loop_census,
+                           watched)
 
 
 def _run_locked(console: Console, cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress: bool,
                 after_epochs: Callable[[Trainer], object] | None,
-                resume: bool | ResumePoint, census: LoopSyncCensus | None) -> tuple[pd.DataFrame, object]:
+                resume: bool | ResumePoint, census: LoopSyncCensus | None,
+                watched: dict[str, bool] | None = None) -> tuple[pd.DataFrame, object]:
     """run_training's work, with run_dir's lock held."""
     if isinstance(resume, ResumePoint):
         point = resume
@@ -94,7 +104,7 @@ def _run_locked(console: Console, cfg: Config, run_dir: Path, epoch_limit_s: flo
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TimeElapsedColumn(), console=console, transient=True,
                         disable=not show_progress or not sys.stderr.isatty())
-    with HangWatchdog(epoch_limit_s) as watchdog, progress:
+    with HangWatchdog(epoch_limit_s, error_log=run_dir / "error.log") as watchdog, progress:
         task = progress.add_task("setup", total=cfg.learner_steps_per_epoch)
         watchdog.arm("setup", max(epoch_limit_s, SETUP_LIMIT_S))
         def on_phase(name: str) -> None:
@@ -157,6 +167,8 @@ def _run_locked(console: Console, cfg: Config, run_dir: Path, epoch_limit_s: flo
             watchdog.arm("after epochs")
             extra = after_epochs(trainer)
             watchdog.disarm()
+    if watched is not None:
+        watched.update(watchdog.watched)
     table = epoch_frame(rows)
     plot_epochs(table, run_dir / "epochs.png")
     return table, extra
