@@ -83,7 +83,13 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--resume", type=Path, metavar="RUN_DIR",
                        help="continue the run in RUN_DIR from its last checkpoint (RUN_DIR/checkpoint.pt, written "
                             "after every epoch), with its config.json; --epochs N extends it to N epochs; "
-                            "--preset, --config, --set, --seed, --device and --out cannot be given with it")
+                            "--preset, --config, --set, --seed, --device and --out cannot be given with it; a "
+                            "config.json changed since the run started is refused (exit 2, naming the fields) "
+                            "unless --allow-config-change")
+    train.add_argument("--allow-config-change", action="store_true",
+                       help="with --resume: train on with a config.json that differs from the one the checkpoint "
+                            "was trained with (any field but epochs); the change (old and new values, the epoch) is "
+                            "recorded in RUN_DIR/config_changes.json")
     gate = sub.add_parser("gate", help="run a preset under the guards; print per-epoch and criteria tables",
                           epilog=_config_epilog(), formatter_class=fmt,
                           description="Run a preset under the per-epoch timer and hang watchdog; print the "
@@ -350,12 +356,12 @@ def check_resume_args(args: argparse.Namespace) -> None:
 
 def prepare_resume(args: argparse.Namespace, cfg: Config) -> Path:
     """Read RUN_DIR's checkpoint and per-epoch table into args.resume_point and check them against `cfg`
-    (hotloop.trainer.resume.read_resume_point) and that epochs are left to run; writes nothing. ValueError naming the
-    problem."""
+    (hotloop.trainer.resume.read_resume_point: also that config.json is the config the run was trained with, unless
+    --allow-config-change) and that epochs are left to run; writes nothing. ValueError naming the problem."""
     from hotloop.trainer.resume import read_resume_point
 
     try:
-        point = read_resume_point(args.resume, cfg)
+        point = read_resume_point(args.resume, cfg, allow_config_change=args.allow_config_change)
     except ValueError as exc:
         raise ValueError(f"--resume {args.resume}: {exc}") from exc
     if cfg.epochs <= point.epoch:
@@ -383,6 +389,8 @@ def prepare_run(args: argparse.Namespace) -> tuple[Config, Path]:
     from hotloop.trainer.loop import resolve_device
 
     resume = getattr(args, "resume", None)
+    if getattr(args, "allow_config_change", False) and resume is None:
+        raise ValueError("--allow-config-change is for --resume RUN_DIR (a new run has no earlier config)")
     if resume is not None:
         check_resume_args(args)
     cfg = config_from_args(args)

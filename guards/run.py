@@ -24,7 +24,8 @@ from hotloop.trainer.best_policy import BEST_FILE, improves, read_best, save_bes
 from hotloop.trainer.checkpoint import save_checkpoint
 from hotloop.trainer.config import Config
 from hotloop.trainer.loop import Trainer
-from hotloop.trainer.resume import CHECKPOINT_FILE, ResumePoint, checkpoint_identity, read_resume_point
+from hotloop.trainer.resume import (CHECKPOINT_FILE, ResumePoint, checkpoint_identity, read_resume_point,
+                                    record_config_change)
 
 
 SETUP_LIMIT_S = 300.0
@@ -56,7 +57,9 @@ def run_training(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress
     resume: True reads run_dir's checkpoint and table (hotloop.trainer.resume.read_resume_point, checked against `cfg`;
     ValueError before anything is written), a ResumePoint is used as read (the CLI reads it to validate the
     invocation) after checking that the checkpoint is still the file it was read from (ResumePoint.source; else
-    ValueError: another run wrote it since); the trainer is restored (its env reset) and runs the epochs after the
+    ValueError: another run wrote it since; a config change it allows is recorded in run_dir/config_changes.json,
+    hotloop.trainer.resume.record_config_change, and its notes are shown; True allows no config change, as
+    read_resume_point); the trainer is restored (its env reset) and runs the epochs after the
     checkpoint's up to cfg.epochs, the table keeping the earlier rows. Killing the process loses at most the epoch
     in progress. So does a full disk: config.json, the table and the checkpoints are each replaced whole or not at
     all, and a write that finds the disk full raises hotloop.profiles.disk_full.DiskFullError naming the file (the
@@ -99,6 +102,14 @@ def _run_locked(console: Console, cfg: Config, run_dir: Path, epoch_limit_s: flo
                              f"wrote it): resume again to continue from the checkpoint as it is now")
     else:
         point = read_resume_point(run_dir, cfg) if resume else None
+    if point is not None:
+        for note in point.notes:
+            console.print(f"hotloop: note: {note}")
+        recorded = record_config_change(run_dir, point, cfg)  # before config.json takes the new config
+        if recorded is not None:
+            console.print(f"hotloop: config changed at resume after epoch {point.epoch} (allowed): "
+                          + "; ".join(f"{k} {v['old']!r} -> {v['new']!r}" for k, v in point.config_changes.items())
+                          + f"; recorded in {recorded}")
     cfg.save(run_dir / "config.json")
     rows: list[dict] = list(point.rows) if point is not None else []
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),

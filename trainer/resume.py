@@ -18,7 +18,16 @@ Tensors (name: what):
   rng.cpu, rng.cuda (CUDA only), generator   the global RNG states and the trainer's generator
 Meta: format, epoch (epochs finished), env_steps, learner_steps, learner_updates (the learner's own step count; the
 hotloop learner's includes its capture warm-up steps), learner (kind), device_type, replay {pos, size, alpha, eps},
-optimizer {param_groups, scalars} (reference learner), config (cfg.to_dict(), checked by `check_compatible`).
+optimizer {param_groups, scalars} (reference learner), config (cfg.to_dict(), checked by `check_compatible`),
+config_sha256 (`config_hash` of config: SHA-256 of its canonical JSON, every field but RESUME_FIELDS).
+
+Provenance: a run folder's epochs are trained under one config unless a change was allowed and recorded.
+`read_resume_point` compares the config a resume would run with the checkpoint's (config_sha256, then field by
+field: `config_changes`) and refuses any difference but in RESUME_FIELDS (epochs: a resume may extend the run),
+naming the fields, unless `allow_config_change`; an allowed change is written by `record_config_change` to the run
+folder's CONFIG_CHANGES_FILE (old and new values, the checkpoint's epoch, the time, both hashes) before the run goes
+on, and the next checkpoint records the new config. A checkpoint written before config_sha256 existed resumes as
+before, its config unchecked: the ResumePoint's `notes` say so.
 
 Not in it: the env, whose episodes in progress are lost: `restore_trainer` resets it with seed
 cfg.seed + ENV_RESEED * epoch and the running returns restart at 0 (an uninterrupted run and a resumed one therefore
@@ -30,8 +39,13 @@ extend).
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
+import json
 import os
+import tempfile
+import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -57,6 +71,12 @@ STATE_FIELDS = ("env", "num_envs", "trunk_hidden", "head_hidden", "spectral_norm
                 "per_eps")
 """Config fields the saved state's shapes (or the replay's priorities) depend on; a restore needs them equal.
 `synthetic` env: obs_dim and action_nvec too."""
+CONFIG_CHANGES_FILE = "config_changes.json"
+"""A run folder's record of the config changes allowed at resume (`record_config_change`): a JSON list, oldest first."""
+RESUME_FIELDS = ("epochs",)
+"""Config fields a resume may change without it being a config change: `train --resume --epochs N` extends a run."""
+MAX_CHANGES_BYTES = 1 << 20
+"""CONFIG_CHANGES_FILE larger than this (1 MiB) is refused as damaged rather than read."""
 _META_TYPES = {"epoch": int, "env_steps": int, "learner_steps": int, "learner_updates": int, "learner": str,
                "device_type": str, "replay": dict, "config": dict}
 
@@ -65,12 +85,16 @@ class ResumePoint(NamedTuple):
     """A run folder's checkpoint, read by `read_resume_point`: tensors and meta as load_checkpoint returns them,
     the per-epoch table's rows of the epochs it holds (1..epoch), and `source`, the checkpoint file's identity when
     it was read (`checkpoint_identity`; None when not read from a file), so that a user of the point can tell
-    whether another run has written the checkpoint since."""
+    whether another run has written the checkpoint since. `config_changes`: {field: {"old", "new"}} of the config
+    the resume runs with against the checkpoint's (`config_changes`; empty when equal, None when the checkpoint
+    predates config_sha256 and was not checked); non-empty only when allowed. `notes`: lines to show the user."""
 
     tensors: dict[str, torch.Tensor]
     meta: dict
     rows: list[dict]
     source: tuple[int, int, int, int] | None = None
+    config_changes: dict | None = None
+    notes: tuple[str, ...] = ()
 
     @property
     def epoch(self) -> int:
@@ -93,7 +117,7 @@ def trainer_state(trainer: Trainer) -> tuple[dict[str, torch.Tensor], dict]:
             "learner_steps": trainer.learner_steps, "learner_updates": trainer.learner.steps,
             "learner": trainer.learner_kind, "device_type": trainer.device.type,
             "replay": {k: v for k, v in replay.items() if not isinstance(v, torch.Tensor)},
-            **learner_meta, "config": trainer.cfg.to_dict()}
+            **learner_meta, "config": trainer.cfg.to_dict(), "config_sha256": config_hash(trainer.cfg.to_dict())}
     return tensors, meta
 
 
@@ -260,7 +284,104 @@ def check_table_complete(table: str | Path) -> None:
                          f"not finish (or damaged): restore it or start a new run")
 
 
-def read_resume_point(run_dir: str | Path, cfg: Config) -> ResumePoint:
+def config_hash(config: Mapping) -> str:
+    """SHA-256 (hex) of a config dict's canonical JSON (keys sorted, no spaces; cfg.to_dict() or a checkpoint's
+    meta["config"]) without RESUME_FIELDS. Raises TypeError / ValueError for a dict json cannot write."""
+    plain = {k: v for k, v in config.items() if k not in RESUME_FIELDS}
+    return hashlib.sha256(json.dumps(plain, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def config_changes(saved: Mapping, cfg: Config) -> dict[str, dict]:
+    """{field: {"old": `saved`'s value, "new": `cfg`'s}} for every field of `cfg` but RESUME_FIELDS whose value
+    differs from `saved` (a checkpoint's meta["config"]), in Config's field order; a field `saved` lacks (one Config
+    gained after the checkpoint was written) counts only when `cfg` does not hold its default (old: None)."""
+    defaults, out = Config().to_dict(), {}
+    for name, new in cfg.to_dict().items():
+        if name in RESUME_FIELDS:
+            continue
+        if name not in saved:
+            if new != defaults[name]:
+                out[name] = {"old": None, "new": new}
+        elif saved[name] != new:
+            out[name] = {"old": saved[name], "new": new}
+    return out
+
+
+def _check_config(run_dir: Path, meta: dict, cfg: Config, allow: bool) -> tuple[dict | None, tuple[str, ...]]:
+    """(config_changes, notes) of a resume of `cfg` from a checkpoint's `meta` (`read_resume_point`)."""
+    path = run_dir / CHECKPOINT_FILE
+    saved_hash = meta.get("config_sha256")
+    if saved_hash is None:
+        return None, (f"{path} was written before checkpoints recorded their config's hash (config_sha256): "
+                      f"the config is taken as it is, not checked against the one the run was trained with",)
+    if not isinstance(saved_hash, str) or config_hash(meta["config"]) != saved_hash:
+        raise ValueError(f"{path}: its meta's config does not match its config_sha256: the record of the config "
+                         f"the run was trained with was changed after it was written")
+    changes = {} if config_hash(cfg.to_dict()) == saved_hash else config_changes(meta["config"], cfg)
+    if changes and not allow:
+        fields = "; ".join(f"{k} (checkpoint {v['old']!r}, now {v['new']!r})" for k, v in changes.items())
+        raise ValueError(f"the config differs from the one the run was trained with (its checkpoint {path}, epoch "
+                         f"{meta['epoch']}) in {', '.join(changes)}: {fields}; restore {run_dir / 'config.json'}, or "
+                         f"resume with --allow-config-change to train on with the change, recorded in "
+                         f"{run_dir / CONFIG_CHANGES_FILE}")
+    if changes:
+        read_config_changes(run_dir)  # a damaged record is refused now, before the run starts
+    return changes, ()
+
+
+def read_config_changes(run_dir: str | Path) -> list[dict]:
+    """The records of run_dir's CONFIG_CHANGES_FILE (`record_config_change`), [] when there is none. Raises
+    ValueError naming the file when it is not a regular file or is larger than MAX_CHANGES_BYTES
+    (hotloop.profiles.input_files.read_input_bytes), or is not UTF-8 JSON holding a list of objects."""
+    path = Path(run_dir) / CONFIG_CHANGES_FILE
+    if not path.exists() and not path.is_symlink():
+        return []
+    try:
+        records = json.loads(read_input_bytes(path, "config change record", MAX_CHANGES_BYTES).decode("utf-8"))
+    except (ValueError, RecursionError) as exc:  # InputFileError, JSONDecodeError and UnicodeDecodeError included
+        raise ValueError(f"{path} cannot be read ({exc}): move it away to resume") from None
+    if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
+        raise ValueError(f"{path} is not a JSON list of records: move it away to resume")
+    return records
+
+
+def record_config_change(run_dir: str | Path, point: ResumePoint, cfg: Config) -> Path | None:
+    """Append the config change a resume was allowed (point.config_changes, from `read_resume_point` with
+    allow_config_change) to run_dir's CONFIG_CHANGES_FILE: {"epoch": the checkpoint's (the change applies from the
+    next one), "time": UTC ISO 8601, "config_sha256": {"old", "new"}, "changes": {field: {"old", "new"}}}; a last
+    record of the same epoch is replaced (that resume kept no epoch). Written atomically (temp file + fsync +
+    rename). Returns the file, or None when there was no change to record. Raises ValueError as
+    `read_config_changes`; OSError from the file system."""
+    if not point.config_changes:
+        return None
+    run_dir = Path(run_dir)
+    records = read_config_changes(run_dir)
+    record = {"epoch": point.epoch, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+              "config_sha256": {"old": point.meta.get("config_sha256"), "new": config_hash(cfg.to_dict())},
+              "changes": point.config_changes}
+    if records and records[-1].get("epoch") == point.epoch:
+        records[-1] = record
+    else:
+        records.append(record)
+    path = run_dir / CONFIG_CHANGES_FILE
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=run_dir)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(json.dumps(records, indent=2) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return path
+
+
+def read_resume_point(run_dir: str | Path, cfg: Config, allow_config_change: bool = False) -> ResumePoint:
     """Read run_dir's checkpoint (on the CPU; its tensor checksums verified by load_checkpoint) and the rows of its
     epochs.csv up to the checkpoint's epoch (rows of a later epoch, written before the process died ahead of that
     epoch's checkpoint, are dropped: that epoch runs again), and `check_compatible` the checkpoint with a trainer
@@ -270,7 +391,11 @@ def read_resume_point(run_dir: str | Path, cfg: Config) -> ResumePoint:
     bytes do not match their checksums (naming the tensor), a torn table (`check_table_complete`, naming the row),
     a table that is not a regular file or is too large (hotloop.profiles.input_files), a cell that is not what a run
     writes (hotloop.profiles.epoch_table.check_epoch_rows, naming the row and the field),
-    a table without the checkpoint's epochs 1..epoch, or a mismatch."""
+    a table without the checkpoint's epochs 1..epoch, or a mismatch; and, unless `allow_config_change`, a config
+    that differs from the checkpoint's in any field but RESUME_FIELDS (naming the fields, old and new values; module
+    docstring: Provenance), or a checkpoint whose recorded config does not match its config_sha256. An allowed
+    change is in the point's `config_changes` (a damaged CONFIG_CHANGES_FILE is refused then); a checkpoint without
+    config_sha256 is not checked, its `notes` saying so."""
     from hotloop.trainer.loop import learner_kind, resolve_device
 
     run_dir = Path(run_dir)
@@ -281,6 +406,7 @@ def read_resume_point(run_dir: str | Path, cfg: Config) -> ResumePoint:
         check_compatible(meta, cfg, device.type, learner_kind(cfg, device))
     except ValueError as exc:
         raise ValueError(f"{run_dir / CHECKPOINT_FILE}: {exc}") from exc
+    changes, notes = _check_config(run_dir, meta, cfg, allow_config_change)
     table = run_dir / "epochs.csv"
     try:
         check_table_complete(table)  # its own ValueError names the file and the torn row
@@ -299,4 +425,4 @@ def read_resume_point(run_dir: str | Path, cfg: Config) -> ResumePoint:
         raise ValueError(f"{table} holds epochs {frame['epoch'].tolist()}, the checkpoint 1..{epoch}")
     if "clocks_event_reasons" in frame.columns:  # a text column: "" (no reason) reads back as NaN
         frame["clocks_event_reasons"] = frame["clocks_event_reasons"].fillna("")
-    return ResumePoint(tensors, meta, frame.to_dict("records"), source)
+    return ResumePoint(tensors, meta, frame.to_dict("records"), source, changes, notes)

@@ -487,3 +487,23 @@ def test_a_checkpoint_without_a_config_hash_still_resumes_saying_so_and_a_change
     assert "was written before checkpoints recorded their config's hash (config_sha256): the config is taken as it " \
            "is, not checked" in err, err
     assert load_checkpoint(out / CHECKPOINT_FILE)[1]["config_sha256"]  # from now on it is
+
+
+def test_the_config_change_record_replaces_a_resume_that_kept_no_epoch_and_a_damaged_one_is_refused(tmp_path):
+    from hotloop.trainer.resume import (CONFIG_CHANGES_FILE, ResumePoint, read_config_changes,
+                                        record_config_change)
+
+    cfg = preset("cartpole", **{**TINY, "lr": 0.1})
+    point = ResumePoint({}, {"epoch": 1, "config_sha256": "a"}, [], None, {"lr": {"old": 0.001, "new": 0.1}})
+    assert read_config_changes(tmp_path) == [] and record_config_change(tmp_path, point._replace(config_changes={}),
+                                                                      cfg) is None
+    path = record_config_change(tmp_path, point, cfg)
+    assert path == tmp_path / CONFIG_CHANGES_FILE and oct(path.stat().st_mode)[-3:] == "644"
+    record_config_change(tmp_path, point, cfg)  # that resume kept no epoch: the same epoch's record is replaced
+    record_config_change(tmp_path, point._replace(meta={"epoch": 3, "config_sha256": "b"}), cfg)
+    assert [r["epoch"] for r in read_config_changes(tmp_path)] == [1, 3]
+    assert not list(tmp_path.glob(".*.tmp"))
+    for text in ("{", '{"epoch": 1}', "[1]"):
+        path.write_text(text)
+        with pytest.raises(ValueError, match=f"{path} (cannot be read|is not a JSON list).*move it away to resume"):
+            record_config_change(tmp_path, point, cfg)
