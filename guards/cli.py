@@ -101,9 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "period of the loop's periodic phases: readback every log_interval, target update every "
                            "target_update_interval, progress), so every periodic phase runs in the window; a "
                            "smaller K may leave a phase out: the coverage table flags it and the criteria that "
-                           "apply to it are not measured); a window whose estimated memory (the profiler's events: K x --repeats x "
-                           "a per-step bound, hotloop.trainer.memory_estimate) exceeds the host's available memory "
-                           "is refused (exit 2)")
+                           "apply to it are not measured); a window whose estimated memory (the profiler's "
+                           "events: K x --repeats x a per-step bound, hotloop.trainer.memory_estimate) exceeds the "
+                           "host's available memory is refused (exit 2)")
     gate.add_argument("--guard-warmup", type=int, default=3, metavar="W",
                       help="unprofiled loop iterations before the window (default 3)")
     gate.add_argument("--repeats", type=int, default=1, metavar="R",

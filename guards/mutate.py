@@ -11,8 +11,8 @@ What `run_suite` does, in this order (nothing runs on the GPU before the first t
 2. copies the checkout (`copy_checkout`: the files git tracks (`git ls-files --cached`), as they are in the
    working tree, so uncommitted changes to tracked files come along and untracked files (a .venv inside a clone)
    do not; without git, the tree less build outputs, virtual environments and .gitignore's plain patterns) to a
-   temporary folder, printing what it copied (N files, M MB), and checks that every selected patch applies to it (`git apply --check`, else `patch --dry-run`); one that does not is a usage
-   error (exit 2) naming it;
+   temporary folder, printing what it copied (N files, M MB), and checks that every selected patch applies to it
+   (`git apply --check`, else `patch --dry-run`); one that does not is a usage error (exit 2) naming it;
 3. runs the gate on the clean copy, once per distinct argument list of the selected mutants: each must PASS
    (exit 0), else the suite stops with exit 4 and no score (a tree that already fails has nothing to kill); with
    --self-baseline it first writes a baseline of the clean copy into the output folder (BASELINE_REPEATS repeats,
