@@ -265,7 +265,7 @@ def _git_files(root: Path, *which: str) -> list[str] | None:
 def copy_summary(root: str | Path, dest: str | Path) -> str:
     """One line saying what `copy_checkout` copied from `root` to `dest`: the number of files and their size in MB,
     what was selected (git's tracked files, or the walk without git), and how many untracked files git does not
-    ignore were left out (they must be `git add`ed to reach the copies)."""
+    ignore were left out (they must be `git add`ed to reach the copies). Raises OSError from walking `dest`."""
     root, dest = Path(root).resolve(), Path(dest)
     count, size = 0, 0
     for dirpath, _, filenames in os.walk(dest):

@@ -294,7 +294,8 @@ def config_hash(config: Mapping) -> str:
 def config_changes(saved: Mapping, cfg: Config) -> dict[str, dict]:
     """{field: {"old": `saved`'s value, "new": `cfg`'s}} for every field of `cfg` but RESUME_FIELDS whose value
     differs from `saved` (a checkpoint's meta["config"]), in Config's field order; a field `saved` lacks (one Config
-    gained after the checkpoint was written) counts only when `cfg` does not hold its default (old: None)."""
+    gained after the checkpoint was written) counts only when `cfg` does not hold its default (old: None). Raises
+    nothing of its own."""
     defaults, out = Config().to_dict(), {}
     for name, new in cfg.to_dict().items():
         if name in RESUME_FIELDS:
