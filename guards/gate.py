@@ -19,7 +19,9 @@ FAILs "no sync in the epochs' loop".
 Exit codes: 0 every measured criterion passed, 1 a criterion or a baseline regression failed, 2 bad usage or input
 (raised by the CLI, before training), 3 hang (the watchdog ends the process), 70 internal error (an unexpected
 exception: the CLI saves its traceback as <run folder>/error.log; hotloop.guards.cli.report_internal_error; or the
-watchdog's own thread failed: it ends the process rather than let the run go on unguarded).
+watchdog's own thread failed: it ends the process rather than let the run go on unguarded). On a run without CUDA
+the sync rows are "not applicable (no CUDA)" (hotloop.guards.guard.NOT_APPLICABLE) and the trace rows "not measured
+(no CUDA)": verdict "-", neither PASS nor FAIL; the closing "PASS (...)" line counts them apart.
 """
 
 from __future__ import annotations
@@ -252,7 +254,9 @@ def run_gate(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress: bo
         return 1
     counts = verdicts.status.value_counts()
     measured, reported = int(counts.get("measured", 0)), int(counts.get("reported", 0))
-    print(f"PASS ({measured} measured, {reported} reported, {len(verdicts) - measured - reported} not measured)")
+    na = int(verdicts.status.str.startswith("not applicable").sum())  # CPU: the sync rows (hotloop.guards.guard)
+    print(f"PASS ({measured} measured, {reported} reported, {len(verdicts) - measured - reported - na} not measured"
+          + (f", {na} not applicable (no CUDA)" if na else "") + ")")
     return 0
 
 
@@ -339,9 +343,9 @@ LOOP_CENSUS_OFF = "not measured (off: hotloop gate --no-loop-census)"
 
 def judge_loop_syncs(verdicts: pd.DataFrame, census: LoopSyncCensus | None) -> None:
     """Fill the LOOP_SYNC_CRITERION row of `verdicts` (in place) from the run's `census`: measured = the loop's host
-    syncs over the epochs after the first, PASS at 0, the call sites as evidence, source "census"; status "not
-    measured (...)" and verdict "-" where the census watched no epoch (no CUDA, one epoch) or there was none
-    (LOOP_CENSUS_OFF)."""
+    syncs over the epochs after the first, PASS at 0, the call sites as evidence, source "census"; verdict "-" and
+    status "not applicable (no CUDA)" without CUDA, "not measured (...)" where the census watched no epoch (one
+    epoch) or there was none (LOOP_CENSUS_OFF)."""
     row = verdicts.criterion.eq(LOOP_SYNC_CRITERION)
     measured, text = census.verdict() if census is not None else (None, LOOP_CENSUS_OFF)
     if measured is None:

@@ -46,11 +46,14 @@ Example: guard your own training step (run as a test in tests/guards/test_guard.
 On a machine without CUDA the table reads (abridged)::
 
                     criterion measured   limit verdict                                          status source
-               no stream sync        0    == 0    PASS                                        measured   hook
-                no event sync        0    == 0    PASS                                        measured   hook
+               no stream sync             == 0       -                        not applicable (no CUDA)
+                no event sync             == 0       -                        not applicable (no CUDA)
            no D2D weight sync             == 0       -                          not measured (no CUDA)
                           ...
          epoch 1 without hang           == yes       - not measured here: hotloop.guards.watchdog.HangWatchdog
+
+A host sync waits for a device: on the CPU there is none to find, so the sync rows are "not applicable" (the
+`loss.item()` there reads host memory), not PASS; their hooks still FAIL a CUDA sync API the step calls.
 
 On CUDA the trace side is measured too. The `loss.item()` line reads a CUDA tensor, so the hook records it with
 this line as its call site and the trace shows its cudaStreamSynchronize: "no stream sync" is expected to FAIL
@@ -98,6 +101,10 @@ TRACE_COLUMNS = {c.name: c.column for c in CRITERIA if c.column and c.aggregate 
 HOOK_COLUMNS = {c.name: c.hook_column for c in CRITERIA if c.hook_column}
 """criterion -> the per-step sync-hook column judged beside its trace column."""
 NO_CUDA = "not measured (no CUDA)"
+NOT_APPLICABLE = "not applicable (no CUDA)"
+"""Status of a sync row (a row with a hook column) on a run without CUDA whose hooks saw no sync: a host sync waits
+for a device, so on the CPU there is none to find and a count of 0 is no verdict (verdict "-", never PASS). A hook
+hit there (a CUDA API called from a CPU run) is still measured and FAILs."""
 VERDICT_COLUMNS = ["criterion", "measured", "limit", "verdict", "status", "source", "worst_step", "total", "phases",
                    "evidence", "metric", "why"]
 MIN_WINDOW_STEPS = 20
@@ -463,7 +470,8 @@ def evaluate(metrics: StepMetrics, hits: pd.DataFrame, cuda: bool, roles: PhaseR
     Each row of `criteria` is judged on its column over the events of its phases (`PhaseRoles.scope`): the worst
     step (rows of phases "every" also the outside-steps bucket), hook and trace counts joined per step by max; a
     per-env-step row (env_kernels_per_env_step) on its per-step ratio, its total the env kernels of the window.
-    Without CUDA only the rows with a hook column are measured (by the hooks); the others get status NO_CUDA.
+    Without CUDA the rows with no hook column get status NO_CUDA, and the sync rows (with a hook column) are
+    NOT_APPLICABLE (verdict "-") unless the hooks saw a sync, which FAILs them.
     Coverage: a phase of `periods` that ran in no step (`StepMetrics.phase_steps`) and that a row applies to
     (phases "every": all of them), or a row none of whose phases ran, makes the row "not measured (phase X not in
     window)" unless it FAILs on what was measured (a FAIL names the missing phases in its evidence). "DDQN
@@ -508,6 +516,9 @@ def evaluate(metrics: StepMetrics, hits: pd.DataFrame, cuda: bool, roles: PhaseR
         fails = c.comparison != REPORT and not c.check(value)
         if not fails and (lacking or absent):
             status[c.name] = _not_in_window(lacking or absent)
+            continue
+        if not cuda and not fails:  # no device to wait for: 0 syncs on a CPU run is no verdict
+            status[c.name] = NOT_APPLICABLE
             continue
         measured[c.name] = value
         worst[c.name] = labels[values.index(value)] if value else ""

@@ -106,10 +106,12 @@ class LoopSyncCensus:
         return sum(self.sites.values())
 
     def verdict(self) -> tuple[int | None, str]:
-        """(measured, status or evidence): (None, "not measured (<why>)") when no epoch was watched (no CUDA, or a
-        run of one epoch), else (total calls, their sites as "site xN; ..." or "none in epochs 2-E")."""
+        """(measured, status or evidence): (None, "not applicable (no CUDA)") without CUDA (no device to sync
+        with, as the guarded window's sync rows say: hotloop.guards.guard.NOT_APPLICABLE), (None, "not measured
+        (<why>)") when no epoch was watched (a run of one epoch), else (total calls, their sites as "site xN; ..."
+        or "none in epochs 2-E")."""
         if not self.cuda:
-            return None, "not measured (no CUDA)"
+            return None, "not applicable (no CUDA)"
         if not self.epochs:
             return None, ("not measured (no epoch after the first: the first compiles and captures; run "
                           "--epochs 2 or more)")

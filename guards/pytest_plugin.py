@@ -91,7 +91,8 @@ def failing_rows(report: GuardReport, only: Iterable[str] | None = None) -> list
     evidence"). With `only` (criterion names; one name may be given as a str), just those, and each of them must
     also have been measured (or reported, for a row without a limit): a named criterion the run could not measure
     (e.g. a GPU row on a CPU step, or a row whose phase was not in the window) is a line "criterion: not measured
-    (<why>)" too, since a check that measured nothing proves nothing.
+    (<why>)" too, and so is a sync row on a CPU step ("criterion: not applicable (no CUDA)"), since a check that
+    measured nothing proves nothing.
     Raises ValueError for an empty `only` or a name in it that is not a criterion of the report."""
     v = report.verdicts
     rows = []

@@ -1,6 +1,7 @@
-"""guard_steps around user step functions on CPU (GPU rows "not measured (no CUDA)", syncs caught by the hooks),
-the module docstring's example run as written, and the verdicts on synthetic learner traces: clean passes every
-measured row; each injected fault fails exactly the criterion it breaks."""
+"""guard_steps around user step functions on CPU (GPU rows "not measured (no CUDA)", the sync rows "not applicable
+(no CUDA)" unless the hooks catch a sync), the module docstring's example run as written, and the verdicts on
+synthetic learner traces: clean passes every measured row; each injected fault fails exactly the criterion it
+breaks."""
 
 import json
 import textwrap
@@ -11,7 +12,7 @@ from test_step_metrics import learner_trace
 
 import hotloop.guards.guard as guard_module
 from hotloop.guards.criteria import CRITERIA
-from hotloop.guards.guard import NO_CUDA, VERDICT_COLUMNS, evaluate, guard_steps
+from hotloop.guards.guard import NO_CUDA, NOT_APPLICABLE, VERDICT_COLUMNS, evaluate, guard_steps
 from hotloop.guards.step_metrics import step_metrics
 from hotloop.guards.sync_hooks import SyncHooks
 
@@ -39,18 +40,24 @@ def test_docstring_example_runs_and_shows_the_verdict_table(tmp_path, monkeypatc
     assert len(doc["per_step"]) == 5 and doc["cuda"] is torch.cuda.is_available()
     if not torch.cuda.is_available():
         v = report.verdicts.set_index("criterion")
-        assert list(v.loc[["no stream sync", "no event sync"], "verdict"]) == ["PASS", "PASS"]
+        assert list(v.loc[["no stream sync", "no event sync"], "verdict"]) == ["-", "-"]
+        assert set(v.loc[["no stream sync", "no event sync"], "status"]) == {NOT_APPLICABLE}
         assert set(v.loc[GPU_ROWS, "status"]) == {NO_CUDA} and set(v.loc[GPU_ROWS, "verdict"]) == {"-"}
         assert report.failed == []
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only table")
-def test_guard_steps_on_cpu_measures_syncs_by_hook_only():
+def test_guard_steps_on_cpu_says_the_sync_rows_are_not_applicable():
+    """Issue 41 item 9: a step calling .item() on CPU tensors is no verdict on syncs that cannot exist there: the
+    sync rows say "not applicable (no CUDA)" (verdict "-"), where they said "0 PASS measured" before; the hooks
+    still watch (test_guarded_step_calling_synchronize_fails_no_event_sync)."""
     report = guard_steps(tiny_step, steps=3, warmup=1)
     v = report.verdicts.set_index("criterion")
     assert list(report.verdicts.columns) == VERDICT_COLUMNS
-    assert list(v.loc[["no stream sync", "no event sync"], "source"]) == ["hook", "hook"]
-    assert list(v.loc[["no stream sync", "no event sync"], "measured"]) == [0, 0]
+    sync = v.loc[["no stream sync", "no event sync"]]
+    assert list(sync["status"]) == [NOT_APPLICABLE] * 2 == ["not applicable (no CUDA)"] * 2
+    assert list(sync["verdict"]) == ["-", "-"] and list(sync["measured"]) == ["", ""]
+    assert list(sync["source"]) == ["", ""] and report.failed == []
     assert v.loc["epoch 1 without hang", "status"].startswith("not measured here")
     assert list(report.per_step["range_name"]) == ["step"] * 3 and report.per_step["kernels"].eq(0).all()
     assert report.hits.empty and not report.cuda

@@ -116,7 +116,7 @@ def test_not_measured_without_cuda_or_a_second_epoch():
     census = LoopSyncCensus(cuda=False)
     census.begin(2)
     census.end()
-    assert census.verdict() == (None, "not measured (no CUDA)") and census.epochs == []
+    assert census.verdict() == (None, "not applicable (no CUDA)") and census.epochs == []  # no device to sync with
     one = LoopSyncCensus(cuda=True)
     one.begin(1)
     one.end()
@@ -197,7 +197,7 @@ def test_the_gate_row_takes_the_census_verdict(cpu_tensors_sync):
     row = row_after(clean)
     assert (row.verdict, row.measured, row.evidence) == ("PASS", 0, "none in the loop of epoch 2"), row
     row = row_after(LoopSyncCensus(cuda=False))
-    assert (row.verdict, row.status) == ("-", "not measured (no CUDA)"), row
+    assert (row.verdict, row.status) == ("-", "not applicable (no CUDA)"), row
     row = row_after(None)                       # the gate with --no-loop-census
     assert (row.verdict, row.status) == ("-", LOOP_CENSUS_OFF), row
     assert LOOP_SYNC_CRITERION in {c.name for c in CRITERIA}
