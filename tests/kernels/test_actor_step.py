@@ -16,6 +16,8 @@ from hotloop.trainer.envs import cartpole
 from hotloop.trainer.loop import Trainer
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+SEED = 20261205  # fixed: the draws must not depend on PYTHONHASHSEED (a test that fails one run in six is no test)
+TF32_TIE = 2.0 ** -8  # two Q values this close (relative to the env's largest |Q|) are tied under TF32 rounding
 TINY = dict(learner="hotloop", trunk_hidden=(32, 16), head_hidden=16, batch_size=16, learner_steps_per_epoch=2,
             learning_starts=0, eval_episodes=0, log_interval=1, epochs=1)
 
@@ -75,11 +77,11 @@ def _poison(tr: Trainer) -> None:
     ("cartpole", 40, 64, None), ("cartpole", 8, 8, None), ("synthetic", 24, 40, None),
     ("synthetic", 72, 96, (32, 128, 32, 4)),  # the seed-scale tiles (kernels/actor_step.py `_blocks`)
     ("cartpole", 40, 64, (16, 64, 32, 4))])  # the small-N tiles of the GPU
-def test_the_fused_step_equals_the_reference_step_on_random_input(env, num_envs, capacity, tiles):
+def test_the_fused_step_equals_the_reference_step_on_random_input(env, num_envs, capacity, tiles, seed=None):
     tr = _trainer(env, num_envs, capacity, batch_size=min(16, capacity))
     assert tr.actor is not None and tr.actor.fused is not None
     tr.actor.tiles = tiles
-    gen = torch.Generator().manual_seed(hash((env, num_envs)) % 1000)
+    gen = torch.Generator().manual_seed(SEED if seed is None else seed)
     for trial in range(2):
         _randomize(tr, gen, env)
         _poison(tr)
@@ -91,17 +93,19 @@ def test_the_fused_step_equals_the_reference_step_on_random_input(env, num_envs,
             v.copy_(before[k])
         tr.actor._body()
         got = _state(tr)
-        # the actions: equal except where the reference's two best Q values are within rounding of each other
+        # the actions: equal except where the reference's two best Q values are within the fused forward's TF32
+        # rounding of each other (operands rounded to 10 mantissa bits at every layer: relative 2**-11 each)
         top2 = q.topk(2, dim=2).values if q.shape[2] > 1 else None
+        tied = TF32_TIE * q.abs().amax(dim=(1, 2))
         slots = (before["pos"] + torch.arange(num_envs, device=DEVICE)) % capacity
         differ = (got["r_action"][slots] != want["r_action"][slots]).any(1)
         if bool(differ.any()):
             gap = (top2[..., 0] - top2[..., 1]).min(1).values
-            assert bool((gap[differ] < 1e-4).all()), f"trial {trial}: actions differ where Q is not tied"
+            assert bool((gap[differ] < tied[differ]).all()), f"trial {trial}: actions differ where Q is not tied"
             keep = ~differ
         else:
             keep = torch.ones(num_envs, dtype=torch.bool, device=DEVICE)
-        assert int(keep.sum()) >= num_envs - 1
+        assert int(keep.sum()) >= num_envs - max(1, num_envs // 16), "ties in most envs: the comparison saw little"
         for k in ("t", "pos", "eps", "max", "finished"):
             assert torch.equal(got[k], want[k]), k
         for k in ("r_obs", "r_action", "r_term", "r_reward"):
@@ -111,7 +115,8 @@ def test_the_fused_step_equals_the_reference_step_on_random_input(env, num_envs,
         for k in ("obs", "state"):
             torch.testing.assert_close(got[k][keep], want[k][keep], rtol=2e-6, atol=2e-6)
         assert torch.equal(got["elapsed"], want["elapsed"])
-        torch.testing.assert_close(got["running"], want["running"], rtol=0, atol=0)
+        # an env whose (tied) action differs earns another reward: its running return and ring entry may differ
+        torch.testing.assert_close(got["running"][keep], want["running"][keep], rtol=0, atol=0)
         torch.testing.assert_close(got["nodes"], want["nodes"], rtol=1e-6, atol=1e-6)
         untouched = torch.ones(capacity, dtype=torch.bool, device=DEVICE)
         untouched[slots] = False
@@ -120,7 +125,10 @@ def test_the_fused_step_equals_the_reference_step_on_random_input(env, num_envs,
         assert torch.equal(ring.isnan(), want_ring.isnan())
         written = ~want_ring.isnan()
         assert int(written.sum()) >= 1, "no episode ended: the autoreset path went unchecked"
-        torch.testing.assert_close(ring[written], want_ring[written], rtol=0, atol=0)
+        ended_differ = int((differ & (want["elapsed"] == 0)).sum()) if bool(differ.any()) else 0
+        assert int((ring[written] != want_ring[written]).sum()) <= ended_differ, "the ring's returns differ"
+        if ended_differ == 0:
+            torch.testing.assert_close(ring[written], want_ring[written], rtol=0, atol=0)
 
 
 def test_the_cartpole_constants_are_the_env_modules():

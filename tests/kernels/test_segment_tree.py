@@ -386,7 +386,8 @@ def _assert_rebuild_restores(nodes: torch.Tensor, capacity: int) -> None:
 @pytest.mark.parametrize("capacity", [1, 3, 1025, 1 << 21])
 def test_every_launch_has_at_least_two_programs(capacity: int, monkeypatch) -> None:
     grids: list[tuple[str, tuple]] = []
-    for name in ("_tree_update_kernel", "_tree_sample_kernel", "_tree_weights_kernel", "_tree_rebuild_kernel"):
+    for name in ("_tree_update_kernel", "_tree_insert_kernel", "_tree_sample_kernel", "_tree_weights_kernel",
+                 "_tree_rebuild_kernel"):
         kernel = getattr(st, name)
         monkeypatch.setattr(kernel, "run", lambda *a, _k=kernel, _n=name, grid, **kw: grids.append((_n, grid)))
     nodes = torch.zeros(2 * (1 << (capacity - 1).bit_length()), device=DEV)
@@ -400,7 +401,8 @@ def test_every_launch_has_at_least_two_programs(capacity: int, monkeypatch) -> N
     depth = (capacity - 1).bit_length()
     names = [n for n, _ in grids]
     assert names.count("_tree_rebuild_kernel") == -(-depth // st.REBUILD_LEVELS)
-    assert names.count("_tree_update_kernel") == 2 and names.count("_tree_sample_kernel") == 2
+    assert names.count("_tree_update_kernel") == 1 and names.count("_tree_insert_kernel") == 1
+    assert names.count("_tree_sample_kernel") == 2
     assert all(len(grid) == 1 and grid[0] >= 2 for _, grid in grids), grids
 
 
