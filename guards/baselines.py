@@ -71,7 +71,11 @@ is "not in baseline" ("-") until the baseline is re-recorded.
 Epoch throughput (`epoch_metrics`, `compare_epochs`): the per-epoch table (hotloop.profiles.epoch_table) is compared
 too, so that a regression of the whole loop (acting, env stepping, readback, logging: work outside the guarded
 steps) fails the gate even when no structural count moves. EPOCH_METRICS are learner_steps_per_s (higher is better,
-"median:-5%") and gpu_ms_per_step (lower is better, "median:+5%"), one value per steady-state epoch: every epoch but
+"median:-5%"), gpu_ms_per_step (lower is better, "median:+5%"), and the whole epoch beyond its loop: epoch_total_s
+("median:+5%", the epoch's main-thread wall time, hotloop.profiles.run_timeline) and epoch_overhead_s (epoch_total_s
+- wall_s: evaluation, best-policy file, table writes, the checkpoint's main-thread share; "median:+25%" or
+EPOCH_OVERHEAD_FLOOR_S, so that a checkpoint made blocking again or an evaluation back to eager steps with host syncs
+fails though the loop did not move), one value per steady-state epoch: every epoch but
 the first, which compiles the kernels and captures the CUDA graphs (a 1-epoch run has only that one, flagged not
 steady: `EpochMetrics.steady`). They are stored under "epoch_metrics" (optional: a file written before it loads,
 and `compare_epochs` then reports "epoch throughput: no baseline values (rewrite with --update-baseline)") and
@@ -130,7 +134,7 @@ RETIRED = {
 `compare` prints: one of these in the baseline but not in the run is shown with verdict "-" (not a FAIL, as any
 other metric missing from the run is), so that a baseline recorded before the change still compares; the metric
 that took its place is "not in baseline" until the baseline is re-recorded."""
-THRESHOLDS = {"ddqn_kernel_us": "median:+10%"}
+THRESHOLDS = {"ddqn_kernel_us": "median:+10%", "epoch_overhead_s": "median:+25%"}
 """Metrics whose default threshold is not `default_threshold`'s (module docstring, "Thresholds of their own")."""
 
 
@@ -250,8 +254,14 @@ class Baseline:
     epochs: EpochMetrics | None = None
 
 
-EPOCH_METRICS = ("learner_steps_per_s", "gpu_ms_per_step")
-"""Columns of the per-epoch table (hotloop.profiles.epoch_table) compared with the baseline, one value per epoch."""
+EPOCH_METRICS = ("learner_steps_per_s", "gpu_ms_per_step", "epoch_total_s", "epoch_overhead_s")
+"""Per-epoch values compared with the baseline, one per epoch: columns of the per-epoch table (hotloop.profiles.
+epoch_table) but epoch_overhead_s, which `epoch_metrics` derives (epoch_total_s - wall_s: the epoch's evaluation,
+best-policy file, table writes and the main thread's share of its checkpoint, hotloop.profiles.run_timeline)."""
+EPOCH_OVERHEAD_FLOOR_S = 0.02
+"""The least worsening epoch_overhead_s is allowed, in seconds: the table writes' fsyncs and the evaluation's
+Python move it by a few ms from run to run, while a blocking checkpoint or an evaluation back to eager steps with
+host syncs adds tens of ms at the cartpole preset and seconds at seed scale (profiles/h200/run_timeline/)."""
 EPOCH_PREFIX = "epoch_"
 """`compare_epochs` names its rows EPOCH_PREFIX + metric, apart from the guarded steps' metrics."""
 EPOCH_THROUGHPUT = "epoch throughput"
@@ -276,13 +286,16 @@ class EpochMetrics(dict):
 
 def epoch_metrics(table: pd.DataFrame) -> EpochMetrics:
     """The steady-state EPOCH_METRICS of a per-epoch table (hotloop.profiles.epoch_table.epoch_frame, epochs.csv):
-    {"learner_steps_per_s": [...], "gpu_ms_per_step": [...]}, one value per epoch, in row order.
+    {"learner_steps_per_s": [...], "gpu_ms_per_step": [...], "epoch_total_s": [...], "epoch_overhead_s": [...]},
+    one value per epoch, in row order; epoch_overhead_s = epoch_total_s - wall_s (what the epoch spent outside its
+    loop).
 
     Steady state: with >= 2 epochs the first row is left out (the first epoch of a process compiles the Triton
     kernels and captures the CUDA graphs: in the H200 clean runs of profiles/h200/gate/clean.log its learner
     throughput was 1% to 69% of the second epoch's) and `steady` is True; a 1-epoch table gives its one epoch with `steady` False.
     The table's first row is taken as the process's first epoch (true of the gate, which never resumes).
-    gpu_ms_per_step is NaN where the table lacks it (a CPU run writes NaN: no CUDA events). Raises ValueError for
+    gpu_ms_per_step is NaN where the table lacks it (a CPU run writes NaN: no CUDA events), epoch_total_s and
+    epoch_overhead_s where the table has no epoch_total_s (written before runs recorded it). Raises ValueError for
     an empty table or one without `epoch` / `learner_steps_per_s`."""
     missing = [c for c in ("epoch", "learner_steps_per_s") if c not in table.columns]
     if missing:
@@ -291,8 +304,13 @@ def epoch_metrics(table: pd.DataFrame) -> EpochMetrics:
         raise ValueError("epoch_metrics: the per-epoch table has no rows")
     steady = len(table) >= 2
     rows = table.iloc[1:] if steady else table
-    values = {m: (pd.to_numeric(rows[m], errors="coerce").astype("float64").tolist() if m in rows.columns
-                  else [math.nan] * len(rows)) for m in EPOCH_METRICS}
+    def column(m: str) -> list[float]:
+        if m == "epoch_overhead_s" and m not in rows.columns:
+            return [t - w for t, w in zip(column("epoch_total_s"), column("wall_s"))]
+        return (pd.to_numeric(rows[m], errors="coerce").astype("float64").tolist() if m in rows.columns
+                else [math.nan] * len(rows))
+
+    values = {m: column(m) for m in EPOCH_METRICS}
     return EpochMetrics(values, rows["epoch"].tolist(), steady)
 
 
@@ -300,8 +318,9 @@ def compare_epochs(table: pd.DataFrame | EpochMetrics, baseline: Baseline, *, k:
     """Compare a run's per-epoch table (or its `epoch_metrics`) with the baseline's epoch metrics: one row per
     EPOCH_METRICS metric, named EPOCH_PREFIX + metric, in COMPARE_COLUMNS (as `compare`: append them to its table).
 
-    Both metrics are timings: median of the run's steady epochs vs the baseline's, FAIL when worse by more than
-    max(5%, k x MAD spread) (learner_steps_per_s: a drop; gpu_ms_per_step: a rise), PASS otherwise, "-" when the
+    All are timings: median of the run's steady epochs vs the baseline's, FAIL when worse by more than
+    max(threshold, k x MAD spread[, floor]) (learner_steps_per_s: a drop; the others: a rise; thresholds:
+    `default_threshold`, epoch_overhead_s's floor EPOCH_OVERHEAD_FLOOR_S), PASS otherwise, "-" when the
     baseline value is NaN (e.g. measured on a CPU). Without epoch metrics in the baseline every row is "-" with
     rule NO_EPOCH_BASELINE. When either side is not steady (a 1-epoch run: its only epoch compiles and captures)
     the rows are "-" and the rule says which side and why: use >= 2 epochs on both."""
@@ -538,11 +557,12 @@ def _compare_one(metric: str, run: Sequence[float] | None, base: Sequence[float]
         missing = math.isnan(r) and not math.isnan(b)
         return {**row, "baseline": b, "run": r, "delta": r - b, "verdict": "FAIL" if missing else "-",
                 "rule": REPORTED_ONLY[metric] + ("; not measured in the run" if missing else "")}
-    floor = KERNEL_FLOOR_US if metric.startswith(KERNEL_US_PREFIX) else 0.0
+    floor, unit = ((KERNEL_FLOOR_US, "us") if metric.startswith(KERNEL_US_PREFIX)
+                   else (EPOCH_OVERHEAD_FLOOR_S, "s") if metric.endswith("epoch_overhead_s") else (0.0, ""))
     allowed = max(rule.allowed(b), k * row["spread"], floor) if not math.isnan(b) else math.nan
     sign = "-" if rule.sign < 0 else "+"
     text = (f"{rule.statistic}:{sign}{rule.amount:g}{'%' if rule.percent else ''} or {k:g} x MAD spread"
-            + (f" or {floor:g} us" if floor else ""))
+            + (f" or {floor:g} {unit}" if floor else ""))
     verdict = "-" if math.isnan(b) else ("FAIL" if math.isnan(r) or rule.sign * (r - b) > allowed else "PASS")
     return {**row, "baseline": b, "run": r, "delta": r - b, "allowed": allowed, "rule": text, "verdict": verdict}
 

@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from hotloop.guards.baselines import (COMPARE_COLUMNS, EPOCH_PREFIX, KERNEL_FLOOR_US, KERNEL_THRESHOLD,
-                                      KERNEL_US_PREFIX, MAD_TO_SIGMA, NO_EPOCH_BASELINE, RETIRED, Baseline,
+from hotloop.guards.baselines import (COMPARE_COLUMNS, EPOCH_OVERHEAD_FLOOR_S, EPOCH_PREFIX, KERNEL_FLOOR_US,
+                                      KERNEL_THRESHOLD, KERNEL_US_PREFIX, MAD_TO_SIGMA, NO_EPOCH_BASELINE, RETIRED, Baseline,
                                       BaselineError, baseline_path, compare, compare_epochs, config_mismatch,
                                       default_threshold, epoch_metrics, load_baseline, mad_spread, parse_threshold,
                                       write_baseline)
@@ -253,23 +253,32 @@ def test_load_errors_name_the_file(tmp_path, text, problem):
 
 # Epoch throughput (issue item 5): the per-epoch table compared with the baseline.
 
-def _epochs(steps_per_s, gpu_ms=None):
-    """A per-epoch table as hotloop.profiles.epoch_table writes it (the columns epoch_metrics reads, plus others)."""
+def _epochs(steps_per_s, gpu_ms=None, overhead_s=None):
+    """A per-epoch table as hotloop.profiles.epoch_table writes it (the columns epoch_metrics reads, plus others):
+    epoch_total_s = wall_s + overhead_s (default 0.05 s per epoch)."""
     n = len(steps_per_s)
+    wall = [1000 / v for v in steps_per_s]
+    over = overhead_s if overhead_s is not None else [0.05] * n
     return pd.DataFrame({"epoch": range(1, n + 1), "learner_steps": [1000] * n,
-                         "wall_s": [1000 / v for v in steps_per_s], "learner_steps_per_s": steps_per_s,
+                         "wall_s": wall, "learner_steps_per_s": steps_per_s,
                          "loss": [0.1] * n,
-                         "gpu_ms_per_step": gpu_ms if gpu_ms is not None else [1000 / v for v in steps_per_s]})
+                         "gpu_ms_per_step": gpu_ms if gpu_ms is not None else [1000 / v for v in steps_per_s],
+                         "epoch_total_s": [w + o for w, o in zip(wall, over)]})
 
 
 def test_epoch_metrics_leave_out_the_first_epoch_and_flag_a_one_epoch_run():
-    m = epoch_metrics(_epochs([300.0, 5000.0, 4900.0], gpu_ms=[3.3, 0.2, 0.21]))
-    assert dict(m) == {"learner_steps_per_s": [5000.0, 4900.0], "gpu_ms_per_step": [0.2, 0.21]}
+    m = epoch_metrics(_epochs([300.0, 5000.0, 4900.0], gpu_ms=[3.3, 0.2, 0.21], overhead_s=[2.0, 0.05, 0.07]))
+    assert list(m) == ["learner_steps_per_s", "gpu_ms_per_step", "epoch_total_s", "epoch_overhead_s"]
+    assert m["learner_steps_per_s"] == [5000.0, 4900.0] and m["gpu_ms_per_step"] == [0.2, 0.21]
+    assert m["epoch_total_s"] == pytest.approx([0.25, 1000 / 4900 + 0.07])
+    assert m["epoch_overhead_s"] == pytest.approx([0.05, 0.07])  # epoch_total_s - wall_s
     assert m.epochs == [2, 3] and m.steady is True
     one = epoch_metrics(_epochs([300.0]))
     assert one["learner_steps_per_s"] == [300.0] and one.epochs == [1] and one.steady is False
     no_gpu = epoch_metrics(_epochs([300.0, 310.0]).drop(columns="gpu_ms_per_step"))  # a table without the column
     assert np.isnan(no_gpu["gpu_ms_per_step"]).all()
+    old_table = epoch_metrics(_epochs([300.0, 310.0]).drop(columns="epoch_total_s"))  # written before the timeline
+    assert np.isnan(old_table["epoch_total_s"]).all() and np.isnan(old_table["epoch_overhead_s"]).all()
     with pytest.raises(ValueError, match="no rows"):
         epoch_metrics(_epochs([]))
     with pytest.raises(ValueError, match="learner_steps_per_s"):
@@ -291,7 +300,9 @@ def test_an_epoch_throughput_drop_beyond_the_noise_rule_fails(tmp_path):
     df = compare_epochs(_epochs([400.0, 4600.0, 4650.0, 4620.0]), base)  # -7.6%: beyond 5% and 3 x MAD
     assert list(df.columns) == COMPARE_COLUMNS
     rows = df.set_index("metric")
-    assert list(rows.index) == [EPOCH_PREFIX + "learner_steps_per_s", EPOCH_PREFIX + "gpu_ms_per_step"]
+    assert list(rows.index) == [EPOCH_PREFIX + m for m in ("learner_steps_per_s", "gpu_ms_per_step",
+                                                          "epoch_total_s", "epoch_overhead_s")]
+    assert rows.loc["epoch_epoch_overhead_s", "verdict"] == "PASS"  # the same 0.05 s outside the loop
     steps, ms = rows.loc["epoch_learner_steps_per_s"], rows.loc["epoch_gpu_ms_per_step"]
     assert steps.verdict == "FAIL" and steps.kind == "timing" and steps.baseline == 5000.0 and steps.run == 4620.0
     assert steps.allowed == pytest.approx(250.0) and steps.rule.startswith("epoch throughput: median:-5%")
@@ -301,7 +312,21 @@ def test_an_epoch_throughput_drop_beyond_the_noise_rule_fails(tmp_path):
     assert set(step_rows.verdict) == {"PASS"}
     combined = pd.concat([step_rows, df], ignore_index=True)  # what the gate prints and writes
     assert set(combined.loc[combined.verdict == "FAIL", "metric"]) == {"epoch_learner_steps_per_s",
-                                                                       "epoch_gpu_ms_per_step"}
+                                                                       "epoch_gpu_ms_per_step", "epoch_epoch_total_s"}
+
+
+def test_a_regression_outside_the_loop_fails_though_the_loop_did_not_move(tmp_path):
+    """A checkpoint made blocking again / an evaluation back to eager steps: the loop's throughput is the baseline's,
+    the epoch's time outside it grows (0.05 -> 0.09 s: beyond +25% and the 0.02 s floor)."""
+    base = _epoch_baseline(tmp_path, BASE_EPOCHS)
+    rows = compare_epochs(_epochs(BASE_EPOCHS[:4], overhead_s=[1.0, 0.09, 0.09, 0.095]), base).set_index("metric")
+    assert rows.loc["epoch_learner_steps_per_s", "verdict"] == "PASS"
+    over = rows.loc["epoch_epoch_overhead_s"]
+    assert over.verdict == "FAIL" and over.baseline == pytest.approx(0.05) and over.run == pytest.approx(0.09)
+    assert over.allowed == pytest.approx(EPOCH_OVERHEAD_FLOOR_S) and "or 0.02 s" in over.rule
+    # within the floor (fsync jitter of the table writes): passes
+    jitter = compare_epochs(_epochs(BASE_EPOCHS[:4], overhead_s=[1.0, 0.065, 0.06, 0.066]), base)
+    assert jitter.set_index("metric").loc["epoch_epoch_overhead_s", "verdict"] == "PASS"
 
 
 def test_an_epoch_throughput_change_within_noise_passes(tmp_path):
