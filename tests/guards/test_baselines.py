@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 
 from hotloop.guards.baselines import (COMPARE_COLUMNS, EPOCH_OVERHEAD_FLOOR_S, EPOCH_PREFIX, KERNEL_FLOOR_US,
-                                      KERNEL_THRESHOLD, KERNEL_US_PREFIX, MAD_TO_SIGMA, NO_EPOCH_BASELINE, RETIRED, Baseline,
+                                      KERNEL_THRESHOLD, KERNEL_US_PREFIX, MAD_TO_SIGMA, NO_EPOCH_BASELINE, RETIRED,
+                                      Baseline,
                                       BaselineError, baseline_path, compare, compare_epochs, config_mismatch,
                                       default_threshold, epoch_metrics, load_baseline, mad_spread, parse_threshold,
                                       write_baseline)
