@@ -1,11 +1,11 @@
-"""PNG plots of a per-epoch table (matplotlib's Agg canvas; no pyplot, no global backend switch)."""
+"""PNG plots of a per-epoch table (matplotlib's Agg canvas; no pyplot, no global backend switch). matplotlib is
+imported by `plot_epochs` itself, so that importing this module (as hotloop.guards.run does) costs no start-up."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pandas as pd
-from matplotlib.figure import Figure
 
 PLOT_COLUMNS = ["epoch", "learner_steps", "wall_s", "learner_steps_per_s"]
 """Columns `plot_epochs` needs; gpu_ms_per_step and sm_clock_mhz are drawn when present and not all NaN."""
@@ -21,6 +21,8 @@ def plot_epochs(df: pd.DataFrame, path: str | Path) -> Path:
     missing = [c for c in PLOT_COLUMNS if c not in df.columns]
     if missing or df.empty:
         raise ValueError(f"plot_epochs: table lacks columns {missing}" if missing else "plot_epochs: no rows")
+    from matplotlib.figure import Figure  # here, not at the top: a run imports matplotlib (~0.4 s) only to plot
+
     fig = Figure(figsize=(8, 6), layout="constrained")
     step_ax, rate_ax = fig.subplots(2, 1, sharex=True)
     step_ax.plot(df.epoch, df.wall_s / df.learner_steps * 1e3, "o-", label="wall ms/step")
