@@ -19,8 +19,10 @@ What `run_suite` does, in this order (nothing runs on the GPU before the first t
    so that its timings carry their run-to-run spread) and judges the clean check and the mutants against it (the
    committed baseline may predate a change of the window or the epoch metrics);
 4. runs each mutant in its own copy (the clean one with the patch applied), `--jobs N` at a time (default 3,
-   sharing one GPU; mutants marked `exclusive` run alone afterwards, for timing-sensitive ones), each as
-   `python -m hotloop.guards.cli gate ARGS --out <out>/runs/<id>` started in that copy;
+   sharing one GPU), each as `python -m hotloop.guards.cli gate ARGS --out <out>/runs/<id>` started in that copy;
+   mutants marked `exclusive`, and every mutant whose expected criterion is a timing one (TIMING_CRITERIA: "epoch
+   throughput", "kernel time"), run one at a time after the others, alone on the GPU (a timing mutant is never
+   run in parallel and then re-run: its contended run could only be thrown away, "Timing under a shared GPU");
 5. writes mutants.csv / mutants.md (and clean.csv) in the output folder and prints the table and the score.
 
 Importing the copy. hotloop installs through a package-dir mapping (pyproject.toml: hotloop.kernels -> kernels/,
@@ -38,7 +40,30 @@ row for a criterion; an `epoch_*` row of baseline.csv for "epoch throughput", ho
 compare_epochs; a `kernel_us:*` row for "kernel time", the per-kernel timings), or when it exits 3 for an expected
 "hang"; exit 0 is "survived"; exit 1 without the expected row (or 3 when a criterion was expected) is "wrong
 criterion: <what failed>"; any other exit (70 internal error, 2, a signal) is "crashed"; a gate that outlives
---timeout is killed by the runner and recorded as "timed out".
+--timeout is killed by the runner and recorded as "timed out". A timing row counts only in a run that was alone on
+the GPU ("Timing under a shared GPU" below).
+
+Timing under a shared GPU (issue 36 item 3). N gates on one GPU slow each other: at the default preset each of 4
+parallel gates ran at about half its epoch throughput, so every timing row (the epoch_* rows, "epoch throughput";
+the kernel_us:* rows, "kernel time"; every other baseline.csv row of kind "timing", e.g. dur_us, gpu_span_us,
+ddqn_overlap_ratio: `is_timing_row`) FAILed whatever the mutant did, while the clean check ran alone. So the
+runner records, on its own monotonic clock, the interval of every gate process it starts (`GpuLedger`: from just
+before the process starts to just after it ends, the clean runs included) and calls a run "alone" when no other
+gate of the suite ran during any part of it (no overlapping interval), else "parallel". The rule:
+- counts and criteria (criteria.csv FAILs, the count rows of baseline.csv: syncs, launches, copies, memsets, ...;
+  the watchdog's exit 3) are judged in every run, alone or parallel;
+- timing rows are judged only in a run that was alone: in a parallel run they are dropped before the verdict, so
+  they can neither kill (an expected timing row) nor name a "wrong criterion"; a parallel run whose exit 1 came
+  from timing rows only reads "survived" (its counts passed), or "timing not judged (parallel)" when its expected
+  criterion is a timing (step 4's scheduling keeps that from happening);
+- the ledger sees this suite's gates only: another process on the GPU (a second suite, a training run) is not
+  seen, so run the suite on a GPU of its own;
+- a baseline of the clean tree measured under the same parallel load is not implemented: the timing mutants are
+  judged alone, against the clean tree's alone baseline (--self-baseline) or the committed one.
+The `judgement` column (`judgement`) says per mutant: "killed by a count/criterion", "killed by timing (alone)",
+"timing not judged (parallel)" (a parallel run, not killed, some of whose timing rows FAILed and were dropped), else
+the verdict itself (survived, wrong criterion: X, crashed, timed out); the `ran` column says "alone" or "parallel". The score line (`score_line`) gives the kills both ways and the number of parallel runs
+whose timing was not judged; `--jobs 1` runs every gate alone, so every row is judged in full.
 
 Exit codes of the runner: 0 the suite ran (and the score is >= --min-score when given); 1 the score is below
 --min-score; 2 bad usage, manifest or patch (found before anything runs); 4 the clean tree does not pass the gate
@@ -68,7 +93,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from hotloop.guards.baselines import EPOCH_PREFIX, EPOCH_THROUGHPUT, KERNEL_TIME, KERNEL_US_PREFIX
+from hotloop.guards.baselines import EPOCH_PREFIX, EPOCH_THROUGHPUT, KERNEL_TIME, KERNEL_US_PREFIX, is_count
 from hotloop.guards.criteria import CRITERIA
 from hotloop.guards.watchdog import HANG_EXIT_CODE
 
@@ -81,6 +106,16 @@ GATE_CRITERIA = tuple(c.name for c in CRITERIA if c.name != "smoke suite" and c.
 EXPECTABLE = (*GATE_CRITERIA, EPOCH_THROUGHPUT, KERNEL_TIME, HANG)
 """What a mutant may name as its criterion ("epoch 1 without hang" reads as "hang")."""
 KILLED, SURVIVED, CRASHED, TIMED_OUT, WRONG = "killed", "survived", "crashed", "timed out", "wrong criterion"
+TIMING_CRITERIA = (EPOCH_THROUGHPUT, KERNEL_TIME)
+"""The expected criteria that are timings: judged only in a gate run alone on the GPU (module docstring)."""
+NOT_JUDGED = "timing not judged (parallel)"
+"""Verdict of a timing mutant whose run was parallel and FAILed timing rows only; also the `judgement` of any
+parallel run, not killed, whose timing FAILs were dropped."""
+BY_COUNT, BY_TIMING = "killed by a count/criterion", "killed by timing (alone)"
+"""The `judgement` of a kill: by a criteria.csv row, a count row or the watchdog (exit 3); by a timing row of a run
+that was alone on the GPU."""
+ALONE, PARALLEL = "alone", "parallel"
+"""The `ran` column: no other gate of the suite ran during any part of this run, or one did (GpuLedger)."""
 USAGE, BELOW_MIN_SCORE, CLEAN_FAILED, INTERNAL = 2, 1, 4, 70
 BASELINE_REPEATS = 5
 """Repeats of the guarded window in the --self-baseline run. One repeat records no spread, so each timing would be
@@ -91,8 +126,8 @@ PACKAGE_DIRS = {"kernels": "kernels", "profiles": "profiles", "trainer": "traine
 """hotloop.<key> -> folder of the checkout, when pyproject.toml does not say (its [tool.setuptools.package-dir])."""
 NOT_COPIED = {".git", "__pycache__", ".pytest_cache", "build", "dist", ".whl", ".nsyslibs", ".abtrees"}
 """Folder names left out of a copy made without git (build outputs, caches); also *.egg-info and profiles/runs."""
-RESULT_COLUMNS = ["mutant", "file", "expected criterion", "verdict", "exit code", "failed criteria", "wall_s",
-                  "depends"]
+RESULT_COLUMNS = ["mutant", "file", "expected criterion", "verdict", "judgement", "ran", "exit code",
+                  "failed criteria", "wall_s", "depends"]
 _ID = re.compile(r"^[a-z0-9][a-z0-9_]*$")
 _KEYS = {"id", "patch", "file", "criterion", "what", "where", "period", "depends", "args", "exclusive"}
 _REQUIRED = ("id", "patch", "file", "criterion", "what")
@@ -124,7 +159,8 @@ class Mutant:
 @dataclass
 class GateRun:
     """What one gate run left: exit code (None when the runner stopped it at its timeout), wall seconds, the FAIL
-    rows (`failed_rows`) and where its run folder and log are."""
+    rows (`failed_rows`), where its run folder and log are, and the other gate runs of the suite that ran during
+    any part of it (`overlapped`, from the GpuLedger; empty: it ran alone on the GPU)."""
 
     returncode: int | None
     wall_s: float
@@ -132,6 +168,47 @@ class GateRun:
     run_dir: Path
     log: Path
     imports: dict = field(default_factory=dict)
+    overlapped: list[str] = field(default_factory=list)
+
+    @property
+    def alone(self) -> bool:
+        """Whether no other gate of the suite ran during any part of this run (its timing rows are judged)."""
+        return not self.overlapped
+
+
+class GpuLedger:
+    """The intervals of the suite's gate processes on the runner's monotonic clock (thread-safe): `begin` just
+    before a gate process starts, `end` just after it has ended; `end` returns the names of the other runs whose
+    interval overlaps this one's. That answer is final when the run ends: a run that starts later cannot overlap
+    it, and every run that started before its end and has not ended yet overlaps it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._runs: list[list] = []  # [name, start, end or None]
+
+    def begin(self, name: str) -> int:
+        """Record that gate run `name` starts now; returns its token for `end`."""
+        with self._lock:
+            self._runs.append([name, time.monotonic(), None])
+            return len(self._runs) - 1
+
+    def end(self, token: int) -> list[str]:
+        """Record that run `token` ended now; returns the names of the runs that overlapped it (sorted)."""
+        with self._lock:
+            self._runs[token][2] = time.monotonic()
+            return self._overlapping(token)
+
+    def overlapping(self, token: int) -> list[str]:
+        """The names of the other runs whose interval overlaps run `token`'s so far (a run not ended yet lasts
+        until now)."""
+        with self._lock:
+            return self._overlapping(token)
+
+    def _overlapping(self, token: int) -> list[str]:
+        _, start, end = self._runs[token]
+        end = math.inf if end is None else end
+        return sorted(name for i, (name, s, e) in enumerate(self._runs)
+                      if i != token and s < end and (e is None or e > start))
 
 
 # ---------------------------------------------------------------------------------------------------- manifest
@@ -442,10 +519,23 @@ def failed_rows(run_dir: Path) -> list[str]:
     return out
 
 
-def verdict(expected: str, returncode: int | None, failed: Sequence[str]) -> str:
+def is_timing_row(row: str) -> bool:
+    """Whether a FAIL row as `failed_rows` names it is a timing: "epoch throughput" (the epoch_* rows), "kernel
+    time" (kernel_us:*), or "regression <metric>" of a timing metric (hotloop.guards.baselines.is_count false: the
+    rule that writes baseline.csv's `kind` column, e.g. dur_us, gpu_span_us, ddqn_overlap_ratio). Criteria rows
+    and count regressions (kernels, kernels_grid1, d2d_copies, ...) are not."""
+    if row in TIMING_CRITERIA:
+        return True
+    return row.startswith("regression ") and not is_count(row[len("regression "):])
+
+
+def verdict(expected: str, returncode: int | None, failed: Sequence[str], alone: bool = True) -> str:
     """The verdict of one mutant run (module docstring): killed / survived / crashed / timed out / "wrong
-    criterion: X" from the expected criterion, the gate's exit code (None: stopped at the runner's timeout) and
-    its FAIL rows (`failed_rows`)."""
+    criterion: X" / NOT_JUDGED from the expected criterion, the gate's exit code (None: stopped at the runner's
+    timeout), its FAIL rows (`failed_rows`) and whether it ran alone on the GPU. A parallel run (`alone` false)
+    is judged on its count and criterion rows only: its timing rows (`is_timing_row`) are dropped first, so they
+    never kill and never name a wrong criterion; its exit 1 with timing FAILs only is "survived", or NOT_JUDGED
+    for an expected timing criterion. A crash is never a kill, whatever FAILed before it."""
     hang = expected in (HANG, "epoch 1 without hang")
     if returncode is None:
         return TIMED_OUT
@@ -454,12 +544,26 @@ def verdict(expected: str, returncode: int | None, failed: Sequence[str]) -> str
     if returncode == HANG_EXIT_CODE:
         return KILLED if hang else f"{WRONG}: hang"
     if returncode == 1:
-        if not hang and expected in failed:
+        judged = list(failed) if alone else [f for f in failed if not is_timing_row(f)]
+        if not hang and expected in judged:
             return KILLED
-        criteria = [f for f in failed if not f.startswith("regression ")]
-        named = criteria or list(failed)
+        if failed and not judged:  # parallel, and only timing rows FAILed: the contention, not the gate
+            return NOT_JUDGED if expected in TIMING_CRITERIA else SURVIVED
+        criteria = [f for f in judged if not f.startswith("regression ")]
+        named = criteria or judged
         return f"{WRONG}: {', '.join(named) if named else 'nothing FAILed in the run folder'}"
     return CRASHED
+
+
+def judgement(expected: str, verdict_: str, failed: Sequence[str], alone: bool = True) -> str:
+    """The `judgement` column of a mutant (module docstring): BY_COUNT or BY_TIMING for a kill (by its expected
+    criterion: a timing kill needs a run alone); NOT_JUDGED for a parallel run, not killed, not crashed or timed
+    out, some of whose timing rows FAILed (dropped); else the verdict itself."""
+    if verdict_ == KILLED:
+        return BY_TIMING if expected in TIMING_CRITERIA else BY_COUNT
+    if not alone and verdict_ not in (CRASHED, TIMED_OUT) and any(is_timing_row(f) for f in failed):
+        return NOT_JUDGED
+    return verdict_
 
 
 # ---------------------------------------------------------------------------------------------------- running
@@ -470,31 +574,44 @@ def gate_command(args: Sequence[str], run_dir: Path, python: str = sys.executabl
 
 
 def run_gate_in(tree: Path, site: Path, args: Sequence[str], run_dir: Path, log: Path, timeout_s: float,
-                python: str = sys.executable) -> GateRun:
-    """Verify the copy's imports, then run the gate from `tree` (stdout + stderr to `log`) and read its run folder."""
+                python: str = sys.executable, ledger: GpuLedger | None = None) -> GateRun:
+    """Verify the copy's imports, then run the gate from `tree` (stdout + stderr to `log`) and read its run folder.
+    With a `ledger`, the gate process's interval is recorded in it (named after the run folder) and the runs that
+    overlapped it come back in GateRun.overlapped; without one the run counts as alone."""
     imports = verify_imports(tree, site, python)
     log.parent.mkdir(parents=True, exist_ok=True)
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     cmd = gate_command(args, run_dir, python)
     start = time.monotonic()
-    with open(log, "w") as fh:
-        fh.write(f"$ cd {tree} && PYTHONPATH={site} {shlex.join(cmd)}\n")
-        fh.flush()
-        proc = subprocess.Popen(cmd, cwd=tree, env=gate_env(site), stdout=fh, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-        try:
-            rc = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)  # the gate's own process group only (start_new_session)
-            proc.wait()
-            rc = None
-            fh.write(f"\nhotloop mutate: stopped after {timeout_s:g} s (--timeout)\n")
-    return GateRun(rc, time.monotonic() - start, failed_rows(run_dir), run_dir, log, imports)
+    token = ledger.begin(Path(run_dir).name) if ledger is not None else None
+    overlapped: list[str] = []
+    try:
+        with open(log, "w") as fh:
+            fh.write(f"$ cd {tree} && PYTHONPATH={site} {shlex.join(cmd)}\n")
+            fh.flush()
+            proc = subprocess.Popen(cmd, cwd=tree, env=gate_env(site), stdout=fh, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+            try:
+                rc = proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, 9)  # the gate's own process group only (start_new_session)
+                proc.wait()
+                rc = None
+                fh.write(f"\nhotloop mutate: stopped after {timeout_s:g} s (--timeout)\n")
+    finally:
+        if token is not None:
+            overlapped = ledger.end(token)
+    wall = time.monotonic() - start
+    if overlapped:
+        with open(log, "a") as fh:
+            fh.write(f"\nhotloop mutate: ran in parallel with {', '.join(overlapped)}: timing rows not judged\n")
+    return GateRun(rc, wall, failed_rows(run_dir), run_dir, log, imports, overlapped)
 
 
 def _result_row(m: Mutant, run: GateRun) -> dict:
-    return {"mutant": m.id, "file": m.file, "expected criterion": m.criterion,
-            "verdict": verdict(m.criterion, run.returncode, run.failed),
+    said = verdict(m.criterion, run.returncode, run.failed, run.alone)
+    return {"mutant": m.id, "file": m.file, "expected criterion": m.criterion, "verdict": said,
+            "judgement": judgement(m.criterion, said, run.failed, run.alone), "ran": ALONE if run.alone else PARALLEL,
             "exit code": "" if run.returncode is None else run.returncode,
             "failed criteria": ", ".join(run.failed), "wall_s": round(run.wall_s, 1), "depends": m.depends}
 
@@ -508,9 +625,12 @@ def run_suite(manifest: Path, root: Path, out: Path, jobs: int = 3, only: Sequen
     `self_baseline`: before each clean check, write a baseline of the clean tree (`gate ARGS --update-baseline
     --baseline <out>/baselines/<clean>.json`), then run the clean check and that arg set's mutants against it, so
     that the suite never depends on the committed baseline being current (the epoch-throughput mutants need a
-    baseline holding epoch metrics). Raises UsageError (exit 2) for a bad manifest, an unknown --only id, `jobs`
-    < 1, a `timeout_s` that is not a finite number > 0 (nan, inf), a patch that does not apply, or
-    `self_baseline` with args that choose a baseline themselves, before anything runs."""
+    baseline holding epoch metrics). Every gate process is recorded in a GpuLedger; each mutant's row says whether
+    it ran alone and judges its timing rows only then (module docstring, "Timing under a shared GPU").
+
+    Raises UsageError (exit 2) for a bad manifest, an unknown --only id, `jobs` < 1, a `timeout_s` that is not a
+    finite number > 0 (nan, inf), a patch that does not apply, or `self_baseline` with args that choose a baseline
+    themselves, before anything runs."""
     mutants = load_manifest(manifest)
     if only:
         unknown = sorted(set(only) - {m.id for m in mutants})
@@ -541,6 +661,7 @@ def run_suite(manifest: Path, root: Path, out: Path, jobs: int = 3, only: Sequen
             raise UsageError(f"{out} already holds runs ({', '.join(taken)}): give a new --out")
         out.mkdir(parents=True, exist_ok=True)
         site = import_root(clean)
+        ledger = GpuLedger()  # every gate process of the suite: which ran alone on the GPU
         arg_sets = list(dict.fromkeys(tuple(m.args) + tuple(extra_args) for m in mutants))
         effective, clean_rows = {}, []  # arg set -> the arguments its runs get (+ the suite's own baseline)
         for i, args in enumerate(arg_sets):
@@ -557,7 +678,7 @@ def run_suite(manifest: Path, root: Path, out: Path, jobs: int = 3, only: Sequen
             for name, run_args in runs:
                 print(f"hotloop mutate: clean tree: gate {shlex.join(run_args)}", flush=True)
                 run = run_gate_in(clean, site, run_args, out / "runs" / name, out / "logs" / f"{name}.log",
-                                  timeout_s, python)
+                                  timeout_s, python, ledger)
                 clean_rows.append({"run": name, "args": shlex.join(run_args), "exit code": run.returncode,
                                    "failed criteria": ", ".join(run.failed), "wall_s": round(run.wall_s, 1)})
                 if run.returncode != 0:
@@ -577,13 +698,13 @@ def run_suite(manifest: Path, root: Path, out: Path, jobs: int = 3, only: Sequen
                 raise RuntimeError(f"{m.id}: {m.patch.name} stopped applying: {err}")
             args = effective[tuple(m.args) + tuple(extra_args)]
             run = run_gate_in(tree, import_root(tree), args, out / "runs" / m.id, out / "logs" / f"{m.id}.log",
-                              timeout_s, python)
+                              timeout_s, python, ledger)
             if not keep:
                 shutil.rmtree(tree, ignore_errors=True)
                 shutil.rmtree(tree.with_name(tree.name + ".site"), ignore_errors=True)
             row = _result_row(m, run)
-            print(f"hotloop mutate: {m.id}: {row['verdict']} (exit {row['exit code']}, {row['wall_s']} s)",
-                  flush=True)
+            print(f"hotloop mutate: {m.id}: {row['verdict']} ({row['judgement']}; exit {row['exit code']}, "
+                  f"{row['wall_s']} s, ran {row['ran']})", flush=True)
             with lock:  # the tables so far, rewritten after each mutant: a suite stopped midway keeps its verdicts
                 rows[m.id] = row
                 write_results(pd.DataFrame([rows[k.id] for k in mutants if k.id in rows], columns=RESULT_COLUMNS),
@@ -591,12 +712,16 @@ def run_suite(manifest: Path, root: Path, out: Path, jobs: int = 3, only: Sequen
             return row
 
         rows, lock = {}, threading.Lock()
-        shared = [m for m in mutants if not m.exclusive]
+        alone = [m for m in mutants if runs_alone(m)]
+        shared = [m for m in mutants if not runs_alone(m)]
+        timed = [m.id for m in alone if not m.exclusive]
+        if timed:
+            print(f"hotloop mutate: {', '.join(timed)}: judged by a timing row, so run alone after the others",
+                  flush=True)
         with ThreadPoolExecutor(max_workers=jobs) as pool:
             list(pool.map(one, shared))
-        for m in mutants:
-            if m.exclusive:
-                one(m)
+        for m in alone:
+            one(m)
         table = pd.DataFrame([rows[m.id] for m in mutants], columns=RESULT_COLUMNS)
         write_results(table, out)
         return 0, table
@@ -607,16 +732,42 @@ def run_suite(manifest: Path, root: Path, out: Path, jobs: int = 3, only: Sequen
             shutil.rmtree(work, ignore_errors=True)
 
 
+def runs_alone(m: Mutant) -> bool:
+    """Whether the runner runs mutant `m` alone on the GPU, after the parallel ones: marked `exclusive`, or
+    expecting a timing criterion (TIMING_CRITERIA), which a contended run cannot judge."""
+    return m.exclusive or m.criterion in TIMING_CRITERIA
+
+
 def score(table: pd.DataFrame) -> tuple[int, int]:
     """(killed, total) of a results table."""
     return int(table["verdict"].eq(KILLED).sum()), len(table)
 
 
-def write_results(table: pd.DataFrame, out: Path, pending: int = 0) -> list[Path]:
-    """mutants.csv and mutants.md (the table and the score line; with `pending` mutants still to run, the line
-    says so and scores the finished ones) in `out`; returns both paths."""
+def score_parts(table: pd.DataFrame) -> dict[str, int]:
+    """The score both ways: {"killed", "total", "by count" (BY_COUNT), "by timing" (BY_TIMING), "not judged"
+    (NOT_JUDGED: parallel runs whose timing FAILs were dropped), "parallel" (runs that were not alone)} of a
+    results table (`judgement` and `ran` columns; a table without them counts every kill as by a count)."""
     killed, total = score(table)
-    line = f"mutation score: {killed}/{total} killed ({100 * killed / max(total, 1):.0f}%)"
+    how = table["judgement"] if "judgement" in table else table["verdict"].map({KILLED: BY_COUNT})
+    ran = table["ran"] if "ran" in table else pd.Series([ALONE] * len(table), dtype=object)
+    return {"killed": killed, "total": total, "by count": int(how.eq(BY_COUNT).sum()),
+            "by timing": int(how.eq(BY_TIMING).sum()), "not judged": int(how.eq(NOT_JUDGED).sum()),
+            "parallel": int(ran.eq(PARALLEL).sum())}
+
+
+def score_line(table: pd.DataFrame) -> str:
+    """"mutation score: K/T killed (P%): A by a count/criterion, B by timing (alone); timing not judged for N
+    parallel runs (of M run in parallel)" (`score_parts`)."""
+    s = score_parts(table)
+    return (f"mutation score: {s['killed']}/{s['total']} killed ({100 * s['killed'] / max(s['total'], 1):.0f}%): "
+            f"{s['by count']} by a count/criterion, {s['by timing']} by timing (alone); timing not judged for "
+            f"{s['not judged']} parallel runs (of {s['parallel']} run in parallel)")
+
+
+def write_results(table: pd.DataFrame, out: Path, pending: int = 0) -> list[Path]:
+    """mutants.csv and mutants.md (the table and the score line, `score_line`; with `pending` mutants still to
+    run, the line says so and scores the finished ones) in `out`; returns both paths."""
+    line = score_line(table)
     if pending:
         line += f" so far; {pending} mutants not finished"
     csv, md = Path(out) / "mutants.csv", Path(out) / "mutants.md"
@@ -644,7 +795,10 @@ def add_mutate_args(p: argparse.ArgumentParser) -> None:
                                              "folder)")
     p.add_argument("--out", type=Path, help="output folder: mutants.csv/.md, clean.csv, runs/<id>/, logs/<id>.log "
                                             "(default profiles/runs/mutate-<UTC timestamp>/ under the checkout)")
-    p.add_argument("--jobs", type=int, default=3, metavar="N", help="mutants run at a time (default 3)")
+    p.add_argument("--jobs", type=int, default=3, metavar="N",
+                   help="mutants run at a time on the GPU (default 3); timing rows count only in a gate that ran "
+                        "alone: exclusive mutants and those expecting a timing criterion run alone after the "
+                        "others; --jobs 1 judges every run in full")
     p.add_argument("--only", action="append", default=[], metavar="ID[,ID...]", help="run these mutants only")
     p.add_argument("--gate-args", default="", metavar="ARGS",
                    help="extra gate arguments for every run, the clean ones too (one shell-quoted string)")
@@ -668,7 +822,8 @@ def run_mutate(args: argparse.Namespace) -> int:
         if args.list:
             mutants = load_manifest(manifest)
             print(pd.DataFrame([{"mutant": m.id, "file": m.file, "expected criterion": m.criterion,
-                                 "depends": m.depends, "what": m.what} for m in mutants]).to_string(index=False))
+                                 "runs": ALONE if runs_alone(m) else PARALLEL, "depends": m.depends,
+                                 "what": m.what} for m in mutants]).to_string(index=False))
             return 0
         if args.min_score is not None and not 0 <= args.min_score <= 1:
             raise UsageError(f"--min-score must be within 0..1, got {args.min_score}")
@@ -694,7 +849,7 @@ def run_mutate(args: argparse.Namespace) -> int:
         return code
     killed, total = score(table)
     print("\n" + table.drop(columns="depends").to_string(index=False))
-    print(f"\nmutation score: {killed}/{total} killed ({100 * killed / max(total, 1):.0f}%); tables in {out}")
+    print(f"\n{score_line(table)}; tables in {out}")
     if args.min_score is not None and killed / max(total, 1) < args.min_score:
         return BELOW_MIN_SCORE
     return 0

@@ -1,7 +1,8 @@
 """guards/mutate.py, the source-level mutation suite (CPU): every patch of ci/mutants applies to this checkout and
 yields valid Python, the suite spans every criterion, a copy imports itself through its import root, the verdict
-logic on stubbed gate results, the whole run on a stub gate (clean first, then each mutant), and bad manifests or
-patches are exit 2 before anything runs."""
+logic on stubbed gate results, the whole run on a stub gate (clean first, then each mutant), timing rows judged
+only in a gate that ran alone on the GPU (issue 36 item 3), and bad manifests or patches are exit 2 before anything
+runs."""
 
 from __future__ import annotations
 
@@ -17,9 +18,10 @@ import pandas as pd
 import pytest
 
 from hotloop.guards import mutate
-from hotloop.guards.mutate import (CLEAN_FAILED, CRASHED, EXPECTABLE, GATE_CRITERIA, HANG, KILLED, SURVIVED,
-                                   TIMED_OUT, USAGE, UsageError, apply_patch, check_patches, copy_checkout,
-                                   failed_rows, gate_env, import_root, load_manifest, patched_files, run_suite,
+from hotloop.guards.mutate import (ALONE, BY_COUNT, BY_TIMING, CLEAN_FAILED, CRASHED, EXPECTABLE, GATE_CRITERIA,
+                                   HANG, KILLED, NOT_JUDGED, PARALLEL, SURVIVED, TIMED_OUT, USAGE, GpuLedger,
+                                   UsageError, apply_patch, check_patches, copy_checkout, failed_rows, gate_env,
+                                   import_root, is_timing_row, judgement, load_manifest, patched_files, run_suite,
                                    verdict, verify_imports)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -198,6 +200,69 @@ def test_verdicts_on_stubbed_gate_results(expected, rc, failed, want):
     assert verdict(expected, rc, failed) == want
 
 
+def test_timing_rows_are_told_from_count_rows():
+    for row in ("epoch throughput", "kernel time", "regression dur_us", "regression gpu_span_us",
+                "regression kernel_us:_fwd_online_tf32_gemm_kernel", "regression ddqn_overlap_ratio"):
+        assert is_timing_row(row), row
+    for row in ("no stream sync", "DDQN overlapped", "no sync in the epochs' loop", "regression kernels_grid1",
+                "regression d2d_copies", "regression stream_sync_calls", "hang"):
+        assert not is_timing_row(row), row
+
+
+SLOW = ["epoch throughput", "regression dur_us"]  # what contention FAILs in every parallel gate
+
+
+@pytest.mark.parametrize("expected, rc, failed, alone, want, how", [
+    # a timing-only failure: a kill (or a wrong criterion) alone, not judged in parallel
+    ("epoch throughput", 1, SLOW, True, KILLED, BY_TIMING),
+    ("epoch throughput", 1, SLOW, False, NOT_JUDGED, NOT_JUDGED),
+    ("kernel time", 1, ["kernel time", "regression kernel_us:k"], True, KILLED, BY_TIMING),
+    ("kernel time", 1, ["kernel time", "regression kernel_us:k"], False, NOT_JUDGED, NOT_JUDGED),
+    ("no stream sync", 1, SLOW, True, "wrong criterion: epoch throughput", "wrong criterion: epoch throughput"),
+    ("no stream sync", 1, SLOW, False, SURVIVED, NOT_JUDGED),
+    # counts and criteria count in a parallel run too; its timing FAILs beside them name nothing
+    ("no stream sync", 1, ["no stream sync", *SLOW], False, KILLED, BY_COUNT),
+    ("no stream sync", 1, ["no stream sync"], False, KILLED, BY_COUNT),
+    ("epoch throughput", 1, ["no event sync", *SLOW], False, "wrong criterion: no event sync", NOT_JUDGED),
+    ("no stream sync", 1, ["regression kernels_grid1", "regression dur_us"], False,
+     "wrong criterion: regression kernels_grid1", NOT_JUDGED),
+    ("no stream sync", 1, ["regression kernels_grid1", "regression dur_us"], True,
+     "wrong criterion: regression kernels_grid1, regression dur_us", "wrong criterion: regression kernels_grid1, "
+                                                                     "regression dur_us"),
+    ("no stream sync", 1, [], False, "wrong criterion: nothing FAILed in the run folder",
+     "wrong criterion: nothing FAILed in the run folder"),
+    (HANG, 3, [], False, KILLED, BY_COUNT),  # the watchdog's exit 3 counts always
+    ("no stream sync", 70, ["no stream sync", *SLOW], False, CRASHED, CRASHED),  # a crash is never a kill
+    ("epoch throughput", None, [], False, TIMED_OUT, TIMED_OUT),
+    ("epoch throughput", 0, [], False, SURVIVED, SURVIVED),
+])
+def test_timing_rows_count_only_in_a_run_alone(expected, rc, failed, alone, want, how):
+    said = verdict(expected, rc, failed, alone)
+    assert said == want
+    assert judgement(expected, said, failed, alone) == how
+
+
+def test_the_ledger_says_which_runs_overlapped(monkeypatch):
+    clock = [0.0]
+    monkeypatch.setattr(mutate.time, "monotonic", lambda: clock[0])
+    ledger = GpuLedger()
+
+    def at(t: float, call, *args):
+        clock[0] = t
+        return call(*args)
+
+    a = at(0, ledger.begin, "a")
+    b = at(5, ledger.begin, "b")
+    assert at(8, ledger.overlapping, a) == ["b"]  # b still runs
+    assert at(10, ledger.end, a) == ["b"]
+    assert at(15, ledger.end, b) == ["a"]
+    c = at(15, ledger.begin, "c")  # starts as b ends: touching is not overlapping
+    assert at(20, ledger.end, c) == []
+    d = at(20, ledger.begin, "d")
+    e = at(21, ledger.begin, "e")
+    assert at(22, ledger.end, e) == ["d"] and at(22, ledger.end, d) == ["e"]
+
+
 # ------------------------------------------------------------------------ the runner on a stub gate (no GPU)
 
 STUB_GATE = '''\
@@ -213,11 +278,25 @@ if "--update-baseline" in argv:
     pathlib.Path(argv[argv.index("--baseline") + 1]).write_text("{}")
 with open(os.environ["STUB_CALLS"], "a") as f:
     f.write(pathlib.Path.cwd().name + " " + " ".join(argv[3:argv.index("--out")]) + "\\n")
+barrier = os.environ.get("STUB_BARRIER")  # mutant gates wait here until STUB_BARRIER_N of them have started
+if barrier and pathlib.Path.cwd().name != "clean":
+    import time
+    here = pathlib.Path(barrier)
+    here.mkdir(exist_ok=True)
+    here.joinpath(pathlib.Path.cwd().name).touch()
+    t0 = time.monotonic()
+    while len(list(here.iterdir())) < int(os.environ["STUB_BARRIER_N"]):
+        if time.monotonic() - t0 > 30:
+            sys.exit(99)  # never met: reads "crashed"
+        time.sleep(0.02)
 state = [t for t in pathlib.Path("guards/stub_gate.txt").read_text().splitlines() if not t.startswith("#")][0]
 rc, _, failed = state.partition(" ")
 crit = ["no stream sync", "no event sync", "DDQN overlapped"]
 out.joinpath("criteria.csv").write_text("criterion,verdict\\n" + "".join(
     f"{c},{'FAIL' if c in failed.split(',') else 'PASS'}\\n" for c in crit))
+metrics = [m for m in failed.split(",") if m not in crit and m.replace("_", "a").replace(":", "a").isalnum()]
+if metrics:  # baseline rows: epoch_*, kernel_us:*, dur_us (timings) or kernels_grid1 (a count)
+    out.joinpath("baseline.csv").write_text("metric,verdict\\n" + "".join(f"{m},FAIL\\n" for m in metrics))
 sys.exit(int(rc))
 '''
 
@@ -237,7 +316,8 @@ def _stub_checkout(tmp_path: Path, clean: str = "0") -> Path:
 
 
 def _stub_state(state: str) -> str:
-    """The stub gate's file: its exit code and the criteria it FAILs ("1 no stream sync,DDQN overlapped")."""
+    """The stub gate's file: its exit code and the rows it FAILs ("1 no stream sync,DDQN overlapped"; a name that is
+    not a criterion is a FAIL row of baseline.csv: "1 epoch_learner_steps_per_s,dur_us")."""
     return f"# the stub gate's exit code, then the criteria it FAILs\n{state}\n# end\n"
 
 
@@ -289,6 +369,8 @@ def test_the_runner_scores_each_mutant_after_a_clean_pass(tmp_path, monkeypatch)
                    "crash": CRASHED, "spin": KILLED}
     assert list(table.columns) == mutate.RESULT_COLUMNS
     assert table.set_index("mutant").loc["sync_item", "failed criteria"] == "no stream sync, DDQN overlapped"
+    assert table.set_index("mutant").loc["sync_item", "judgement"] == BY_COUNT
+    assert table.set_index("mutant").loc["spin", "ran"] == ALONE  # exclusive: no other gate ran beside it
     assert mutate.score(table) == (2, 5)
     runs = calls.read_text().splitlines()
     # the clean tree ran first, once per distinct argument list, before any mutant; each mutant in its own copy
@@ -296,7 +378,8 @@ def test_the_runner_scores_each_mutant_after_a_clean_pass(tmp_path, monkeypatch)
     assert sorted(r.split()[0] for r in runs[2:]) == ["crash", "other_row", "spin", "sync_item", "unseen"]
     assert runs[-1].startswith("spin")  # exclusive: alone, after the shared ones
     out = tmp_path / "out"
-    assert (out / "mutants.csv").is_file() and "mutation score: 2/5 killed (40%)" in (out / "mutants.md").read_text()
+    assert (out / "mutants.csv").is_file() and "mutation score: 2/5 killed (40%): 2 by a count/criterion, 0 by " \
+        "timing (alone)" in (out / "mutants.md").read_text()
     assert pd.read_csv(out / "clean.csv")["exit code"].tolist() == [0, 0]
     assert (root / "guards" / "stub_gate.txt").read_text() == _stub_state("0")  # the checkout is never patched
     with pytest.raises(UsageError, match="already holds runs"):  # a second suite never mixes into the first's
@@ -319,6 +402,78 @@ def test_self_baseline_writes_the_clean_trees_baseline_and_judges_against_it(tmp
     chooses = _manifest(tmp_path / "m2", [_entry("b", "no stream sync", "1", args=["--no-baseline"])])
     with pytest.raises(UsageError, match="already choose a baseline"):
         run_suite(chooses, root, out, python=str(tmp_path / "stub-python"), self_baseline=True)
+
+
+def _barrier(monkeypatch, tmp_path: Path, n: int) -> None:
+    """The stub's mutant gates wait until `n` of them have started: the first `n` surely run in parallel."""
+    monkeypatch.setenv("STUB_BARRIER", str(tmp_path / "barrier"))
+    monkeypatch.setenv("STUB_BARRIER_N", str(n))
+
+
+@needs_git
+def test_timing_fails_of_parallel_runs_are_not_judged_and_timing_mutants_run_alone(tmp_path, monkeypatch):
+    """Issue 36 item 3: gates in parallel on one GPU FAIL their timing rows whatever the mutant does."""
+    root = _stub_checkout(tmp_path)
+    calls = tmp_path / "calls.txt"
+    monkeypatch.setenv("STUB_CALLS", str(calls))
+    _barrier(monkeypatch, tmp_path, 2)
+    manifest = _manifest(tmp_path / "mutants", [
+        _entry("slow_epochs", "epoch throughput", "1 epoch_learner_steps_per_s,dur_us"),  # not marked exclusive
+        _entry("contended", "no stream sync", "1 epoch_learner_steps_per_s,dur_us"),  # timing FAILs only
+        _entry("sync_and_slow", "no event sync", "1 no event sync,epoch_learner_steps_per_s,dur_us"),
+    ])
+    out = tmp_path / "out"
+    code, table = run_suite(manifest, root, out, jobs=2, python=str(tmp_path / "stub-python"))
+    assert code == 0
+    got = table.set_index("mutant")[["verdict", "judgement", "ran"]].to_dict("index")
+    assert got == {
+        "slow_epochs": {"verdict": KILLED, "judgement": BY_TIMING, "ran": ALONE},  # re-placed: run alone
+        "contended": {"verdict": SURVIVED, "judgement": NOT_JUDGED, "ran": PARALLEL},  # not a kill
+        "sync_and_slow": {"verdict": KILLED, "judgement": BY_COUNT, "ran": PARALLEL},  # a count kill counts
+    }
+    runs = [r.split()[0] for r in calls.read_text().splitlines()]
+    assert runs[0] == "clean" and sorted(runs[1:3]) == ["contended", "sync_and_slow"] and runs[3] == "slow_epochs"
+    line = ("mutation score: 2/3 killed (67%): 1 by a count/criterion, 1 by timing (alone); timing not judged for 1 "
+            "parallel runs (of 2 run in parallel)")
+    assert mutate.score_line(table) == line and line in (out / "mutants.md").read_text()
+    written = pd.read_csv(out / "mutants.csv").set_index("mutant")
+    assert written.loc["contended", "judgement"] == NOT_JUDGED and written.loc["slow_epochs", "ran"] == ALONE
+    assert "ran in parallel with sync_and_slow: timing rows not judged" in (out / "logs" / "contended.log").read_text()
+
+
+@needs_git
+@pytest.mark.parametrize("jobs, want", [(1, (KILLED, BY_TIMING, ALONE)), (2, (NOT_JUDGED, NOT_JUDGED, PARALLEL))])
+def test_the_same_timing_failure_kills_alone_and_is_not_judged_in_parallel(tmp_path, monkeypatch, jobs, want):
+    """The scheduling set aside (runs_alone false for all): the ledger alone decides whether a timing row counts."""
+    root = _stub_checkout(tmp_path)
+    monkeypatch.setenv("STUB_CALLS", str(tmp_path / "calls.txt"))
+    if jobs > 1:
+        _barrier(monkeypatch, tmp_path, 2)
+    monkeypatch.setattr(mutate, "runs_alone", lambda m: False)
+    manifest = _manifest(tmp_path / "mutants", [
+        _entry("slow_epochs", "epoch throughput", "1 epoch_learner_steps_per_s"),
+        _entry("slow_kernel", "kernel time", "1 kernel_us:_fwd_gemm,dur_us"),
+    ])
+    code, table = run_suite(manifest, root, tmp_path / "out", jobs=jobs, python=str(tmp_path / "stub-python"))
+    assert code == 0
+    for _, row in table.iterrows():
+        assert (row["verdict"], row["judgement"], row["ran"]) == want, row["mutant"]
+    assert mutate.score(table) == ((2 if jobs == 1 else 0), 2)
+
+
+def test_the_cli_prints_the_score_both_ways(tmp_path, monkeypatch, capsys):
+    table = pd.DataFrame([
+        {"mutant": "a", "verdict": KILLED, "judgement": BY_COUNT, "ran": PARALLEL},
+        {"mutant": "b", "verdict": KILLED, "judgement": BY_TIMING, "ran": ALONE},
+        {"mutant": "c", "verdict": SURVIVED, "judgement": NOT_JUDGED, "ran": PARALLEL},
+        {"mutant": "d", "verdict": SURVIVED, "judgement": SURVIVED, "ran": ALONE},
+    ], columns=mutate.RESULT_COLUMNS)
+    monkeypatch.setattr(mutate, "run_suite", lambda *a, **k: (0, table))
+    assert mutate.main(["--root", str(tmp_path), "--out", str(tmp_path / "out"), "--min-score", "0.5"]) == 0
+    printed = capsys.readouterr().out
+    assert ("mutation score: 2/4 killed (50%): 1 by a count/criterion, 1 by timing (alone); timing not judged for 1 "
+            "parallel runs (of 2 run in parallel); tables in") in printed
+    assert mutate.main(["--root", str(tmp_path), "--out", str(tmp_path / "out"), "--min-score", "0.6"]) == 1
 
 
 @needs_git
