@@ -62,8 +62,9 @@ gate of the suite ran during any part of it (no overlapping interval), else "par
   judged alone, against the clean tree's alone baseline (--self-baseline) or the committed one.
 The `judgement` column (`judgement`) says per mutant: "killed by a count/criterion", "killed by timing (alone)",
 "timing not judged (parallel)" (a parallel run, not killed, some of whose timing rows FAILed and were dropped), else
-the verdict itself (survived, wrong criterion: X, crashed, timed out); the `ran` column says "alone" or "parallel". The score line (`score_line`) gives the kills both ways and the number of parallel runs
-whose timing was not judged; `--jobs 1` runs every gate alone, so every row is judged in full.
+the verdict itself (survived, wrong criterion: X, crashed, timed out); the `ran` column says "alone" or "parallel".
+The score line (`score_line`) gives the kills both ways and the number of parallel runs whose timing was not
+judged; `--jobs 1` runs every gate alone, so every row is judged in full.
 
 Exit codes of the runner: 0 the suite ran (and the score is >= --min-score when given); 1 the score is below
 --min-score; 2 bad usage, manifest or patch (found before anything runs); 4 the clean tree does not pass the gate
