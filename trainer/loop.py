@@ -24,6 +24,7 @@ from hotloop.trainer.actor import DeviceActor, capturable
 from hotloop.trainer.config import Config
 from hotloop.trainer.envs import make_env
 from hotloop.trainer.episodes import EpisodeReturns
+from hotloop.trainer.evaluation import build_evaluator
 from hotloop.trainer.learner import DQNLearner
 from hotloop.trainer.readback import AsyncReadback
 from hotloop.trainer.replay import PrioritizedReplay
@@ -171,8 +172,8 @@ class Trainer:
         else:
             self.learner = DQNLearner(cfg, self.env.obs_dim, self.env.action_nvec, self.device)
         self.returns = EpisodeReturns(cfg.num_envs, self.device)
-        self.eval_env = (make_env(cfg.env, cfg.eval_episodes, self.device, cfg.seed + 1, **cfg.env_shape())
-                         if cfg.eval_episodes else None)
+        self.evaluator = build_evaluator(cfg, self.learner.greedy, self.device, self.on_phase)
+        self.eval_env = self.evaluator.env if self.evaluator is not None else None
         self._obs = self.env.reset(seed=cfg.seed)
         per_update = cfg.env_steps_per_update * cfg.num_envs
         self.prefill_vec_steps = -(-cfg.learning_starts // cfg.num_envs)
@@ -327,24 +328,18 @@ class Trainer:
                           epsilon=self.epsilon.value(self.env_steps), metrics_step=metrics_step,
                           head_norms=head_norms)
 
-    @torch.no_grad()
     def evaluate(self, seed: int, max_steps: int = 10_000) -> float:
-        """Mean return of one greedy (epsilon 0) episode in each of the `eval_episodes` env copies, or nan when
-        evaluation is off. Runs outside the timed epoch; checks for the end every 50 steps (a host sync)."""
-        if self.eval_env is None:
+        """Mean return (host float) of one greedy (epsilon 0) episode in each of the `eval_episodes` env copies reset
+        with `seed`, at most `max_steps` steps each, or nan when evaluation is off: `self.evaluator`
+        (hotloop.trainer.evaluation.GreedyEvaluator). On CUDA with a capturable env, a CUDA graph of a chunk of steps
+        replayed up to the env's time limit, one host read at the end (the first evaluation runs one chunk eagerly,
+        then captures: a "capture" phase, `evaluator.capture_s`); elsewhere the eager reference loop, which checks
+        for the end every 50 steps (a host read each). Both give the same returns bit for bit. Seconds of each
+        evaluation: `evaluator.last_s`, `evaluator.times_s`. Runs outside the timed epoch (run_epoch's "evaluate"
+        phase). Raises ValueError for a seed that is not an int or max_steps not an int >= 0."""
+        if self.evaluator is None:
             return float("nan")
-        env = self.eval_env
-        obs = env.reset(seed=seed)
-        total = torch.zeros(env.num_envs, dtype=torch.float64, device=self.device)
-        running = torch.ones(env.num_envs, dtype=torch.bool, device=self.device)
-        for t in range(max_steps):
-            res = env.step(self.learner.greedy(obs))
-            total += res.reward.to(total.dtype) * running
-            running &= ~(res.terminated | res.truncated)
-            obs = res.obs
-            if t % 50 == 49 and not bool(running.any()):
-                break
-        return float(total.mean())
+        return self.evaluator.evaluate(seed, max_steps)
 
     def epochs(self) -> Iterator[EpochStats]:
         """Run the epochs after `epochs_done` up to `cfg.epochs`, yielding each one's stats as it finishes."""

@@ -88,6 +88,12 @@ class CartPoleVec:
         self.state: torch.Tensor | None = None
         self.elapsed_steps = torch.zeros(num_envs, dtype=torch.int64, device=self.device)
 
+    @property
+    def generator(self) -> torch.Generator:
+        """The env's own generator on `device`, which draws every reset state of a `step` without uniforms: a CUDA
+        graph that captures such a step registers it (trainer/evaluation.py)."""
+        return self._generator
+
     def _random_states(self, uniforms: torch.Tensor | None = None) -> torch.Tensor:
         """(N, 4) `dtype` states uniform in [-0.05, 0.05), from `uniforms` (N, 4) in [0, 1) or the env's generator."""
         if uniforms is None:

@@ -84,6 +84,12 @@ class SyntheticBatchEnv:
         self._obs: torch.Tensor | None = None
         self.elapsed_steps = torch.zeros(num_envs, dtype=torch.int64, device=self.device)
 
+    @property
+    def generator(self) -> torch.Generator:
+        """The env's own generator on `device`, which draws the start states at `reset` and the noise of a `step`
+        without uniforms: a CUDA graph that captures such a step registers it (trainer/evaluation.py)."""
+        return self._generator
+
     def reset(self, seed: int | None = None) -> torch.Tensor:
         """Restart all N episodes (re-seeding the generator first when `seed` is given).
 
