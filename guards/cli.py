@@ -123,6 +123,17 @@ def build_parser() -> argparse.ArgumentParser:
                       help="turn off the census of the training loop's host syncs over every epoch after the first, "
                            "outside the guarded window (on by default, CUDA only): criterion \"no sync in the epochs' "
                            "loop\" is then not measured")
+    gate.add_argument("--no-structure-census", action="store_true",
+                      help="turn off the census of the training loop's D2D copies, memsets / fills and grid (1,1,1) "
+                           "launches over every epoch after the first, outside the guarded window (on by default, "
+                           "CUDA only; hotloop.guards.loop_structure): work of those kinds that runs less often than "
+                           "the window, e.g. a clone every 200 iterations, then passes; the rows' census column says "
+                           "off")
+    gate.add_argument("--census-overhead", type=int, nargs="?", const=5, default=0, metavar="PAIRS",
+                      help="after the epochs, time K loop iterations with no census, with the structure census and "
+                           "with both censuses, PAIRS times each (default 5; device-synchronized), and print the "
+                           "censuses' overhead per iteration (the window then starts 3 x (1 + PAIRS) x K iterations "
+                           "later)")
     gate.add_argument("--inject", metavar="FAULT",
                       help="inject a fault before the guarded steps (a mutation test of the gate: it must then "
                            "fail that fault's criterion): item, event_sync, device_sync, pageable_copy, d2d_copy, "
@@ -288,6 +299,8 @@ def check_gate_args(args: argparse.Namespace, cfg: Config) -> None:
     if (args.guard_steps is not None and args.guard_steps < 1) or args.guard_warmup < 0 or args.repeats < 1:
         raise ValueError(f"--guard-steps and --repeats must be >= 1 and --guard-warmup >= 0, got "
                          f"{args.guard_steps}, {args.repeats}, {args.guard_warmup}")
+    if args.census_overhead < 0:
+        raise ValueError(f"--census-overhead PAIRS must be >= 1 (or 0: off), got {args.census_overhead}")
     explicit = args.baseline is not None
     if args.no_baseline:
         if explicit or args.update_baseline or args.baseline_dir is not None:
@@ -583,7 +596,8 @@ def _execute(args: argparse.Namespace, cfg: Config, run_dir: Path) -> int:
 
         return run_gate(cfg, run_dir, args.epoch_timeout, not args.no_progress, args.guard_steps,
                         args.guard_warmup, args.repeats, args.baseline, args.update_baseline, args.inject,
-                        loop_census=not args.no_loop_census)
+                        loop_census=not args.no_loop_census, structure_census=not args.no_structure_census,
+                        census_overhead_pairs=args.census_overhead)
     from hotloop.profiles.epoch_table import format_table
     from hotloop.guards.run import run_training
 

@@ -14,7 +14,11 @@ the sync and single-block criteria every phase and the loop code between steps, 
 (cfg.env_steps_per_update of them per iteration) the env_step phase. Beyond the window, the loop of every epoch
 after the first runs under a hotloop.guards.loop_syncs.LoopSyncCensus (the sync hooks and torch's sync debug
 warnings; --no-loop-census turns it off), so that a sync every N iterations that the K iterations never hold still
-FAILs "no sync in the epochs' loop".
+FAILs "no sync in the epochs' loop"; and under a hotloop.guards.loop_structure.LoopStructureCensus (the ATen ops,
+Triton launches and phase ranges of the same span; --no-structure-census turns it off), so that a D2D copy, a memset
+or a grid (1,1,1) launch every N iterations that the window never holds FAILs the window's own row ("no D2D weight
+sync", "memsets only where needed", "no single-block kernels"), naming its period and call site
+(`judge_loop_structure`; the streams in structure_census.csv).
 
 Exit codes: 0 every measured criterion passed, 1 a criterion or a baseline regression failed, 2 bad usage or input
 (raised by the CLI, before training), 3 hang (the watchdog ends the process), 70 internal error (an unexpected
@@ -40,6 +44,7 @@ from hotloop.guards.baselines import (KERNEL_US_PREFIX, Baseline, baseline_path,
 from hotloop.guards.faults import check_request
 from hotloop.guards.faults import inject as inject_fault
 from hotloop.guards.guard import MIN_WINDOW_STEPS, GuardReport, default_window_steps, guard_window
+from hotloop.guards.loop_structure import CensusGroup, LoopStructureCensus, census_criteria
 from hotloop.guards.loop_syncs import LoopSyncCensus
 from hotloop.guards.step_metrics import PhaseRoles
 from hotloop.profiles.epoch_table import format_table, write_table
@@ -169,7 +174,8 @@ def guard_loop(trainer: Trainer, steps: int | None = None, warmup: int = 3,
 
 def run_gate(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress: bool = True,
              guard_steps_n: int | None = None, guard_warmup: int = 3, repeats: int = 1, baseline: Path | None = None,
-             update_baseline: bool = False, inject: str | None = None, loop_census: bool = True) -> int:
+             update_baseline: bool = False, inject: str | None = None, loop_census: bool = True,
+             structure_census: bool = True, census_overhead_pairs: int = 0) -> int:
     """Run the gate; prints the per-epoch table, the window size, the phase coverage table and the criteria
     verdicts, the gate's wall time and the share spent profiling; writes under `run_dir` epochs.csv/.md,
     criteria.csv/.md/.json (the verdicts), coverage.csv/.md (the first repeat's phase coverage), guard.json (the
@@ -184,6 +190,13 @@ def run_gate(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress: bo
     are written as the new baseline instead (deliberately, never implicitly).
     `loop_census` (default on): also run the epochs under a hotloop.guards.loop_syncs.LoopSyncCensus and judge "no
     sync in the epochs' loop" by it (off: that row is not measured, LOOP_CENSUS_OFF).
+    `structure_census` (default on): also run the same span under a
+    hotloop.guards.loop_structure.LoopStructureCensus and let structural work the window never held FAIL the
+    window's D2D, memset and single-block rows (`judge_loop_structure`; off: their `census` column says
+    STRUCTURE_CENSUS_OFF); its streams go to structure_census.csv/.md, its cost to guard.json ("structure_census")
+    and the output. `census_overhead_pairs` > 0: before the guarded windows, time Trainer.iterate(K) without and
+    with the censuses that many times each (`census_overhead`; it moves the window later by 3 x (1 + pairs) x K
+    iterations) and print the overhead per iteration.
     `inject`: a hotloop.guards.faults fault name, injected after the epochs and before the guarded steps (mutation test
     of the gate: it must then FAIL that fault's criterion); never together with update_baseline.
     Returns the exit code (0 pass, 1 a criterion or a baseline comparison failed). Raises ValueError, before
@@ -196,7 +209,11 @@ def run_gate(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress: bo
     check_request(inject, update_baseline, device=device, learner=kind, spectral_norm=cfg.spectral_norm)
     k, _, why_k = window_size(cfg, kind, guard_steps_n)
 
+    overhead: dict = {}
+
     def guard(trainer: Trainer) -> list[GuardReport]:
+        if census_overhead_pairs > 0:
+            overhead.update(census_overhead(trainer, k, census_overhead_pairs))
         if inject is not None:
             fault = inject_fault(trainer, inject)
             print(f"\ninjected fault {fault.name!r}: {fault.what}; expect FAIL of {fault.criterion!r}")
@@ -205,9 +222,11 @@ def run_gate(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress: bo
         return reports, precision_evidence(trainer)  # after the guarded windows, never inside them
 
     census = LoopSyncCensus(cuda=device.type == "cuda") if loop_census else None
+    structure = LoopStructureCensus(cuda=device.type == "cuda", step_range=STEP_RANGE) if structure_census else None
+    group = CensusGroup([census, structure]) if census is not None or structure is not None else None
     watched: dict[str, bool] = {}
     epochs, (reports, precision) = run_training(cfg, run_dir, epoch_limit_s, show_progress, after_epochs=guard,
-                                                loop_census=census, watched=watched)
+                                                loop_census=group, watched=watched)
     report = reports[0]
     verdicts = report.verdicts.copy()
     for other in reports[1:]:
@@ -215,7 +234,10 @@ def run_gate(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress: bo
         verdicts.loc[worse] = other.verdicts.loc[worse].to_numpy()
     judge_precision(verdicts, *precision)
     judge_loop_syncs(verdicts, census)
+    streams = judge_loop_structure(verdicts, structure, k, learner_phases(kind))
     judge_hang(verdicts, watched)
+    if streams is not None:
+        write_table(streams, run_dir, STRUCTURE_FILE)
     write_table(verdicts, run_dir, "criteria")
     (run_dir / "criteria.json").write_text(json.dumps(verdicts.to_dict(orient="records"), indent=2) + "\n")
     write_table(report.coverage, run_dir, "coverage")
@@ -226,7 +248,9 @@ def run_gate(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress: bo
     timing = {"wall_s": round(wall_s, 3), "profiling_s": round(window_s + analysis_s, 3),
               "window_s": round(window_s, 3), "analysis_s": round(analysis_s, 3), "repeats": repeats,
               "window_steps": k}
-    report.to_json(run_dir / "guard.json", extra={"gate": timing})
+    structure_cost = structure.cost() if structure is not None and structure.epochs else {}
+    report.to_json(run_dir / "guard.json", extra={"gate": timing, "structure_census": {
+        **structure_cost, "census_overhead": overhead}})
     missing = report.window.get("missing", [])
     print("\nPer-epoch table\n" + format_table(epochs))
     print(f"\nGuarded window: {k} loop iterations (Trainer.iterate, one 'step' range each) after {guard_warmup} "
@@ -237,6 +261,7 @@ def run_gate(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress: bo
              f"{'them' if len(missing) > 1 else 'it'} are not measured" if missing else ""))
     print(f"\nCriteria (docs/criteria.md), {k} guarded steps after the epochs\n"
           + format_table(verdicts[["criterion", "measured", "limit", "verdict", "status", "source", "worst_step"]]))
+    print(structure_text(verdicts, structure, structure_cost, k) + (f"\n{overhead_text(overhead)}" if overhead else ""))
     failed = verdicts[verdicts.verdict == "FAIL"]
     print(f"\nrun folder: {run_dir} (its Kineto trace per step: hotloop inspect --step-range {STEP_RANGE} "
           f"{run_dir / TRACE_FILE})")
@@ -354,6 +379,133 @@ def judge_loop_syncs(verdicts: pd.DataFrame, census: LoopSyncCensus | None) -> N
     verdicts["measured"] = verdicts["measured"].astype(object)  # counts beside "yes"/"no" (a str column refuses)
     verdicts.loc[row, ["measured", "verdict", "status", "source", "evidence"]] = [
         measured, "PASS" if measured == 0 else "FAIL", "measured", "census", text]
+
+
+STRUCTURE_FILE = "structure_census"
+"""The structure census's streams in the gate's run folder: structure_census.csv/.md (hotloop.guards.loop_structure.
+STREAM_COLUMNS)."""
+STRUCTURE_CENSUS_OFF = "off (hotloop gate --no-structure-census)"
+CENSUS_COLUMN = "census"
+"""The criteria table's column holding the structure census's word on the rows it judges ("" on the others)."""
+
+
+def judge_loop_structure(verdicts: pd.DataFrame, census: LoopStructureCensus | None, window_steps: int,
+                         learner: tuple[str, ...] | None) -> pd.DataFrame | None:
+    """Let the structure census judge the window's D2D, memset and single-block rows of `verdicts` (in place; the
+    rows whose columns hotloop.guards.loop_structure.KIND_COLUMNS names) and return its streams
+    (LoopStructureCensus.new_work; None when there is no census or it watched no epoch).
+
+    Adds the column CENSUS_COLUMN ("" on other rows): "PASS: none new in the loop of epochs 2-3 (N iterations)",
+    "FAIL: <streams>", "not applicable (no CUDA)", "not measured (...)" or STRUCTURE_CENSUS_OFF. When the census
+    finds streams the window never held (`added`: the most one iteration holds), the row is judged on the window's
+    worst step plus `added` (the window's value is 0 when it measured none): over the limit, the row FAILs
+    (measured that sum, status "measured", source + "census", the census's streams first in the evidence, with
+    their period, call site, op and phase), whatever the window said; within it (a memset row with room under its
+    limit), the row keeps the window's verdict and the column says so. A clean census leaves the row as the
+    window judged it (not measured stays not measured)."""
+    verdicts[CENSUS_COLUMN] = ""
+    rows = census_criteria()
+    if census is None:
+        for c in rows.values():
+            verdicts.loc[verdicts.criterion.eq(c.name), CENSUS_COLUMN] = STRUCTURE_CENSUS_OFF
+        return None
+    verdicts["measured"] = verdicts["measured"].astype(object)
+    for name, (added, text) in census.judge(window_steps, learner).items():
+        row = verdicts.criterion.eq(name)
+        if added is None or added == 0:
+            verdicts.loc[row, CENSUS_COLUMN] = text if added is None else f"PASS: {text}"
+            continue
+        c = next(c for c in rows.values() if c.name == name)
+        window = verdicts.loc[row, "measured"].iloc[0]
+        base = window if isinstance(window, (int, float)) and not pd.isna(window) else 0
+        total = base + added
+        if c.check(total):
+            verdicts.loc[row, CENSUS_COLUMN] = f"within the limit ({base} in the window's worst step + {added}): {text}"
+            continue
+        old_source, old_evidence = verdicts.loc[row, "source"].iloc[0], verdicts.loc[row, "evidence"].iloc[0]
+        verdicts.loc[row, ["measured", "verdict", "status", "source", "evidence", CENSUS_COLUMN]] = [
+            total, "FAIL", "measured", "+".join(s for s in (old_source, "census") if s),
+            f"census of {census.span_text()}, not in the {window_steps}-iteration window: {text}"
+            + (f"; window: {old_evidence}" if old_evidence else ""), f"FAIL: {text}"]
+    return census.new_work(window_steps, learner) if census.epochs else None
+
+
+def structure_text(verdicts: pd.DataFrame, census: LoopStructureCensus | None, cost: Mapping, window_steps: int) -> str:
+    """The gate's lines on the structure census: its span, one line per row it judges, and its cost."""
+    if census is None:
+        return f"\nStructure census: {STRUCTURE_CENSUS_OFF}"
+    span = f"the loop of {census.span_text()}" if census.epochs else "the loop of the epochs after the first"
+    head = (f"\nStructure census (D2D copies, memsets / fills, grid (1,1,1) launches per iteration in {span}, beyond "
+            f"the {window_steps}-iteration window; docs/criteria.md)")
+    lines = [f"  {c.name}: {verdicts.loc[verdicts.criterion.eq(c.name), CENSUS_COLUMN].iloc[0]}"
+             for c in census_criteria().values()]
+    if cost:
+        lines.append(f"  cost: {cost['ops']} ATen ops, {cost['launches']} Triton launches, {cost['ranges']} phase "
+                     f"ranges seen over {cost['span_s']:.2f} s of loop; estimated {cost['estimated_s'] * 1e3:.1f} ms "
+                     f"({cost['estimated_ratio']:.2%}) at {cost['range_ns']:.0f} ns per range, {cost['op_ns']:.0f} ns "
+                     f"per op on this host (measured on the device: hotloop gate --census-overhead)")
+    return "\n".join([head, *lines])
+
+
+def census_overhead(trainer: Trainer, steps: int, pairs: int = 5) -> dict:
+    """Time `trainer.iterate(steps)` with no census, with the structure census alone and with both censuses
+    (hotloop.guards.loop_syncs.LoopSyncCensus + LoopStructureCensus, as the gate runs its epochs), `pairs` times
+    each, the order of the modes reversed every other time, after one unmeasured iterate(steps) per mode (one-time
+    costs); each timing from a device synchronize before to one after (CUDA), so it holds the GPU's work. The
+    censuses count the trainer's device's tensors (on the CPU too: there a measure of the hooks' host cost, the
+    reference learner's every op passing through them).
+    Returns {"steps", "pairs", "us_per_iteration": {mode: median}, "overhead_ratio": {mode: median / none's - 1}}.
+    Advances the trainer by 3 x (1 + pairs) x steps iterations. Raises ValueError for steps or pairs < 1."""
+    if steps < 1 or pairs < 1:
+        raise ValueError(f"census_overhead: steps and pairs must be >= 1, got {steps} and {pairs}")
+    device = trainer.device
+    cuda = device.type == "cuda"
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize(device)
+
+    def censuses(mode: str) -> CensusGroup | None:
+        if mode == "none":
+            return None
+        made = [LoopStructureCensus(cuda=True, device_type=device.type, step_range=STEP_RANGE)]
+        if mode == "both":
+            made.insert(0, LoopSyncCensus(cuda=cuda))
+        group = CensusGroup(made)
+        group.begin(0)  # each census leaves out the first epoch it is given
+        group.end()
+        return group
+
+    modes = ("none", "structure", "both")
+    groups = {m: censuses(m) for m in modes}
+    times: dict[str, list[float]] = {m: [] for m in modes}
+    for p in range(-1, pairs):  # p = -1: one unmeasured run per mode
+        for mode in (modes if p % 2 == 0 else modes[::-1]):
+            group = groups[mode]
+            sync()
+            start = time.perf_counter()
+            if group is not None:
+                group.begin(p + 1)
+            try:
+                trainer.iterate(steps)
+            finally:
+                if group is not None:
+                    group.end()
+            sync()
+            if p >= 0:
+                times[mode].append((time.perf_counter() - start) / steps * 1e6)
+    med = {m: float(pd.Series(v).median()) for m, v in times.items()}
+    return {"steps": steps, "pairs": pairs, "us_per_iteration": {m: round(v, 2) for m, v in med.items()},
+            "overhead_ratio": {m: round(med[m] / med["none"] - 1, 4) for m in modes if m != "none"}}
+
+
+def overhead_text(overhead: Mapping) -> str:
+    """One line: the census overhead per loop iteration (`census_overhead`)."""
+    us, ratio = overhead["us_per_iteration"], overhead["overhead_ratio"]
+    return (f"Census overhead (hotloop gate --census-overhead: {overhead['pairs']} x {overhead['steps']} iterations "
+            f"per mode after the epochs, device-synchronized, medians): no census {us['none']:.1f} us/iteration; "
+            f"structure census {us['structure']:.1f} us ({ratio['structure']:+.1%}); both censuses (sync + "
+            f"structure, as the gate's epochs run) {us['both']:.1f} us ({ratio['both']:+.1%})")
 
 
 PRECISION_CRITERION = "TF32 forward only"

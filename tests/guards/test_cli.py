@@ -9,7 +9,7 @@ import pytest
 
 from hotloop.profiles.epoch_table import EPOCH_COLUMNS
 from hotloop.guards.cli import main
-from hotloop.guards.gate import LOOP_CENSUS_OFF, ONE_REPEAT_NOTE
+from hotloop.guards.gate import CENSUS_COLUMN, LOOP_CENSUS_OFF, ONE_REPEAT_NOTE, STRUCTURE_CENSUS_OFF
 
 TINY = ["--set", "learner_steps_per_epoch=20", "--set", "learning_starts=64", "--set", "batch_size=32",
         "--set", "trunk_hidden=[16]", "--set", "head_hidden=8", "--set", "eval_episodes=4", "--no-progress"]
@@ -103,6 +103,13 @@ def test_gate_runs_and_writes_its_tables(tmp_path, capsys):
     for name in ("no stream sync", "no event sync", "no sync in the epochs' loop"):  # the census: on by default
         assert (verdicts[name]["status"], verdicts[name]["verdict"]) == ("not applicable (no CUDA)", "-"), name
     assert printed.rstrip().endswith("PASS (1 measured, 0 reported, 8 not measured, 3 not applicable (no CUDA))")
+    # the structure census (on by default) has no device work to count on a CPU: its column says so, the rows stay
+    # the window's; only its three rows carry the column
+    census = {c: v[CENSUS_COLUMN] for c, v in verdicts.items() if v[CENSUS_COLUMN]}
+    assert census == dict.fromkeys(["no D2D weight sync", "no single-block kernels", "memsets only where needed"],
+                                   "not applicable (no CUDA)")
+    assert "Structure census" in printed and "no D2D weight sync: not applicable (no CUDA)" in printed
+    assert not (out / "structure_census.csv").exists()
     # the gate hands the TF32 row to the precision probe (hotloop.guards.gate.judge_precision), never to names
     assert verdicts["TF32 forward only"]["status"] == \
         "not measured (the precision probe covers the hotloop learner's kernels)"
@@ -142,6 +149,24 @@ def test_gate_no_loop_census_flag_reaches_the_gate(tmp_path):
                  "--set", "target_update_interval=2", "--no-loop-census"]) == 0
     verdicts = {v["criterion"]: v for v in json.loads((out / "criteria.json").read_text())}
     assert verdicts["no sync in the epochs' loop"]["status"] == LOOP_CENSUS_OFF
+
+
+def test_gate_structure_census_flags_reach_the_gate(tmp_path, capsys):
+    """--no-structure-census turns the census off (its column says so); --census-overhead times the loop with and
+    without the censuses after the epochs and prints it; a negative count is refused before training."""
+    out = tmp_path / "run"
+    assert main(["gate", "--epochs", "2", "--device", "cpu", "--out", str(out), "--guard-steps", "4", *TINY,
+                 "--set", "target_update_interval=2", "--no-structure-census", "--census-overhead", "1"]) == 0
+    printed = capsys.readouterr().out
+    verdicts = {v["criterion"]: v for v in json.loads((out / "criteria.json").read_text())}
+    assert verdicts["no D2D weight sync"][CENSUS_COLUMN] == STRUCTURE_CENSUS_OFF
+    assert f"Structure census: {STRUCTURE_CENSUS_OFF}" in printed
+    assert "Census overhead (hotloop gate --census-overhead: 1 x 4 iterations per mode" in printed
+    overhead = json.loads((out / "guard.json").read_text())["structure_census"]["census_overhead"]
+    assert set(overhead["us_per_iteration"]) == {"none", "structure", "both"}
+    assert main(["gate", "--device", "cpu", "--out", str(tmp_path / "never"), "--census-overhead", "-1", *TINY]) == 2
+    assert "--census-overhead PAIRS must be >= 1" in capsys.readouterr().err
+    assert not (tmp_path / "never").exists()
 
 
 def test_train_resumable_config_file(tmp_path, capsys):
