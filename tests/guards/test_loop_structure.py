@@ -273,6 +273,47 @@ def test_a_grid_one_triton_launch_is_counted_with_its_kernel_name():
     assert frame["iteration"].tolist() == [0, 1, 2] and frame["path"].tolist() == [("update",)] * 3
 
 
+@pytest.mark.gpu
+def test_real_cuda_work_is_classed_and_captured_work_is_not():
+    """On a GPU: a clone of a CUDA tensor is a D2D copy, torch.zeros(3) a fill and a one-block kernel, a copy to the
+    host nothing, a Triton launch of grid (1,) a one-block kernel; ops captured into a CUDA graph during the span
+    are not launches (their replays are, and the window holds the loop's graphs)."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _census_gpu_probe_kernel(x_ptr, BLOCK: tl.constexpr):
+        offs = tl.arange(0, BLOCK)
+        tl.store(x_ptr + offs, tl.load(x_ptr + offs) + 1.0)
+
+    x = torch.randn(4096, device="cuda")
+    _census_gpu_probe_kernel[(1,)](x, BLOCK=32)  # compiled before the census
+    static = torch.zeros(8, device="cuda")
+    census = LoopStructureCensus(cuda=True)
+    census.begin(1)
+    census.end()
+    census.begin(2)
+    try:
+        with phase_range("step"), phase_range("update"):
+            x.clone()
+            torch.zeros(3, device="cuda")
+            x.cpu()
+            _census_gpu_probe_kernel[(1,)](x, BLOCK=32)
+            graph = torch.cuda.CUDAGraph()
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side), torch.cuda.graph(graph):
+                static.zero_()
+            torch.cuda.current_stream().wait_stream(side)
+    finally:
+        census.end()
+    frame = census.frame()
+    assert frame["kind"].tolist() == [D2D, MEMSET, GRID1, GRID1], frame
+    assert frame["what"].iloc[0] == "aten.clone (16384 bytes)" and frame["what"].iloc[1].startswith("aten.zero")
+    assert frame["what"].iloc[3] == "_census_gpu_probe_kernel (Triton, grid (1, 1, 1))"
+    assert frame["path"].map(("update",).__eq__).all() and frame["site"].str.contains("test_loop_structure.py").all()
+
+
 def test_census_group_begins_in_order_and_ends_every_one():
     calls = []
 
