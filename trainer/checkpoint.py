@@ -40,12 +40,22 @@ def save_checkpoint(path: str | os.PathLike, tensors: Mapping[str, torch.Tensor]
     `meta` (str key -> JSON-serializable value; stored as its JSON round trip, so tuples come back as lists) to
     `path` atomically; returns `path` as a Path. The temp file (`.<name>.*.tmp`, mode 0600 from mkstemp) lives in
     the same directory; on any error it is removed and an existing file at `path` is left untouched. Each tensor's
-    `tensor_digest` is stored with it (verified by load_checkpoint).
+    `tensor_digest` is stored with it (verified by load_checkpoint). This is `check_checkpoint_args` then
+    `write_host_checkpoint` of CPU copies; hotloop.trainer.async_checkpoint splits the two across threads.
     Raises ValueError for a non-str name, a non-tensor value, a non-str or non-JSON-serializable meta key/value
     (naming the key), a missing parent directory or a `path` that is a directory; hotloop.profiles.disk_full.
     DiskFullError (an OSError whose message starts "disk full") naming `path` when the disk is full or over quota
     (ENOSPC / EDQUOT, also when torch.save reports it as its own RuntimeError), the file at `path` left as it was;
     OSError from the file system otherwise."""
+    path, plain_meta = check_checkpoint_args(path, tensors, meta)
+    write_host_checkpoint(path, {name: _host_copy(t) for name, t in tensors.items()}, plain_meta)
+    return path
+
+
+def check_checkpoint_args(path: str | os.PathLike, tensors: Mapping[str, torch.Tensor],
+                          meta: Mapping[str, MetaValue]) -> tuple[Path, dict]:
+    """The checks of `save_checkpoint`, made before anything is copied or written: returns (`path` as a Path,
+    `meta` as its JSON round trip). Raises ValueError as save_checkpoint does (names, values, meta, directory)."""
     path = Path(path)
     if not isinstance(tensors, Mapping):
         raise ValueError(f"tensors must be a mapping of name -> tensor, got {type(tensors).__name__}")
@@ -68,14 +78,25 @@ def save_checkpoint(path: str | os.PathLike, tensors: Mapping[str, torch.Tensor]
         raise ValueError(f"checkpoint {path}: directory {path.parent} does not exist")
     if path.is_dir():
         raise ValueError(f"checkpoint {path} is a directory")
-    host = {name: _host_copy(t) for name, t in tensors.items()}
-    payload = {"format": FORMAT, "version": VERSION, "meta": plain_meta, "tensors": host,
+    return path, plain_meta
+
+
+def write_host_checkpoint(path: Path, host: Mapping[str, torch.Tensor], plain_meta: dict) -> int:
+    """The write half of `save_checkpoint`: digest the CPU tensors `host` (saved as they are: pass compact,
+    contiguous tensors that nothing changes until this returns; a view would save its whole base storage), write
+    them with `plain_meta` (already JSON-plain, from `check_checkpoint_args`) to a temp file beside `path`, fsync
+    it, rename it over `path` (os.replace) and fsync the directory. Returns the file's size in bytes.
+    Touches no CUDA API (the tensors are on the host), so it may run on a background thread while the training
+    loop runs (hotloop.trainer.async_checkpoint). Raises DiskFullError / OSError as save_checkpoint does, the temp
+    file removed and the file at `path` left as it was."""
+    payload = {"format": FORMAT, "version": VERSION, "meta": plain_meta, "tensors": dict(host),
                "sha256": {name: tensor_digest(t) for name, t in host.items()}}
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             torch.save(payload, f)
             f.flush()
+            size = f.tell()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException as exc:
@@ -90,7 +111,7 @@ def save_checkpoint(path: str | os.PathLike, tensors: Mapping[str, torch.Tensor]
                                 full.errno) from exc
         raise
     fsync_dir(path.parent)
-    return path
+    return size
 
 
 def load_checkpoint(path: str | os.PathLike, device: torch.device | str | None = None
