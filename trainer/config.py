@@ -41,6 +41,8 @@ class Config:
     """training epochs; an epoch is `learner_steps_per_epoch` learner steps"""
     learner_steps_per_epoch: int = 1000
     """learner (gradient) steps per epoch"""
+    checkpoint_interval: int = 1
+    """epochs between checkpoints (checkpoint.pt, written in the background); the last epoch always has one"""
     env_steps_per_update: int = 1
     """vectorized env steps taken before each learner step (each is `num_envs` transitions)"""
     actor_in_step: bool = False
@@ -201,7 +203,7 @@ and Gymnasium's seeding take none."""
 
 _POSITIVE_INTS = ("num_envs", "epochs", "learner_steps_per_epoch", "env_steps_per_update", "batch_size",
                   "head_hidden", "sn_power_iterations", "target_update_interval", "replay_capacity", "obs_dim",
-                  "log_interval")
+                  "log_interval", "checkpoint_interval")
 _UNIT_INTERVAL = ("gamma", "per_beta_start", "per_beta_end", "eps_start", "eps_end", "eps_decay_fraction",
                   "lr_end_factor")
 
@@ -358,6 +360,14 @@ sooner: 26 of 26 seeds at constant lr, but 4 of 26 held) and lr decaying linearl
 it: 25 of 26 seeds reached and 25 of 26 held on the H200; trunk 64-64 with the same decay reached on 20 of 26), chosen
 over seeds 1-26 by profiles/h200/learning/fast_preset_width/."""
 
+SEED_SCALE_CHECKPOINT_INTERVAL = 10
+"""The seed-scale preset's checkpoint_interval. Its checkpoint holds 582,869,096 bytes of tensors (the replay's
+2^20 transitions: obs and next_obs 2 x 268,435,456, actions 25,165,824, rewards and terminal flags 2 x 4,194,304,
+the sum tree 8,388,608; the learner with Adam ~4 MB): every epoch that was ~583 MB written per epoch (~117 GB over
+the seed's 200 epochs), at 10 it is ~58 MB per epoch (~12 GB), and a kill loses at most 10 epochs (about 6 s of
+loop time on an H200) plus the write in flight. Each epoch's 8.2 M new transitions overwrite the whole replay, so
+append-only chunks would not save bytes there."""
+
 PRESETS: dict[str, dict[str, Any]] = {
     "cartpole": dict(CARTPOLE_LEARNS, epochs=12),
     "cartpole-fast": CARTPOLE_FAST,
@@ -365,6 +375,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         env="synthetic", num_envs=8192, batch_size=8192, obs_dim=64, action_nvec=(4, 4, 4),
         trunk_hidden=(512, 256), head_hidden=80, replay_capacity=2**20, learner_steps_per_epoch=1000,
         learning_starts=8192, epochs=3, target_update_interval=1000, eps_decay_fraction=0.5, eval_episodes=0,
+        checkpoint_interval=SEED_SCALE_CHECKPOINT_INTERVAL,
     ),
 }
 

@@ -1,9 +1,12 @@
 """Checkpoint / resume of a Trainer: what its checkpoint holds, restoring it in place, and reading a run folder's.
 
-`run_training` writes <run folder>/checkpoint.pt (CHECKPOINT_FILE) after every epoch with
-hotloop.trainer.checkpoint.save_checkpoint (atomic: temp file + rename; loaded with torch.load(weights_only=True), so loading
-never unpickles arbitrary objects; each tensor's SHA-256 is stored and verified on load). Killing the process loses
-at most the epoch in progress. `read_resume_point` refuses a torn epochs.csv (`check_table_complete`) and a
+`run_training` writes <run folder>/checkpoint.pt (CHECKPOINT_FILE) every cfg.checkpoint_interval epochs and after the
+last one, in the background (hotloop.trainer.async_checkpoint: a snapshot on the main thread, written by a thread with
+hotloop.trainer.checkpoint.write_host_checkpoint, save_checkpoint's format: atomic, temp file + rename; loaded with
+torch.load(weights_only=True), so loading never unpickles arbitrary objects; each tensor's SHA-256 is stored and
+verified on load). Killing the process (kill -9 included, also during a background write) loses the epochs after the
+last complete checkpoint: `read_resume_point` drops their rows from the table and the resumed run trains them again,
+so each epoch is in the table once. `read_resume_point` refuses a torn epochs.csv (`check_table_complete`) and a
 checkpoint whose tensor bytes changed; the run folder's single writer is ensured by its lock
 (hotloop.profiles.run_lock, taken by run_training).
 
@@ -73,8 +76,10 @@ STATE_FIELDS = ("env", "num_envs", "trunk_hidden", "head_hidden", "spectral_norm
 `synthetic` env: obs_dim and action_nvec too."""
 CONFIG_CHANGES_FILE = "config_changes.json"
 """A run folder's record of the config changes allowed at resume (`record_config_change`): a JSON list, oldest first."""
-RESUME_FIELDS = ("epochs",)
-"""Config fields a resume may change without it being a config change: `train --resume --epochs N` extends a run."""
+RESUME_FIELDS = ("epochs", "checkpoint_interval")
+"""Config fields a resume may change without it being a config change (they change no trained value): `train
+--resume --epochs N` extends a run; checkpoint_interval only says how often its state is saved. Left out of
+config_hash, so checkpoints written before checkpoint_interval existed keep their hash."""
 MAX_CHANGES_BYTES = 1 << 20
 """CONFIG_CHANGES_FILE larger than this (1 MiB) is refused as damaged rather than read."""
 _META_TYPES = {"epoch": int, "env_steps": int, "learner_steps": int, "learner_updates": int, "learner": str,
