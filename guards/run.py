@@ -20,8 +20,8 @@ from hotloop.profiles.plots import plot_epochs
 from hotloop.profiles.ranges import phase_range
 from hotloop.profiles.run_lock import acquire, remove_temp_files
 from hotloop.profiles.telemetry import NvmlTelemetry
+from hotloop.trainer.async_checkpoint import AsyncCheckpointer
 from hotloop.trainer.best_policy import BEST_FILE, improves, read_best, save_best
-from hotloop.trainer.checkpoint import save_checkpoint
 from hotloop.trainer.config import Config
 from hotloop.trainer.loop import Trainer
 from hotloop.trainer.resume import (CHECKPOINT_FILE, ResumePoint, checkpoint_identity, read_resume_point,
@@ -48,8 +48,14 @@ def run_training(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress
     anything else is read or written; the lock is released (one hold) on return or on any error.
     Writes run_dir/config.json next, run_dir/epochs.csv + epochs.md after every epoch (so a killed
     run keeps its finished epochs; each file replaced atomically, hotloop.profiles.epoch_table.write_table), then
-    run_dir/checkpoint.pt (hotloop.trainer.resume: atomic, outside the timed epoch,
-    under the watchdog armed as "checkpoint N"); after an epoch whose greedy evaluation beats every earlier one,
+    the epoch's checkpoint work (hotloop.trainer.async_checkpoint.AsyncCheckpointer, outside the timed epoch, under
+    the watchdog armed as "checkpoint N"): every cfg.checkpoint_interval epochs (and after the last) a snapshot of
+    the trainer (on CUDA: a D2D copy on a side stream the main stream waits for, then a D2H copy into pinned memory
+    beside the next epoch's loop; no host sync) handed to a background thread that writes run_dir/checkpoint.pt
+    atomically (hotloop.trainer.resume's state; temp file, fsync, rename); one in flight at most, a checkpoint due
+    while one is in flight is skipped and said (taken at the next epoch's end); the last epoch's is written and
+    waited for before `after_epochs` runs, and a one-line summary (files, bytes, skips, seconds) is printed;
+    after an epoch whose greedy evaluation beats every earlier one,
     run_dir/best.pt with its online parameters (hotloop.trainer.best_policy; atomic, written before that epoch's
     row, whose `best_epoch` column names the epoch best.pt holds; NaN before any evaluation; a resumed run keeps
     the folder's best.pt, a new one replaces it), and run_dir/epochs.png (hotloop.profiles.plots.plot_epochs) at the end.
@@ -60,10 +66,15 @@ def run_training(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress
     ValueError: another run wrote it since; a config change it allows is recorded in run_dir/config_changes.json,
     hotloop.trainer.resume.record_config_change, and its notes are shown; True allows no config change, as
     read_resume_point); the trainer is restored (its env reset) and runs the epochs after the
-    checkpoint's up to cfg.epochs, the table keeping the earlier rows. Killing the process loses at most the epoch
-    in progress. So does a full disk: config.json, the table and the checkpoints are each replaced whole or not at
-    all, and a write that finds the disk full raises hotloop.profiles.disk_full.DiskFullError naming the file (the
-    CLI: exit 70, "disk full"), the folder resumable from its last complete checkpoint.
+    checkpoint's up to cfg.epochs, the table keeping the earlier rows (those after the checkpoint's epoch are dropped
+    and trained again: each epoch is in the table once). Killing the process (kill -9 included, during a background
+    write too) loses at most the epochs after the last complete checkpoint. So does a full disk: config.json, the
+    table and the checkpoints are each replaced whole or not at all, and a write that finds the disk full raises
+    hotloop.profiles.disk_full.DiskFullError naming the file (the CLI: exit 70, "disk full"; a background write's
+    failure is raised at the next epoch's checkpoint work or at the last, any other as
+    hotloop.trainer.async_checkpoint.CheckpointWriteError naming the file), the folder resumable from its last
+    complete checkpoint. A write still running when the run ends on an error is waited for (watchdog: "checkpoint
+    writer") before the folder's lock is released.
     Returns the per-epoch DataFrame: hotloop.profiles.epoch_table.EPOCH_COLUMNS first, then gpu_ms_per_step (CUDA events
     from the epoch's start to the loop's "readback" phase; NaN off CUDA), kernels_per_step and syncs_per_step
     (NaN: no guard counts them here), the NVML telemetry sampled after the epoch (NaN without NVML / on CPU);
@@ -115,7 +126,9 @@ def _run_locked(console: Console, cfg: Config, run_dir: Path, epoch_limit_s: flo
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TimeElapsedColumn(), console=console, transient=True,
                         disable=not show_progress or not sys.stderr.isatty())
-    with HangWatchdog(epoch_limit_s, error_log=run_dir / "error.log") as watchdog, progress:
+    with (HangWatchdog(epoch_limit_s, error_log=run_dir / "error.log") as watchdog, progress,
+          AsyncCheckpointer(run_dir / CHECKPOINT_FILE, cfg.checkpoint_interval, cfg.epochs, watchdog,
+                            note=lambda line: console.print(f"hotloop: {line}")) as checkpointer):
         task = progress.add_task("setup", total=cfg.learner_steps_per_epoch)
         watchdog.arm("setup", max(epoch_limit_s, SETUP_LIMIT_S))
         def on_phase(name: str) -> None:
@@ -166,13 +179,16 @@ def _run_locked(console: Console, cfg: Config, run_dir: Path, epoch_limit_s: flo
                 raise DiskFullError(f"disk full: {run_dir / 'epochs.csv'} could not be written with epoch {epoch}'s "
                                     f"row ({full.strerror or full}); the table as it was and the last checkpoint "
                                     f"are kept", full.errno) from exc
-            watchdog.arm(f"checkpoint {epoch}")
-            save_checkpoint(run_dir / CHECKPOINT_FILE, *trainer.checkpoint_state())
+            watchdog.arm(f"checkpoint {epoch}")  # a snapshot handed to the background writer (the last: written)
+            checkpointer.checkpoint_epoch(epoch, trainer.checkpoint_state)
             watchdog.disarm()
             console.print(f"epoch {epoch}: {stats.wall_s:.1f} s, {stats.learner_steps_per_s:.0f} learner steps/s, "
                           f"loss {stats.loss:.4g}, mean_return_100 {stats.mean_return_100:.1f}, "
                           f"eval_return {stats.eval_return:.1f}, "
                           f"epsilon {stats.epsilon:.3f}")
+        checkpointer.close()  # nothing in flight after the last epoch's checkpoint; frees the snapshot buffers
+        if checkpointer.records:
+            console.print(f"hotloop: {checkpointer.summary()}")
         extra = None
         if after_epochs is not None:
             watchdog.arm("after epochs")
