@@ -30,9 +30,11 @@ from pathlib import Path
 LOCK_FILE = ".hotloop.lock"
 """The lock file's name inside a run folder."""
 TEMP_GLOB = ".*.tmp"
-"""Temp files of the run folder's atomic writers (hotloop.trainer.checkpoint.save_checkpoint's
-`.checkpoint.pt.<random>.tmp`, hotloop.profiles.epoch_table.write_table's `.epochs.csv.<random>.tmp`, ...): any
-left at the start of a run are a killed writer's and are removed (`remove_temp_files`)."""
+"""Temp files of the run folder's atomic writers (hotloop.trainer.checkpoint.write_host_checkpoint's
+`.checkpoint.pt.<random>.tmp`, written by save_checkpoint or by the background writer of hotloop.trainer.
+async_checkpoint; hotloop.profiles.epoch_table.write_table's `.epochs.csv.<random>.tmp`, ...): any left at the start
+of a run are a killed writer's and are removed (`remove_temp_files`). A run's background writer never outlives the
+run's hold of the lock (run_training waits for it), so a live run's temp file is never taken for a dead one's."""
 _PID_WAIT_S = 0.2
 """How long a refused acquire waits for the holder to write its pid (it writes it right after locking)."""
 
