@@ -11,15 +11,19 @@ Two forms, one window (`GuardWindow`):
   K of them): hotloop's `Trainer.iterate(K)` opens one "step" range per loop iteration, and `hotloop gate`
   guards it this way. `window.report` is the GuardReport, once the `with` block has ended.
 
-Inside the window (a `record_function(WINDOW_RANGE)` range from the window's start to its end), every event
-outside a step range (the loop's own code between steps) is counted in an "outside steps" bucket: a sync there
-FAILs the sync criteria. CPU + CUDA activities are profiled when the loop runs on CUDA; the trace is exported,
-read back with `hotloop.profiles.kineto_reader`, measured by `hotloop.guards.step_metrics` and judged against each
-row of `hotloop.guards.criteria.CRITERIA`. A sync-hook hit leaves a zero-length marker range (HIT_MARK) in the
-trace, which places it in its step and phase. Nothing here is specific to hotloop's trainer: phases come from the
-loop's own `record_function` ranges or from a `phases` map of kernel names; `periods` ({phase: every how many
-steps it runs}) says which phases the window must hold: a criterion whose phases did not run in it is "not
-measured (phase X not in window)", never PASS (`default_window_steps` gives a K that holds them all).
+Inside the window (a `record_function(WINDOW_RANGE)` range from the window's start to its end), every event outside a
+step range (the loop's own code between steps) is counted in an "outside steps" bucket: a sync there FAILs the sync
+criteria. Completion queries (`Event.query` / `Stream.query` through the hooks, cudaEventQuery / cudaStreamQuery in the
+trace) are counted per step apart from the syncs; those beyond the criteria's allowance
+(hotloop.guards.criteria.query_allowance: the loop's own, e.g. one per readback publication) are polling queries, a host
+wait without a sync call, and FAIL "no event sync" with their call sites. CPU + CUDA activities are profiled when the
+loop runs on CUDA; the trace is exported, read back with `hotloop.profiles.kineto_reader`, measured by
+`hotloop.guards.step_metrics` and judged against each row of `hotloop.guards.criteria.CRITERIA`. A sync-hook hit leaves
+a zero-length marker range (HIT_MARK) in the trace, which places it in its step and phase. Nothing here is specific to
+hotloop's trainer: phases come from the loop's own `record_function` ranges or from a `phases` map of kernel names;
+`periods` ({phase: every how many steps it runs}) says which phases the window must hold: a criterion whose phases did
+not run in it is "not measured (phase X not in window)", never PASS (`default_window_steps` gives a K that holds them
+all).
 
 Example: guard your own training step (run as a test in tests/guards/test_guard.py)::
 
@@ -86,20 +90,26 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from hotloop.guards.criteria import CRITERIA, REPORT, Criterion, verdict_table
-from hotloop.guards.step_metrics import (HIT_MARK, OUTSIDE_LABEL, PER_ENV_STEP, WINDOW_RANGE, PhaseRoles, PhaseRule,
-                                         StepMetrics, phase_coverage, step_metrics)
-from hotloop.guards.sync_hooks import SyncHooks
+from hotloop.guards.criteria import CRITERIA, REPORT, Criterion, query_allowance, verdict_table
+from hotloop.guards.step_metrics import (HIT_MARK, OUTSIDE_LABEL, PER_ENV_STEP, QUERY_MARK, WINDOW_RANGE, PhaseRoles,
+                                         PhaseRule, StepMetrics, phase_coverage, polling_flags, step_metrics)
+from hotloop.guards.sync_hooks import SyncHooks, spin_spans
 from hotloop.profiles.kineto_reader import read_kineto
 
 TRACE_COLUMNS = {c.name: c.column for c in CRITERIA if c.column and c.aggregate == "worst step"}
 """criterion -> the per-step trace column it is judged on (worst step); the TF32 and DDQN rows are judged apart."""
 HOOK_COLUMNS = {c.name: c.hook_column for c in CRITERIA if c.hook_column}
 """criterion -> the per-step sync-hook column judged beside its trace column."""
+QUERY_HOOK_COLUMNS = ("completion_query_hook_hits", "polling_query_hook_hits", "query_wait_us")
+"""Per-step columns of the hooked completion queries (`with_query_counts`): all of them, the polling ones (beyond the
+allowance: hotloop.guards.step_metrics.polling_flags) and the host time of their polling runs (us,
+hotloop.guards.sync_hooks.spin_spans; reported, not judged). Not in the medians (hotloop.guards.step_metrics'
+QUERY_COLUMNS say why)."""
 NO_CUDA = "not measured (no CUDA)"
 NOT_APPLICABLE = "not applicable (no CUDA)"
 """Status of a sync row (a row with a hook column) on a run without CUDA whose hooks saw no sync: a host sync waits
@@ -135,16 +145,19 @@ class GuardReport:
     fraction), total (the count over the whole window: steps + outside; for a per-env-step row the env kernels,
     undivided: hotloop.guards.step_metrics.PER_ENV_STEP), phases (the phases the row judged), evidence (call sites,
     API and kernel names with their phase and counts over the window).
-    per_step: `StepMetrics.per_step` plus stream_sync_hook_hits and event_sync_hook_hits. medians: its medians
-    (timings over the undamaged steps only: hotloop.guards.step_metrics). hits: `SyncHooks.frame()` plus phase
-    (str) and outside (bool), each hit placed by its marker. gemms: `StepMetrics.gemms`. cuda: whether the CUDA side
-    was profiled. anomalies: `StepMetrics.anomalies`. timing_note: `StepMetrics.timing_note`.
-    coverage: `hotloop.guards.step_metrics.phase_coverage` (phase, period, steps, first_step, kernels, sync_calls,
+    per_step: `StepMetrics.per_step` plus stream_sync_hook_hits and event_sync_hook_hits, then QUERY_HOOK_COLUMNS.
+    medians: its medians (timings over the undamaged steps only: hotloop.guards.step_metrics; the completion-query
+    columns left out). hits: `SyncHooks.frame()` plus phase (str) and outside (bool), each hit placed by its marker.
+    queries: `SyncHooks.query_frame()` placed the same way (`attribute_queries`: phase, path, outside) plus polling
+    (bool: beyond the allowance) and wait_us (the spin span it starts, us: sync_hooks.spin_spans). gemms:
+    `StepMetrics.gemms`. cuda: whether the CUDA side was profiled. anomalies: `StepMetrics.anomalies`. timing_note:
+    `StepMetrics.timing_note`. coverage: `hotloop.guards.step_metrics.phase_coverage` (phase, period, steps, first_step,
+    kernels, sync_calls,
     sync_hook_hits, status). window: {"steps", "warmup", "step_range", "form" ("window.step()" or "own step
     ranges"), "periods", "longest_period", "missing" (periods phases that ran in no step), "window_s" (seconds the
     profiled window ran), "analysis_s" (seconds to stop the profiler and export, read and judge its trace: stop_s +
-    export_s + read_s + judge_s), "events" (trace events read)}. outside: the outside-steps
-    bucket's counts (`StepMetrics.outside` plus the hook columns).
+    export_s + read_s + judge_s), "events" (trace events read), "queries" (`query_summary`)}. outside: the
+    outside-steps bucket's counts (`StepMetrics.outside` plus the hook columns).
     """
 
     verdicts: pd.DataFrame
@@ -158,6 +171,7 @@ class GuardReport:
     coverage: pd.DataFrame = field(default_factory=pd.DataFrame)
     window: dict = field(default_factory=dict)
     outside: dict = field(default_factory=dict)
+    queries: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     @property
     def failed(self) -> list[str]:
@@ -166,15 +180,15 @@ class GuardReport:
 
     def to_json(self, path: str | Path, extra: Mapping | None = None) -> Path:
         """Write {"cuda", "verdicts", "per_step", "medians", "hits", "gemms", "anomalies", "timing_note", "window",
-        "coverage", "outside"} (tables as lists of records, NaN as null) and the `extra` keys to `path`; returns it as
-        a Path."""
+        "coverage", "outside", "queries"} (tables as lists of records, NaN as null) and the `extra` keys to `path`;
+        returns it as a Path."""
         def records(df: pd.DataFrame) -> list[dict]:
             return json.loads(df.to_json(orient="records"))
         doc = {"cuda": self.cuda, "verdicts": records(self.verdicts), "per_step": records(self.per_step),
                "medians": json.loads(pd.Series(self.medians, dtype="float64").to_json()),
                "hits": records(self.hits), "gemms": records(self.gemms), "anomalies": self.anomalies,
                "timing_note": self.timing_note, "window": self.window, "coverage": records(self.coverage),
-               "outside": self.outside, **(extra or {})}
+               "outside": self.outside, "queries": records(self.queries), **(extra or {})}
         path = Path(path)
         path.write_text(json.dumps(doc, indent=2, default=str) + "\n")
         return path
@@ -185,8 +199,9 @@ class GuardReport:
 
 class _MarkedHooks(SyncHooks):
     """SyncHooks that, right after a hooked call that recorded hit n, open and close a `record_function` named
-    HIT_MARK + n: the trace then shows where the hit happened (its step and phase ranges), whoever opened them.
-    Built on SyncHooks' `_wrap` (hotloop.guards.sync_hooks)."""
+    HIT_MARK + n (QUERY_MARK + n after completion query n): the trace then shows where the hit happened (its step
+    and phase ranges), whoever opened them. Built on SyncHooks' `_wrap` / `_wrap_query`
+    (hotloop.guards.sync_hooks)."""
 
     def _wrap(self, original, api: str, criterion: str):
         hooked = super()._wrap(original, api, criterion)
@@ -204,6 +219,28 @@ class _MarkedHooks(SyncHooks):
                     local.depth = 1  # the marker itself is never a hit
                     try:
                         with record_function(f"{HIT_MARK}{n}"):
+                            pass
+                    finally:
+                        local.depth = 0
+
+        return marked
+
+    def _wrap_query(self, original, api: str):
+        hooked = super()._wrap_query(original, api)
+        local = self._local
+
+        @functools.wraps(original)
+        def marked(*args, **kwargs):
+            before = len(self.queries)
+            try:
+                return hooked(*args, **kwargs)
+            finally:
+                if len(self.queries) > before and getattr(local, "depth", 0) == 0:
+                    me = threading.current_thread().name
+                    n = next((i for i in range(before, len(self.queries)) if self.queries[i].thread == me), before)
+                    local.depth = 1
+                    try:
+                        with record_function(f"{QUERY_MARK}{n}"):
                             pass
                     finally:
                         local.depth = 0
@@ -353,10 +390,11 @@ class GuardWindow:
             raise RuntimeError(f"the trace holds {n} {self.step_range!r} ranges for {self.steps} guarded steps; "
                                f"{form} {self.step_range!r} ranges? pass another step_range")
         hits = attribute_hits(self._hooks.frame(), metrics.markers)
-        per_step = with_hook_counts(metrics.per_step, hits)
+        queries = attribute_queries(self._hooks.query_frame(), metrics.query_markers)
+        per_step, queries = with_query_counts(with_hook_counts(metrics.per_step, hits), queries, metrics)
         medians = {**metrics.medians, **{c: float(per_step[c].median()) for c in HOOK_COLUMNS.values()}}
-        verdicts = evaluate(metrics, hits, self.cuda, self.roles, periods=self.periods)
-        coverage = phase_coverage(metrics, hits, self.periods, self.steps)
+        verdicts = evaluate(metrics, hits, self.cuda, self.roles, periods=self.periods, queries=queries)
+        coverage = phase_coverage(metrics, hits, self.periods, self.steps, queries)
         missing = [p for p in self.periods if p not in set(metrics.phase_steps["phase"])]
         window = {"steps": self.steps, "warmup": self.warmup, "step_range": self.step_range,
                   "form": "window.step()" if self._calls else "own step ranges", "periods": self.periods,
@@ -364,9 +402,10 @@ class GuardWindow:
                   "window_s": round(self._window_s, 6),
                   "analysis_s": round(self._stop_s + time.perf_counter() - t0, 6), "stop_s": round(self._stop_s, 6),
                   "export_s": round(t1 - t0, 6), "read_s": round(t2 - t1, 6),
-                  "judge_s": round(time.perf_counter() - t2, 6), "events": len(events)}
+                  "judge_s": round(time.perf_counter() - t2, 6), "events": len(events),
+                  "queries": query_summary(per_step, metrics, queries, self.cuda)}
         return GuardReport(verdicts, per_step, medians, hits, metrics.gemms, self.cuda, metrics.anomalies,
-                           metrics.timing_note, coverage, window, outside_counts(metrics, hits))
+                           metrics.timing_note, coverage, window, outside_counts(metrics, hits, queries), queries)
 
 
 def _keep(raw: Path, path: Path) -> None:
@@ -427,6 +466,88 @@ def attribute_hits(hits: pd.DataFrame, markers: pd.DataFrame) -> pd.DataFrame:
     return out.astype({"step": "Int64", "outside": bool})
 
 
+def attribute_queries(queries: pd.DataFrame, markers: pd.DataFrame) -> pd.DataFrame:
+    """`queries` (SyncHooks.query_frame(), in call order: query n is row n) placed by their QUERY_MARK markers
+    (`StepMetrics.query_markers`) as `attribute_hits` places the sync hits: step (Int64), phase (str), outside
+    (bool), plus path (tuple of str: the phase ranges around the query, the marker's, else its own `phases`)."""
+    out = attribute_hits(queries, markers)
+    own = out["phases"] if "phases" in out else pd.Series([()] * len(out), index=out.index, dtype=object)
+    path = [tuple(p) if isinstance(p, tuple) else () for p in own]
+    if len(out) and len(markers) and "path" in markers:
+        m = markers.drop_duplicates("hit").set_index("hit")["path"]
+        path = [tuple(m[i]) if i in m.index else p for i, p in zip(out.index, path)]
+    out["phase"] = [ph or (p[-1] if p else "") for ph, p in zip(out["phase"], path)]
+    out["path"] = pd.Series(path, index=out.index, dtype=object)
+    return out
+
+
+def _placed_queries(queries: pd.DataFrame | None) -> pd.DataFrame:
+    """`queries` (a SyncHooks.query_frame(), placed or not) with phase, outside and path columns; an empty frame
+    with the query columns when None."""
+    if queries is None:
+        queries = pd.DataFrame({"step": pd.Series(dtype="Int64"), "api": pd.Series(dtype=object),
+                                "site": pd.Series(dtype=object), "function": pd.Series(dtype=object),
+                                "thread": pd.Series(dtype=object), "ready": pd.Series(dtype=bool),
+                                "start_s": pd.Series(dtype="float64"), "dur_s": pd.Series(dtype="float64"),
+                                "phases": pd.Series(dtype=object)})
+    out = _placed(queries)
+    if "path" not in out:
+        out = out.copy()
+        own = out["phases"] if "phases" in out else pd.Series([()] * len(out), index=out.index, dtype=object)
+        out["path"] = pd.Series([tuple(p) if isinstance(p, tuple) else () for p in own], index=out.index,
+                                dtype=object)
+    return out
+
+
+def with_query_counts(per_step: pd.DataFrame, queries: pd.DataFrame | None, metrics: StepMetrics,
+                      allowance: Mapping[str, int] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(a copy of `per_step` plus the QUERY_HOOK_COLUMNS, the queries plus polling (bool) and wait_us (float)) from
+    the hooked completion queries `queries` (`attribute_queries`; None: none), each judged by
+    hotloop.guards.step_metrics.polling_flags against `allowance` (default hotloop.guards.criteria.query_allowance())
+    per run of its phases in its step (`metrics.phase_runs`); every query outside the steps is polling. wait_us:
+    hotloop.guards.sync_hooks.spin_spans in microseconds."""
+    out = per_step.copy()
+    q = _placed_queries(queries).copy()
+    allowance = query_allowance() if allowance is None else allowance
+    where = q["step"].astype("Int64").where(~q["outside"].astype(bool), -1)
+    q["polling"] = polling_flags(where, q["path"], metrics.phase_runs, allowance) if len(q) else np.zeros(0, bool)
+    q["wait_us"] = spin_spans(q) * 1e6 if len(q) else pd.Series(dtype="float64")
+    placed = q[q["step"].notna() & ~q["outside"].astype(bool)]
+    by_step = placed.groupby(placed["step"].astype("int64"))
+    out["completion_query_hook_hits"] = out["step"].map(by_step.size()).fillna(0).astype("int64")
+    out["polling_query_hook_hits"] = out["step"].map(by_step["polling"].sum()).fillna(0).astype("int64")
+    out["query_wait_us"] = out["step"].map(by_step["wait_us"].sum()).fillna(0.0).astype("float64")
+    return out, q
+
+
+def query_summary(per_step: pd.DataFrame, metrics: StepMetrics, queries: pd.DataFrame | None, cuda: bool,
+                  allowance: Mapping[str, int] | None = None) -> dict:
+    """The window's completion queries, steps and outside-steps bucket together: {"trace": the counted trace queries
+    (hotloop.guards.step_metrics.QUERY_COLUMNS; None without CUDA), "hook": the hooked ones, "polling_trace",
+    "polling_hook": those beyond the allowance, "allowed": what the allowance grants over the window (per-run
+    queries x the runs of each allowance phase), "allowance": {phase: queries per run}, "query_host_us_per_step":
+    the trace's host time inside the counted queries per step (None without CUDA), "query_wait_us_per_step": the
+    hooks' spin spans per step}. `queries`: as `with_query_counts` returns them. A report: "no event sync" judges
+    the polling ones."""
+    allowance = query_allowance() if allowance is None else dict(allowance)
+    runs = metrics.phase_runs
+    allowed = int(sum(n * int(runs.loc[runs["phase"].eq(p), "runs"].sum()) for p, n in allowance.items()))
+    q = _placed_queries(queries)
+    out = metrics.outside
+    steps = max(len(per_step), 1)
+
+    def trace(col: str) -> float | None:
+        return float(per_step[col].sum() + out.get(col, 0.0)) if cuda and col in per_step else None
+
+    host = trace("query_host_us")
+    return {"trace": None if trace("completion_queries") is None else int(trace("completion_queries")),
+            "hook": len(q),
+            "polling_trace": None if trace("polling_queries") is None else int(trace("polling_queries")),
+            "polling_hook": int(q["polling"].sum()) if "polling" in q else 0, "allowed": allowed,
+            "allowance": allowance, "query_host_us_per_step": None if host is None else round(host / steps, 3),
+            "query_wait_us_per_step": round(float(q["wait_us"].sum()) / steps, 3) if "wait_us" in q else 0.0}
+
+
 def _placed(hits: pd.DataFrame) -> pd.DataFrame:
     """`hits` with phase and outside columns (a bare SyncHooks.frame(): phase "", outside = step is NA)."""
     if "phase" in hits and "outside" in hits:
@@ -447,12 +568,20 @@ def with_hook_counts(per_step: pd.DataFrame, hits: pd.DataFrame) -> pd.DataFrame
     return out
 
 
-def outside_counts(metrics: StepMetrics, hits: pd.DataFrame) -> dict[str, float]:
-    """The outside-steps bucket: `metrics.outside` plus, per HOOK_COLUMNS column, the hits outside every step."""
+def outside_counts(metrics: StepMetrics, hits: pd.DataFrame,
+                   queries: pd.DataFrame | None = None) -> dict[str, float]:
+    """The outside-steps bucket: `metrics.outside` plus, per HOOK_COLUMNS column, the hits outside every step, and
+    the hooked queries outside every step (completion_query_hook_hits, polling_query_hook_hits: all of them are
+    polling there, query_wait_us)."""
     hits = _placed(hits)
     out = dict(metrics.outside)
     for criterion, col in HOOK_COLUMNS.items():
         out[col] = float((hits["criterion"].eq(criterion) & hits["outside"]).sum())
+    q = _placed_queries(queries)
+    outside = q[q["outside"]]
+    out["completion_query_hook_hits"] = float(len(outside))
+    out["polling_query_hook_hits"] = float(len(outside))
+    out["query_wait_us"] = float(outside["wait_us"].sum()) if "wait_us" in outside else 0.0
     return out
 
 
@@ -462,13 +591,15 @@ def _not_in_window(names: list[str]) -> str:
 
 def evaluate(metrics: StepMetrics, hits: pd.DataFrame, cuda: bool, roles: PhaseRoles = PhaseRoles(), *,
              periods: Mapping[str, int] | None = None,
-             criteria: tuple[Criterion, ...] = CRITERIA) -> pd.DataFrame:
+             criteria: tuple[Criterion, ...] = CRITERIA, queries: pd.DataFrame | None = None) -> pd.DataFrame:
     """The verdict table (GuardReport.verdicts, columns VERDICT_COLUMNS) from step metrics, the hook hits
     (`SyncHooks.frame()`, steps numbered as metrics.per_step; with phase and outside columns when placed by
     `attribute_hits`; hits with no step are outside steps) and whether the trace has a CUDA side.
 
     Each row of `criteria` is judged on its column over the events of its phases (`PhaseRoles.scope`): the worst
-    step (rows of phases "every" also the outside-steps bucket), hook and trace counts joined per step by max; a
+    step (rows of phases "every" also the outside-steps bucket), hook and trace counts joined per step by max (a
+    row with a query column: syncs + polling queries on each side, `queries` being the hooked completion queries,
+    SyncHooks.query_frame() placed by `attribute_queries`, their allowance the rows'); a
     per-env-step row (env_kernels_per_env_step) on its per-step ratio, its total the env kernels of the window.
     Without CUDA the rows with no hook column get status NO_CUDA, and the sync rows (with a hook column) are
     NOT_APPLICABLE (verdict "-") unless the hooks saw a sync, which FAILs them.
@@ -479,8 +610,9 @@ def evaluate(metrics: StepMetrics, hits: pd.DataFrame, cuda: bool, roles: PhaseR
     trace anomaly); when every step is damaged it is not measured, and its status says why. Raises ValueError for
     a row's unknown phase scope."""
     hits = _placed(hits)
-    per_step = with_hook_counts(metrics.per_step, hits)
-    outside = outside_counts(metrics, hits)
+    allowance = query_allowance(criteria)
+    per_step, queries = with_query_counts(with_hook_counts(metrics.per_step, hits), queries, metrics, allowance)
+    outside = outside_counts(metrics, hits, queries)
     ran = set(metrics.phase_steps["phase"])
     missing = [p for p in (periods or {}) if p not in ran]
     measured, status, source, evidence = {}, {}, {}, dict(metrics.evidence)
@@ -504,13 +636,16 @@ def evaluate(metrics: StepMetrics, hits: pd.DataFrame, cuda: bool, roles: PhaseR
         if not cuda and c.hook_column is None:
             status[c.name] = NO_CUDA
             continue
-        trace = per_step[c.column] if cuda else zeros
-        hook = per_step[c.hook_column] if c.hook_column else zeros
+        trace = (per_step[c.column] + (per_step[c.query_column] if c.query_column else 0)) if cuda else zeros
+        hook = (per_step[c.hook_column] if c.hook_column else zeros) + (
+            per_step[c.query_hook_column] if c.query_hook_column else 0)
         values = [_number(v) for v in trace.combine(hook, max)]
         labels = [str(s) for s in per_step["step"]]
+        out_trace = outside.get(c.column, 0) + (outside.get(c.query_column, 0) if c.query_column else 0)
+        out_hook = (outside.get(c.hook_column, 0) if c.hook_column else 0) + (
+            outside.get(c.query_hook_column, 0) if c.query_hook_column else 0)
         if every:
-            values.append(_number(max(outside.get(c.column, 0) if cuda else 0,
-                                      outside.get(c.hook_column, 0) if c.hook_column else 0)))
+            values.append(_number(max(out_trace if cuda else 0, out_hook)))
             labels.append(OUTSIDE_LABEL)
         value = max(values, default=0)
         fails = c.comparison != REPORT and not c.check(value)
@@ -525,8 +660,8 @@ def evaluate(metrics: StepMetrics, hits: pd.DataFrame, cuda: bool, roles: PhaseR
         count = PER_ENV_STEP.get(c.column)  # a ratio row's total: the count it divides (an int, as the others)
         total[c.name] = int(per_step[count].sum()) if count and cuda else sum(values)
         ways = ["hook"] * bool(c.hook_column) + ["trace"] * cuda
-        seen = ["hook"] * bool(sum(hook) + (outside.get(c.hook_column, 0) if c.hook_column and every else 0)) + \
-            ["trace"] * bool(cuda and (sum(trace) + (outside.get(c.column, 0) if every else 0)))
+        seen = ["hook"] * bool(sum(hook) + (out_hook if every else 0)) + \
+            ["trace"] * bool(cuda and (sum(trace) + (out_trace if every else 0)))
         source[c.name] = _ways(seen or ways)
         rows = evidence.get(c.name, []) if cuda else []
         if c.hook_column:
@@ -536,6 +671,8 @@ def evaluate(metrics: StepMetrics, hits: pd.DataFrame, cuda: bool, roles: PhaseR
             sites = mine.assign(place=place).groupby(["api", "site", "place"], sort=False).size()
             rows = ([f"hook: {api} at {site}{where} x{n}" for (api, site, where), n in sites.items()]
                     + [f"trace: {e}" for e in rows])
+        if c.query_column or c.query_hook_column:
+            rows += _query_evidence(c, queries, per_step, metrics, cuda, periods)
         if fails and lacking:
             rows = [*rows, f"also {_not_in_window(lacking)[len('not measured ('):-1]}"]
         evidence[c.name] = rows
@@ -548,6 +685,41 @@ def evaluate(metrics: StepMetrics, hits: pd.DataFrame, cuda: bool, roles: PhaseR
     table["phases"] = table["criterion"].map(lambda c: judged.get(c, ""))
     table["evidence"] = table["criterion"].map(lambda c: "; ".join(evidence.get(c, [])) if c in measured else "")
     return table[VERDICT_COLUMNS]
+
+
+def _query_evidence(c: Criterion, queries: pd.DataFrame, per_step: pd.DataFrame, metrics: StepMetrics, cuda: bool,
+                    periods: Mapping[str, int] | None) -> list[str]:
+    """The completion-query lines of row `c`'s evidence ([] when the window made none): the hooked queries by call
+    site and place, the polling ones first ("polling", with how many returned not ready), then one summary line:
+    the counts (trace, hooks), what the row's allowance granted over the window (per run x the runs of its phases,
+    and their periods), the polling ones, and the host time in queries per step (reported, not judged)."""
+    s = query_summary(per_step, metrics, queries, cuda, dict(c.query_allowance))
+    if not s["hook"] and not s["trace"]:
+        return []
+    q = queries
+    rows = []
+    if len(q):
+        place = pd.Series([(f" in {p}" if isinstance(p, str) and p else "") + (f" {OUTSIDE_LABEL}" if o else "")
+                           for p, o in zip(q["phase"], q["outside"])], index=q.index, dtype=object)
+        g = q.assign(place=place, not_ready=~q["ready"].astype(bool)).groupby(
+            ["polling", "api", "site", "place"], sort=False)["not_ready"].agg(["size", "sum"])
+        for (poll, api, site, where), (n, nr) in sorted(g.iterrows(), key=lambda kv: not kv[0][0]):
+            rows.append(f"hook: {api} at {site}{where} x{n} {'polling' if poll else 'allowed'}, {nr} not ready")
+    runs = metrics.phase_runs
+    grants = []
+    for phase, n in c.query_allowance:
+        k = int(runs.loc[runs["phase"].eq(phase), "runs"].sum())
+        every = (periods or {}).get(phase)
+        grants.append(f"{n} per {phase} x {k} run{'s' * (k != 1)}" + (f", every {every} steps" if every else ""))
+
+    def dash(v: object) -> object:
+        return "-" if v is None else v
+
+    rows.append(f"completion queries {dash(s['trace'])} (trace) / {s['hook']} (hooks), allowed "
+                f"{s['allowed']} ({'; '.join(grants) or 'none'}), polling {dash(s['polling_trace'])} / "
+                f"{s['polling_hook']}; host time in queries {dash(s['query_host_us_per_step'])} us per step (trace), "
+                f"spin spans {s['query_wait_us_per_step']} us per step (hooks)")
+    return rows
 
 
 def _judge_tf32(per_step, cuda, roles, measured, status, source, lacking=()) -> None:

@@ -1,8 +1,9 @@
 """Per-step metrics of every docs/criteria.md criterion that a trace can show, from the event schema of
-`hotloop.profiles.trace_schema` (Kineto or Nsight, read by `hotloop.profiles.kineto_reader` / `hotloop.profiles.nsight_reader`).
+`hotloop.profiles.trace_schema` (Kineto or Nsight, read by `hotloop.profiles.kineto_reader` /
+`hotloop.profiles.nsight_reader`).
 
-Steps and whole-trace counts come from `hotloop.profiles.trace_counts` (a GPU event belongs to the step that launched it,
-through its correlation id; a graph replay's kernels through their cudaGraphLaunch). Per-step columns, summed over
+Steps and whole-trace counts come from `hotloop.profiles.trace_counts` (a GPU event belongs to the step that launched
+it, through its correlation id; a graph replay's kernels through their cudaGraphLaunch). Per-step columns, summed over
 the events of a step (`STEP_COLUMNS` lists the metric columns):
 
 - the counts of `trace_counts.event_flags` (kernels, kernels_grid1, memcpy_dtod_events, memcpy_kernels,
@@ -59,6 +60,18 @@ that launched it (its correlation id: a cudaGraphLaunch's replayed kernels take 
 launch). Which phase names are forward / backward / spectral norm / online / DDQN forward / learner / env:
 `PhaseRoles`.
 
+Completion queries (`QUERY_COLUMNS`, not in the medians: the criterion judges them against its allowance, and a
+query that runs once per `log_interval` steps has a median of 0): completion_queries counts the runtime/driver calls
+QUERY_CALLS (cudaEventQuery, cudaStreamQuery, cuEventQuery, cuStreamQuery) made on the loop's threads (those that
+opened a step range) outside every torch operator (`cpu_op` range): a query never waits, but a host calling it until
+the GPU is done does. Left out, and named in the evidence only: queries inside a torch operator (the CUDA caching
+allocator queries the events of blocks freed on another stream inside `aten::empty*`: bookkeeping, one query per
+event) and on other threads (NCCL's watchdog thread queries its work events; it does not hold the loop).
+polling_queries: those beyond the allowance (`polling_flags`: {phase: queries per run},
+hotloop.guards.criteria.query_allowance: the readback's one query per `readback_publish`), counted into "no event sync".
+query_host_us: the host time inside the counted queries (their CPU durations): a report, not a verdict (the Python loop
+around the queries of a spin is not in it; the sync hooks' spans are, hotloop.guards.guard).
+
 The window (WINDOW_RANGE, or first step start to last step end when the trace has no such range): events inside it
 but outside every step range (a call by its start, a GPU event by its launching call) are counted in an "outside
 steps" bucket (`StepMetrics.outside`, same columns as a step). Which phases ran in which step
@@ -78,16 +91,20 @@ import numpy as np
 import pandas as pd
 
 from hotloop.guards.baselines import KERNEL_US_PREFIX, is_count
-from hotloop.guards.criteria import CRITERIA
+from hotloop.guards.criteria import CRITERIA, query_allowance
 from hotloop.profiles.trace_anomalies import count_anomalies, valid_time
-from hotloop.profiles.trace_counts import (COUNT_COLUMNS, PROFILER_STEP, SYNC_COLUMNS, api_names, assign_steps, event_flags,
-                                 step_anomalies, step_ranges)
+from hotloop.profiles.trace_counts import (COUNT_COLUMNS, SYNC_COLUMNS, api_names, assign_steps,
+                                           choose_step_range_events, event_flags, step_anomalies, step_ranges)
 
 TF32, FP32, GEMM = "tf32", "fp32", "gemm"
 PRECISIONS = (TF32, FP32, GEMM, "")
 STREAM_SYNC_APIS = ("cudaStreamSynchronize", "cuStreamSynchronize")
 EVENT_SYNC_APIS = ("cudaEventSynchronize", "cudaDeviceSynchronize", "cuEventSynchronize", "cuCtxSynchronize")
 _SYNC_APIS = STREAM_SYNC_APIS + EVENT_SYNC_APIS
+QUERY_CALLS = ("cudaEventQuery", "cudaStreamQuery", "cuEventQuery", "cuStreamQuery")
+"""Runtime/driver completion queries: they return at once, done or not; a host calling them until done waits."""
+QUERY_COLUMNS = ("completion_queries", "polling_queries", "query_host_us")
+"""Per-step trace columns of the completion queries (module docstring), after SCOPED_COLUMNS; not in the medians."""
 _GPU_KINDS = ("kernel", "memcpy", "memset")
 _API_KINDS = ("runtime", "driver")
 _LOW_PRECISION = re.compile(r"bf16|f16|fp16|half|int8|e4m3|e5m2|fp8")
@@ -108,6 +125,9 @@ WINDOW_RANGE = "guard_window"
 HIT_MARK = "hotloop_sync_hit#"
 """Prefix of the zero-length range hotloop.guards.guard puts in the trace right after a sync-hook hit, numbered by
 the hit's index (`hotloop_sync_hit#3`): it places the hit in its step and phase."""
+QUERY_MARK = "hotloop_query_hit#"
+"""Prefix of the zero-length range hotloop.guards.guard puts in the trace right after a hooked completion query (a
+`SyncHooks.queries` entry), numbered by the query's index: it places the query in its step and phase."""
 OUTSIDE = -1
 """Step bucket of the events inside the window but outside every step range."""
 OUTSIDE_LABEL, NO_PHASE = "(outside steps)", "(no phase)"
@@ -191,6 +211,10 @@ class StepMetrics:
     event_sync_calls) (int64); phase "" for events in no phase.
     markers: the sync-hook markers (HIT_MARK) in the trace: hit (int, the hit's index), step (Int64: NA outside
     every step), outside (bool: inside the window, outside every step), phase (str).
+    query_markers: the same for the completion-query markers (QUERY_MARK; hit = the query's index in
+    SyncHooks.queries), plus path (tuple of str: the phase ranges around it, outermost first).
+    phase_runs: per (step, phase): runs (int), the phase ranges (CPU side) of that name that started in the step:
+    what a per-run query allowance multiplies (`polling_flags`).
     """
 
     per_step: pd.DataFrame
@@ -206,6 +230,9 @@ class StepMetrics:
         default_factory=lambda: pd.DataFrame({"phase": [], "outside": [], "kernels": [], "sync_calls": []}))
     markers: pd.DataFrame = field(
         default_factory=lambda: pd.DataFrame({"hit": [], "step": [], "outside": [], "phase": []}))
+    query_markers: pd.DataFrame = field(
+        default_factory=lambda: pd.DataFrame({"hit": [], "step": [], "outside": [], "phase": [], "path": []}))
+    phase_runs: pd.DataFrame = field(default_factory=lambda: pd.DataFrame({"step": [], "phase": [], "runs": []}))
 
 
 def gemm_precision(name: str, registry: Mapping[str, str] | None = None) -> str:
@@ -329,9 +356,9 @@ def _object_series(values: list, index) -> pd.Series:
     return pd.Series(arr, index=index, dtype=object)
 
 
-def _markers(df: pd.DataFrame) -> pd.Series:
+def _markers(df: pd.DataFrame, prefixes: tuple[str, ...] = (HIT_MARK, QUERY_MARK)) -> pd.Series:
     out = df["kind"].eq("user_annotation")
-    out[out] = df.loc[out, "name"].astype(str).str.startswith(HIT_MARK)
+    out[out] = df.loc[out, "name"].astype(str).str.startswith(prefixes)
     return out
 
 
@@ -393,14 +420,16 @@ def _regex(rule: str) -> re.Pattern:
 def step_metrics(df: pd.DataFrame, *, step_range_name: str | None = "step", domain: str | None = None,
                  phases: Mapping[PhaseRule, str] | None = None, roles: PhaseRoles = PhaseRoles(),
                  gemm_registry: Mapping[str, str] | None = None,
-                 rule_phases: tuple[str, ...] | None = None) -> StepMetrics:
+                 rule_phases: tuple[str, ...] | None = None,
+                 allowance: Mapping[str, int] | None = None) -> StepMetrics:
     """Per-step metrics (module docstring) of trace `df` (`hotloop.profiles.trace_schema` schema).
 
     Steps: the ranges of `trace_counts.step_ranges(df, step_range_name, domain)` (ProfilerStep#N if no range has
     that name); `step_range_name=None` makes the whole trace one step (range_name "trace"). Events outside every
     step are not counted in a step; those inside the window (WINDOW_RANGE, else first step start to last step
     end) are counted in `StepMetrics.outside`. `phases`, `rule_phases`, `roles`: see `event_phases`,
-    `PhaseRoles`; `gemm_registry`: see `gemm_precision`. Times are microseconds on the trace's clock (the
+    `PhaseRoles`; `gemm_registry`: see `gemm_precision`; `allowance`: {phase: completion queries allowed per run}
+    (default hotloop.guards.criteria.query_allowance()). Times are microseconds on the trace's clock (the
     whole-trace step spans the events with a valid time). An empty per_step (no step ranges) gives NaN medians.
     Damaged steps: module docstring. Raises ValueError for a bad registry precision or regex.
     """
@@ -420,8 +449,15 @@ def step_metrics(df: pd.DataFrame, *, step_range_name: str | None = "step", doma
     kernel = df["kind"].eq("kernel")
     names = df["name"].where(kernel, "")
     precision = names.map({n: gemm_precision(n, gemm_registry) for n in names.unique()})
-    ev = _event_metrics(df, phase, path, precision, roles)
+    query, in_op = _queries(df, step_range_name, domain)
+    ev = _event_metrics(df, phase, path, precision, roles, query)
     in_step = bucket.notna() & bucket.ge(0)
+    runs = _phase_runs(df, bucket, step_range_name)
+    allowance = query_allowance() if allowance is None else dict(allowance)
+    ev["polling_queries"] = 0
+    if query.any():  # in call order: the first queries of a phase run are its allowed ones
+        order = df.loc[query, "start_us"].sort_values(kind="stable").index
+        ev.loc[order, "polling_queries"] = polling_flags(bucket[order], path[order], runs, allowance).astype("int64")
     per_step = ev[in_step].groupby(bucket[in_step]).sum().reindex(ranges["step"], fill_value=0)
     per_step = per_step.reset_index(drop=True)
     timed = kernel & valid_time(df)
@@ -431,9 +467,10 @@ def step_metrics(df: pd.DataFrame, *, step_range_name: str | None = "step", doma
     for ratio, count in PER_ENV_STEP.items():  # divided per step (exact for integers), never summed as fractions
         per_step[ratio] = per_step[count].astype("float64") / roles.env_steps_per_update
     per_step = per_step[["step", "range_name", "start_us", "dur_us", *COUNT_COLUMNS, *SYNC_COLUMNS, *STEP_COLUMNS,
-                         *SCOPED_COLUMNS, *ANOMALY_COLUMNS]]
+                         *SCOPED_COLUMNS, *QUERY_COLUMNS, *ANOMALY_COLUMNS]]
     clean = per_step["anomaly"].eq("")
-    cols = [c for c in per_step.columns if c not in ("step", "range_name", "start_us", *ANOMALY_COLUMNS)]
+    cols = [c for c in per_step.columns if c not in ("step", "range_name", "start_us", *ANOMALY_COLUMNS,
+                                                     *QUERY_COLUMNS)]
     medians = {c: float(per_step[c][clean | is_count(c)].median()) if len(per_step) else float("nan") for c in cols}
     medians |= kernel_times(df, ev["kernels"].astype(bool) & valid_time(df), bucket, per_step["step"][clean])
     gemm = kernel & precision.ne("") & in_step
@@ -444,12 +481,79 @@ def step_metrics(df: pd.DataFrame, *, step_range_name: str | None = "step", doma
     outside_ev = bucket.eq(OUTSIDE).fillna(False).astype(bool)
     outside = {c: float(ev.loc[outside_ev, c].sum()) for c in ev.columns if c != "gpu_kernel_us"}
     evidence = _evidence(df[in_window], ev[in_window], phase[in_window], precision[in_window], roles,
-                         outside_ev[in_window])
+                         outside_ev[in_window], (query & ~in_op)[in_window], in_op[in_window])
     if note:
         evidence["DDQN overlapped"].append(note)
     return StepMetrics(per_step, medians, evidence, gemms, count_anomalies(df), note, outside, window,
                        _phase_steps(df, phase, bucket, step_range_name),
-                       _phase_counts(ev, phase, bucket), _marker_frame(df, bucket, phase))
+                       _phase_counts(ev, phase, bucket), _marker_frame(df, bucket, phase),
+                       _marker_frame(df, bucket, phase, QUERY_MARK, path), runs)
+
+
+def _queries(df: pd.DataFrame, step_range_name: str | None, domain: str | None) -> tuple[pd.Series, pd.Series]:
+    """(counted, in_op), bool Series on df's index: QUERY_CALLS calls on the loop's threads (the pid/tid of the step
+    range events; every thread when there are none, or with step_range_name None) outside every `cpu_op` of their
+    thread (counted), and QUERY_CALLS calls inside one (in_op: a torch operator's own, e.g. the caching allocator's)."""
+    api = api_names(df)
+    query = api.isin(QUERY_CALLS)
+    none = pd.Series(False, index=df.index)
+    if not query.any():
+        return none, none
+    key = df["pid"].astype(str) + "/" + df["tid"].astype(str)
+    if step_range_name is not None:
+        steps = choose_step_range_events(df, step_range_name, domain)
+        if len(steps):
+            query &= key.isin(set(key[steps.index]))
+    in_op = none.copy()
+    ops = df[df["kind"].eq("cpu_op") & valid_time(df)]
+    op_key = key[ops.index]
+    for k in key[query].unique():
+        mine = ops[op_key.eq(k)]
+        if mine.empty:
+            continue
+        order = np.argsort(mine["start_us"].to_numpy("float64"), kind="stable")
+        starts = mine["start_us"].to_numpy("float64")[order]
+        ends = np.maximum.accumulate((mine["start_us"] + mine["dur_us"]).to_numpy("float64")[order])
+        rows = query & key.eq(k)
+        t = df.loc[rows, "start_us"].to_numpy("float64")
+        i = np.searchsorted(starts, t, side="right") - 1
+        in_op[rows] = (i >= 0) & (ends[np.maximum(i, 0)] > t)
+    return query & ~in_op, api.isin(QUERY_CALLS) & in_op
+
+
+def polling_flags(steps: pd.Series, paths: pd.Series, runs: pd.DataFrame,
+                  allowance: Mapping[str, int]) -> np.ndarray:
+    """Per completion query (rows in call order): whether it is a polling query, beyond the loop's own.
+
+    `steps`: each query's step (an int; NA, None or OUTSIDE (< 0) outside every step); `paths`: the phase ranges
+    around it (tuples, outermost first); `runs`: `StepMetrics.phase_runs` (step, phase, runs); `allowance`: {phase:
+    queries allowed per run of it}. A query in a step whose innermost enclosing phase of `allowance` is P is allowed
+    while the step's queries in P so far (this one included) are at most allowance[P] x the runs of P in the step;
+    every other query (no allowance phase around it, the step's allowance spent, or outside every step) is polling.
+    The first queries in call order are the allowed ones: the readback's own query comes first in its phase, a spin
+    added after it is polling. Returns a bool array."""
+    have = {(int(s), str(p)): int(n) for s, p, n in zip(runs["step"], runs["phase"], runs["runs"])}
+    used: dict[tuple[int, str], int] = {}
+    out = np.ones(len(steps), dtype=bool)
+    for i, (s, path) in enumerate(zip(steps.tolist(), paths.tolist())):
+        if s is None or s is pd.NA or (isinstance(s, float) and np.isnan(s)) or int(s) < 0:
+            continue
+        phase = next((p for p in reversed(tuple(path or ())) if p in allowance), None)
+        if phase is None:
+            continue
+        key = (int(s), phase)
+        used[key] = used.get(key, 0) + 1
+        out[i] = used[key] > allowance[phase] * have.get(key, 0)
+    return out
+
+
+def _phase_runs(df: pd.DataFrame, bucket: pd.Series, step_range_name: str | None) -> pd.DataFrame:
+    """Per (step, phase): runs, the CPU phase ranges of that name starting in the step."""
+    rng = (is_phase_range(df, (step_range_name or "",)) & df["kind"].eq("user_annotation") & ~_markers(df)
+           & bucket.notna() & bucket.ge(0).fillna(False).astype(bool))
+    frame = pd.DataFrame({"step": bucket[rng].astype("int64"), "phase": df.loc[rng, "name"].astype(str)})
+    return frame.groupby(["step", "phase"], as_index=False, sort=True).size().rename(columns={"size": "runs"}) \
+        .astype({"step": "int64", "runs": "int64"})
 
 
 def _window(df: pd.DataFrame, ranges: pd.DataFrame, step_range_name: str | None) -> dict:
@@ -522,28 +626,36 @@ def _phase_steps(df: pd.DataFrame, phase: pd.Series, bucket: pd.Series, step_ran
 
 
 def _phase_counts(ev: pd.DataFrame, phase: pd.Series, bucket: pd.Series) -> pd.DataFrame:
-    """Per (phase, outside) over the window's events: kernels, sync_calls."""
+    """Per (phase, outside) over the window's events: kernels, sync_calls, queries (completion_queries)."""
     w = bucket.notna()
     frame = pd.DataFrame({"phase": phase[w].astype(str), "outside": bucket[w].eq(OUTSIDE).astype(bool),
                           "kernels": ev.loc[w, "kernels"],
-                          "sync_calls": ev.loc[w, "stream_sync_calls"] + ev.loc[w, "event_sync_calls"]})
-    frame = frame[frame["kernels"].gt(0) | frame["sync_calls"].gt(0)]
-    return frame.groupby(["phase", "outside"], as_index=False, sort=True)[["kernels", "sync_calls"]].sum() \
-        .astype({"kernels": "int64", "sync_calls": "int64"})
+                          "sync_calls": ev.loc[w, "stream_sync_calls"] + ev.loc[w, "event_sync_calls"],
+                          "queries": ev.loc[w, "completion_queries"]})
+    frame = frame[frame["kernels"].gt(0) | frame["sync_calls"].gt(0) | frame["queries"].gt(0)]
+    cols = ["kernels", "sync_calls", "queries"]
+    return frame.groupby(["phase", "outside"], as_index=False, sort=True)[cols].sum() \
+        .astype({c: "int64" for c in cols})
 
 
-def _marker_frame(df: pd.DataFrame, bucket: pd.Series, phase: pd.Series) -> pd.DataFrame:
-    """The HIT_MARK markers: hit, step (NA outside steps), outside, phase."""
-    m = _markers(df)
-    hit = df.loc[m, "name"].str.slice(len(HIT_MARK)).astype("int64")
+def _marker_frame(df: pd.DataFrame, bucket: pd.Series, phase: pd.Series, prefix: str = HIT_MARK,
+                  path: pd.Series | None = None) -> pd.DataFrame:
+    """The markers named `prefix` + n (HIT_MARK, or QUERY_MARK with `path`): hit, step (NA outside steps), outside,
+    phase (and path, the enclosing phase ranges, when `path` is given)."""
+    m = _markers(df, (prefix,))
+    hit = df.loc[m, "name"].str.slice(len(prefix)).astype("int64")
     b = bucket[m]
-    return pd.DataFrame({"hit": hit.to_numpy(), "step": b.where(b.ge(0)).astype("Int64").to_numpy(),
-                         "outside": b.eq(OUTSIDE).fillna(False).astype(bool).to_numpy(),
-                         "phase": phase[m].astype(str).to_numpy()})
+    out = pd.DataFrame({"hit": hit.to_numpy(), "step": b.where(b.ge(0)).astype("Int64").to_numpy(),
+                        "outside": b.eq(OUTSIDE).fillna(False).astype(bool).to_numpy(),
+                        "phase": phase[m].astype(str).to_numpy()})
+    if path is not None:
+        out["path"] = _object_series(list(path[m]), out.index)
+    return out
 
 
 def phase_coverage(metrics: StepMetrics, hits: pd.DataFrame | None = None,
-                   periods: Mapping[str, int] | None = None, steps: int | None = None) -> pd.DataFrame:
+                   periods: Mapping[str, int] | None = None, steps: int | None = None,
+                   queries: pd.DataFrame | None = None) -> pd.DataFrame:
     """The phase coverage table of a guarded window: one row per phase (the `periods` phases first, in their
     order, then the others that ran, by first step), then NO_PHASE (events in a step but in no phase range) and
     OUTSIDE_LABEL (events inside the window, outside every step), the last two only when they hold a kernel or a
@@ -553,7 +665,8 @@ def phase_coverage(metrics: StepMetrics, hits: pd.DataFrame | None = None,
     hotloop.trainer.loop.loop_periods; NA for a phase not in it); steps (int: steps of the window it ran in,
     `StepMetrics.phase_steps`); first_step
     (Int64, NA when it never ran); kernels, sync_calls (trace: stream_sync_calls + event_sync_calls), sync_hook_hits
-    (`hits`, a SyncHooks.frame() with phase and outside columns, as hotloop.guards.guard attributes them) over the
+    (`hits`, a SyncHooks.frame() with phase and outside columns, as hotloop.guards.guard attributes them), queries
+    (trace: completion_queries) and query_hook_hits (`queries`, SyncHooks.query_frame() placed likewise) over the
     window; status: "ran", "not in window" (a `periods` phase that ran in no step; "(period P > window K)" added
     when its period exceeds `steps`, the window's steps, default len(metrics.per_step)), "in steps" / "outside
     steps" for the last two rows."""
@@ -566,6 +679,11 @@ def phase_coverage(metrics: StepMetrics, hits: pd.DataFrame | None = None,
     hits = hits if hits is not None else pd.DataFrame({"step": pd.Series(dtype="Int64")})
     h_phase = hits["phase"].astype(str) if "phase" in hits else pd.Series("", index=hits.index, dtype=str)
     h_out = hits["outside"].astype(bool) if "outside" in hits else hits["step"].isna()
+    queries = queries if queries is not None else pd.DataFrame({"step": pd.Series(dtype="Int64")})
+    q_phase = queries["phase"].astype(str) if "phase" in queries else pd.Series("", index=queries.index, dtype=str)
+    q_out = queries["outside"].astype(bool) if "outside" in queries else queries["step"].isna()
+    if "queries" not in counts:
+        counts = counts.assign(queries=0)
     others = [p for p in ran.sort_values("min", kind="stable").index if p not in periods]
     rows = []
     for p in [*periods, *others]:
@@ -575,15 +693,20 @@ def phase_coverage(metrics: StepMetrics, hits: pd.DataFrame | None = None,
         rows.append(dict(phase=p, period=periods.get(p, pd.NA), steps=n,
                          first_step=int(ran.loc[p, "min"]) if n else pd.NA, kernels=int(c["kernels"].sum()),
                          sync_calls=int(c["sync_calls"].sum()), sync_hook_hits=int(h_phase.eq(p).sum()),
+                         queries=int(c["queries"].sum()), query_hook_hits=int(q_phase.eq(p).sum()),
                          status="ran" if n else "not in window" + late))
     no_phase = counts[counts["phase"].eq("") & ~counts["outside"]]
     outside = counts[counts["outside"]]
-    for label, c, nh, status in ((NO_PHASE, no_phase, int((h_phase.eq("") & ~h_out).sum()), "in steps"),
-                                 (OUTSIDE_LABEL, outside, int(h_out.sum()), "outside steps")):
-        if c["kernels"].sum() or c["sync_calls"].sum() or nh:
+    for label, c, nh, nq, status in (
+            (NO_PHASE, no_phase, int((h_phase.eq("") & ~h_out).sum()), int((q_phase.eq("") & ~q_out).sum()),
+             "in steps"),
+            (OUTSIDE_LABEL, outside, int(h_out.sum()), int(q_out.sum()), "outside steps")):
+        if c["kernels"].sum() or c["sync_calls"].sum() or c["queries"].sum() or nh or nq:
             rows.append(dict(phase=label, period=pd.NA, steps=0, first_step=pd.NA, kernels=int(c["kernels"].sum()),
-                             sync_calls=int(c["sync_calls"].sum()), sync_hook_hits=nh, status=status))
-    cols = ["phase", "period", "steps", "first_step", "kernels", "sync_calls", "sync_hook_hits", "status"]
+                             sync_calls=int(c["sync_calls"].sum()), sync_hook_hits=nh,
+                             queries=int(c["queries"].sum()), query_hook_hits=nq, status=status))
+    cols = ["phase", "period", "steps", "first_step", "kernels", "sync_calls", "sync_hook_hits", "queries",
+            "query_hook_hits", "status"]
     return pd.DataFrame(rows, columns=cols).astype({"first_step": "Int64", "period": "Int64"})
 
 
@@ -620,7 +743,7 @@ def _in_scope(path: pd.Series, scope: tuple[str, ...] | None) -> pd.Series:
 
 
 def _event_metrics(df: pd.DataFrame, phase: pd.Series, path: pd.Series, precision: pd.Series,
-                   roles: PhaseRoles) -> pd.DataFrame:
+                   roles: PhaseRoles, query: pd.Series | None = None) -> pd.DataFrame:
     """One row per event: the 0/1 (or us) contributions of that event to each summed per-step column."""
     flags = event_flags(df)
     api = api_names(df)
@@ -654,6 +777,9 @@ def _event_metrics(df: pd.DataFrame, phase: pd.Series, path: pd.Series, precisio
     out["env_kernels"] = out["kernels"] * env
     out["env_kernels_grid1"] = out["kernels_grid1"] * env
     out["gpu_kernel_us"] = df["dur_us"].where(kernel & valid_time(df), 0.0)
+    query = pd.Series(False, index=df.index) if query is None else query
+    out["completion_queries"] = query.astype("int64")
+    out["query_host_us"] = df["dur_us"].where(query & valid_time(df), 0.0)
     return out
 
 
@@ -735,11 +861,14 @@ def _intersection_us(a: list[tuple[float, float]], b: list[tuple[float, float]])
 
 
 def _evidence(df: pd.DataFrame, ev: pd.DataFrame, phase: pd.Series, precision: pd.Series, roles: PhaseRoles,
-              outside: pd.Series) -> dict[str, list[str]]:
+              outside: pd.Series, query: pd.Series | None = None,
+              in_op: pd.Series | None = None) -> dict[str, list[str]]:
     """{criterion: ["<name>[ in <phase>][ (outside steps)] x<count>", ...]} over the window's events `df` (event
     metrics `ev`; `outside`: the events outside every step), for each CRITERIA row whose column is an event
     metric (a PER_ENV_STEP column: its count column's events, then "env_steps_per_update <n>" and
-    "env_kernels_grid1 <count> over the window"), and the TF32 / DDQN rows."""
+    "env_kernels_grid1 <count> over the window"), and the TF32 / DDQN rows. A row that judges polling queries
+    (`query_column`) also names the counted completion queries (`query`) in their phase, "(polling xP)" when P of
+    them are beyond the allowance, and the queries inside torch operators (`in_op`) as "not judged"."""
     def named(mask: pd.Series, label: pd.Series | None = None) -> list[str]:
         counts = (where if label is None else label)[mask].map(_short).value_counts(sort=True)
         return [f"{name} x{n}" for name, n in counts.items()]
@@ -760,6 +889,17 @@ def _evidence(df: pd.DataFrame, ev: pd.DataFrame, phase: pd.Series, precision: p
         if c.column in PER_ENV_STEP:
             grid1 = int(ev["env_kernels_grid1"].sum())
             out[c.name] += [f"env_steps_per_update {n}", f"env_kernels_grid1 {grid1} over the window"]
+    query = pd.Series(False, index=df.index) if query is None else query
+    in_op = pd.Series(False, index=df.index) if in_op is None else in_op
+    for c in CRITERIA:  # the completion queries, by name and phase; the polling ones counted apart
+        if c.query_column:
+            polls = ev["polling_queries"].gt(0) if "polling_queries" in ev else pd.Series(False, index=df.index)
+            counts = where[query].map(_short).value_counts(sort=True)
+            polling = where[query & polls].map(_short).value_counts()
+            out[c.name] += [f"{name} x{n}" + (f" (polling x{polling[name]})" if name in polling else "")
+                            for name, n in counts.items()]
+            out[c.name] += [f"{name} inside a torch op x{n} (not judged)"
+                            for name, n in df.loc[in_op, "name"].map(_short).value_counts().items()]
     out["TF32 forward only"] = named(bad, gemm_label) + named((fwd | bwd) & ~bad, gemm_label)
     out["DDQN overlapped"] = named(ddqn, ph + " stream " + df["stream"].astype(str) + ": " + df["name"].astype(str))
     return out

@@ -3,7 +3,8 @@ active and records every hit with its call site and step.
 
 Why hooks as well as the trace: on our H200 `torch.cuda.set_sync_debug_mode("error")` did not fire for
 `torch.cuda.synchronize()` or `torch.cuda.Event.synchronize()` (docs/h200_facts.md, "Host syncs"), and a
-trace cannot name the Python line that synced. The trace side is `hotloop.guards.step_metrics`; `hotloop.guards.guard` joins both.
+trace cannot name the Python line that synced. The trace side is `hotloop.guards.step_metrics`; `hotloop.guards.guard`
+joins both.
 
 Hooked APIs and the criterion of docs/criteria.md each hit counts against (HOOKED_APIS):
 
@@ -19,6 +20,17 @@ Hooked APIs and the criterion of docs/criteria.md each hit counts against (HOOKE
   from pageable memory (CUDA Runtime API, "API synchronization behavior"); torch raises no sync debug warning for
   either. `.to(cpu, non_blocking=True)` is not counted: torch pins its output (at::_to_copy).
 
+Completion queries, recorded apart (`QUERY_APIS`, `SyncHooks.queries`, `QueryHit`): `torch.cuda.Event.query`
+(cudaEventQuery) and `torch.cuda.Stream.query` (cudaStreamQuery; `torch.cuda.current_stream()` is a
+torch.cuda.Stream) never wait, so a query is no sync and counts against no criterion by itself; but a host that
+queries until the GPU is done (`while not event.query(): pass`) waits as `event.synchronize()` does, and no sync
+hook, sync debug warning or cuda*Synchronize call shows it. Each query is recorded with its call site, what it
+returned (`ready`), when it started and how long it took (`start_s`, `dur_s`, host seconds on
+time.perf_counter's clock) and, where a tracker sets `SyncHooks.phases` (hotloop.guards.loop_syncs), the phase
+ranges around it. Which of them are polling (beyond the loop's own, e.g. the readback's one query per publication)
+is decided by the criteria's allowance (hotloop.guards.criteria.query_allowance, hotloop.guards.step_metrics.
+polling_flags), not here. A query inside a counted sync call is not recorded.
+
 Tensor rules (`is_device_sync`, `is_pageable_async_copy`): a read-back counts only when the tensor is on a CUDA
 device. A CPU tensor's `.item()` reads host memory and waits for no device, so it is not a host sync and is not
 recorded. A copy counts only when non_blocking is True (the only value torch accepts as true there), one side is
@@ -27,11 +39,11 @@ own sync (its debug warning), a contiguous same-dtype copy with pinned memory is
 
 Limits: the hooks replace module/class attributes, so code that bound a function before the hooks were entered
 (`from torch.cuda import synchronize`), C++ callers and the immutable device-generic `torch.Stream` /
-`torch.Event` types are not seen (the trace sees those syncs), nor are the copies torch stages through a pageable
-temporary from C++ when a non_blocking copy with pinned memory is non-contiguous, broadcast or converts the dtype
-(aten/src/ATen/native/cuda/Copy.cu, copy_requires_temporaries; the trace's "Pageable" rule counts those). Inside a
-counted call no hooked call counts: a Tensor subclass's __torch_function__ re-dispatching `.item()` counts once, and
-another sync such an override makes inside the counted call is not seen by the hooks.
+`torch.Event` types (their syncs and their queries) are not seen (the trace sees those syncs and queries), nor are the
+copies torch stages through a pageable temporary from C++ when a non_blocking copy with pinned memory is non-contiguous,
+broadcast or converts the dtype (aten/src/ATen/native/cuda/Copy.cu, copy_requires_temporaries; the trace's "Pageable"
+rule counts those). Inside a counted call no hooked call counts: a Tensor subclass's __torch_function__ re-dispatching
+`.item()` counts once, and another sync such an override makes inside the counted call is not seen by the hooks.
 """
 
 from __future__ import annotations
@@ -39,6 +51,7 @@ from __future__ import annotations
 import functools
 import sys
 import threading
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -57,6 +70,9 @@ HOOKED_APIS: dict[str, str] = {
     **{f"torch.Tensor.{m}": EVENT_SYNC for m in TENSOR_COPIES},
 }
 HIT_COLUMNS = ("step", "api", "criterion", "site", "function", "thread")
+QUERY_APIS = ("torch.cuda.Event.query", "torch.cuda.Stream.query")
+"""The completion queries the hooks record (apart from the syncs: a query is no sync by itself)."""
+QUERY_HIT_COLUMNS = ("step", "api", "site", "function", "thread", "ready", "start_s", "dur_s", "phases")
 # Frames in these directories are internals: a hit's call site is the first frame outside them.
 _INTERNAL_DIRS = (str(Path(torch.__file__).parent) + "/", str(Path(__file__).parent) + "/")
 _MISSING = object()
@@ -153,6 +169,24 @@ class SyncHit:
     thread: str
 
 
+@dataclass(frozen=True)
+class QueryHit:
+    """One hooked completion query: `step`, `api` (a QUERY_APIS name), `site`, `function`, `thread` as SyncHit's;
+    `ready` (what the query returned: True when the work was done), `start_s` (time.perf_counter() at the call) and
+    `dur_s` (seconds inside it), `phases` (the phase ranges open around it, outermost first, when a tracker sets
+    SyncHooks.phases; () otherwise: the guarded window places a query by its trace marker)."""
+
+    step: int | None
+    api: str
+    site: str
+    function: str
+    thread: str
+    ready: bool
+    start_s: float
+    dur_s: float
+    phases: tuple[str, ...] = ()
+
+
 class SyncHooks:
     """Context manager that records host syncs made through torch's Python API while active.
 
@@ -161,12 +195,16 @@ class SyncHooks:
     when the body raised, it puts back every original attribute (an attribute that was inherited, e.g.
     `Tensor.item` from torch._C.TensorBase, is deleted again) and the previous debug mode. Hits are appended to
     `hits` (list of SyncHit) with `step` = the current value of the `step` attribute: set `hooks.step = k` before
-    step k. Raises RuntimeError when entered while already active. The hooks are process-wide (all threads).
+    step k. The QUERY_APIS are wrapped too: each completion query is appended to `queries` (list of QueryHit, with
+    `step` and `phases`, the current values of those attributes), never to `hits`.
+    Raises RuntimeError when entered while already active. The hooks are process-wide (all threads).
     """
 
     def __init__(self) -> None:
         self.hits: list[SyncHit] = []
+        self.queries: list[QueryHit] = []
         self.step: int | None = None
+        self.phases: tuple[str, ...] | list[str] = ()
         self._saved: list[tuple[object, str, object]] = []
         self._debug_mode: int | None = None
         self._local = threading.local()
@@ -180,6 +218,11 @@ class SyncHooks:
                 owner = _resolve(owner_name)
                 self._saved.append((owner, attr, vars(owner).get(attr, _MISSING)))
                 setattr(owner, attr, self._wrap(getattr(owner, attr), api, criterion))
+            for api in QUERY_APIS:
+                owner_name, attr = api.rsplit(".", 1)
+                owner = _resolve(owner_name)
+                self._saved.append((owner, attr, vars(owner).get(attr, _MISSING)))
+                setattr(owner, attr, self._wrap_query(getattr(owner, attr), api))
             if torch.cuda.is_available():
                 self._debug_mode = torch.cuda.get_sync_debug_mode()
                 torch.cuda.set_sync_debug_mode("warn")
@@ -195,6 +238,13 @@ class SyncHooks:
         """The hits as a DataFrame with columns HIT_COLUMNS (step is Int64, NA outside steps), in call order."""
         df = pd.DataFrame([asdict(h) for h in self.hits], columns=list(HIT_COLUMNS))
         return df.astype({"step": "Int64"})
+
+    def query_frame(self) -> pd.DataFrame:
+        """The completion queries as a DataFrame with columns QUERY_HIT_COLUMNS (step Int64, ready bool, phases a
+        tuple per row), in call order."""
+        df = pd.DataFrame([asdict(q) for q in self.queries], columns=list(QUERY_HIT_COLUMNS))
+        df["phases"] = pd.Series([q.phases for q in self.queries], index=df.index, dtype=object)
+        return df.astype({"step": "Int64", "ready": bool, "start_s": "float64", "dur_s": "float64"})
 
     def _restore(self) -> None:
         while self._saved:
@@ -228,6 +278,45 @@ class SyncHooks:
                 local.depth = 0
 
         return hooked
+
+    def _wrap_query(self, original, api: str):
+        local = self._local
+
+        @functools.wraps(original)
+        def hooked(*args, **kwargs):
+            if getattr(local, "depth", 0):
+                return original(*args, **kwargs)  # inside a counted sync call: that call's
+            site, function = call_site()
+            start = time.perf_counter()
+            ready = original(*args, **kwargs)
+            self.queries.append(QueryHit(self.step, api, site, function, threading.current_thread().name,
+                                         bool(ready), start, time.perf_counter() - start, tuple(self.phases)))
+            return ready
+
+        return hooked
+
+
+def spin_spans(queries: pd.DataFrame) -> pd.Series:
+    """Per query of `queries` (a SyncHooks.query_frame(), in call order): the host seconds of the polling run it
+    starts, 0.0 for a query that starts none. A run is a series of queries by one thread at one call site in one
+    step (`step`, NA counting as one value), each but the last one not ready: from the first one's start to the last
+    one's end, the Python loop between them included (a lone query: its own duration). The time the host spent
+    polling; no verdict is made on it."""
+    out = pd.Series(0.0, index=queries.index, dtype="float64")
+    last: dict[str, tuple] = {}  # thread -> (site, step, ready, run's first index)
+    for i, site, step, thread, ready, start, dur in zip(queries.index, queries["site"], queries["step"],
+                                                        queries["thread"], queries["ready"], queries["start_s"],
+                                                        queries["dur_s"]):
+        step = None if pd.isna(step) else int(step)
+        prev = last.get(thread)
+        if prev is not None and prev[:2] == (site, step) and not prev[2]:
+            first = prev[3]
+        else:
+            first = i
+            out[i] = 0.0
+        out[first] = start + dur - queries.at[first, "start_s"]
+        last[thread] = (site, step, bool(ready), first)
+    return out
 
 
 def _resolve(dotted: str) -> object:

@@ -1,15 +1,19 @@
 """guards/criteria.py's CRITERIA is the one criteria table: docs/criteria.md's table mirrors it row for row (name,
-metric columns, phases, aggregate, limit), every metric column is a column the guard computes, every phase scope
-resolves, and a REPORT row has no limit to check."""
+metric columns, phases, aggregate, limit, the completion-query allowance), every metric column is a column the guard
+computes, every phase scope resolves, a REPORT row has no limit to check, and the readback's allowance is what
+AsyncReadback.publish really queries."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+import torch
 
-from hotloop.guards.criteria import AGGREGATES, CRITERIA, REPORT, Criterion, verdict_table
-from hotloop.guards.guard import HOOK_COLUMNS
+from hotloop.guards.criteria import (AGGREGATES, CRITERIA, READBACK_QUERIES_PER_PUBLISH, REPORT, Criterion,
+                                     query_allowance, verdict_table)
+from hotloop.guards.guard import HOOK_COLUMNS, QUERY_HOOK_COLUMNS
+from hotloop.trainer.readback import AsyncReadback
 from hotloop.guards.step_metrics import PhaseRoles, step_metrics
 from test_step_metrics import learner_trace
 
@@ -33,6 +37,8 @@ def check_docs(text: str) -> list[str]:
             continue
         _, metric, phases, aggregate, limit = cells[:5]
         want = f"`{c.column}` / `{c.hook_column}`" if c.hook_column else f"`{c.column}`" if c.column else "-"
+        if c.query_column:  # syncs + polling queries, per side
+            want = " / ".join(" + ".join(f"`{x}`" for x in side.split(" + ")) for side in c.metric.split(" / "))
         if metric != want:
             bad.append(f"{c.name}: metric {metric!r}, code {want!r}")
         if isinstance(c.phases, str) and not phases.startswith(f"`{c.phases}`"):
@@ -41,6 +47,8 @@ def check_docs(text: str) -> list[str]:
             bad.append(f"{c.name}: aggregate {aggregate!r}, code {c.aggregate!r}")
         if limit != c.limit_text:
             bad.append(f"{c.name}: limit {limit!r}, code {c.limit_text!r}")
+        if c.allowance_text and c.allowance_text not in " | ".join(cells):
+            bad.append(f"{c.name}: no {c.allowance_text!r}")
     bad += [f"{name}: a row the code does not have" for name in set(rows) - {c.name for c in CRITERIA}]
     return bad
 
@@ -64,10 +72,11 @@ def test_the_docs_check_can_fail():
 
 def test_every_metric_column_is_computed_and_every_scope_resolves():
     per_step = step_metrics(learner_trace()).per_step
-    computed = set(per_step.columns) | set(HOOK_COLUMNS.values())
+    computed = set(per_step.columns) | set(HOOK_COLUMNS.values()) | set(QUERY_HOOK_COLUMNS)
     roles = PhaseRoles(learner=("update",))
     for c in CRITERIA:
-        columns = [x.strip() for x in (c.column or "").split("+") if x.strip()] + [c.hook_column] * bool(c.hook_column)
+        columns = [x.strip() for x in (c.column or "").split("+") if x.strip()] + [
+            x for x in (c.hook_column, c.query_column, c.query_hook_column) if x]
         assert set(columns) <= computed, c.name
         assert c.aggregate in AGGREGATES, c.name
         roles.scope(c.phases)  # raises for an unknown scope
@@ -95,3 +104,42 @@ def test_a_reported_row_has_no_verdict_and_no_limit_to_check():
     assert (row["status"], row["verdict"], row["limit"], row["measured"]) == ("reported", "-", "none (reported)", 7)
     with pytest.raises(ValueError, match="no limit to check"):
         reported.check(0)
+
+
+class CountingEvent:
+    """A fake CUDA event for AsyncReadback (its event_factory) that counts the queries made of it and answers
+    `done`."""
+
+    queries = 0
+    done = True
+
+    def record(self, stream=None) -> None:
+        pass
+
+    def query(self) -> bool:
+        CountingEvent.queries += 1
+        return CountingEvent.done
+
+    def synchronize(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("done", [True, False])
+def test_the_readback_allowance_is_what_a_publication_queries(done, monkeypatch):
+    """READBACK_QUERIES_PER_PUBLISH, the rows' allowance per readback_publish, is the most queries one
+    AsyncReadback.publish makes, whether its buffers' copies have landed or are still in flight."""
+    monkeypatch.setattr(CountingEvent, "queries", 0)
+    monkeypatch.setattr(CountingEvent, "done", done)
+    rb = AsyncReadback(["a", "b"], "cpu", event_factory=CountingEvent)
+    per_publish = []
+    for step in range(12):
+        before = CountingEvent.queries
+        rb.publish([torch.ones(2)], step)
+        per_publish.append(CountingEvent.queries - before)
+    assert max(per_publish) == READBACK_QUERIES_PER_PUBLISH and per_publish[2:] == [1] * 10
+    assert query_allowance() == {"readback_publish": READBACK_QUERIES_PER_PUBLISH}
+    rows = {c.name: c for c in CRITERIA}
+    for name in ("no event sync", "no sync in the epochs' loop"):
+        assert rows[name].query_allowance == (("readback_publish", READBACK_QUERIES_PER_PUBLISH),), name
+    assert rows["no event sync"].allowance_text == "allowed completion queries: 1 per readback_publish"
+    assert not rows["no stream sync"].query_allowance and rows["no stream sync"].allowance_text == ""

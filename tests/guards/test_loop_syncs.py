@@ -9,6 +9,7 @@ on a GPU.
 
 from __future__ import annotations
 
+import types
 import warnings
 from collections import Counter
 
@@ -19,11 +20,14 @@ import torch
 from hotloop.guards import sync_hooks
 from hotloop.guards.criteria import CRITERIA, verdict_table
 from hotloop.guards.gate import LOOP_CENSUS_OFF, LOOP_SYNC_CRITERION, judge_loop_syncs
-from hotloop.guards.loop_syncs import SYNC_WARNING, LoopSyncCensus
+from hotloop.guards.loop_syncs import SYNC_WARNING, LoopSyncCensus, period_text
 from hotloop.guards.run import run_training
+from hotloop.profiles import ranges
+from hotloop.trainer import loop as loop_module
 from hotloop.trainer.config import preset
 from hotloop.trainer.episodes import EpisodeReturns
 from hotloop.trainer.loop import Trainer
+from test_guard_polling import FakeEvent, FakeStream, fake_queries, load_patched, with_readback  # noqa: F401
 
 TINY = dict(device="cpu", num_envs=8, epochs=3, learner_steps_per_epoch=12, learning_starts=64, batch_size=16,
             trunk_hidden=(16,), head_hidden=8, eval_episodes=2, spectral_norm=False)
@@ -239,3 +243,107 @@ def test_real_pageable_non_blocking_copies_are_counted_and_pinned_ones_are_not()
     assert kinds == {"torch.Tensor.copy_": 1, "torch.Tensor.to": 1, "torch.Tensor.cuda": 1}, census.sites
     assert all(__file__ in site for site in census.sites)
     assert torch.equal(on_device, x) and torch.equal(on_device2, x) and torch.equal(pinned.cuda(), x)
+
+
+# ------------------------------------------------------------------------------------------ polling waits (queries)
+# The census counts the hooked completion queries per loop iteration and phase; beyond the allowance (the readback's
+# one query per readback_publish) they are polling waits, counted in the row with their call site and period. The
+# fakes (FakeEvent / FakeStream, the stubbed query APIs, the readback in the reference loop, the patched copies of
+# ci/mutants/*.patch) are test_guard_polling.py's.
+
+LONG = {**TINY, "epochs": 2, "learner_steps_per_epoch": 600, "eval_episodes": 0, "log_interval": 100}
+
+
+def test_period_text_names_the_gap_and_the_iterations():
+    assert period_text({2: [300, 600, 900], 3: [300, 600, 900]}) == \
+        "every 300 iterations (iterations 300, 600, 900 of epochs 2-3)"
+    assert period_text({2: [5, 6, 7]}) == "every iteration (iterations 5, 6, 7 of epoch 2)"
+    assert period_text({2: [40], 3: [40]}) == "once per epoch (iteration 40 of epochs 2-3)"
+    assert period_text({2: [3, 8], 3: [1, 6, 11]}) == \
+        "every 5 iterations (epoch 2: iterations 3, 8; epoch 3: iterations 1, 6, 11)"
+    assert period_text({2: [1, 2, 9]}) == "irregular (iterations 1, 2, 9 of epoch 2)"
+    assert period_text({}) == ""
+
+
+@pytest.mark.usefixtures("fake_queries")
+def test_the_readbacks_own_queries_pass_the_census(monkeypatch, tmp_path):
+    """The readback queries one event per publication (every log_interval = 100 of 600 iterations): allowed."""
+    made = with_readback(monkeypatch)
+    census = LoopSyncCensus(cuda=True)
+    run_training(preset("cartpole", **LONG), tmp_path, epoch_limit_s=120, show_progress=False, loop_census=census)
+    measured, text = census.verdict()
+    assert census.epochs == [2] and census.queries == census.allowed == 6
+    assert made[0]._published + made[0].dropped == 12  # a publication in flight is dropped, never waited for
+    assert (measured, text) == (0, "none in the loop of epoch 2 (completion queries 6, 6 allowed: 1 per "
+                                   "readback_publish)")
+    assert loop_module.phase_range is ranges.phase_range  # the census's tracker is gone after the run
+
+
+@pytest.mark.usefixtures("fake_queries")
+def test_the_loop_spin_mutant_fails_the_census_with_its_period(monkeypatch, tmp_path):
+    """ci/mutants/loop_stream_spin_every_300.patch: Trainer.iterate spins on the current stream every 300
+    iterations, never inside the guarded window's first 100; the census names its line and period. The patched
+    iterate runs in the real loop module's namespace (its ranges are the ones the census tracks)."""
+    module, path = load_patched("loop_stream_spin_every_300", "trainer/loop.py", tmp_path, "loop_spin")
+    patched = module.Trainer.iterate
+    monkeypatch.setattr(Trainer, "iterate", types.FunctionType(patched.__code__, vars(loop_module), "iterate",
+                                                                patched.__defaults__, patched.__closure__))
+    stream, step = FakeStream(), Trainer.train_step
+
+    def busy_step(self):  # the GPU has work queued after each iteration's launches
+        stream.busy()
+        return step(self)
+
+    monkeypatch.setattr(Trainer, "train_step", busy_step)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: stream)
+    with_readback(monkeypatch)
+    census = LoopSyncCensus(cuda=True)
+    (tmp_path / "run").mkdir()
+    run_training(preset("cartpole", **LONG), tmp_path / "run", epoch_limit_s=120, show_progress=False,
+                 loop_census=census)
+    line = next(i for i, t in enumerate(path.read_text().splitlines(), 1) if "current_stream(self.device).query" in t)
+    spin = 2 * (FakeStream.lag + 1)  # iterations 300 and 600 of epoch 2, lag + 1 queries each
+    measured, text = census.verdict()
+    assert (measured, census.queries, census.allowed) == (spin, spin + 6, 6)
+    assert text.startswith(f"in the loop of epoch 2: polling: torch.cuda.Stream.query at {path}:{line} x{spin}, "
+                           f"every 300 iterations (iterations 300, 600 of epoch 2) (completion queries {spin + 6}, "
+                           f"6 allowed: 1 per readback_publish; {spin} polling, "), text
+    assert census.poll_wait_s > 0
+
+
+@pytest.mark.usefixtures("fake_queries")
+def test_the_progress_spin_mutant_fails_the_census_in_the_progress_phase(monkeypatch, tmp_path):
+    """ci/mutants/progress_event_spin_every_200.patch: the CLI's progress callback records an event and spins on it
+    every 200 iterations (guards/run.py). Its run_training runs here from the patched copy, with a stand-in for the
+    torch its lines call (CUDA "available", torch.cuda.Event a FakeEvent)."""
+    module, path = load_patched("progress_event_spin_every_200", "guards/run.py", tmp_path, "run_spin")
+    module.torch = types.SimpleNamespace(cuda=types.SimpleNamespace(is_available=lambda: True, Event=FakeEvent))
+    census = LoopSyncCensus(cuda=True)
+    (tmp_path / "run").mkdir()
+    module.run_training(preset("cartpole", **{**LONG, "learner_steps_per_epoch": 400}), tmp_path / "run",
+                        epoch_limit_s=120, show_progress=False, loop_census=census)
+    line = next(i for i, t in enumerate(path.read_text().splitlines(), 1) if "while not finished.query()" in t)
+    spin = 2 * (FakeEvent.lag + 1)
+    measured, text = census.verdict()
+    assert measured == spin and census.allowed == 0
+    assert text.startswith(f"in the loop of epoch 2: polling: torch.cuda.Event.query at {path}:{line} in progress "
+                           f"x{spin}, every 200 iterations (iterations 200, 400 of epoch 2)"), text
+
+
+@pytest.mark.usefixtures("fake_queries")
+def test_a_query_outside_every_iteration_is_polling():
+    census = _past_first(LoopSyncCensus(cuda=True))
+    census.begin(2)
+    FakeEvent().query()
+    census.end()
+    measured, text = census.verdict()
+    (key, n), = census.polls.items()
+    assert measured == 1 and n == 1 and key == f"torch.cuda.Event.query at {__file__}:{_line_of('FakeEvent().query()')}"
+    assert census.sites == Counter() and "polling: " in text
+
+
+def _line_of(snippet: str) -> int:
+    import inspect
+
+    return next(i for i, t in enumerate(inspect.getsource(inspect.getmodule(_line_of)).splitlines(), 1)
+                if snippet in t and "_line_of" not in t)

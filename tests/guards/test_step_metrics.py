@@ -579,3 +579,67 @@ def test_per_kernel_times_are_median_us_per_undamaged_step_by_name():
     assert not is_count(f"{KERNEL_US_PREFIX}gemm_a")
     assert kernel_times(b.frame(), pd.Series(False, index=b.frame().index), pd.Series(dtype="Int64"),
                         pd.Series([], dtype="int64")) == {}
+
+
+def polling_trace() -> pd.DataFrame:
+    """A window of 3 steps with completion queries (imported by test_guard_polling.py): step 1 publishes once with
+    the readback's own query and a spin of 3 more; step 2 publishes with one query and polls the stream once in
+    "progress"; a query between the steps; one inside a torch op (the caching allocator's: not judged); one on
+    another thread (not the loop's: not counted)."""
+    b = TraceBuilder()
+    with b.step(WINDOW_RANGE):
+        for k in range(3):
+            with b.step():
+                with b.step("env_step"):
+                    b.gpu("env_kernel", 100.0 * (k + 1))
+                if k == 1:
+                    with b.step("readback_publish"):
+                        for _ in range(4):
+                            b.call("cudaEventQuery")
+                if k == 2:
+                    with b.step("readback_publish"):
+                        b.call("cudaEventQuery")
+                    with b.step("progress"):
+                        b.call("cudaStreamQuery_ptsz")
+                    start = b.t
+                    b.call("cudaEventQuery")
+                    b.rows.append(dict(name="aten::empty_strided", kind="cpu_op", start_us=start - 0.25, dur_us=1.0,
+                                       tid="1"))
+        b.call("cudaEventQuery")
+        b.rows.append(dict(name="cudaEventQuery", kind="runtime", start_us=b.t - 0.5, dur_us=0.5, tid="99"))
+    return b.frame()
+
+
+def test_completion_queries_beyond_the_allowance_are_polling():
+    m = step_metrics(polling_trace(), allowance={"readback_publish": 1})
+    ps = m.per_step
+    assert list(ps["completion_queries"]) == [0, 4, 2] and list(ps["polling_queries"]) == [0, 3, 1]
+    assert list(ps["query_host_us"]) == [0.0, 2.0, 1.0]  # 0.5 us per counted call
+    assert (m.outside["completion_queries"], m.outside["polling_queries"]) == (1.0, 1.0)
+    assert set(m.phase_runs.itertuples(index=False, name=None)) >= {(1, "readback_publish", 1),
+                                                                     (2, "readback_publish", 1), (2, "progress", 1)}
+    assert "completion_queries" not in m.medians and "query_host_us" not in m.medians
+    evidence = m.evidence["no event sync"]
+    assert "cudaEventQuery in readback_publish x5 (polling x3)" in evidence
+    assert "cudaStreamQuery_ptsz in progress x1 (polling x1)" in evidence
+    assert f"cudaEventQuery {OUTSIDE_LABEL} x1 (polling x1)" in evidence
+    assert "cudaEventQuery inside a torch op x1 (not judged)" in evidence
+    cov = phase_coverage(m).set_index("phase")
+    assert (cov.loc["readback_publish", "queries"], cov.loc["progress", "queries"]) == (5, 1)
+    assert cov.loc[OUTSIDE_LABEL, "queries"] == 1 and cov.loc["env_step", "queries"] == 0
+    none = step_metrics(polling_trace(), allowance={})  # no allowance: every counted query is polling
+    assert list(none.per_step["polling_queries"]) == [0, 4, 2]
+    assert list(step_metrics(learner_trace()).per_step["completion_queries"]) == [0, 0, 0]
+
+
+def test_polling_flags_allow_the_first_queries_of_each_run():
+    from hotloop.guards.step_metrics import OUTSIDE, polling_flags
+
+    runs = pd.DataFrame({"step": [0, 1], "phase": ["readback_publish", "readback_publish"], "runs": [1, 2]})
+    steps = pd.Series([0, 0, 1, 1, 1, 2, OUTSIDE, None], dtype="Int64")
+    paths = pd.Series([("readback_publish",), ("readback_publish", "inner"), ("readback_publish",),
+                       ("readback_publish",), ("readback_publish",), ("readback_publish",), (), ()], dtype=object)
+    flags = polling_flags(steps, paths, runs, {"readback_publish": 1})
+    # step 0: one run, the second query polls (its innermost allowance phase is readback_publish); step 1: two
+    # runs allow two; step 2: no run there; outside the steps and with no step: polling
+    assert flags.tolist() == [False, True, False, False, True, True, True, True]

@@ -3,11 +3,12 @@ subclass whose is_cuda is True; every hooked attribute must be back after exit, 
 
 import inspect
 
+import pandas as pd
 import pytest
 import torch
 
-from hotloop.guards.sync_hooks import (EVENT_SYNC, HIT_COLUMNS, HOOKED_APIS, STREAM_SYNC, SyncHooks, counts_as_sync,
-                                       is_device_sync, is_pageable_async_copy)
+from hotloop.guards.sync_hooks import (EVENT_SYNC, HIT_COLUMNS, HOOKED_APIS, QUERY_APIS, QUERY_HIT_COLUMNS, STREAM_SYNC,
+                                       SyncHooks, counts_as_sync, is_device_sync, is_pageable_async_copy, spin_spans)
 
 OWNERS = {"torch.cuda": torch.cuda, "torch.accelerator": torch.accelerator, "torch.cuda.Stream": torch.cuda.Stream,
           "torch.cuda.Event": torch.cuda.Event, "torch.Tensor": torch.Tensor}
@@ -25,9 +26,10 @@ def fake_cuda(value=1.0):
 
 
 def snapshot():
-    """Each hooked attribute as its owner's own __dict__ holds it (MISSING when inherited)."""
+    """Each hooked attribute (syncs and completion queries) as its owner's own __dict__ holds it (MISSING when
+    inherited)."""
     out = {}
-    for api in HOOKED_APIS:
+    for api in (*HOOKED_APIS, *QUERY_APIS):
         owner, attr = api.rsplit(".", 1)
         out[api] = vars(OWNERS[owner]).get(attr, MISSING)
     return out
@@ -218,3 +220,53 @@ def test_reentering_an_active_hook_is_an_error(stubs):
         with pytest.raises(RuntimeError, match="already active"):
             hooks.__enter__()
     assert snapshot() == before
+
+
+@pytest.fixture
+def query_stubs(monkeypatch):
+    """torch.cuda.Event.query / Stream.query stubs answering from a list (True = done), the list of answers."""
+    answers = []
+    monkeypatch.setattr(torch.cuda.Event, "query", lambda self: answers.pop(0))
+    monkeypatch.setattr(torch.cuda.Stream, "query", lambda self: answers.pop(0))
+    return answers
+
+
+def test_completion_queries_are_recorded_apart_from_the_syncs(query_stubs, stubs):
+    """A query is no sync: it goes to `queries` (never `hits`) with its call site, step, answer, timing and the
+    phases a tracker set; the originals still answer; everything is restored after exit."""
+    before = snapshot()
+    query_stubs += [False, False, True, True]
+    with SyncHooks() as hooks:
+        hooks.step, hooks.phases = 7, ("readback_publish",)
+        line = inspect.currentframe().f_lineno + 1
+        while not torch.cuda.Event.query(object()):
+            pass
+        hooks.step, hooks.phases = None, ()
+        assert torch.cuda.Stream.query(object()) is True
+        torch.cuda.synchronize()
+    assert hooks.hits and [h.api for h in hooks.hits] == ["torch.cuda.synchronize"]
+    q = hooks.query_frame()
+    assert list(q.columns) == list(QUERY_HIT_COLUMNS) and len(q) == 4
+    assert list(q["api"]) == ["torch.cuda.Event.query"] * 3 + ["torch.cuda.Stream.query"]
+    assert list(q["ready"]) == [False, False, True, True] and list(q["step"]) == [7, 7, 7, pd.NA]
+    assert list(q["site"][:3]) == [f"{__file__}:{line}"] * 3
+    assert list(q["phases"]) == [("readback_publish",)] * 3 + [()]
+    assert q["dur_s"].ge(0).all() and q["start_s"].is_monotonic_increasing
+    assert snapshot() == before
+    query_stubs.append(True)
+    torch.cuda.Event.query(object())
+    assert len(hooks.queries) == 4  # nothing recorded after exit
+
+
+def test_spin_spans_join_the_not_ready_queries_of_one_site_and_step():
+    """A polling run: the queries of one thread at one site in one step, each but the last not ready; its span runs
+    from the first one's start to the last one's end. A ready query, another site or another step starts anew."""
+    rows = [  # site, step, ready, start_s, dur_s
+        ("a:1", 0, False, 10.0, 1.0), ("a:1", 0, False, 12.0, 1.0), ("a:1", 0, True, 14.0, 1.0),  # 10 .. 15
+        ("a:1", 0, True, 20.0, 0.5),                                                              # alone
+        ("b:2", 1, False, 30.0, 1.0), ("a:1", 1, True, 31.0, 1.0),                              # another site
+        ("a:1", 1, False, 40.0, 1.0), ("a:1", 2, True, 50.0, 1.0),                              # another step
+    ]
+    q = pd.DataFrame(rows, columns=["site", "step", "ready", "start_s", "dur_s"]).assign(thread="MainThread")
+    q["step"] = q["step"].astype("Int64")
+    assert spin_spans(q).tolist() == [5.0, 0.0, 0.0, 0.5, 1.0, 1.0, 1.0, 1.0]
