@@ -53,8 +53,9 @@ def run_training(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress
     the trainer (on CUDA: a D2D copy on a side stream the main stream waits for, then a D2H copy into pinned memory
     beside the next epoch's loop; no host sync) handed to a background thread that writes run_dir/checkpoint.pt
     atomically (hotloop.trainer.resume's state; temp file, fsync, rename); one in flight at most, a checkpoint due
-    while one is in flight is skipped and said (taken at the next epoch's end); the last epoch's is written and
-    waited for before `after_epochs` runs, and a one-line summary (files, bytes, skips, seconds) is printed;
+    while one is in flight is skipped and said (taken at the next epoch's end); the last epoch's is never skipped,
+    and its write is waited for after the epochs (watchdog armed as "checkpoint writer") before `after_epochs` runs;
+    a one-line summary (files, bytes, skips, seconds) is printed;
     after an epoch whose greedy evaluation beats every earlier one,
     run_dir/best.pt with its online parameters (hotloop.trainer.best_policy; atomic, written before that epoch's
     row, whose `best_epoch` column names the epoch best.pt holds; NaN before any evaluation; a resumed run keeps
@@ -186,7 +187,7 @@ def _run_locked(console: Console, cfg: Config, run_dir: Path, epoch_limit_s: flo
                           f"loss {stats.loss:.4g}, mean_return_100 {stats.mean_return_100:.1f}, "
                           f"eval_return {stats.eval_return:.1f}, "
                           f"epsilon {stats.epsilon:.3f}")
-        checkpointer.close()  # nothing in flight after the last epoch's checkpoint; frees the snapshot buffers
+        checkpointer.close()  # waits for the last epoch's write (watchdog: "checkpoint writer"); frees the buffers
         if checkpointer.records:
             console.print(f"hotloop: {checkpointer.summary()}")
         extra = None

@@ -18,8 +18,8 @@ and always the run's last epoch) it calls `state()` (Trainer.checkpoint_state: (
   (on CUDA a blocking D2H: a host sync outside the loop, said in a note).
 
 The snapshot is handed to the writer thread once its D2H copy is known complete, WITHOUT blocking: `event.query()`
-on the main thread at the next `checkpoint_epoch` / `poll` (outside the loop), an explicit wait only for the run's
-last epoch (`wait`) or at `close`. The writer runs hotloop.trainer.checkpoint.write_host_checkpoint: SHA-256 digests,
+on the main thread at the next `checkpoint_epoch` / `poll` (outside the loop); an explicit wait only at the end
+(`close`, or `wait`). The writer runs hotloop.trainer.checkpoint.write_host_checkpoint: SHA-256 digests,
 torch.save into a temp file beside the checkpoint (`.checkpoint.pt.<random>.tmp`), fsync, os.replace, fsync of the
 folder: the same file format and version as save_checkpoint, so load_checkpoint and resume read it unchanged. The
 writer calls no CUDA API (its tensors are on the host; the loop census hooks, hotloop.guards.loop_syncs, see every
@@ -30,9 +30,10 @@ At most one snapshot is in flight (copying or writing). A checkpoint that falls 
 SKIPPED, recorded (`records`, `skipped=True` with the reason) and announced (`note`), and owed: the next epoch end
 with the pipeline free takes it. Skipping rather than waiting keeps an epoch's wall time free of disk time when
 the disk is slower than `interval` epochs of training; what a kill can lose is bounded by the write time plus
-`interval` epochs and is shown in the records. The last epoch's checkpoint waits for the one in flight, then is
-written and waited for before `checkpoint_epoch` returns, so nothing runs in the background after the epochs (the
-gate's guarded window, run_training's `after_epochs`, sees no writer).
+`interval` epochs and is shown in the records. The last epoch's checkpoint is never skipped: its epoch waits for
+one in flight (rare: only when that write is still running), takes the snapshot, and `close()` (after the epochs,
+before run_training's `after_epochs`) waits for its write, so nothing runs in the background after the epochs (the
+gate's guarded window sees no writer); that final wait is the run's, not an epoch's (`CheckpointRecord.wait_s`).
 
 Errors: a writer failure is kept and raised on the main thread at the next `poll` / `checkpoint_epoch` / `wait` /
 `close`: hotloop.profiles.disk_full.DiskFullError as it is (it names the file), any other exception as
@@ -78,7 +79,9 @@ class CheckpointRecord:
     epoch: the epoch it holds (or would have held, when skipped). skipped: True when it fell due while another was
     in flight (nothing copied or written; `reason` says which). mode: a SNAPSHOT_MODES value ("" when skipped).
     main_s: seconds of the main thread inside `checkpoint_epoch` for this epoch (poll, snapshot and launches; for
-    the last epoch also the waits). write_start: time.perf_counter() when the writer began (NaN before).
+    the last epoch also a wait for the write before it, if one was still running). wait_s: seconds the main thread
+    waited in `wait` / `close` for this checkpoint's copy and write (the last epoch's, at the end of the run; 0.0
+    for one written while training went on). write_start: time.perf_counter() when the writer began (NaN before).
     write_s: the writer's seconds (digests, torch.save, fsync, rename; NaN until it ends). bytes: the file's size
     in bytes (0 until written). tensor_bytes: bytes of tensor data in the snapshot. written: True once the file is
     in place. error: "" or the writer's exception as "Type: message". The writer fills write_start, write_s,
@@ -89,6 +92,7 @@ class CheckpointRecord:
     reason: str = ""
     mode: str = ""
     main_s: float = 0.0
+    wait_s: float = 0.0
     write_start: float = math.nan
     write_s: float = math.nan
     bytes: int = 0
@@ -134,13 +138,14 @@ class AsyncCheckpointer:
     Args:
         path: the checkpoint file (run_dir/checkpoint.pt); its folder must exist when a checkpoint is taken.
         interval: a checkpoint is due at every epoch divisible by it (>= 1; Config.checkpoint_interval).
-        last_epoch: the run's last epoch (cfg.epochs), always checkpointed and waited for; None: none is last.
+        last_epoch: the run's last epoch (cfg.epochs), always checkpointed (never skipped); None: none is last.
         watchdog: an object with arm(label) / disarm() (HangWatchdog) armed as "checkpoint writer" while `close`
             waits for a write still running (after an error in the run); None: wait unguarded.
         note: called with a line to show the user (the first checkpoint skipped behind each write, a fallback
             mode); None: silent, but the same facts stay in `records` and `mode_note`.
         device_snapshot: False: never allocate device buffers (mode "direct" on CUDA).
-    Attributes: records (list of CheckpointRecord, one per due checkpoint, in order), mode (the last snapshot's
+    Attributes: records (list of CheckpointRecord, one per due checkpoint, in order), epochs_seen (the calls of
+    `checkpoint_epoch`: the epochs this run trained), mode (the last snapshot's
     mode, "" before one), mode_note (why the mode is not "device" on CUDA, "" otherwise).
     Raises ValueError for interval < 1 or a last_epoch < 1.
     """
@@ -156,6 +161,7 @@ class AsyncCheckpointer:
         self.path, self.interval, self.last_epoch = Path(path), interval, last_epoch
         self.watchdog, self.note, self.device_snapshot = watchdog, note or (lambda line: None), device_snapshot
         self.records: list[CheckpointRecord] = []
+        self.epochs_seen = 0
         self.mode, self.mode_note = "", ""
         self._owed = False
         self._pending: _Pending | None = None
@@ -181,14 +187,15 @@ class AsyncCheckpointer:
                          state: Callable[[], tuple[Mapping[str, torch.Tensor], Mapping]]) -> CheckpointRecord | None:
         """The checkpoint work after `epoch` (call it once per epoch, outside the epoch's loop): `poll`, then when
         one is `due`, the snapshot of `state()` (called only then: Trainer.checkpoint_state) handed on to the writer
-        (module docstring), or a skip when one is in flight. The last epoch waits for the one in flight, snapshots,
-        and waits for its write. Returns the epoch's CheckpointRecord (also appended to `records`), None when none
+        (module docstring), or a skip when one is in flight. The last epoch waits for one in flight, then snapshots
+        (`close` waits for its write). Returns the epoch's CheckpointRecord (also appended to `records`), None when none
         was due. Raises the writer's error (DiskFullError / CheckpointWriteError, from an earlier write or, for the
         last epoch, from this one); ValueError from hotloop.trainer.checkpoint.check_checkpoint_args for a bad
         state (before anything is copied) or for CUDA tensors on more than one device; RuntimeError once closed."""
         if self._closed:
             raise RuntimeError(f"AsyncCheckpointer for {self.path} is closed")
         start = time.perf_counter()
+        self.epochs_seen += 1
         self.poll()
         if not self.due(epoch):
             return None
@@ -209,8 +216,6 @@ class AsyncCheckpointer:
         tensors, meta = state()
         record = self._snapshot(epoch, tensors, meta)
         self._owed = False
-        if last:
-            self.wait()
         record.main_s = time.perf_counter() - start
         return record
 
@@ -229,12 +234,18 @@ class AsyncCheckpointer:
 
     def wait(self) -> None:
         """Block until nothing is in flight: synchronize the pending D2H copy's event (a host wait: only outside
-        the loop), hand it on, join the writer; then raise its error if it failed."""
+        the loop), hand it on, join the writer (the seconds go to its record's wait_s); then raise its error if it
+        failed."""
+        start, record = time.perf_counter(), None
         if self._pending is not None:
+            record = self._pending.record
             self._pending.done.synchronize()
             self._hand_over()
-        if self._thread is not None:
+        if self._thread is not None and self._thread.is_alive():
+            record = self._writing
             self._thread.join()
+        if record is not None:
+            record.wait_s += time.perf_counter() - start
         self._raise_error()
 
     def close(self, flush: bool = True) -> None:
@@ -277,18 +288,17 @@ class AsyncCheckpointer:
                          f"({type(failed).__name__}: {failed})")
 
     def summary(self) -> str:
-        """One line: checkpoints written, their bytes (total and per written file), skipped ones, the write seconds,
-        the snapshot mode."""
+        """One line: checkpoints written and their bytes (total, per file, per epoch of this run), those skipped, the
+        background write seconds, the main thread's seconds in the epochs and waiting at the end, the mode."""
         written = [r for r in self.records if r.written]
-        skipped = sum(r.skipped for r in self.records)
         total = sum(r.bytes for r in written)
-        write_s = sum(r.write_s for r in written)
-        main_s = sum(r.main_s for r in self.records)
         mode = f", snapshot mode {self.mode}" + (f" ({self.mode_note})" if self.mode_note else "") if self.mode else ""
-        return (f"checkpoints: {len(written)} written ({total / 1e6:.1f} MB, "
-                f"{total / max(len(written), 1) / 1e6:.1f} MB each), {skipped} skipped as busy, every "
-                f"{self.interval} epoch(s) and the last; {write_s:.2f} s writing in the background, {main_s:.3f} s "
-                f"on the main thread{mode}")
+        return (f"checkpoints: {len(written)} written, every {self.interval} epoch(s) and the last: "
+                f"{total / 1e6:.1f} MB ({total / max(len(written), 1) / 1e6:.1f} MB each, "
+                f"{total / max(self.epochs_seen, 1) / 1e6:.1f} MB per epoch over {self.epochs_seen}), "
+                f"{sum(r.skipped for r in self.records)} skipped as busy; {sum(r.write_s for r in written):.2f} s "
+                f"writing in the background, {sum(r.main_s for r in self.records):.3f} s on the main thread in the "
+                f"epochs, {sum(r.wait_s for r in self.records):.2f} s waiting at the end{mode}")
 
     # --- internals ----------------------------------------------------------------------------------------------
 
