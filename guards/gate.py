@@ -50,6 +50,7 @@ from hotloop.guards.step_metrics import PhaseRoles
 from hotloop.profiles.epoch_table import format_table, write_table
 from hotloop.profiles.provenance import device_name
 from hotloop.trainer.config import ENV_SHAPE_FIELDS, Config, env_shape_fields
+from hotloop.trainer import loop as loop_module
 from hotloop.trainer.loop import STEP_RANGE, Trainer, learner_kind, learner_phases, loop_periods, resolve_device
 from hotloop.guards.run import run_training
 from hotloop.trainer.step import PHASE_RULES
@@ -221,7 +222,7 @@ def run_gate(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress: bo
                    for r in range(repeats)]
         return reports, precision_evidence(trainer)  # after the guarded windows, never inside them
 
-    census = LoopSyncCensus(cuda=device.type == "cuda") if loop_census else None
+    census = LoopSyncCensus(cuda=device.type == "cuda", loop=loop_module) if loop_census else None
     structure = LoopStructureCensus(cuda=device.type == "cuda", step_range=STEP_RANGE) if structure_census else None
     group = CensusGroup([census, structure]) if census is not None or structure is not None else None
     watched: dict[str, bool] = {}
@@ -470,7 +471,7 @@ def census_overhead(trainer: Trainer, steps: int, pairs: int = 5) -> dict:
             return None
         made = [LoopStructureCensus(cuda=True, device_type=device.type, step_range=STEP_RANGE)]
         if mode == "both":
-            made.insert(0, LoopSyncCensus(cuda=cuda))
+            made.insert(0, LoopSyncCensus(cuda=cuda, loop=loop_module))
         group = CensusGroup(made)
         group.begin(0)  # each census leaves out the first epoch it is given
         group.end()

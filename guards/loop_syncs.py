@@ -43,6 +43,7 @@ Source of the warning text: c10/cuda/CUDAFunctions.cpp, `warn_or_error_on_sync`.
 from __future__ import annotations
 
 import warnings
+from typing import Any
 from collections import Counter, defaultdict
 from itertools import pairwise
 from dataclasses import dataclass, field
@@ -53,7 +54,6 @@ import torch
 from hotloop.guards.criteria import query_allowance
 from hotloop.guards.step_metrics import polling_flags
 from hotloop.guards.sync_hooks import SyncHooks, call_site, spin_spans
-from hotloop.trainer import loop as loop_module
 
 SYNC_WARNING = "called a synchronizing CUDA operation"
 """The text of the warning torch raises in sync debug mode "warn" (c10/cuda/CUDAFunctions.cpp)."""
@@ -112,9 +112,10 @@ class _PhaseTracker:
     in each iteration. Its cost: about 0.9 us per range on a CPU-only development container where a plain
     phase_range costs 1.1 us (3 ranges per iteration of the hotloop learner's loop: step, env_step, update)."""
 
-    def __init__(self, hooks: SyncHooks, original, counted: set[str] | frozenset[str] = frozenset()) -> None:
+    def __init__(self, hooks: SyncHooks, original, step_name: str,
+                 counted: set[str] | frozenset[str] = frozenset()) -> None:
         self.hooks, self.original, self.counted = hooks, original, frozenset(counted)
-        self.step_name = loop_module.STEP_RANGE
+        self.step_name = step_name
         self.iteration = 0
         self.stack: list[str] = []
         self.runs: Counter = Counter()
@@ -161,10 +162,14 @@ class LoopSyncCensus:
     completion queries), `allowed` (those the allowance let pass), `poll_wait_s` (host seconds in polling runs),
     `iterations` ({site or poll key: {epoch: [iterations]}}), `total` (syncs + polling queries) and `verdict()`.
     `allowance`: {phase: queries per run} (default hotloop.guards.criteria.query_allowance()).
+    `loop`: the module whose `phase_range` and `STEP_RANGE` the training loop uses (hotloop.trainer.loop), given by
+    the composition layer (hotloop.guards.gate; the guards import no trainer code): the census stands in for its
+    phase_range while an epoch is watched. Raises ValueError from `begin` on CUDA without it.
     Raises RuntimeError from `begin` while a census epoch is open.
     """
 
     cuda: bool = field(default_factory=torch.cuda.is_available)
+    loop: Any = None
     epochs: list[int] = field(default_factory=list)
     skipped: int | None = None
     sites: Counter = field(default_factory=Counter)
@@ -183,6 +188,8 @@ class LoopSyncCensus:
             raise RuntimeError("LoopSyncCensus.begin: the census of an epoch is already open")
         if not self.cuda:
             return
+        if self.loop is None:
+            raise ValueError("LoopSyncCensus: loop (the training loop's module, hotloop.trainer.loop) was not given")
         if self.skipped is None:  # the run's first epoch compiles and captures
             self.skipped = epoch
             return
@@ -209,7 +216,9 @@ class LoopSyncCensus:
             self._hooks = None
             self._warnings.__exit__(None, None, None)
             raise
-        self._tracker = _PhaseTracker(self._hooks, loop_module.phase_range, set(self.allowance))
+        loop_module = self.loop
+        self._tracker = _PhaseTracker(self._hooks, loop_module.phase_range, loop_module.STEP_RANGE,
+                                      set(self.allowance))
         loop_module.phase_range = self._tracker
         self.epochs.append(epoch)
 
@@ -219,8 +228,8 @@ class LoopSyncCensus:
             return
         tracker, self._tracker = self._tracker, None
         try:
-            if tracker is not None and loop_module.phase_range is tracker:
-                loop_module.phase_range = tracker.original
+            if tracker is not None and self.loop.phase_range is tracker:
+                self.loop.phase_range = tracker.original
             hooks.__exit__(None, None, None)
         finally:
             self._warnings.__exit__(None, None, None)

@@ -22,8 +22,8 @@ from hotloop.guards.criteria import CRITERIA, verdict_table
 from hotloop.guards.gate import LOOP_CENSUS_OFF, LOOP_SYNC_CRITERION, judge_loop_syncs
 from hotloop.guards.loop_syncs import SYNC_WARNING, LoopSyncCensus, period_text
 from hotloop.guards.run import run_training
-from hotloop.profiles import ranges
 from hotloop.trainer import loop as loop_module
+from hotloop.profiles import ranges
 from hotloop.trainer.config import preset
 from hotloop.trainer.episodes import EpisodeReturns
 from hotloop.trainer.loop import Trainer
@@ -59,7 +59,7 @@ def _past_first(census: LoopSyncCensus, first: int = 1) -> LoopSyncCensus:
 
 
 def test_counts_only_epochs_after_the_first_and_only_while_open(cpu_tensors_sync):
-    census = LoopSyncCensus(cuda=True)
+    census = LoopSyncCensus(cuda=True, loop=loop_module)
     t = torch.randn(5)
     census.begin(1)            # the first epoch compiles and captures: not watched
     _read_back(t)
@@ -86,7 +86,7 @@ def test_sync_debug_warnings_are_counted_once_and_other_warnings_pass(cpu_tensor
         return []
 
     monkeypatch.setattr(torch.Tensor, "tolist", tolist_that_syncs)
-    census = _past_first(LoopSyncCensus(cuda=True), first=2)
+    census = _past_first(LoopSyncCensus(cuda=True, loop=loop_module), first=2)
     census.begin(3)
     warnings.warn(SYNC_WARNING, UserWarning)          # an implicit sync (nonzero, a mask index, ...)
     torch.ones(2).tolist()
@@ -108,7 +108,7 @@ def test_a_sync_warning_inside_a_hooked_call_that_is_no_sync_is_counted(monkeypa
         return original(self, src, non_blocking)
 
     monkeypatch.setattr(torch.Tensor, "copy_", copy_that_syncs)
-    census = _past_first(LoopSyncCensus(cuda=True))
+    census = _past_first(LoopSyncCensus(cuda=True, loop=loop_module))
     census.begin(2)
     torch.zeros(2).copy_(torch.ones(2))
     census.end()
@@ -117,11 +117,11 @@ def test_a_sync_warning_inside_a_hooked_call_that_is_no_sync_is_counted(monkeypa
 
 
 def test_not_measured_without_cuda_or_a_second_epoch():
-    census = LoopSyncCensus(cuda=False)
+    census = LoopSyncCensus(cuda=False, loop=loop_module)
     census.begin(2)
     census.end()
     assert census.verdict() == (None, "not applicable (no CUDA)") and census.epochs == []  # no device to sync with
-    one = LoopSyncCensus(cuda=True)
+    one = LoopSyncCensus(cuda=True, loop=loop_module)
     one.begin(1)
     one.end()
     measured, text = one.verdict()
@@ -129,7 +129,7 @@ def test_not_measured_without_cuda_or_a_second_epoch():
 
 
 def test_a_resumed_runs_first_epoch_is_skipped_whatever_its_number(cpu_tensors_sync):
-    census = LoopSyncCensus(cuda=True)
+    census = LoopSyncCensus(cuda=True, loop=loop_module)
     census.begin(5)            # a resumed run captures its graphs again in its first epoch
     _read_back(torch.ones(1))
     census.end()
@@ -140,7 +140,7 @@ def test_a_resumed_runs_first_epoch_is_skipped_whatever_its_number(cpu_tensors_s
 
 
 def test_begin_twice_raises(cpu_tensors_sync):
-    census = _past_first(LoopSyncCensus(cuda=True))
+    census = _past_first(LoopSyncCensus(cuda=True, loop=loop_module))
     census.begin(2)
     try:
         with pytest.raises(RuntimeError, match="already open"):
@@ -176,7 +176,7 @@ def test_a_periodic_read_back_in_the_loop_is_counted_over_the_run(monkeypatch, t
 
     monkeypatch.setattr(Trainer, "train_step", faulty_train_step)
     monkeypatch.setattr(EpisodeReturns, "mean", mean_with_its_read)
-    census = LoopSyncCensus(cuda=True)
+    census = LoopSyncCensus(cuda=True, loop=loop_module)
     run_training(preset("cartpole", **TINY), tmp_path, epoch_limit_s=120, show_progress=False, loop_census=census)
     assert census.epochs == [2, 3] and calls["n"] == 36
     (site, n), = census.sites.items()
@@ -190,7 +190,7 @@ def test_the_gate_row_takes_the_census_verdict(cpu_tensors_sync):
         judge_loop_syncs(v, census)
         return v.set_index("criterion").loc[LOOP_SYNC_CRITERION]
 
-    found, clean = _past_first(LoopSyncCensus(cuda=True)), _past_first(LoopSyncCensus(cuda=True))
+    found, clean = _past_first(LoopSyncCensus(cuda=True, loop=loop_module)), _past_first(LoopSyncCensus(cuda=True, loop=loop_module))
     found.begin(2)
     _read_back(torch.ones(1))
     found.end()
@@ -200,7 +200,7 @@ def test_the_gate_row_takes_the_census_verdict(cpu_tensors_sync):
     assert (row.verdict, row.measured, row.source) == ("FAIL", 1, "census") and "x1" in row.evidence, row
     row = row_after(clean)
     assert (row.verdict, row.measured, row.evidence) == ("PASS", 0, "none in the loop of epoch 2"), row
-    row = row_after(LoopSyncCensus(cuda=False))
+    row = row_after(LoopSyncCensus(cuda=False, loop=loop_module))
     assert (row.verdict, row.status) == ("-", "not applicable (no CUDA)"), row
     row = row_after(None)                       # the gate with --no-loop-census
     assert (row.verdict, row.status) == ("-", LOOP_CENSUS_OFF), row
@@ -212,7 +212,7 @@ def test_real_cuda_syncs_are_counted_by_their_hook_and_by_the_sync_debug_warning
     """On a GPU: an .item() is counted once (its hook; its C++ warning is the same call's), a boolean-mask index (an
     implicit nonzero that no Python hook sees) by torch's sync debug warning; the debug mode is restored after."""
     before = torch.cuda.get_sync_debug_mode()
-    census = _past_first(LoopSyncCensus(cuda=True))
+    census = _past_first(LoopSyncCensus(cuda=True, loop=loop_module))
     x = torch.randn(64, device="cuda")
     census.begin(2)
     x.sum().item()
@@ -230,7 +230,7 @@ def test_real_pageable_non_blocking_copies_are_counted_and_pinned_ones_are_not()
     by their hooks; into pinned memory, or a non_blocking .to(cpu) (torch pins its output), they are not."""
     x = torch.randn(1024, device="cuda")
     pageable, pinned = torch.empty(1024), torch.empty(1024, pin_memory=True)
-    census = _past_first(LoopSyncCensus(cuda=True))
+    census = _past_first(LoopSyncCensus(cuda=True, loop=loop_module))
     census.begin(2)
     pageable.copy_(x, non_blocking=True)
     on_device = pageable.to("cuda", non_blocking=True)
@@ -269,7 +269,7 @@ def test_period_text_names_the_gap_and_the_iterations():
 def test_the_readbacks_own_queries_pass_the_census(monkeypatch, tmp_path):
     """The readback queries one event per publication (every log_interval = 100 of 600 iterations): allowed."""
     made = with_readback(monkeypatch)
-    census = LoopSyncCensus(cuda=True)
+    census = LoopSyncCensus(cuda=True, loop=loop_module)
     run_training(preset("cartpole", **LONG), tmp_path, epoch_limit_s=120, show_progress=False, loop_census=census)
     measured, text = census.verdict()
     assert census.epochs == [2] and census.queries == census.allowed == 6
@@ -297,7 +297,7 @@ def test_the_loop_spin_mutant_fails_the_census_with_its_period(monkeypatch, tmp_
     monkeypatch.setattr(Trainer, "train_step", busy_step)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: stream)
     with_readback(monkeypatch)
-    census = LoopSyncCensus(cuda=True)
+    census = LoopSyncCensus(cuda=True, loop=loop_module)
     (tmp_path / "run").mkdir()
     run_training(preset("cartpole", **LONG), tmp_path / "run", epoch_limit_s=120, show_progress=False,
                  loop_census=census)
@@ -318,7 +318,7 @@ def test_the_progress_spin_mutant_fails_the_census_in_the_progress_phase(monkeyp
     torch its lines call (CUDA "available", torch.cuda.Event a FakeEvent)."""
     module, path = load_patched("progress_event_spin_every_200", "guards/run.py", tmp_path, "run_spin")
     module.torch = types.SimpleNamespace(cuda=types.SimpleNamespace(is_available=lambda: True, Event=FakeEvent))
-    census = LoopSyncCensus(cuda=True)
+    census = LoopSyncCensus(cuda=True, loop=loop_module)
     (tmp_path / "run").mkdir()
     module.run_training(preset("cartpole", **{**LONG, "learner_steps_per_epoch": 400}), tmp_path / "run",
                         epoch_limit_s=120, show_progress=False, loop_census=census)
@@ -332,7 +332,7 @@ def test_the_progress_spin_mutant_fails_the_census_in_the_progress_phase(monkeyp
 
 @pytest.mark.usefixtures("fake_queries")
 def test_a_query_outside_every_iteration_is_polling():
-    census = _past_first(LoopSyncCensus(cuda=True))
+    census = _past_first(LoopSyncCensus(cuda=True, loop=loop_module))
     census.begin(2)
     FakeEvent().query()
     census.end()
