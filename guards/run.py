@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import math
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
+import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -18,12 +20,13 @@ from hotloop.profiles.epoch_table import epoch_frame, write_table
 from hotloop.profiles.epoch_timer import EpochTimer
 from hotloop.profiles.plots import plot_epochs
 from hotloop.profiles.ranges import phase_range
+from hotloop.profiles.run_timeline import RunTimeline
 from hotloop.profiles.run_lock import acquire, remove_temp_files
 from hotloop.profiles.telemetry import NvmlTelemetry
 from hotloop.trainer.async_checkpoint import AsyncCheckpointer
 from hotloop.trainer.best_policy import BEST_FILE, improves, read_best, save_best
 from hotloop.trainer.config import Config
-from hotloop.trainer.loop import Trainer
+from hotloop.trainer.loop import Trainer, resolve_device
 from hotloop.trainer.resume import (CHECKPOINT_FILE, ResumePoint, checkpoint_identity, read_resume_point,
                                     record_config_change)
 
@@ -36,7 +39,8 @@ def run_training(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress
                  after_epochs: Callable[[Trainer], object] | None = None,
                  resume: bool | ResumePoint = False,
                  loop_census: LoopSyncCensus | None = None,
-                 watched: dict[str, bool] | None = None) -> tuple[pd.DataFrame, object]:
+                 watched: dict[str, bool] | None = None,
+                 timeline: RunTimeline | None = None) -> tuple[pd.DataFrame, object]:
     """Train `cfg.epochs` epochs; each epoch must finish within `epoch_limit_s` seconds (the setup within
     max(epoch_limit_s, SETUP_LIMIT_S)) or the process exits 3 with every thread's stack. If the watchdog's thread
     fails, the process exits 70 (hotloop.guards.watchdog: the run never goes on unguarded; the traceback in
@@ -99,13 +103,21 @@ def run_training(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress
         for path in remove_temp_files(run_dir):
             console.print(f"hotloop: removed {path.name}, a temp file left by a killed write")
         return _run_locked(console, cfg, run_dir, epoch_limit_s, show_progress, after_epochs, resume, loop_census,
-                           watched)
+                           watched, timeline if timeline is not None else _started_timeline())
+
+
+def _started_timeline() -> RunTimeline:
+    """A timeline whose first span, "startup", runs from the process start to now (interpreter, imports, argument
+    and config checks, the run folder's lock)."""
+    tl = RunTimeline()
+    tl.add_startup(time.perf_counter())
+    return tl
 
 
 def _run_locked(console: Console, cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress: bool,
                 after_epochs: Callable[[Trainer], object] | None,
                 resume: bool | ResumePoint, census: LoopSyncCensus | None,
-                watched: dict[str, bool] | None = None) -> tuple[pd.DataFrame, object]:
+                watched: dict[str, bool] | None, tl: RunTimeline) -> tuple[pd.DataFrame, object]:
     """run_training's work, with run_dir's lock held."""
     if isinstance(resume, ResumePoint):
         point = resume
@@ -139,10 +151,16 @@ def _run_locked(console: Console, cfg: Config, run_dir: Path, epoch_limit_s: flo
                 if census is not None:
                     census.end()
 
-        trainer = Trainer(cfg, on_phase=on_phase,
-                          on_progress=lambda done, total: progress.update(task, completed=done))
-        if point is not None:
-            trainer.restore(point.tensors, point.meta)
+        device = resolve_device(cfg.device)
+        if device.type == "cuda":
+            with tl.span("cuda_context"):
+                torch.cuda.init()
+                torch.empty(1, device=device)  # the primary context is made by the first allocation
+        with tl.span("build"):
+            trainer = Trainer(cfg, on_phase=on_phase,
+                              on_progress=lambda done, total: progress.update(task, completed=done))
+            if point is not None:
+                trainer.restore(point.tensors, point.meta)
         timer, telemetry = EpochTimer(trainer.device), NvmlTelemetry(trainer.device)
         console.print(f"hotloop: env={cfg.env} device={trainer.device} epochs={cfg.epochs} "
                       f"learner_steps_per_epoch={cfg.learner_steps_per_epoch} run_dir={run_dir}"
@@ -152,6 +170,7 @@ def _run_locked(console: Console, cfg: Config, run_dir: Path, epoch_limit_s: flo
         for epoch in range(trainer.epochs_done + 1, cfg.epochs + 1):
             watchdog.arm(f"epoch {epoch}")
             progress.update(task, description=f"epoch {epoch}/{cfg.epochs}", completed=0)
+            epoch_start, warm_before = tl.now_s(), trainer.warmup_s
             with phase_range("epoch"):
                 timer.start()
                 if census is not None:
@@ -164,16 +183,22 @@ def _run_locked(console: Console, cfg: Config, run_dir: Path, epoch_limit_s: flo
             elapsed_ms = timer.elapsed_ms()  # raises RuntimeError if the loop never entered "readback"
             gpu_ms = elapsed_ms / stats.learner_steps if timer.uses_cuda_events else math.nan  # host time != GPU
             watchdog.disarm()
+            tl.add("loop", stats.wall_s, epoch, start_s=epoch_start)
+            if trainer.warmup_s > warm_before:
+                tl.add("warmup", trainer.warmup_s - warm_before, epoch, start_s=epoch_start)
+            tl.add("evaluate", stats.evaluate_s, epoch)
             if improves(stats.eval_return, best_return):  # written before the row that names it
                 watchdog.arm(f"best policy {epoch}")
-                save_best(run_dir / BEST_FILE, trainer, epoch, stats.eval_return)
+                with tl.span("best_policy", epoch):
+                    save_best(run_dir / BEST_FILE, trainer, epoch, stats.eval_return)
                 watchdog.disarm()
                 best_epoch, best_return = epoch, stats.eval_return
             rows.append({**stats.as_row(), "gpu_ms_per_step": gpu_ms, "kernels_per_step": math.nan,
                          "syncs_per_step": math.nan, **telemetry.sample(),
-                         "best_epoch": math.nan if best_epoch is None else best_epoch})
+                         "best_epoch": math.nan if best_epoch is None else best_epoch, **tl.epoch_columns(epoch)})
             try:
-                write_table(epoch_frame(rows), run_dir, "epochs")
+                with tl.span("table", epoch):
+                    write_table(epoch_frame(rows), run_dir, "epochs")
             except OSError as exc:  # the old table stays whole (atomic); so does the last checkpoint
                 if (full := disk_full_cause(exc)) is None:
                     raise
@@ -181,22 +206,43 @@ def _run_locked(console: Console, cfg: Config, run_dir: Path, epoch_limit_s: flo
                                     f"row ({full.strerror or full}); the table as it was and the last checkpoint "
                                     f"are kept", full.errno) from exc
             watchdog.arm(f"checkpoint {epoch}")  # a snapshot handed to the background writer (the last: written)
-            checkpointer.checkpoint_epoch(epoch, trainer.checkpoint_state)
+            with tl.span("checkpoint", epoch):
+                checkpointer.checkpoint_epoch(epoch, trainer.checkpoint_state)
             watchdog.disarm()
-            console.print(f"epoch {epoch}: {stats.wall_s:.1f} s, {stats.learner_steps_per_s:.0f} learner steps/s, "
+            rows[-1].update(tl.epoch_columns(epoch))  # with the checkpoint's share: on disk with the next table
+            warm = trainer.warmup_s - warm_before
+            console.print(f"epoch {epoch}: {stats.wall_s:.1f} s"
+                          + (f" (of which {warm:.1f} s compiling kernels and capturing graphs)" if warm else "")
+                          + f", {stats.learner_steps_per_s:.0f} learner steps/s, "
                           f"loss {stats.loss:.4g}, mean_return_100 {stats.mean_return_100:.1f}, "
                           f"eval_return {stats.eval_return:.1f}, "
                           f"epsilon {stats.epsilon:.3f}")
-        checkpointer.close()  # waits for the last epoch's write (watchdog: "checkpoint writer"); frees the buffers
+        with tl.span("checkpoint_wait"):
+            checkpointer.close()  # waits for the last epoch's write (watchdog: "checkpoint writer"); frees the buffers
+        for rec in checkpointer.records:
+            if rec.written and rec.write_start is not None:
+                tl.add("checkpoint_write", rec.write_s, rec.epoch, start_s=rec.write_start - tl.origin,
+                       overlapped=True)
         if checkpointer.records:
             console.print(f"hotloop: {checkpointer.summary()}")
+        if rows:
+            for row in rows:  # the final per-epoch times (the checkpoint's share, its background write)
+                if row["epoch"] > (point.epoch if point is not None else 0):
+                    row.update(tl.epoch_columns(int(row["epoch"])))
+            with tl.span("table"):
+                write_table(epoch_frame(rows), run_dir, "epochs")
         extra = None
         if after_epochs is not None:
             watchdog.arm("after epochs")
-            extra = after_epochs(trainer)
+            with tl.span("after_epochs", nvtx=False):  # the gate's window keeps its own ranges
+                extra = after_epochs(trainer)
             watchdog.disarm()
     if watched is not None:
         watched.update(watchdog.watched)
     table = epoch_frame(rows)
-    plot_epochs(table, run_dir / "epochs.png")
+    with tl.span("plot"):
+        plot_epochs(table, run_dir / "epochs.png")
+    tl.write(run_dir)
+    for line in tl.summary():
+        console.print(f"hotloop: {line}")
     return table, extra

@@ -72,8 +72,8 @@ class RunTimeline:
 
     Args:
         origin: the `time.perf_counter()` value of second 0; default: the process start (`process_age_s`), else now.
-    The run's first span is usually "imports" (`add_imports`): from the process start to the point the caller's
-    work began (interpreter start-up and module imports).
+    The run's first span is usually "startup" (`add_startup`): from the process start to the point the caller's
+    work began (interpreter start-up, module imports, argument checks).
     """
 
     def __init__(self, origin: float | None = None) -> None:
@@ -101,9 +101,9 @@ class RunTimeline:
         self.spans.append(span)
         return span
 
-    def add_imports(self, until: float) -> Span:
-        """The "imports" span: from second 0 to `until` (a time.perf_counter value: where the caller's work began)."""
-        return self.add("imports", max(0.0, until - self.origin), start_s=0.0)
+    def add_startup(self, until: float) -> Span:
+        """The "startup" span: from second 0 to `until` (a time.perf_counter value: where the caller's work began)."""
+        return self.add("startup", max(0.0, until - self.origin), start_s=0.0)
 
     @contextmanager
     def span(self, phase: str, epoch: int = 0, nvtx: bool = True) -> Iterator[None]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -123,6 +123,8 @@ class EpochStats:
     epsilon: float
     metrics_step: int
     """learner step at which loss, q_mean and grad_norm were measured (hotloop: the last completed readback)"""
+    evaluate_s: float = 0.0
+    """host seconds of the epoch's greedy evaluation (after the loop, outside wall_s; 0 when it is off)"""
     head_norms: dict[str, float] = field(default_factory=dict)
     """hotloop learner with spectral norm: head_norm_<part> per head part, from the same readback
     (HotLearner.head_norms); empty otherwise"""
@@ -147,6 +149,9 @@ class Trainer:
             in `run_epoch`) every `progress_period(cfg)` iterations, inside the iteration's "step" range, in a
             "progress" phase range.
     Counters (host ints): env_steps (transitions), learner_steps, epochs_done (set by run_epoch and restore).
+    warmup_s: host seconds the loop has spent compiling kernels and capturing CUDA graphs (the actor's first eager
+        step, its capture, the learner's warm-up steps and capture), a part of the epoch's wall_s (epoch 1's, or
+        the first after a resume); the run timeline (hotloop.profiles.run_timeline) shows it apart.
     actor: the DeviceActor (trainer/actor.py) that runs the env steps with the hotloop learner and a capturable env,
         else None. obs: (N, obs_dim), the observation to act on next (read-only property, updated in place).
     Checkpoint / resume: checkpoint_state and restore (hotloop.trainer.resume).
@@ -189,6 +194,7 @@ class Trainer:
         if self.actor_in_step:
             self.learner.attach_actor(self.actor.launch_main, self.actor.launch_tail)
         self.env_steps = 0
+        self.warmup_s = 0.0
         self.learner_steps = 0
         self.epochs_done = 0
         self._no_sums = torch.zeros(3, device=self.device)
@@ -205,9 +211,10 @@ class Trainer:
         (on CUDA) and replayed; else eager torch ops with host-side epsilon."""
         if self.actor is not None:
             if self.actor.graph is None and self.device.type == "cuda" and self.actor.eager_steps > 0:
-                with self.phase("capture"):
+                with self.phase("capture"), self._warming():
                     self.actor.capture()
-            self.env_steps += self.actor.step()
+            with self._warming() if self.actor.eager_steps == 0 else nullcontext():  # compiles the actor's kernels
+                self.env_steps += self.actor.step()
             return
         actions = self.learner.act(self.obs, self.epsilon.value(self.env_steps), self.generator)
         res = self.env.step(actions)
@@ -224,6 +231,15 @@ class Trainer:
                 self.env_step()
 
     @contextmanager
+    def _warming(self) -> Iterator[None]:
+        """Add the body's wall seconds to `warmup_s` (kernel compilation and CUDA graph captures)."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.warmup_s += time.perf_counter() - start
+
+    @contextmanager
     def phase(self, name: str) -> Iterator[None]:
         """Enter phase `name`: tell `on_phase` (the watchdog), and open its NVTX + record_function range."""
         self.on_phase(name)
@@ -235,7 +251,7 @@ class Trainer:
         hotloop learner, whose metrics go through the non-blocking readback every `log_interval` steps."""
         if isinstance(self.learner, HotLearner):
             if self.learner.graph is None and self.learner.use_graph:
-                with self.phase("capture"):
+                with self.phase("capture"), self._warming():  # warm-up steps (compiling every kernel) + capture
                     self.learner.capture()
             with self.phase("update"):
                 self.learner.step()
@@ -317,8 +333,10 @@ class Trainer:
                 metrics_step = self.learner_steps
                 head_norms = {}
         wall = time.perf_counter() - start_wall
+        eval_start = time.perf_counter()
         with self.phase("evaluate"):
             eval_return = self.evaluate(seed=self.cfg.seed * 100_003 + epoch)
+        evaluate_s = time.perf_counter() - eval_start
         env_steps = self.env_steps - start_env
         self.epochs_done = epoch
         return EpochStats(epoch=epoch, learner_steps=cfg.learner_steps_per_epoch, env_steps=env_steps,
@@ -326,7 +344,7 @@ class Trainer:
                           env_steps_per_s=env_steps / wall, loss=loss, q_mean=q_mean, grad_norm=grad_norm,
                           mean_return_100=mean_return, eval_return=eval_return, episodes=self.returns.count(),
                           epsilon=self.epsilon.value(self.env_steps), metrics_step=metrics_step,
-                          head_norms=head_norms)
+                          evaluate_s=evaluate_s, head_norms=head_norms)
 
     def evaluate(self, seed: int, max_steps: int = 10_000) -> float:
         """Mean return (host float) of one greedy (epsilon 0) episode in each of the `eval_episodes` env copies reset

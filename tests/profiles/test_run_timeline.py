@@ -17,7 +17,7 @@ def test_the_process_age_is_the_time_since_this_process_started():
 
 def test_spans_time_their_body_and_nest_without_double_counting():
     tl = RunTimeline(origin=time.perf_counter())
-    tl.add_imports(tl.origin + 0.25)
+    tl.add_startup(tl.origin + 0.25)
     with tl.span("loop", epoch=1):
         time.sleep(0.03)
         tl.add("warmup", 0.01, epoch=1)
@@ -31,7 +31,7 @@ def test_spans_time_their_body_and_nest_without_double_counting():
     assert 0.05 <= cols["epoch_total_s"] < 0.5  # the overlapped write is not the epoch's main-thread time
     assert tl.epoch_columns(2)["epoch_total_s"] == 0.0
     df = tl.frame()
-    assert tuple(df.columns) == TIMELINE_COLUMNS and list(df.phase) == ["imports", "warmup", "loop", "evaluate",
+    assert tuple(df.columns) == TIMELINE_COLUMNS and list(df.phase) == ["startup", "warmup", "loop", "evaluate",
                                                                          "checkpoint_write"]
     assert df.loc[0, "start_s"] == 0.0 and df.loc[0, "seconds"] == pytest.approx(0.25)
 
