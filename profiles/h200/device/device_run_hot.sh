@@ -44,6 +44,8 @@
 #       cartpole_fast  the cartpole-fast preset: hotloop on the GPU, seeds 1-6 one after another, while the reference
 #                learner runs the same seeds on CPU cores 8-13 (one core each, OMP_NUM_THREADS=1); wall time and
 #                steps to a mean return of 475 from epochs.csv, and each process's wall time
+#       wholerun cartpole-fast twice (cold, warm kernel cache) and seed-scale 5 epochs: the run timelines (issue 37)
+#       seedkill kill -9 during a seed-scale background checkpoint write, then --resume: every epoch once (issue 37)
 #       seed3    hotloop train --preset seed-scale --epochs 3: the per-epoch wall time (learner steps/s) only
 #       seed200  hotloop train --preset seed-scale --epochs 200 (run folder in /dev/shm when it has room: the
 #                checkpoint is 0.6 GB per epoch)
@@ -249,6 +251,29 @@ print(g.sort_values('median', ascending=False).to_string())" /tmp/r/abgate_$n/tr
            echo "ab $n pytest rc=$? $(tail -n 1 /tmp/r/abpytest_$n.log)"
          fi)
       done ;;
+    wholerun)
+      # issue 37: cartpole-fast twice (the first compiles: a cold kernel cache; the second: warm), then seed-scale
+      # for 5 epochs; each run's printed timeline summary, its per-epoch *_s columns and timeline.csv
+      for i in cold warm; do
+        timeout 150 $HL train --preset cartpole-fast --seed 1 --no-progress --out /tmp/r/fast_$i > /tmp/r/fast_$i.log 2>&1
+        echo "cartpole-fast $i rc=$?"; grep -E "^(hotloop: (run|  the rest|  in the|checkpoints)|epoch 1:)" /tmp/r/fast_$i.log
+        cp /tmp/r/fast_$i/timeline.csv /tmp/r/fast_$i/epochs.csv /tmp/r/ 2>/dev/null
+        mv /tmp/r/timeline.csv /tmp/r/timeline_fast_$i.csv; mv /tmp/r/epochs.csv /tmp/r/epochs_fast_$i.csv
+      done
+      timeout 240 $HL train --preset seed-scale --epochs 5 --no-progress --out /tmp/r/seed5 > /tmp/r/seed5.log 2>&1
+      echo "seed-scale 5 epochs rc=$?"; grep -E "^(hotloop: (run|  the rest|  in the|checkpoints)|epoch [0-9]+:)" /tmp/r/seed5.log
+      cp /tmp/r/seed5/timeline.csv /tmp/r/timeline_seed5.csv; cp /tmp/r/seed5/epochs.csv /tmp/r/epochs_seed5.csv
+      python3 -c "import pandas as pd; d=pd.read_csv('/tmp/r/epochs_seed5.csv'); c=['epoch','wall_s','warmup_s','evaluate_s','table_s','checkpoint_s','checkpoint_write_s','epoch_total_s']; d['outside_pct']=100*(d.epoch_total_s-d.wall_s)/d.epoch_total_s; print(d[c+['outside_pct']].to_string(index=False))" ;;
+    seedkill)
+      # issue 37: kill -9 during a background checkpoint write at seed scale, then --resume: each epoch once
+      R=/tmp/r/ssk; rm -rf $R
+      $HL train --preset seed-scale --epochs 8 --set checkpoint_interval=1 --no-progress --out $R > /tmp/r/ssk.log 2>&1 & P=$!
+      for _ in $(seq 2400); do [ -f $R/checkpoint.pt ] && ls $R/.checkpoint.pt.*.tmp >/dev/null 2>&1 && break; sleep 0.05; done
+      kill -9 $P; wait $P 2>/dev/null; echo "killed during a write: $(ls -a $R | tr '\n' ' ')"
+      timeout 240 $HL train --resume $R --no-progress > /tmp/r/ssk_resume.log 2>&1; echo "resume rc=$?"
+      grep -E "^hotloop: (removed|.*resumed)" /tmp/r/ssk_resume.log | head -n 3
+      python3 -c "import pandas as pd; e=pd.read_csv('$R/epochs.csv').epoch.tolist(); print('epochs', e, 'OK' if e == list(range(1, 9)) else 'BAD')"
+      rm -f $R/checkpoint.pt ;;
     *) echo "unknown part $part" ;;
   esac
   if [[ -n ${bg:-} && $part == "${!#}" ]]; then wait "$bg"; fi  # the last part: wait for a background seed200
