@@ -151,7 +151,7 @@ def test_cli_train_resume_extends_a_run(tmp_path, capsys):
     assert load_checkpoint(out / CHECKPOINT_FILE)[1]["epoch"] == 3
     assert json.loads((out / "config.json").read_text())["epochs"] == 3
     assert sorted(p.name for p in out.iterdir()) == ["best.pt", "checkpoint.pt", "config.json", "epochs.csv",
-                                                     "epochs.md", "epochs.png"]  # no temp file left
+                                                     "epochs.md", "epochs.png", "timeline.csv"]  # no temp file left
     capsys.readouterr()
     # Nothing left to run: a named error, exit 2.
     assert main(["train", "--resume", str(out), "--no-progress"]) == 2
@@ -331,7 +331,7 @@ def test_leftover_temp_files_are_removed_at_start_and_at_resume(tmp_path, run_co
     run_training(preset("cartpole", **TINY), run_copy, 60.0, show_progress=False, resume=True)
     for d in (fresh, run_copy):
         assert sorted(_listing(d)) == ["best.pt", "checkpoint.pt", "config.json", "epochs.csv", "epochs.md",
-                                       "epochs.png"], d
+                                       "epochs.png", "timeline.csv"], d
 
 
 def test_a_checkpoint_with_a_flipped_tensor_byte_is_refused_at_resume(run_copy, capsys):
