@@ -166,6 +166,11 @@ def _run_locked(console: Console, cfg: Config, run_dir: Path, epoch_limit_s: flo
                       f"learner_steps_per_epoch={cfg.learner_steps_per_epoch} run_dir={run_dir}"
                       + (f" (resumed after epoch {trainer.epochs_done})" if point is not None else ""))
         best = read_best(run_dir / BEST_FILE) if point is not None else None  # a new run starts with no best
+        if best is not None and best["epoch"] > trainer.epochs_done:  # from an epoch after the checkpoint: re-run
+            console.print(f"hotloop: note: {run_dir / BEST_FILE} holds epoch {best['epoch']}, after the checkpoint's "
+                          f"epoch {trainer.epochs_done}: that epoch is trained again, so the file is not counted as "
+                          f"the best (it is replaced at the next improvement)")
+            best = None
         best_epoch, best_return = (best["epoch"], best["eval_return"]) if best else (None, None)
         for epoch in range(trainer.epochs_done + 1, cfg.epochs + 1):
             watchdog.arm(f"epoch {epoch}")

@@ -102,3 +102,26 @@ def test_hotloop_learner_best_policy_round_trip(tmp_path):
     reference = Trainer(preset("cartpole", **TINY))
     with pytest.raises(ValueError, match="'hotloop' learner"):
         load_best(reference, tmp_path / BEST_FILE)
+
+
+def test_a_best_file_from_an_epoch_after_the_checkpoint_is_not_counted_at_resume(tmp_path, monkeypatch, capsys):
+    """checkpoint_interval 2: the run ends after epoch 3 with its best at epoch 3 but (were it killed then) the
+    checkpoint of epoch 2; resumed from epoch 2, the re-run epoch 3 must not be named by a best of the dropped one."""
+    cfg = preset("cartpole", **{**TINY, "epochs": 2, "checkpoint_interval": 2})
+    monkeypatch.setattr(Trainer, "evaluate", lambda self, seed, max_steps=10_000: 10.0 * self.epochs_done)
+    run_training(cfg, tmp_path, epoch_limit_s=120, show_progress=False)
+    assert read_best(tmp_path / BEST_FILE)["epoch"] == 2
+    kept = (tmp_path / "checkpoint.pt").read_bytes()
+    table_kept = (tmp_path / "epochs.csv").read_text()
+    run_training(preset("cartpole", **{**TINY, "epochs": 3, "checkpoint_interval": 2}), tmp_path,
+                 epoch_limit_s=120, show_progress=False, resume=True)
+    assert read_best(tmp_path / BEST_FILE)["epoch"] == 3
+    (tmp_path / "checkpoint.pt").write_bytes(kept)  # as if killed after epoch 3's best, before its checkpoint
+    (tmp_path / "epochs.csv").write_text(table_kept)
+    monkeypatch.setattr(Trainer, "evaluate", lambda self, seed, max_steps=10_000: 1.0)  # worse than every earlier
+    capsys.readouterr()
+    table, _ = run_training(preset("cartpole", **{**TINY, "epochs": 3, "checkpoint_interval": 2}), tmp_path,
+                            epoch_limit_s=120, show_progress=False, resume=True)
+    assert "after the checkpoint's epoch 2" in capsys.readouterr().err
+    assert table.best_epoch.tolist()[-1] == 3  # the re-run epoch 3 is the new best (no earlier best counted)
+    assert read_best(tmp_path / BEST_FILE)["eval_return"] == 1.0  # best.pt now holds the epoch the table names
