@@ -204,43 +204,29 @@ class _MarkedHooks(SyncHooks):
     (hotloop.guards.sync_hooks)."""
 
     def _wrap(self, original, api: str, criterion: str):
-        hooked = super()._wrap(original, api, criterion)
-        local = self._local
-
-        @functools.wraps(original)
-        def marked(*args, **kwargs):
-            before = len(self.hits)
-            try:
-                return hooked(*args, **kwargs)
-            finally:
-                if len(self.hits) > before and getattr(local, "depth", 0) == 0:
-                    me = threading.current_thread().name
-                    n = next((i for i in range(before, len(self.hits)) if self.hits[i].thread == me), before)
-                    local.depth = 1  # the marker itself is never a hit
-                    try:
-                        with record_function(f"{HIT_MARK}{n}"):
-                            pass
-                    finally:
-                        local.depth = 0
-
-        return marked
+        return self._marked(original, super()._wrap(original, api, criterion), "hits", HIT_MARK)
 
     def _wrap_query(self, original, api: str):
-        hooked = super()._wrap_query(original, api)
+        return self._marked(original, super()._wrap_query(original, api), "queries", QUERY_MARK)
+
+    def _marked(self, original, hooked, records: str, mark: str):
+        """`hooked`, then (outside any hooked call) a record_function `mark` + n when it recorded entry n of the
+        list attribute `records` ("hits" or "queries") on this thread."""
         local = self._local
 
         @functools.wraps(original)
         def marked(*args, **kwargs):
-            before = len(self.queries)
+            found = getattr(self, records)
+            before = len(found)
             try:
                 return hooked(*args, **kwargs)
             finally:
-                if len(self.queries) > before and getattr(local, "depth", 0) == 0:
+                if len(found) > before and getattr(local, "depth", 0) == 0:
                     me = threading.current_thread().name
-                    n = next((i for i in range(before, len(self.queries)) if self.queries[i].thread == me), before)
-                    local.depth = 1
+                    n = next((i for i in range(before, len(found)) if found[i].thread == me), before)
+                    local.depth = 1  # the marker itself is never a hit
                     try:
-                        with record_function(f"{QUERY_MARK}{n}"):
+                        with record_function(f"{mark}{n}"):
                             pass
                     finally:
                         local.depth = 0
