@@ -114,6 +114,21 @@ def _started_timeline() -> RunTimeline:
     return tl
 
 
+def _write_epochs(rows: list[dict], run_dir: Path, tl: RunTimeline, epoch: int, what: str) -> None:
+    """Replace run_dir/epochs.csv + epochs.md with `rows` (hotloop.profiles.epoch_table.write_table: atomic), timed
+    as the timeline's "table" span of `epoch`; a full disk raises DiskFullError naming the file and `what` the write
+    held (the table as it was and the last checkpoint are kept), any other OSError passes through."""
+    try:
+        with tl.span("table", epoch):
+            write_table(epoch_frame(rows), run_dir, "epochs")
+    except OSError as exc:  # the old table stays whole (atomic); so does the last checkpoint
+        if (full := disk_full_cause(exc)) is None:
+            raise
+        raise DiskFullError(f"disk full: {run_dir / 'epochs.csv'} could not be written with {what} "
+                            f"({full.strerror or full}); the table as it was and the last checkpoint are kept",
+                            full.errno) from exc
+
+
 def _run_locked(console: Console, cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress: bool,
                 after_epochs: Callable[[Trainer], object] | None,
                 resume: bool | ResumePoint, census: LoopSyncCensus | None,
@@ -201,15 +216,7 @@ def _run_locked(console: Console, cfg: Config, run_dir: Path, epoch_limit_s: flo
             rows.append({**stats.as_row(), "gpu_ms_per_step": gpu_ms, "kernels_per_step": math.nan,
                          "syncs_per_step": math.nan, **telemetry.sample(),
                          "best_epoch": math.nan if best_epoch is None else best_epoch, **tl.epoch_columns(epoch)})
-            try:
-                with tl.span("table", epoch):
-                    write_table(epoch_frame(rows), run_dir, "epochs")
-            except OSError as exc:  # the old table stays whole (atomic); so does the last checkpoint
-                if (full := disk_full_cause(exc)) is None:
-                    raise
-                raise DiskFullError(f"disk full: {run_dir / 'epochs.csv'} could not be written with epoch {epoch}'s "
-                                    f"row ({full.strerror or full}); the table as it was and the last checkpoint "
-                                    f"are kept", full.errno) from exc
+            _write_epochs(rows, run_dir, tl, epoch, f"epoch {epoch}'s row")
             watchdog.arm(f"checkpoint {epoch}")  # a snapshot handed to the background writer (the last: written)
             with tl.span("checkpoint", epoch):
                 checkpointer.checkpoint_epoch(epoch, trainer.checkpoint_state)
@@ -234,8 +241,7 @@ def _run_locked(console: Console, cfg: Config, run_dir: Path, epoch_limit_s: flo
             for row in rows:  # the final per-epoch times (the checkpoint's share, its background write)
                 if row["epoch"] > (point.epoch if point is not None else 0):
                     row.update(tl.epoch_columns(int(row["epoch"])))
-            with tl.span("table"):
-                write_table(epoch_frame(rows), run_dir, "epochs")
+            _write_epochs(rows, run_dir, tl, 0, "the epochs' final times")
         extra = None
         if after_epochs is not None:
             watchdog.arm("after epochs")
