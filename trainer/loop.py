@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -213,8 +213,11 @@ class Trainer:
             if self.actor.graph is None and self.device.type == "cuda" and self.actor.eager_steps > 0:
                 with self.phase("capture"), self._warming():
                     self.actor.capture()
-            with self._warming() if self.actor.eager_steps == 0 else nullcontext():  # compiles the actor's kernels
-                self.env_steps += self.actor.step()
+            if self.actor.eager_steps == 0:  # the first step compiles the actor's kernels
+                with self._warming():
+                    self.env_steps += self.actor.step()
+                return
+            self.env_steps += self.actor.step()  # no context manager per step on the hot path
             return
         actions = self.learner.act(self.obs, self.epsilon.value(self.env_steps), self.generator)
         res = self.env.step(actions)

@@ -46,3 +46,25 @@ def test_a_blocking_phase_lands_in_its_own_column(tmp_path, monkeypatch):
     row = table.iloc[0]
     assert row.best_policy_s == pytest.approx(0.3, abs=0.2)
     assert row.epoch_total_s - row.wall_s >= 0.3 and row.wall_s < row.epoch_total_s - 0.25
+
+
+def test_the_trainer_times_the_step_that_compiles_the_actor_and_no_later_one(monkeypatch):
+    """warmup_s (the run's `warmup` span, epoch 1's compile + capture) holds the actor's first eager step only."""
+    from hotloop.trainer.actor import DeviceActor
+    from hotloop.trainer.loop import Trainer
+
+    tr = Trainer(preset("cartpole", **{**TINY, "learner": "hotloop", "learning_starts": 0}))
+    assert tr.actor is not None and tr.warmup_s == 0.0
+    real = DeviceActor.step
+
+    def slow_first(self):
+        if self.eager_steps == 0:
+            time.sleep(0.2)  # what compiling the actor's kernels costs, here made visible
+        return real(self)
+
+    monkeypatch.setattr(DeviceActor, "step", slow_first)
+    tr.env_step()
+    first = tr.warmup_s
+    assert first >= 0.2
+    tr.env_step()
+    assert tr.warmup_s == first
