@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 
 import pandas as pd
@@ -126,7 +127,8 @@ def test_a_clone_every_200_iterations_is_found_with_its_period_and_site():
     row = new.iloc[0]
     assert (row.criterion, row.kind, row.phase, row.period, row.occurrences) == (D2D_ROW, D2D, "update", 200, 10)
     assert row.first == "epoch 2 iteration 199" and row.what == "aten.clone (4000 bytes)"
-    assert row.site.startswith("tests/guards/test_loop_structure.py:") and row.site.endswith(" in _loop")
+    # relative to the checkout when hotloop is installed from it (editable), else the absolute path
+    assert re.search(r"(^|/)tests/guards/test_loop_structure\.py:\d+ in _loop$", row.site), row.site
     verdicts = census.judge(100, LEARNER)
     added, text = verdicts[D2D_ROW]
     assert added == 1 and "every 200 iterations" in text and "in update" in text and "test_loop_structure.py" in text
@@ -308,7 +310,7 @@ def test_real_cuda_work_is_classed_and_captured_work_is_not():
     finally:
         census.end()
     frame = census.frame()
-    assert frame["kind"].tolist() == [D2D, MEMSET, GRID1, GRID1], frame
+    assert frame["kind"].tolist() == [D2D, MEMSET, GRID1, GRID1], frame.to_string()
     assert frame["what"].iloc[0] == "aten.clone (16384 bytes)" and frame["what"].iloc[1].startswith("aten.zero")
     assert frame["what"].iloc[3] == "_census_gpu_probe_kernel (Triton, grid (1, 1, 1))"
     assert frame["path"].map(("update",).__eq__).all() and frame["site"].str.contains("test_loop_structure.py").all()

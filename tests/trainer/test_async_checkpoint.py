@@ -331,7 +331,7 @@ def test_cuda_snapshot_is_taken_without_a_host_sync_and_isolated_from_the_next_e
             c.wait()
             torch.cuda.synchronize()
             live["a"].add_(1)
-            expected = {k: v.cpu() for k, v in live.items()}
+            expected = {k: v.cpu().clone() for k, v in live.items()}  # .cpu() of a host tensor is itself
             torch.cuda.set_sync_debug_mode("error")
             try:
                 record = c.checkpoint_epoch(2, lambda live=live: (live, {"epoch": 2}))
