@@ -45,6 +45,7 @@
 #                learner runs the same seeds on CPU cores 8-13 (one core each, OMP_NUM_THREADS=1); wall time and
 #                steps to a mean return of 475 from epochs.csv, and each process's wall time
 #       wholerun cartpole-fast twice (cold, warm kernel cache) and seed-scale 5 epochs: the run timelines (issue 37)
+#       startup  where a run's start-up goes here: .pyc files of torch/matplotlib, import times, -X importtime
 #       seedkill kill -9 during a seed-scale background checkpoint write, then --resume: every epoch once (issue 37)
 #       seed3    hotloop train --preset seed-scale --epochs 3: the per-epoch wall time (learner steps/s) only
 #       seed200  hotloop train --preset seed-scale --epochs 200 (run folder in /dev/shm when it has room: the
@@ -274,6 +275,24 @@ print(g.sort_values('median', ascending=False).to_string())" /tmp/r/abgate_$n/tr
       grep -E "^hotloop: (removed|.*resumed)" /tmp/r/ssk_resume.log | head -n 3
       python3 -c "import pandas as pd; e=pd.read_csv('$R/epochs.csv').epoch.tolist(); print('epochs', e, 'OK' if e == list(range(1, 9)) else 'BAD')"
       rm -f $R/checkpoint.pt ;;
+    startup)
+      # issue 37: where a run's start-up goes on this machine: are torch's and matplotlib's .pyc files there and
+      # writable (a read-only site-packages without them compiles every module at every start), the import of
+      # torch / hotloop.guards.run timed twice (the second with the .pyc the first wrote), with and without a
+      # writable PYTHONPYCACHEPREFIX, then -X importtime of a one-epoch cartpole-fast run (top entries)
+      tp=$(python3 -c "import torch, os; print(os.path.dirname(torch.__file__))")
+      echo "torch at $tp: $(ls $tp/__pycache__ 2>/dev/null | wc -l) pyc in torch/__pycache__; $(touch $tp/.w 2>&1 && echo writable && rm $tp/.w)"
+      echo "python3 $(command -v python3); PYTHONDONTWRITEBYTECODE=${PYTHONDONTWRITEBYTECODE:-unset}"
+      for pre in "" /tmp/pyc; do
+        for i in 1 2; do
+          env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=$pre python3 -c "import time; t = time.perf_counter(); import torch; a = time.perf_counter()
+import hotloop.guards.run; b = time.perf_counter(); import matplotlib.figure; c = time.perf_counter()
+print(f'prefix=${pre:-none} run $i: import torch {a - t:.2f} s, hotloop.guards.run {b - a:.2f} s, matplotlib {c - b:.2f} s')"
+        done
+      done
+      python3 -X importtime -m hotloop.guards.cli train --preset cartpole-fast --epochs 1 --seed 1 --no-progress \
+        --out /tmp/r/imp_run > /tmp/r/imp_run.log 2> /tmp/r/importtime.txt
+      grep "hotloop: *\(run\|  the rest\)" /tmp/r/importtime.txt; grep "^import time" /tmp/r/importtime.txt | sort -t'|' -k2 -n | tail -n 12 ;;
     *) echo "unknown part $part" ;;
   esac
   if [[ -n ${bg:-} && $part == "${!#}" ]]; then wait "$bg"; fi  # the last part: wait for a background seed200
