@@ -31,7 +31,7 @@ Comparison (`compare`): a run is R' repeats of the same metrics.
   ratio ranged 0.22-0.93 over 10 repeats of two commits with unchanged streams (the baselines recorded at a30c915
   and b5d7f03: profiles/h200/gate/), so 5 repeats give no tolerance that holds, and more overlap is better while
   "_us" reads lower-is-better. The gate's criterion "DDQN overlapped" (> 0) catches the fault they stand for (the
-  forward serialized: guards/faults.py ddqn_serial), and the time it costs shows in gpu_busy_us and gpu_span_us. A
+  forward serialized: guards/faults.py ddqn_serial), and the time it costs shows in gpu_busy_us. A
   run that measured them in the baseline but not now (NaN: e.g. the DDQN kernels no longer assigned to their phase)
   still FAILs.
   Also dur_us, the host-side step range: in the profiled window of a GPU-bound loop it is the host's own cost when
@@ -41,6 +41,11 @@ Comparison (`compare`): a run is R' repeats of the same metrics.
   tolerance from 5 repeats holds (the first of those five FAILed a clean tree). A host regression large enough to
   matter makes the loop host-bound and fails the epoch throughput (below); in 61 kills of three mutation runs
   (profiles/h200/mutation/mutants.csv) dur_us never killed a mutant that nothing else did.
+  Also gpu_span_us, first kernel start to last kernel end per step: it holds the GPU's waits for the host, so where
+  the step is host-bound it is as multimodal as dur_us, across processes rather than steps: four of 22 clean gates on
+  an H100 on 2026-12-05 (cartpole, profiles/h200/gate/clean_h100.md) read +25% to +37% in every window of the process
+  (two more windows in the same process read the same) with gpu_busy_us unchanged. gpu_busy_us (slower kernels) and
+  the epoch throughput (a slower loop) guard what it stood for; no mutant of ci/mutants names it.
   Also memcpy_dtod_events and memcpy_kernels, the two forms of a D2D copy: a copy node of a CUDA graph runs as a
   `memcpy*` kernel in one run and as a DtoD memcpy in another (the H200 showed 4 per step of each for the same
   actor graph, the gate's CLI run against the perf tests' run); their sum, d2d_copies, is compared exactly.
@@ -121,6 +126,8 @@ REPORTED_ONLY = {
     "ddqn_overlap_us": "reported only: varies with the streams' scheduling; criterion 'DDQN overlapped' guards it",
     "ddqn_overlap_ratio": "reported only: varies with the streams' scheduling; criterion 'DDQN overlapped' guards it",
     "dur_us": "reported only: the host's step time under the profiler is multimodal; epoch throughput guards it",
+    "gpu_span_us": "reported only: it holds the GPU's waits for the host, multimodal across processes where the "
+                   "step is host-bound; gpu_busy_us and epoch throughput guard it",
     "memcpy_dtod_events": "reported only: the driver runs a graph's D2D copy as either; d2d_copies is compared",
     "memcpy_kernels": "reported only: the driver runs a graph's D2D copy as either; d2d_copies is compared",
 }
@@ -517,7 +524,7 @@ def _read_metrics(path: str | Path, entries: Mapping, what: str) -> dict[str, li
 
 
 def compare(run_metrics: Mapping[str, Sequence[float]], baseline: Baseline, *,
-            thresholds: Mapping[str, str] | None = None, k: float = 3.0, run_best: bool = False) -> pd.DataFrame:
+            thresholds: Mapping[str, str] | None = None, k: float = 3.0) -> pd.DataFrame:
     """Compare a run ({metric: R repeat values}) with `baseline`; one row per metric of either, sorted by name.
 
     Columns (COMPARE_COLUMNS): metric; kind ("count" when `is_count`, else "timing"); statistic; baseline and run
@@ -529,25 +536,20 @@ def compare(run_metrics: Mapping[str, Sequence[float]], baseline: Baseline, *,
     run but not in the baseline, FAILs.
     `thresholds`: {metric: expression} overriding `default_threshold`; parsed before comparing (ValueError);
     REPORTED_ONLY metrics get no verdict whatever their threshold.
-    `run_best`: the run side of a timing is the best of its values (`best_of`) instead of the rule's statistic,
-    the baseline side stays the statistic of its repeats: the gate's check, where the run's values are its guarded
-    windows, the later ones confirmations of a timing that failed in the first (hotloop.guards.gate, "Timing
-    confirmation"); the rule text then ends "; run: best of N".
     """
     rules = {m: parse_threshold((thresholds or {}).get(m, default_threshold(m)))
              for m in set(run_metrics) | set(baseline.metrics)}
     rows = []
     for metric in sorted(rules):
-        rows.append(_compare_one(metric, run_metrics.get(metric), baseline.metrics.get(metric), rules[metric], k,
-                                 run_best=run_best))
+        rows.append(_compare_one(metric, run_metrics.get(metric), baseline.metrics.get(metric), rules[metric], k))
     return pd.DataFrame(rows, columns=COMPARE_COLUMNS)
 
 
 def best_of(values: Sequence[float], rule: Threshold) -> float:
     """The best of a run's timing values under `rule`: the lowest where a rise is worse (sign +1: times), the highest
-    where a drop is worse (sign -1: rates); NaN values left out, NaN when all are. A transient stall (a background
-    write, a busy host) slows one epoch or one guarded window; a regression in the code slows every one, so the
-    best value still shows it."""
+    where a drop is worse (sign -1: rates); NaN values left out, NaN when all are. A transient stall beside the loop
+    (a slow background write) slows one epoch; a regression of the loop slows every one, so the best still shows
+    it (`compare_epochs`, EPOCH_BEST_OF)."""
     return _stat(np.nanmin if rule.sign > 0 else np.nanmax, values)
 
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
 
@@ -77,12 +77,6 @@ def default_baseline(folder: str | Path | None = None, gpu_name: str | None = No
     return baseline_path(gpu_name, BASELINES_DIR if folder is None else folder, preset)
 
 
-CONFIRM_WINDOWS = 2
-"""Timing confirmation: when a timing of the guarded window fails the baseline comparison, at most this many more
-windows are run right after (same trainer, same K), and each timing is judged by the best of all the windows
-(hotloop.guards.baselines.best_of): a host that stalled for the 0.1 s of one window (the H100 clean gates of
-2026-12-05: gpu_span_us +25% with gpu_busy_us unchanged, twice in 16 clean gates) passes; a regression in the code
-fails every window. Counts and criteria are judged by the first `repeats` windows only, as before."""
 ONE_REPEAT_NOTE = ("a baseline of one repeat has no spread, so each timing is then held to +5% of one run; GPU "
                    "timings vary by about that between runs: record with --repeats 5")
 """Printed under "baseline written" when the baseline holds one repeat (guards/baselines.py: the timing rule is
@@ -226,15 +220,13 @@ def run_gate(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress: bo
             print(f"\ninjected fault {fault.name!r}: {fault.what}; expect FAIL of {fault.criterion!r}")
         reports = [guard_loop(trainer, k, guard_warmup, trace_path=run_dir / TRACE_FILE if r == 0 else None)
                    for r in range(repeats)]
-        confirmations = (confirm_timings(reports, load_baseline(baseline), lambda: guard_loop(trainer, k, guard_warmup))
-                         if baseline is not None and not update_baseline else [])
-        return reports, confirmations, precision_evidence(trainer)  # after the guarded windows, never inside
+        return reports, precision_evidence(trainer)  # after the guarded windows, never inside them
 
     census = LoopSyncCensus(cuda=device.type == "cuda", loop=loop_module) if loop_census else None
     structure = LoopStructureCensus(cuda=device.type == "cuda", step_range=STEP_RANGE) if structure_census else None
     group = CensusGroup([census, structure]) if census is not None or structure is not None else None
     watched: dict[str, bool] = {}
-    epochs, (reports, confirmations, precision) = run_training(cfg, run_dir, epoch_limit_s, show_progress, after_epochs=guard,
+    epochs, (reports, precision) = run_training(cfg, run_dir, epoch_limit_s, show_progress, after_epochs=guard,
                                                 loop_census=group, watched=watched)
     report = reports[0]
     verdicts = report.verdicts.copy()
@@ -250,14 +242,13 @@ def run_gate(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress: bo
     write_table(verdicts, run_dir, "criteria")
     (run_dir / "criteria.json").write_text(json.dumps(verdicts.to_dict(orient="records"), indent=2) + "\n")
     write_table(report.coverage, run_dir, "coverage")
-    regressions = _baseline_step(reports, baseline, update_baseline, run_dir, run_config(cfg), epochs, confirmations)
-    windows = [*reports, *confirmations]
-    window_s = sum(r.window.get("window_s", 0.0) for r in windows)
-    analysis_s = sum(r.window.get("analysis_s", 0.0) for r in windows)
+    regressions = _baseline_step(reports, baseline, update_baseline, run_dir, run_config(cfg), epochs)
+    window_s = sum(r.window.get("window_s", 0.0) for r in reports)
+    analysis_s = sum(r.window.get("analysis_s", 0.0) for r in reports)
     wall_s = time.perf_counter() - started
     timing = {"wall_s": round(wall_s, 3), "profiling_s": round(window_s + analysis_s, 3),
               "window_s": round(window_s, 3), "analysis_s": round(analysis_s, 3), "repeats": repeats,
-              "window_steps": k, "confirmation_windows": len(confirmations)}
+              "window_steps": k}
     structure_cost = structure.cost() if structure is not None and structure.epochs else {}
     report.to_json(run_dir / "guard.json", extra={"gate": timing, "structure_census": {
         **structure_cost, "census_overhead": overhead}})
@@ -276,7 +267,7 @@ def run_gate(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress: bo
     print(f"\nrun folder: {run_dir} (its Kineto trace per step: hotloop inspect --step-range {STEP_RANGE} "
           f"{run_dir / TRACE_FILE})")
     share = (window_s + analysis_s) / wall_s if wall_s > 0 else float("nan")
-    parts = {key: sum(r.window.get(f"{key}_s", 0.0) for r in windows) for key in ("stop", "export", "read", "judge")}
+    parts = {key: sum(r.window.get(f"{key}_s", 0.0) for r in reports) for key in ("stop", "export", "read", "judge")}
     print(f"gate wall time {wall_s:.1f} s, of which profiling {window_s + analysis_s:.1f} s ({share:.1%}): the "
           f"guarded window {window_s:.1f} s + trace analysis {analysis_s:.1f} s (profiler stop {parts['stop']:.1f}, "
           f"export {parts['export']:.1f}, "
@@ -295,36 +286,8 @@ def run_gate(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress: bo
     return 0
 
 
-def _window_metrics(reports: list[GuardReport]) -> dict[str, list[float]]:
-    """{metric: one per-step median per window} over `reports` (a window whose steps were all damaged has no
-    kernel_us rows: NaN there)."""
-    names = sorted({m for r in reports for m in r.medians})
-    return {m: [r.medians.get(m, float("nan")) for r in reports] for m in names}
-
-
-def failing_timings(reports: list[GuardReport], loaded: Baseline) -> list[str]:
-    """The timing metrics of the guarded windows `reports` that fail the baseline `loaded`, each judged by its best
-    window (hotloop.guards.baselines.compare with run_best)."""
-    table = compare(_window_metrics(reports), loaded, run_best=True)
-    return table.loc[table["kind"].eq("timing") & table["verdict"].eq("FAIL"), "metric"].tolist()
-
-
-def confirm_timings(reports: list[GuardReport], loaded: Baseline, measure: Callable[[], GuardReport],
-                    limit: int = CONFIRM_WINDOWS) -> list[GuardReport]:
-    """Timing confirmation (CONFIRM_WINDOWS): while a timing of `reports` plus the confirmations so far fails
-    `loaded` (`failing_timings`) and fewer than `limit` were taken, take one more window with `measure()` (the gate:
-    `guard_loop` on the same trainer), saying so on stdout. Returns the confirmation windows (none when nothing
-    failed)."""
-    confirmations: list[GuardReport] = []
-    while len(confirmations) < limit and (failing := failing_timings([*reports, *confirmations], loaded)):
-        print(f"\ntiming confirmation {len(confirmations) + 1}/{limit}: {', '.join(failing)} failed the baseline; "
-              f"one more guarded window (each timing is judged by its best window)", flush=True)
-        confirmations.append(measure())
-    return confirmations
-
-
 def _baseline_step(reports: list[GuardReport], baseline: Path | None, update: bool, run_dir: Path,
-                   config: dict, epochs: pd.DataFrame, confirmations: list[GuardReport] = ()) -> pd.DataFrame:
+                   config: dict, epochs: pd.DataFrame) -> pd.DataFrame:
     """Write (with `config`, a `run_config`, and the steady-state epoch throughput of the per-epoch table `epochs`:
     hotloop.guards.baselines.epoch_metrics) or compare the baseline; returns the failing comparison rows (empty when
     none or no baseline). The comparison covers the guarded window's per-step medians and the epochs' learner
@@ -335,12 +298,11 @@ def _baseline_step(reports: list[GuardReport], baseline: Path | None, update: bo
     hotloop.guards.step_metrics), so those steps are out of the comparison; the written table (baseline.csv/.md) has
     a `note` column saying so on the timing rows ("repeat 1: timing of steps 3, 7 left out: kernel with ts 0 ..."),
     and the note is printed under the table. When every guarded step of every repeat is damaged there is no timing
-    to compare: those rows get verdict "-" and a rule saying why, instead of a FAIL for a missing value.
-    A check (not `update`) judges each timing by the best of the windows, `confirmations` included (CONFIRM_WINDOWS:
-    their rule ends "; run: best of N"); the counts by every window, as ever."""
+    to compare: those rows get verdict "-" and a rule saying why, instead of a FAIL for a missing value."""
     if baseline is None:
         return pd.DataFrame()
-    metrics = _window_metrics(reports if update else [*reports, *confirmations])
+    names = sorted({m for r in reports for m in r.medians})  # a repeat whose steps were all damaged has no kernel_us
+    metrics = {m: [r.medians.get(m, float("nan")) for r in reports] for m in names}
     note = "; ".join(f"repeat {i + 1}: {r.timing_note}" for i, r in enumerate(reports) if r.timing_note)
     if update:
         write_baseline(baseline, metrics, gpu=device_name(torch.device(config["device"])), config=config,
@@ -349,7 +311,7 @@ def _baseline_step(reports: list[GuardReport], baseline: Path | None, update: bo
               + (f"\nnote: {note}" if note else "") + (f"\nnote: {ONE_REPEAT_NOTE}" if len(reports) == 1 else ""))
         return pd.DataFrame()
     loaded = load_baseline(baseline)
-    table = compare(metrics, loaded, run_best=True)
+    table = compare(metrics, loaded)
     timing = table["kind"].eq("timing")
     table["note"] = ""
     table.loc[timing, "note"] = note

@@ -71,11 +71,13 @@ def test_a_ts0_kernel_is_no_regression_against_the_baseline_and_the_table_says_w
     base = write_baseline(tmp_path / "cpu.json", {m: [v] for m, v in clean.medians.items()})
     damaged = report(overlap_trace(steps=3, damaged_steps={1}))
     assert damaged.medians["gpu_span_us"] == clean.medians["gpu_span_us"] == 25.0  # 20..45 us of each step
+    assert damaged.medians["gpu_busy_us"] == clean.medians["gpu_busy_us"]
     failing = _baseline_step([damaged], base, False, tmp_path, {}, EPOCHS)
     table = pd.read_csv(tmp_path / "baseline.csv", keep_default_na=False).set_index("metric")
-    assert table.loc["gpu_span_us", "verdict"] == "PASS" and float(table.loc["gpu_span_us", "run"]) == 25.0
+    busy = clean.medians["gpu_busy_us"]
+    assert table.loc["gpu_busy_us", "verdict"] == "PASS" and float(table.loc["gpu_busy_us", "run"]) == busy
     note = "repeat 1: timing of step 1 left out: kernel with ts 0, dur 0 (step 1)"
-    assert table.loc["gpu_span_us", "note"] == note and table.loc["kernels", "note"] == ""
+    assert table.loc["gpu_busy_us", "note"] == note and table.loc["kernels", "note"] == ""
     assert f"\nnote: {note}" in capsys.readouterr().out
     assert failing.empty
     assert list(damaged.per_step["kernels"]) == [2, 3, 2]  # the counts still count every event with a meaning
