@@ -43,8 +43,8 @@ Comparison (`compare`): a run is R' repeats of the same metrics.
   (profiles/h200/mutation/mutants.csv) dur_us never killed a mutant that nothing else did.
   Also gpu_span_us, first kernel start to last kernel end per step: it holds the GPU's waits for the host, so where
   the step is host-bound it is as multimodal as dur_us, across processes rather than steps: four of 22 clean gates on
-  an H100 on 2026-12-05 (cartpole, profiles/h200/gate/clean_h100.md) read +25% to +37% in every window of the process
-  (two more windows in the same process read the same) with gpu_busy_us unchanged. gpu_busy_us (slower kernels) and
+  an H100 on 2026-12-05 (cartpole, profiles/h200/gate/clean5/h100_false_alarms/) read +25% to +37% in every window
+  of the process (two more windows in the same process read the same) with gpu_busy_us unchanged. gpu_busy_us (slower kernels) and
   the epoch throughput (a slower loop) guard what it stood for; no mutant of ci/mutants names it.
   Also memcpy_dtod_events and memcpy_kernels, the two forms of a D2D copy: a copy node of a CUDA graph runs as a
   `memcpy*` kernel in one run and as a DtoD memcpy in another (the H200 showed 4 per step of each for the same

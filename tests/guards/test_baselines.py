@@ -330,8 +330,9 @@ def test_the_step_span_is_reported_without_a_verdict_and_the_busy_time_still_jud
 
 
 def test_one_stalled_epoch_passes_and_a_slowdown_of_every_epoch_fails(tmp_path):
-    """The H100 clean gates of 2026-12-05 (results under profiles/h200/gate/clean_h100.md): epoch 3 of a clean run 23% slower
-    (0.1146 s vs 0.0932 s) while a 0.12 s background checkpoint write ran beside it, epoch 2 as the baseline's.
+    """The H100 clean gates of 2026-12-05 (profiles/h200/gate/clean5/h100_false_alarms/): epoch 3 of a clean run
+    23% slower (0.1146 s vs 0.0932 s) while a 0.12 s background checkpoint write ran beside it, epoch 2 as the
+    baseline's.
     Judged by the median of the steady epochs that run failed the clean tree; by the best steady epoch it passes,
     and a loop slowed in every epoch still fails."""
     base = _epoch_baseline(tmp_path, BASE_EPOCHS)
