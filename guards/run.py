@@ -176,6 +176,9 @@ def _run_locked(console: Console, cfg: Config, run_dir: Path, epoch_limit_s: flo
                               on_progress=lambda done, total: progress.update(task, completed=done))
             if point is not None:
                 trainer.restore(point.tensors, point.meta)
+        if trainer.epochs_done < cfg.epochs:  # the snapshot buffers now, not in the epoch of the first checkpoint
+            with tl.span("checkpoint_buffers"):
+                checkpointer.reserve(trainer.checkpoint_state()[0])
         timer, telemetry = EpochTimer(trainer.device), NvmlTelemetry(trainer.device)
         console.print(f"hotloop: env={cfg.env} device={trainer.device} epochs={cfg.epochs} "
                       f"learner_steps_per_epoch={cfg.learner_steps_per_epoch} run_dir={run_dir}"

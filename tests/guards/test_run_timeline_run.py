@@ -25,7 +25,7 @@ def test_a_run_records_where_its_wall_time_went(tmp_path, capsys):
     pd.testing.assert_series_equal(on_disk.epoch_total_s, table.epoch_total_s, check_exact=False, rtol=1e-6)
     tl = pd.read_csv(tmp_path / "timeline.csv")
     assert tl.phase.iloc[0] == "startup" and tl.start_s.iloc[0] == 0.0
-    for phase in ("build", "loop", "evaluate", "table", "checkpoint", "checkpoint_wait", "plot"):
+    for phase in ("build", "loop", "evaluate", "table", "checkpoint_buffers", "checkpoint", "checkpoint_wait", "plot"):
         assert phase in set(tl.phase), phase
     assert sorted(tl[tl.phase == "loop"].epoch.tolist()) == [1, 2, 3]
     err = capsys.readouterr().err

@@ -104,6 +104,26 @@ def test_the_snapshot_is_the_state_at_the_call_and_the_file_the_usual_format(tmp
     assert not list(tmp_path.glob(".*.tmp"))
 
 
+def test_reserve_allocates_the_buffers_the_first_snapshot_then_uses(tmp_path):
+    """`reserve` before the epochs: the first checkpoint writes from the buffers reserved (no allocation in its
+    epoch) and the file holds the state at the call; a closed checkpointer refuses."""
+    state = _State()
+    state.step()
+    path = tmp_path / CHECKPOINT_FILE
+    with AsyncCheckpointer(path, 1, last_epoch=3) as c:
+        assert c.reserve(state()[0]) == "host" and c.mode == "host"
+        reserved = {name: t.data_ptr() for name, t in c._host.items()}
+        assert sorted(reserved) == sorted(state.tensors)
+        expected = state.copy()
+        c.checkpoint_epoch(1, state)
+        assert {name: t.data_ptr() for name, t in c._host.items()} == reserved  # the same buffers
+        c.wait()
+    tensors, meta = load_checkpoint(path)
+    assert meta == {"epoch": 1} and all(torch.equal(tensors[k], expected[k]) for k in expected)
+    with pytest.raises(RuntimeError, match="closed"):
+        c.reserve(state()[0])
+
+
 def test_due_every_interval_epochs_and_the_last_one_written_at_close(tmp_path, monkeypatch):
     state, path = _State(), tmp_path / CHECKPOINT_FILE
     with AsyncCheckpointer(path, 3, last_epoch=7) as c:
