@@ -207,12 +207,12 @@ def check_env(cfg: Config) -> tuple[int, tuple[int, ...]]:
 
 
 def check_learner(cfg: Config, device, action_nvec: tuple[int, ...]) -> None:
-    """The learner a run builds (hotloop.trainer.loop.learner_kind) must be able to run on `device` (a resolved
+    """The learner a run builds (hotloop.trainer.device_choice.learner_kind) must be able to run on `device` (a resolved
     torch.device): the hotloop learner's Triton kernels need CUDA, or the Triton CPU interpreter (TRITON_INTERPRET=1,
     tests), and its fused loss equal branch sizes and no diversity term (hotloop.trainer.step.check_supported).
     ValueError naming config.learner."""
     from hotloop.kernels._common import interpreting
-    from hotloop.trainer.loop import learner_kind
+    from hotloop.trainer.device_choice import learner_kind
     from hotloop.trainer.step import check_supported
 
     if learner_kind(cfg, device) != "hotloop":
@@ -242,7 +242,7 @@ def check_window_fits(args: argparse.Namespace, cfg: Config, device, obs_dim: in
     profiler's trace events; on a CPU device plus the run's own estimate) exceeds the host's available memory, with
     the estimate and how many steps fit. K is hotloop.guards.gate.window_size's (--guard-steps, else the default)."""
     from hotloop.guards.gate import window_size
-    from hotloop.trainer.loop import learner_kind
+    from hotloop.trainer.device_choice import learner_kind
     from hotloop.trainer.memory_estimate import check_window_memory, estimate_memory
 
     kind = learner_kind(cfg, device)
@@ -287,7 +287,7 @@ def check_gate_args(args: argparse.Namespace, cfg: Config) -> None:
     (hotloop.guards.baselines.check_baseline_target). ValueError (naming the option) before any training."""
     from hotloop.guards.baselines import check_baseline_target, load_baseline
     from hotloop.guards.gate import baseline_mismatch, default_baseline
-    from hotloop.trainer.loop import learner_kind, resolve_device
+    from hotloop.trainer.device_choice import learner_kind, resolve_device
 
     from hotloop.guards.faults import check_request
 
@@ -399,7 +399,7 @@ def prepare_run(args: argparse.Namespace) -> tuple[Config, Path]:
     from hotloop.profiles.epoch_table import new_run_dir
     from hotloop.profiles.run_lock import acquire
     from hotloop.trainer.config import validate_run
-    from hotloop.trainer.loop import resolve_device
+    from hotloop.trainer.device_choice import resolve_device
 
     resume = getattr(args, "resume", None)
     if getattr(args, "allow_config_change", False) and resume is None:
@@ -586,7 +586,7 @@ def _execute(args: argparse.Namespace, cfg: Config, run_dir: Path) -> int:
     """Run the validated train/gate/bench invocation in `run_dir`; returns its exit code (exceptions: `main`)."""
     if args.command == "bench":
         from hotloop.guards.bench import run_bench
-        from hotloop.trainer.loop import resolve_device
+        from hotloop.trainer.device_choice import resolve_device
 
         run_bench(cfg, resolve_device(cfg.device), args.variant_names, args.steps, args.warmup, run_dir)
         print(f"\nbench folder: {run_dir}")
