@@ -1,6 +1,6 @@
 """Per-GPU baselines of the per-step metrics, and the noise-aware comparison of a run against one.
 
-A baseline file is `profiles/baselines/<gpu-name-slug>.json` for the cartpole preset and
+A baseline file is `guards/baseline_files/<gpu-name-slug>.json` for the cartpole preset and
 `<gpu-name-slug>--<preset>.json` for another (`baseline_path`; "NVIDIA H200" -> nvidia-h200.json,
 nvidia-h200--seed-scale.json), written deliberately by `write_baseline` (`hotloop gate --update-baseline`)::
 
@@ -227,7 +227,7 @@ DEFAULT_PRESET = "cartpole"
 """The preset whose baseline file carries no preset suffix (the gate's default run)."""
 
 
-def baseline_path(gpu_name: str, root: str | Path = "profiles/baselines", preset: str | None = None) -> Path:
+def baseline_path(gpu_name: str, root: str | Path = "guards/baseline_files", preset: str | None = None) -> Path:
     """root/<slug>.json for the default preset (`preset` None or DEFAULT_PRESET), else root/<slug>--<preset>.json;
     slug = the GPU name lower-cased with each run of non-alphanumerics as "-" ("NVIDIA H200" -> "nvidia-h200";
     preset "seed-scale" -> nvidia-h200--seed-scale.json). Raises ValueError for a GPU name with no letter or digit,

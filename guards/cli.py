@@ -114,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
                            "when it exists and was measured with this configuration)")
     gate.add_argument("--baseline-dir", type=Path, metavar="DIR",
                       help="folder of per-GPU baselines (<gpu-name-slug>[--<preset>].json) the default baseline is looked up in "
-                           "(default: the ones installed with hotloop, hotloop.profiles/baselines/)")
+                           "(default: the ones installed with hotloop, hotloop.guards/baseline_files/)")
     gate.add_argument("--no-baseline", action="store_true",
                       help="compare with no baseline (the criteria alone decide)")
     gate.add_argument("--update-baseline", action="store_true",
@@ -281,7 +281,7 @@ def check_writable(path: Path, option: str) -> None:
 def check_gate_args(args: argparse.Namespace, cfg: Config) -> None:
     """Gate-only options; resolves the baseline: --no-baseline -> none; an explicit --baseline must have been
     measured with `cfg`'s step on this GPU (hotloop.guards.gate.baseline_mismatch); the default one
-    (profiles/baselines/<gpu>.json) is dropped with a note on stderr when it was not; --inject needs a CUDA device
+    (guards/baseline_files/<gpu>.json) is dropped with a note on stderr when it was not; --inject needs a CUDA device
     (and, for a learner fault, the hotloop learner); --update-baseline needs a baseline path that can be written
     (`check_writable`) and whose file, if there is one, is a baseline outside any live run's folder
     (hotloop.guards.baselines.check_baseline_target). ValueError (naming the option) before any training."""

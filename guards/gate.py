@@ -60,9 +60,9 @@ TRACE_FILE = "trace.json.gz"
 """The first repeat's Kineto trace in the gate's run folder (gzipped Chrome trace JSON)."""
 
 
-BASELINES_DIR = Path(str(resources.files("hotloop.profiles") / "baselines"))
-"""The installed baselines (package data of hotloop.profiles, read with importlib.resources; in a checkout,
-profiles/baselines/), wherever the command is started from."""
+BASELINES_DIR = Path(str(resources.files("hotloop.guards") / "baseline_files"))
+"""The installed baselines (package data of hotloop.guards, read with importlib.resources; in a checkout,
+guards/baseline_files/), wherever the command is started from."""
 
 
 def default_baseline(folder: str | Path | None = None, gpu_name: str | None = None,

@@ -30,7 +30,7 @@ Importing the copy. hotloop installs through a package-dir mapping (pyproject.to
 root (`import_root`): <copy>.site/hotloop/<pkg> -> <copy>/<folder>, symlinks, no __init__.py (hotloop is a namespace
 package), first on PYTHONPATH; PathFinder then finds the copy's packages before the installed ones (an editable
 install's finder comes after it on sys.meta_path; a regular install's hotloop/ is a later sys.path entry), and
-importlib.resources reads the copy's profiles/baselines/ through the link. Before a copy's gate runs, a subprocess
+importlib.resources reads the copy's guards/baseline_files/ through the link. Before a copy's gate runs, a subprocess
 with the same interpreter, environment and working folder checks that hotloop.{kernels,profiles,trainer,guards}
 and the baselines folder resolve inside the copy (`verify_imports`); a copy that imports anything else is an
 internal error.
@@ -466,7 +466,7 @@ import importlib, json, sys
 from importlib import resources
 from pathlib import Path
 out = {m: str(Path(importlib.import_module("hotloop." + m).__file__).resolve()) for m in sys.argv[1:]}
-out["baselines"] = str(Path(str(resources.files("hotloop.profiles") / "baselines")).resolve())
+out["baselines"] = str(Path(str(resources.files("hotloop.guards") / "baseline_files")).resolve())
 print(json.dumps(out))
 """
 

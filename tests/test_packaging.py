@@ -57,7 +57,7 @@ def test_the_wheel_holds_hotloop_only_with_every_module_and_no_results(wheel):
     assert not [n for n in names if any(f"hotloop/{d}/" in n for d in DATA_DIRS)]
     expected = {"hotloop/" + str(p.relative_to(ROOT)) for p in _modules(ROOT).values()}
     assert expected - set(names) == set()  # a new subpackage missing from pyproject's list fails here
-    assert "hotloop/profiles/baselines/nvidia-h200.json" in names
+    assert "hotloop/guards/baseline_files/nvidia-h200.json" in names
 
 
 def test_the_wheel_declares_the_command_and_the_pytest_plugin(wheel):
@@ -80,5 +80,5 @@ def test_installed_from_the_wheel_it_imports_and_finds_its_baseline_from_another
     run = subprocess.run([sys.executable, "-c", code], cwd=elsewhere, env=env, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     module, baseline, exists = run.stdout.split()
-    assert module.startswith(str(site)) and baseline == str(site / "hotloop/profiles/baselines/nvidia-h200.json")
+    assert module.startswith(str(site)) and baseline == str(site / "hotloop/guards/baseline_files/nvidia-h200.json")
     assert exists == "True"

@@ -82,9 +82,9 @@ def test_a_copy_imports_itself_through_its_import_root(tmp_path):
     paths = verify_imports(tree, site)
     for name in ("kernels", "profiles", "trainer", "guards"):
         assert Path(paths[name]).is_relative_to(tree.resolve()), paths
-    assert paths["baselines"] == str((tree / "profiles" / "baselines").resolve())
+    assert paths["baselines"] == str((tree / "guards" / "baseline_files").resolve())
     probe = ("from importlib import resources\nfrom hotloop.guards.watchdog import HANG_EXIT_CODE\n"
-             "print(HANG_EXIT_CODE, (resources.files('hotloop.profiles') / 'baselines' / 'nvidia-h200.json')"
+             "print(HANG_EXIT_CODE, (resources.files('hotloop.guards') / 'baseline_files' / 'nvidia-h200.json')"
              ".is_file())")
     run = subprocess.run([sys.executable, "-c", probe], cwd=tree, env=gate_env(site), capture_output=True, text=True)
     assert run.stdout.split() == ["33", "True"], run.stderr  # the copy's constant, the copy's package data

@@ -4,7 +4,7 @@
 #   bash profiles/h200/device/device_run_hot.sh OUT_DIR COMMIT PART...
 # PART: tests    pytest -m "not slow" on the GPU (incl. the fault tests of tests/guards/test_faults.py); ${TESTS_TIMEOUT:-300} s:
 #                the whole suite needs more since 2026-12-03 (650 of 1376 tests in 300 s): give it a call of its own
-#       baseline the clean gate x5 repeats (cartpole, 3 epochs: two steady ones for the epoch throughput) writing profiles/baselines/<gpu>.json, copied into
+#       baseline the clean gate x5 repeats (cartpole, 3 epochs: two steady ones for the epoch throughput) writing guards/baseline_files/<gpu>.json, copied into
 #                the installed package too (its lookup reads the installed package data); when it fails, the
 #                call stops after it
 #       gpusuite pytest -m "${GPUSUITE_MARKS:-gpu or perf}": the tests that need the GPU
@@ -84,26 +84,26 @@ for part in "$@"; do
       echo "pytest rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" /tmp/r/pytest.log | tail -n 25 ;;
     gate)
       timeout 200 $HL gate --preset cartpole --device cuda --epochs 2 --repeats 5 --no-progress --out /tmp/r/gate_clean \
-        --baseline-dir profiles/baselines --update-baseline > /tmp/r/gate_clean.log 2>&1; echo "clean rc=$?"; tail -n 4 /tmp/r/gate_clean.log
+        --baseline-dir guards/baseline_files --update-baseline > /tmp/r/gate_clean.log 2>&1; echo "clean rc=$?"; tail -n 4 /tmp/r/gate_clean.log
       for f in item event_sync device_sync pageable_copy d2d_copy grid1 sn_split ddqn_serial fwd_fp32 bwd_tf32; do
         timeout 60 $HL gate --preset cartpole --device cuda --epochs 1 --guard-steps 5 --no-progress --inject $f \
           --out /tmp/r/gate_$f > /tmp/r/gate_$f.log 2>&1; rc=$?
         # only exit 1 with the fault's criterion FAIL is a caught fault: 70 is a crash, 2 a refused injection
         echo "$f rc=$rc$( ((rc == 70)) && echo ' (CRASH: not a kill)') $(grep -E '^FAIL' /tmp/r/gate_$f.log | tr '\n' ' ')"
       done
-      cp profiles/baselines/*.json /tmp/r/ 2>/dev/null ;;
+      cp guards/baseline_files/*.json /tmp/r/ 2>/dev/null ;;
     baseline)
       timeout 200 $HL gate --preset cartpole --device cuda --epochs 3 --repeats 5 --no-progress --out /tmp/r/gate_clean \
-        --baseline-dir profiles/baselines --update-baseline > /tmp/r/gate_clean.log 2>&1; rc=$?; echo "clean rc=$rc"
+        --baseline-dir guards/baseline_files --update-baseline > /tmp/r/gate_clean.log 2>&1; rc=$?; echo "clean rc=$rc"
       ((rc == 0)) || stop=1  # a clean gate that fails makes every later part's result meaningless
-      tail -n 6 /tmp/r/gate_clean.log; cp profiles/baselines/*.json /tmp/site/hotloop/profiles/baselines/
-      cp profiles/baselines/*.json /tmp/r/ ;;
+      tail -n 6 /tmp/r/gate_clean.log; cp guards/baseline_files/*.json /tmp/site/hotloop/guards/baseline_files/
+      cp guards/baseline_files/*.json /tmp/r/ ;;
     baseline_seed)
-      # the seed-scale baseline (profiles/baselines/<gpu>--seed-scale.json), then one clean gate against it
+      # the seed-scale baseline (guards/baseline_files/<gpu>--seed-scale.json), then one clean gate against it
       timeout 240 $HL gate --preset seed-scale --device cuda --epochs 2 --repeats 5 --no-progress --out /tmp/r/gate_seed \
-        --baseline-dir profiles/baselines --update-baseline > /tmp/r/gate_seed.log 2>&1; echo "seed-scale baseline rc=$?"
-      tail -n 3 /tmp/r/gate_seed.log; cp profiles/baselines/*.json /tmp/site/hotloop/profiles/baselines/
-      cp profiles/baselines/*.json /tmp/r/
+        --baseline-dir guards/baseline_files --update-baseline > /tmp/r/gate_seed.log 2>&1; echo "seed-scale baseline rc=$?"
+      tail -n 3 /tmp/r/gate_seed.log; cp guards/baseline_files/*.json /tmp/site/hotloop/guards/baseline_files/
+      cp guards/baseline_files/*.json /tmp/r/
       timeout 200 $HL gate --preset seed-scale --device cuda --epochs 2 --no-progress --out /tmp/r/gate_seed_check \
         > /tmp/r/gate_seed_check.log 2>&1; echo "seed-scale clean gate rc=$?"; tail -n 2 /tmp/r/gate_seed_check.log ;;
     clean5)
