@@ -29,8 +29,8 @@
 #   HOTLOOP_PRESET=cartpole   the gate's preset
 #   HOTLOOP_EPOCHS=           the gate's epochs (default: the preset's)
 #   HOTLOOP_DEVICE=cuda       cuda, cuda:N or cpu (cpu: dry run without a GPU)
-#   HOTLOOP_RUN_DIR=          run folder, new or empty (default profiles/runs/ci-<UTC timestamp>; a relative path
-#                             is taken from the directory the script was started in)
+#   HOTLOOP_RUN_DIR=          run folder, new or empty (default runs/ci-<UTC timestamp> in the checkout; a
+#                             relative path is taken from the directory the script was started in)
 #   HOTLOOP_SKIP_INSTALL=1    skip step 1 (the environment is set up already)
 #   HOTLOOP_PYTHON=python3    the interpreter (e.g. a venv's python where the system one is externally managed)
 #   HOTLOOP_PYTEST_ARGS=      more pytest arguments, shell-quoted, after -m "smoke or perf" (a later -m wins,
@@ -102,12 +102,12 @@ if [[ -n ${HOTLOOP_RUN_DIR:-} ]]; then
   fi
   mkdir -p "$run"
 else
-  mkdir -p profiles/runs
-  base=profiles/runs/ci-$(date -u +%Y%m%dT%H%M%SZ)
+  mkdir -p runs
+  base=runs/ci-$(date -u +%Y%m%dT%H%M%SZ)
   run=$base n=1
   until mkdir "$run" 2>/dev/null; do
     n=$((n + 1)) run=$base-$n
-    ((n < 100)) || usage_error "cannot create a run folder $base-N under profiles/runs"
+    ((n < 100)) || usage_error "cannot create a run folder $base-N under runs"
   done
 fi
 run=$(cd "$run" && pwd)

@@ -63,7 +63,8 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
                    help="override any config field (repeatable); keys below")
     p.add_argument("--config", type=Path, help="start from a config JSON (as written to a run folder) "
                    "instead of a preset")
-    p.add_argument("--out", type=Path, help="run folder (default: profiles/runs/<UTC timestamp>/)")
+    p.add_argument("--out", type=Path,
+                   help="run folder (default: runs/<UTC timestamp>/ under the working directory)")
     p.add_argument("--epoch-timeout", type=float, default=900.0, metavar="SECONDS",
                    help="hang watchdog: an epoch longer than this dumps all stacks and exits 3 (default 900; at "
                         "most threading.TIMEOUT_MAX, about 292 years on Linux)")
@@ -174,8 +175,8 @@ def _add_bench_parser(sub: argparse._SubParsersAction, fmt: type[argparse.HelpFo
     bench.add_argument("--steps", type=int, default=200, help="timed learner steps per variant (default 200; the "
                        "iteration's rounded up to whole periods of its periodic phases, e.g. log_interval)")
     bench.add_argument("--warmup", type=int, default=20, help="untimed steps per variant before them (default 20)")
-    bench.add_argument("--out", type=Path, help="folder for bench.csv and bench.md (default: profiles/runs/<UTC "
-                       "timestamp>/); refused if it already holds either")
+    bench.add_argument("--out", type=Path, help="folder for bench.csv and bench.md (default: runs/<UTC timestamp>/ "
+                       "under the working directory); refused if it already holds either")
     bench.set_defaults(epochs=None)
 
 
@@ -444,14 +445,14 @@ def prepare_run(args: argparse.Namespace) -> tuple[Config, Path]:
                 args.out.mkdir(parents=True, exist_ok=True)
             return cfg, args.out or new_run_dir()
         except OSError as exc:
-            raise ValueError(f"cannot create the run folder {args.out or 'profiles/runs/'}: "
+            raise ValueError(f"cannot create the run folder {args.out or 'runs/'}: "
                              f"{exc.strerror or exc}") from exc
     # train / gate: the run folder's lock is held from here to the end of main (one writer per folder: a second
     # run on it is refused naming the holder's pid; hotloop.profiles.run_lock); --out must be new or empty
     try:
         run_dir = args.out or new_run_dir()
     except OSError as exc:
-        raise ValueError(f"cannot create the run folder profiles/runs/: {exc.strerror or exc}") from exc
+        raise ValueError(f"cannot create the run folder runs/: {exc.strerror or exc}") from exc
     args.run_lock = acquire(run_dir, create=True, must_be_empty=True)
     return cfg, run_dir
 

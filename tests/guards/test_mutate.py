@@ -96,7 +96,7 @@ def test_a_copy_imports_itself_through_its_import_root(tmp_path):
 
 def test_the_copy_leaves_out_the_output_folder_and_build_outputs(tmp_path):
     root = tmp_path / "tree"  # no .git: the walk
-    for rel in ("kernels/a.py", "guards/__pycache__/x.pyc", "hotloop.egg-info/PKG-INFO", "profiles/runs/r/x",
+    for rel in ("kernels/a.py", "guards/__pycache__/x.pyc", "hotloop.egg-info/PKG-INFO", "runs/r/x",
                 "out/mutants.csv", "README.md", ".venv/pyvenv.cfg", "env2/pyvenv.cfg", "cache/x.bin", "k/y.log"):
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text("x")
