@@ -120,7 +120,7 @@ ALONE, PARALLEL = "alone", "parallel"
 USAGE, BELOW_MIN_SCORE, CLEAN_FAILED, INTERNAL = 2, 1, 4, 70
 BASELINE_REPEATS = 5
 """Repeats of the guarded window in the --self-baseline run. One repeat records no spread, so each timing would be
-held to +5% of a single run: a one-repeat baseline failed the clean tree on the H200 (profiles/h200/mutation/
+held to +5% of a single run: a one-repeat baseline failed the clean tree on the H200 (results/h200/mutation/
 README.md; then on the host step time dur_us, which is reported only since: guards/baselines.py)."""
 DEFAULT_MANIFEST = Path("ci") / "mutants" / "mutants.toml"
 PACKAGE_DIRS = {"kernels": "kernels", "profiles": "profiles", "trainer": "trainer", "guards": "guards"}
