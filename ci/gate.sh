@@ -9,7 +9,7 @@
 #              version already installed, so the runner's CUDA build of torch is never replaced  (setup.log)
 #   2. pytest  $HOTLOOP_PYTHON -m pytest -m "smoke or perf" -ra --junitxml=<run>/junit.xml  (pytest.log)
 #   3. gate    hotloop gate --preset P [--epochs N] --device D --out <run>/gate --no-progress
-#              [--baseline profiles/baselines/<gpu-name-slug>[--<preset>].json]              (gate.log)
+#              [--baseline guards/baseline_files/<gpu-name-slug>[--<preset>].json]              (gate.log)
 #              (the cartpole preset's file has no --<preset> part: hotloop.guards.baselines.baseline_path)
 #              A missing baseline file stops the gate with exit 2 (bad input; ci/README.md: add one). The slug
 #              is the first line of `nvidia-smi --query-gpu=name --format=csv,noheader`, lowercased, each run
@@ -29,14 +29,14 @@
 #   HOTLOOP_PRESET=cartpole   the gate's preset
 #   HOTLOOP_EPOCHS=           the gate's epochs (default: the preset's)
 #   HOTLOOP_DEVICE=cuda       cuda, cuda:N or cpu (cpu: dry run without a GPU)
-#   HOTLOOP_RUN_DIR=          run folder, new or empty (default profiles/runs/ci-<UTC timestamp>; a relative path
-#                             is taken from the directory the script was started in)
+#   HOTLOOP_RUN_DIR=          run folder, new or empty (default runs/ci-<UTC timestamp> in the checkout; a
+#                             relative path is taken from the directory the script was started in)
 #   HOTLOOP_SKIP_INSTALL=1    skip step 1 (the environment is set up already)
 #   HOTLOOP_PYTHON=python3    the interpreter (e.g. a venv's python where the system one is externally managed)
 #   HOTLOOP_PYTEST_ARGS=      more pytest arguments, shell-quoted, after -m "smoke or perf" (a later -m wins,
 #                             paths narrow the run), e.g. '-m smoke tests/trainer/test_config.py'
 #   HOTLOOP_GATE_ARGS=        more `hotloop gate` arguments, shell-quoted, e.g. '--epoch-timeout 600 --set seed=2'
-#   HOTLOOP_BASELINE=         the baseline path (default profiles/baselines/<gpu-name-slug>[--<preset>].json)
+#   HOTLOOP_BASELINE=         the baseline path (default guards/baseline_files/<gpu-name-slug>[--<preset>].json)
 #   HOTLOOP_COMMIT=           the commit named in the summary when GITHUB_SHA is not set (default: git rev-parse
 #                             HEAD; set it where the checkout's .git is not the tested tree's)
 #   HOTLOOP_CLI=              the command that runs the hotloop CLI, shell-quoted (default:
@@ -102,12 +102,12 @@ if [[ -n ${HOTLOOP_RUN_DIR:-} ]]; then
   fi
   mkdir -p "$run"
 else
-  mkdir -p profiles/runs
-  base=profiles/runs/ci-$(date -u +%Y%m%dT%H%M%SZ)
+  mkdir -p runs
+  base=runs/ci-$(date -u +%Y%m%dT%H%M%SZ)
   run=$base n=1
   until mkdir "$run" 2>/dev/null; do
     n=$((n + 1)) run=$base-$n
-    ((n < 100)) || usage_error "cannot create a run folder $base-N under profiles/runs"
+    ((n < 100)) || usage_error "cannot create a run folder $base-N under runs"
   done
 fi
 run=$(cd "$run" && pwd)
@@ -201,7 +201,7 @@ slug=${slug:-unknown-gpu}
 # one baseline per preset, named as hotloop.guards.baselines.baseline_path names it
 suffix=""
 [[ $preset == cartpole ]] || suffix=--$preset
-baseline=${HOTLOOP_BASELINE:-profiles/baselines/$slug$suffix.json}
+baseline=${HOTLOOP_BASELINE:-guards/baseline_files/$slug$suffix.json}
 torch_info=$("$PY" -c 'import torch; print(torch.__version__, "CUDA", torch.version.cuda or "none")' 2>/dev/null) \
   || torch_info="not importable"
 info+=("torch=$torch_info" "python=$("$PY" -c 'import sys; print(sys.version.split()[0])')")

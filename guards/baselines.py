@@ -1,6 +1,6 @@
 """Per-GPU baselines of the per-step metrics, and the noise-aware comparison of a run against one.
 
-A baseline file is `profiles/baselines/<gpu-name-slug>.json` for the cartpole preset and
+A baseline file is `guards/baseline_files/<gpu-name-slug>.json` for the cartpole preset and
 `<gpu-name-slug>--<preset>.json` for another (`baseline_path`; "NVIDIA H200" -> nvidia-h200.json,
 nvidia-h200--seed-scale.json), written deliberately by `write_baseline` (`hotloop gate --update-baseline`)::
 
@@ -29,7 +29,7 @@ Comparison (`compare`): a run is R' repeats of the same metrics.
 - Reported, not compared (`REPORTED_ONLY`, each with its reason): ddqn_overlap_us and ddqn_overlap_ratio, how much
   of the Double-DQN forward ran beside the online one. That is a scheduling outcome, not a cost: on the H200 the
   ratio ranged 0.22-0.93 over 10 repeats of two commits with unchanged streams (the baselines recorded at a30c915
-  and b5d7f03: profiles/h200/gate/), so 5 repeats give no tolerance that holds, and more overlap is better while
+  and b5d7f03: results/h200/gate/), so 5 repeats give no tolerance that holds, and more overlap is better while
   "_us" reads lower-is-better. The gate's criterion "DDQN overlapped" (> 0) catches the fault they stand for (the
   forward serialized: guards/faults.py ddqn_serial), and the time it costs shows in gpu_busy_us. A
   run that measured them in the baseline but not now (NaN: e.g. the DDQN kernels no longer assigned to their phase)
@@ -40,12 +40,13 @@ Comparison (`compare`): a run is R' repeats of the same metrics.
   median of 274 (its own repeats at 021d63f up to 373; the H200 baseline before: 241, 150, 250, 222, 258), so no
   tolerance from 5 repeats holds (the first of those five FAILed a clean tree). A host regression large enough to
   matter makes the loop host-bound and fails the epoch throughput (below); in 61 kills of three mutation runs
-  (profiles/h200/mutation/mutants.csv) dur_us never killed a mutant that nothing else did.
+  (results/h200/mutation/mutants.csv) dur_us never killed a mutant that nothing else did.
   Also gpu_span_us, first kernel start to last kernel end per step: it holds the GPU's waits for the host, so where
   the step is host-bound it is as multimodal as dur_us, across processes rather than steps: four of 22 clean gates on
-  an H100 on 2026-12-05 (cartpole, profiles/h200/gate/clean5/h100_false_alarms/) read +25% to +37% in every window
-  of the process (two more windows in the same process read the same) with gpu_busy_us unchanged. gpu_busy_us (slower kernels) and
-  the epoch throughput (a slower loop) guard what it stood for; no mutant of ci/mutants names it.
+  an H100 on 2026-12-05 (cartpole, results/h200/gate/clean5/h100_false_alarms/) read +25% to +37% in every window
+  of the process (two more windows in the same process read the same) with gpu_busy_us unchanged. gpu_busy_us
+  (slower kernels) and the epoch throughput (a slower loop) guard what it stood for; no mutant of ci/mutants names
+  it.
   Also memcpy_dtod_events and memcpy_kernels, the two forms of a D2D copy: a copy node of a CUDA graph runs as a
   `memcpy*` kernel in one run and as a DtoD memcpy in another (the H200 showed 4 per step of each for the same
   actor graph, the gate's CLI run against the perf tests' run); their sum, d2d_copies, is compared exactly.
@@ -59,10 +60,10 @@ time per guarded step (the median over the steps that ran it, scaled by their sh
 down inside (a tile, a warp count, a grid, an extra pass) fails the gate though the step's total moves less than its
 5%: a kernel of 4% of the step made twice as slow moves the total by 4%.
 Rule KERNEL_THRESHOLD, "median:+10%", or 3 x MAD spread, or KERNEL_FLOOR_US (1 us), whichever is largest. Its
-evidence (profiles/h200/gate/clean5/kernel_timings/): against a baseline of the cartpole preset recorded in an earlier
+evidence (results/h200/gate/clean5/kernel_timings/): against a baseline of the cartpole preset recorded in an earlier
 H200 call, 4 clean gates (and 4 more against one of their own call) moved no kernel of >= 8 us by more than 0.9% and
 no smaller kernel by more than 0.35 us; a seed-scale clean gate moved none by more than 1.2%. Two kernels slowed
-inside moved theirs by 11-16% (1.3-3.0 us), which +25% let pass. Older seed-scale data (profiles/h200/ab/tf32_rounding/kernels.csv) saw a Double-DQN forward kernel,
+inside moved theirs by 11-16% (1.3-3.0 us), which +25% let pass. Older seed-scale data (results/h200/ab/tf32_rounding/kernels.csv) saw a Double-DQN forward kernel,
 which shares the SMs with the online chain as far as they overlap, move 14% between calls: a false alarm this rule
 may raise at seed scale, where re-recording the baseline on the runner is the remedy.
 A kernel only in the run is new ("-": not in baseline); one only in the baseline FAILs as any missing metric does
@@ -234,7 +235,7 @@ DEFAULT_PRESET = "cartpole"
 """The preset whose baseline file carries no preset suffix (the gate's default run)."""
 
 
-def baseline_path(gpu_name: str, root: str | Path = "profiles/baselines", preset: str | None = None) -> Path:
+def baseline_path(gpu_name: str, root: str | Path = "guards/baseline_files", preset: str | None = None) -> Path:
     """root/<slug>.json for the default preset (`preset` None or DEFAULT_PRESET), else root/<slug>--<preset>.json;
     slug = the GPU name lower-cased with each run of non-alphanumerics as "-" ("NVIDIA H200" -> "nvidia-h200";
     preset "seed-scale" -> nvidia-h200--seed-scale.json). Raises ValueError for a GPU name with no letter or digit,
@@ -270,7 +271,7 @@ EPOCH_BEST_OF = ("learner_steps_per_s", "gpu_ms_per_step")
 EPOCH_OVERHEAD_FLOOR_S = 0.02
 """The least worsening epoch_overhead_s is allowed, in seconds: the table writes' fsyncs and the evaluation's
 Python move it by a few ms from run to run, while a blocking checkpoint or an evaluation back to eager steps with
-host syncs adds tens of ms at the cartpole preset and seconds at seed scale (profiles/h200/run_timeline/)."""
+host syncs adds tens of ms at the cartpole preset and seconds at seed scale (results/h200/run_timeline/)."""
 EPOCH_PREFIX = "epoch_"
 """`compare_epochs` names its rows EPOCH_PREFIX + metric, apart from the guarded steps' metrics."""
 EPOCH_THROUGHPUT = "epoch throughput"
@@ -300,7 +301,7 @@ def epoch_metrics(table: pd.DataFrame) -> EpochMetrics:
     loop).
 
     Steady state: with >= 2 epochs the first row is left out (the first epoch of a process compiles the Triton
-    kernels and captures the CUDA graphs: in the H200 clean runs of profiles/h200/gate/clean.log its learner
+    kernels and captures the CUDA graphs: in the H200 clean runs of results/h200/gate/clean.log its learner
     throughput was 1% to 69% of the second epoch's) and `steady` is True; a 1-epoch table gives its one epoch with `steady` False.
     The table's first row is taken as the process's first epoch (true of the gate, which never resumes).
     gpu_ms_per_step is NaN where the table lacks it (a CPU run writes NaN: no CUDA events), epoch_total_s and

@@ -63,7 +63,8 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
                    help="override any config field (repeatable); keys below")
     p.add_argument("--config", type=Path, help="start from a config JSON (as written to a run folder) "
                    "instead of a preset")
-    p.add_argument("--out", type=Path, help="run folder (default: profiles/runs/<UTC timestamp>/)")
+    p.add_argument("--out", type=Path,
+                   help="run folder (default: runs/<UTC timestamp>/ under the working directory)")
     p.add_argument("--epoch-timeout", type=float, default=900.0, metavar="SECONDS",
                    help="hang watchdog: an epoch longer than this dumps all stacks and exits 3 (default 900; at "
                         "most threading.TIMEOUT_MAX, about 292 years on Linux)")
@@ -114,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
                            "when it exists and was measured with this configuration)")
     gate.add_argument("--baseline-dir", type=Path, metavar="DIR",
                       help="folder of per-GPU baselines (<gpu-name-slug>[--<preset>].json) the default baseline is looked up in "
-                           "(default: the ones installed with hotloop, hotloop.profiles/baselines/)")
+                           "(default: the ones installed with hotloop, hotloop.guards/baseline_files/)")
     gate.add_argument("--no-baseline", action="store_true",
                       help="compare with no baseline (the criteria alone decide)")
     gate.add_argument("--update-baseline", action="store_true",
@@ -174,8 +175,8 @@ def _add_bench_parser(sub: argparse._SubParsersAction, fmt: type[argparse.HelpFo
     bench.add_argument("--steps", type=int, default=200, help="timed learner steps per variant (default 200; the "
                        "iteration's rounded up to whole periods of its periodic phases, e.g. log_interval)")
     bench.add_argument("--warmup", type=int, default=20, help="untimed steps per variant before them (default 20)")
-    bench.add_argument("--out", type=Path, help="folder for bench.csv and bench.md (default: profiles/runs/<UTC "
-                       "timestamp>/); refused if it already holds either")
+    bench.add_argument("--out", type=Path, help="folder for bench.csv and bench.md (default: runs/<UTC timestamp>/ "
+                       "under the working directory); refused if it already holds either")
     bench.set_defaults(epochs=None)
 
 
@@ -207,12 +208,12 @@ def check_env(cfg: Config) -> tuple[int, tuple[int, ...]]:
 
 
 def check_learner(cfg: Config, device, action_nvec: tuple[int, ...]) -> None:
-    """The learner a run builds (hotloop.trainer.loop.learner_kind) must be able to run on `device` (a resolved
+    """The learner a run builds (hotloop.trainer.device_choice.learner_kind) must be able to run on `device` (a resolved
     torch.device): the hotloop learner's Triton kernels need CUDA, or the Triton CPU interpreter (TRITON_INTERPRET=1,
     tests), and its fused loss equal branch sizes and no diversity term (hotloop.trainer.step.check_supported).
     ValueError naming config.learner."""
     from hotloop.kernels._common import interpreting
-    from hotloop.trainer.loop import learner_kind
+    from hotloop.trainer.device_choice import learner_kind
     from hotloop.trainer.step import check_supported
 
     if learner_kind(cfg, device) != "hotloop":
@@ -242,7 +243,7 @@ def check_window_fits(args: argparse.Namespace, cfg: Config, device, obs_dim: in
     profiler's trace events; on a CPU device plus the run's own estimate) exceeds the host's available memory, with
     the estimate and how many steps fit. K is hotloop.guards.gate.window_size's (--guard-steps, else the default)."""
     from hotloop.guards.gate import window_size
-    from hotloop.trainer.loop import learner_kind
+    from hotloop.trainer.device_choice import learner_kind
     from hotloop.trainer.memory_estimate import check_window_memory, estimate_memory
 
     kind = learner_kind(cfg, device)
@@ -281,13 +282,13 @@ def check_writable(path: Path, option: str) -> None:
 def check_gate_args(args: argparse.Namespace, cfg: Config) -> None:
     """Gate-only options; resolves the baseline: --no-baseline -> none; an explicit --baseline must have been
     measured with `cfg`'s step on this GPU (hotloop.guards.gate.baseline_mismatch); the default one
-    (profiles/baselines/<gpu>.json) is dropped with a note on stderr when it was not; --inject needs a CUDA device
+    (guards/baseline_files/<gpu>.json) is dropped with a note on stderr when it was not; --inject needs a CUDA device
     (and, for a learner fault, the hotloop learner); --update-baseline needs a baseline path that can be written
     (`check_writable`) and whose file, if there is one, is a baseline outside any live run's folder
     (hotloop.guards.baselines.check_baseline_target). ValueError (naming the option) before any training."""
     from hotloop.guards.baselines import check_baseline_target, load_baseline
     from hotloop.guards.gate import baseline_mismatch, default_baseline
-    from hotloop.trainer.loop import learner_kind, resolve_device
+    from hotloop.trainer.device_choice import learner_kind, resolve_device
 
     from hotloop.guards.faults import check_request
 
@@ -399,7 +400,7 @@ def prepare_run(args: argparse.Namespace) -> tuple[Config, Path]:
     from hotloop.profiles.epoch_table import new_run_dir
     from hotloop.profiles.run_lock import acquire
     from hotloop.trainer.config import validate_run
-    from hotloop.trainer.loop import resolve_device
+    from hotloop.trainer.device_choice import resolve_device
 
     resume = getattr(args, "resume", None)
     if getattr(args, "allow_config_change", False) and resume is None:
@@ -444,14 +445,14 @@ def prepare_run(args: argparse.Namespace) -> tuple[Config, Path]:
                 args.out.mkdir(parents=True, exist_ok=True)
             return cfg, args.out or new_run_dir()
         except OSError as exc:
-            raise ValueError(f"cannot create the run folder {args.out or 'profiles/runs/'}: "
+            raise ValueError(f"cannot create the run folder {args.out or 'runs/'}: "
                              f"{exc.strerror or exc}") from exc
     # train / gate: the run folder's lock is held from here to the end of main (one writer per folder: a second
     # run on it is refused naming the holder's pid; hotloop.profiles.run_lock); --out must be new or empty
     try:
         run_dir = args.out or new_run_dir()
     except OSError as exc:
-        raise ValueError(f"cannot create the run folder profiles/runs/: {exc.strerror or exc}") from exc
+        raise ValueError(f"cannot create the run folder runs/: {exc.strerror or exc}") from exc
     args.run_lock = acquire(run_dir, create=True, must_be_empty=True)
     return cfg, run_dir
 
@@ -586,7 +587,7 @@ def _execute(args: argparse.Namespace, cfg: Config, run_dir: Path) -> int:
     """Run the validated train/gate/bench invocation in `run_dir`; returns its exit code (exceptions: `main`)."""
     if args.command == "bench":
         from hotloop.guards.bench import run_bench
-        from hotloop.trainer.loop import resolve_device
+        from hotloop.trainer.device_choice import resolve_device
 
         run_bench(cfg, resolve_device(cfg.device), args.variant_names, args.steps, args.warmup, run_dir)
         print(f"\nbench folder: {run_dir}")

@@ -51,7 +51,8 @@ from hotloop.profiles.epoch_table import format_table, write_table
 from hotloop.profiles.provenance import device_name
 from hotloop.trainer.config import ENV_SHAPE_FIELDS, Config, env_shape_fields
 from hotloop.trainer import loop as loop_module
-from hotloop.trainer.loop import STEP_RANGE, Trainer, learner_kind, learner_phases, loop_periods, resolve_device
+from hotloop.trainer.device_choice import learner_kind, resolve_device
+from hotloop.trainer.loop import STEP_RANGE, Trainer, learner_phases, loop_periods
 from hotloop.guards.run import run_training
 from hotloop.trainer.step import PHASE_RULES
 
@@ -59,9 +60,9 @@ TRACE_FILE = "trace.json.gz"
 """The first repeat's Kineto trace in the gate's run folder (gzipped Chrome trace JSON)."""
 
 
-BASELINES_DIR = Path(str(resources.files("hotloop.profiles") / "baselines"))
-"""The installed baselines (package data of hotloop.profiles, read with importlib.resources; in a checkout,
-profiles/baselines/), wherever the command is started from."""
+BASELINES_DIR = Path(str(resources.files("hotloop.guards") / "baseline_files"))
+"""The installed baselines (package data of hotloop.guards, read with importlib.resources; in a checkout,
+guards/baseline_files/), wherever the command is started from."""
 
 
 def default_baseline(folder: str | Path | None = None, gpu_name: str | None = None,
@@ -93,7 +94,7 @@ the env step nor the periodic work, so its counts are not comparable: such a bas
 
 def run_config(cfg: Config) -> dict:
     """The configuration a baseline records for a run of `cfg` on this machine: cfg.to_dict() with device and
-    learner resolved ("auto" -> what the run used: hotloop.trainer.loop.resolve_device, learner_kind), and the
+    learner resolved ("auto" -> what the run used: hotloop.trainer.device_choice.resolve_device, learner_kind), and the
     guarded window's kind ("guard_window": GUARD_WINDOW)."""
     device = resolve_device(cfg.device)
     return {**cfg.to_dict(), "device": str(device), "learner": learner_kind(cfg, device), "guard_window": GUARD_WINDOW}

@@ -147,8 +147,8 @@ def add_learning_parser(sub) -> argparse.ArgumentParser:
                    help="config override for every run (repeatable)")
     p.add_argument("--run-timeout", type=float, default=1800.0, metavar="SECONDS",
                    help="a run longer than this is stopped and recorded as timed out (default 1800)")
-    p.add_argument("--out", type=Path, help="report folder, new or empty (default profiles/runs/learning-<UTC "
-                                            "timestamp>/)")
+    p.add_argument("--out", type=Path, help="report folder, new or empty (default runs/learning-<UTC "
+                                            "timestamp>/ under the working directory)")
     return p
 
 
@@ -164,7 +164,7 @@ def run_learning(args: argparse.Namespace) -> int:
         if chosen:
             raise ValueError(f"--set {chosen}: chosen by the report itself (--learners, --seeds, --device)")
         preset(args.preset, **overrides)  # the runs' config, validated (ValueError naming the field)
-        args.out = args.out or Path("profiles/runs") / time.strftime("learning-%Y%m%dT%H%M%SZ", time.gmtime())
+        args.out = args.out or Path("runs") / time.strftime("learning-%Y%m%dT%H%M%SZ", time.gmtime())
         runs = plan_runs(args, torch.cuda.is_available())
     except ValueError as exc:
         print(f"hotloop learning: error: {exc}", file=sys.stderr)

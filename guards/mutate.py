@@ -30,7 +30,7 @@ Importing the copy. hotloop installs through a package-dir mapping (pyproject.to
 root (`import_root`): <copy>.site/hotloop/<pkg> -> <copy>/<folder>, symlinks, no __init__.py (hotloop is a namespace
 package), first on PYTHONPATH; PathFinder then finds the copy's packages before the installed ones (an editable
 install's finder comes after it on sys.meta_path; a regular install's hotloop/ is a later sys.path entry), and
-importlib.resources reads the copy's profiles/baselines/ through the link. Before a copy's gate runs, a subprocess
+importlib.resources reads the copy's guards/baseline_files/ through the link. Before a copy's gate runs, a subprocess
 with the same interpreter, environment and working folder checks that hotloop.{kernels,profiles,trainer,guards}
 and the baselines folder resolve inside the copy (`verify_imports`); a copy that imports anything else is an
 internal error.
@@ -120,13 +120,14 @@ ALONE, PARALLEL = "alone", "parallel"
 USAGE, BELOW_MIN_SCORE, CLEAN_FAILED, INTERNAL = 2, 1, 4, 70
 BASELINE_REPEATS = 5
 """Repeats of the guarded window in the --self-baseline run. One repeat records no spread, so each timing would be
-held to +5% of a single run: a one-repeat baseline failed the clean tree on the H200 (profiles/h200/mutation/
+held to +5% of a single run: a one-repeat baseline failed the clean tree on the H200 (results/h200/mutation/
 README.md; then on the host step time dur_us, which is reported only since: guards/baselines.py)."""
 DEFAULT_MANIFEST = Path("ci") / "mutants" / "mutants.toml"
 PACKAGE_DIRS = {"kernels": "kernels", "profiles": "profiles", "trainer": "trainer", "guards": "guards"}
 """hotloop.<key> -> folder of the checkout, when pyproject.toml does not say (its [tool.setuptools.package-dir])."""
 NOT_COPIED = {".git", "__pycache__", ".pytest_cache", "build", "dist", ".whl", ".nsyslibs", ".abtrees"}
-"""Folder names left out of a copy made without git (build outputs, caches); also *.egg-info and profiles/runs."""
+"""Folder names left out of a copy made without git (build outputs, caches); also *.egg-info and the top-level
+runs/ (the run folders)."""
 RESULT_COLUMNS = ["mutant", "file", "expected criterion", "verdict", "judgement", "ran", "exit code",
                   "failed criteria", "wall_s", "depends"]
 _ID = re.compile(r"^[a-z0-9][a-z0-9_]*$")
@@ -303,7 +304,7 @@ def checkout_files(root: Path, leave_out: Sequence[Path] = ()) -> list[str]:
     """Paths (relative, POSIX) of the checkout's files as the working tree has them: the files git tracks
     (`git ls-files --cached`: uncommitted changes to them come along, tracked files deleted in the working tree are
     left out, untracked files are not copied even when no .gitignore pattern covers them, e.g. a .venv inside a
-    clone); without git (or outside a repository), every file but NOT_COPIED folders, *.egg-info, profiles/runs,
+    clone); without git (or outside a repository), every file but NOT_COPIED folders, *.egg-info, runs/,
     virtual environments (a folder holding pyvenv.cfg) and what root/.gitignore's plain patterns match. Paths under
     `leave_out` (absolute folders, e.g. the runner's own output folder) are left out. Raises nothing of its own
     (OSError from walking the tree passes through)."""
@@ -317,7 +318,7 @@ def checkout_files(root: Path, leave_out: Sequence[Path] = ()) -> list[str]:
             here = Path(dirpath)
             rel = here.relative_to(root)
             dirnames[:] = [d for d in dirnames if d not in NOT_COPIED and not d.endswith(".egg-info")
-                           and (rel / d).as_posix() != "profiles/runs" and not (here / d / "pyvenv.cfg").exists()
+                           and (rel / d).as_posix() != "runs" and not (here / d / "pyvenv.cfg").exists()
                            and not _ignored((rel / d).as_posix(), ignored)]
             files += [(rel / f).as_posix() for f in filenames if not _ignored((rel / f).as_posix(), ignored)]
         files.sort()
@@ -466,7 +467,7 @@ import importlib, json, sys
 from importlib import resources
 from pathlib import Path
 out = {m: str(Path(importlib.import_module("hotloop." + m).__file__).resolve()) for m in sys.argv[1:]}
-out["baselines"] = str(Path(str(resources.files("hotloop.profiles") / "baselines")).resolve())
+out["baselines"] = str(Path(str(resources.files("hotloop.guards") / "baseline_files")).resolve())
 print(json.dumps(out))
 """
 
@@ -795,7 +796,7 @@ def add_mutate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--root", type=Path, help="the checkout to copy (default: the git top level of the current "
                                              "folder)")
     p.add_argument("--out", type=Path, help="output folder: mutants.csv/.md, clean.csv, runs/<id>/, logs/<id>.log "
-                                            "(default profiles/runs/mutate-<UTC timestamp>/ under the checkout)")
+                                            "(default runs/mutate-<UTC timestamp>/ under the checkout)")
     p.add_argument("--jobs", type=int, default=3, metavar="N",
                    help="mutants run at a time on the GPU (default 3); timing rows count only in a gate that ran "
                         "alone: exclusive mutants and those expecting a timing criterion run alone after the "
@@ -834,7 +835,7 @@ def run_mutate(args: argparse.Namespace) -> int:
             raise UsageError(f"--gate-args: {exc}") from None
         if any(a.split("=")[0] in _RUNNER_OPTIONS for a in extra):
             raise UsageError(f"--gate-args may not hold {list(_RUNNER_OPTIONS)}")
-        out = args.out or root / "profiles" / "runs" / time.strftime("mutate-%Y%m%dT%H%M%SZ", time.gmtime())
+        out = args.out or root / "runs" / time.strftime("mutate-%Y%m%dT%H%M%SZ", time.gmtime())
         code, table = run_suite(manifest, root, out, args.jobs, only, extra, args.timeout, args.keep, args.check,
                                 self_baseline=args.self_baseline)
     except UsageError as exc:

@@ -21,25 +21,39 @@ def rounds_tf32_operands() -> bool:
 
 
 def check_tensor(name: str, t: object, *, dtype: torch.dtype | tuple[torch.dtype, ...] | None = None,
-                 ndim: int | None = None, shape: tuple[int | None, ...] | None = None,
-                 device: torch.device | None = None, contiguous: bool = True) -> torch.Tensor:
+                 kind: str | None = None, ndim: int | None = None, shape: tuple[int | None, ...] | None = None,
+                 device: torch.device | str | None = None, contiguous: bool = True,
+                 triton: bool = True) -> torch.Tensor:
     """Return `t` if it is a tensor matching every given constraint, else raise ValueError naming `name` and what
-    was wrong (its dtype, shape or device). `shape` entries of None match any size."""
+    was wrong (its type, dtype, shape, device or strides).
+
+    `dtype`: one dtype or a tuple of allowed ones; `kind`: "float" (any floating dtype) or "int" (any integer
+    dtype, bool excluded); `ndim`: the number of dimensions; `shape`: the sizes, None entries matching any size;
+    `device`: the device type, and the index too where both name one (cuda:0 is not cuda:1; "cuda" is either);
+    `contiguous`: require contiguous strides; `triton` (an input of a Triton launch): require a CUDA tensor unless
+    TRITON_INTERPRET=1 runs the kernels on the CPU interpreter (the torch-only code, such as the reference sum tree
+    and the replay, passes False, as it runs on any device). Reads only metadata, never values: no host sync."""
     if not isinstance(t, torch.Tensor):
         raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if dtype is not None:
         allowed = dtype if isinstance(dtype, tuple) else (dtype,)
         if t.dtype not in allowed:
             raise ValueError(f"{name} must have dtype {' or '.join(map(str, allowed))}, got {t.dtype}")
+    if kind == "float" and not t.dtype.is_floating_point:
+        raise ValueError(f"{name} must have a floating-point dtype, got {t.dtype}")
+    if kind == "int" and (t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool):
+        raise ValueError(f"{name} must have an integer dtype, got {t.dtype}")
     if ndim is not None and t.dim() != ndim:
         raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(t.shape)}")
     if shape is not None and (t.dim() != len(shape) or any(s is not None and s != n for s, n in zip(shape, t.shape))):
         raise ValueError(f"{name} must have shape {shape} (None = any), got {tuple(t.shape)}")
-    if device is not None and t.device.type != torch.device(device).type:
-        raise ValueError(f"{name} must be on {device}, got {t.device}")
+    if device is not None:
+        want = torch.device(device)
+        if t.device.type != want.type or (None not in (want.index, t.device.index) and t.device.index != want.index):
+            raise ValueError(f"{name} must be on {want}, got {t.device}")
     if contiguous and not t.is_contiguous():
         raise ValueError(f"{name} must be contiguous (strides {t.stride()})")
-    if not interpreting() and t.device.type != "cuda":
+    if triton and not interpreting() and t.device.type != "cuda":
         raise ValueError(f"{name} is on {t.device}: Triton kernels need CUDA tensors, or TRITON_INTERPRET=1 "
                          f"to run on the CPU interpreter")
     return t

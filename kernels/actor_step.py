@@ -353,7 +353,7 @@ class ActorBuffers:
 
 def _blocks(n: int) -> tuple[int, int, int, int]:
     """(BLOCK_N, BLOCK_R, BLOCK_K, num_warps): at seed scale 32 envs a program (8192 -> 256 programs) with 128-row
-    tiles, the fastest of the H200 sweep (profiles/h200/experiments/actor_kernel_parts.py: 202 us against 589 with
+    tiles, the fastest of the H200 sweep (results/h200/experiments/actor_kernel_parts.py: 202 us against 589 with
     64 envs, whose tiles spilled); 16 for small N (64 CartPoles -> 4 programs); wide row tiles on the
     interpreter, which runs programs serially."""
     if interpreting():

@@ -26,12 +26,12 @@ import triton.language as tl
 from hotloop.kernels._common import check_tensor, rounds_tf32_operands
 from hotloop.kernels.tf32_split import tf32_rna
 
-# forward tiles from the H200 sweep at seed scale (profiles/h200/kernels/heads_fwd_sweep.csv): 64 rows, 16-wide reduction
+# forward tiles from the H200 sweep at seed scale (results/h200/kernels/heads_fwd_sweep.csv): 64 rows, 16-wide reduction
 # steps, 4 warps: 6.6 us for one net and 7.5 us for two, against 10.0 / 10.3 us with 128 rows and 64-wide steps
 _BLOCK_M = 64
 _BLOCK_K = 16
 # backward launch: programs in all (a target: row groups x (1 + D) input blocks, rounded to whole row blocks),
-# rows per iteration, warps. From the H200 sweep at seed scale (profiles/h200/kernels/heads_bwd_sweep.csv, isolated):
+# rows per iteration, warps. From the H200 sweep at seed scale (results/h200/kernels/heads_bwd_sweep.csv, isolated):
 # target 264 x 64 rows x 4 warps (256 programs of 128 rows launched) 17.4 us; target 132 x 32 x 8 (128 programs,
 # one per SM) 60.3 us; 8 warps were 2-3.5x slower than 4 at every size
 BWD_PROGRAMS, BWD_BLOCK_M, BWD_WARPS = 264, 64, 4

@@ -11,9 +11,9 @@ cores (`tl.dot(input_precision="tf32")`, ~5e-4 relative error) with both operand
 first (`tf32_rna`, as cuBLAS and CUTLASS convert). Left to the MMA, Hopper drops the low 13 mantissa bits: a bias
 toward zero of ~1e-3 per product, which the TD fixed point amplifies by 1 / (1 - gamma) (100x at gamma 0.99): the
 reference learner with truncated TF32 forwards diverged on 3 of 12 CartPole seeds, with rounded ones on 1, in
-IEEE FP32 on none (profiles/cpu/learning_causes/README.md, H6). Where the rounding happens decides its cost
+IEEE FP32 on none (results/cpu/learning_causes/README.md, H6). Where the rounding happens decides its cost
 (H200: rounding both tiles in the GEMM's loop made the step 2.5x slower, the weight tile most of it, since the
-MMA's B operand must then go back to shared memory; profiles/h200/ab/tf32_rounding/): a layer rounds its input
+MMA's B operand must then go back to shared memory; results/h200/ab/tf32_rounding/): a layer rounds its input
 tile in registers only where nobody rounded it before (`x_tf32`), stores its output rounded for the next layer
 (`out_tf32`), and the step reads its weights from a rounded copy (`tf32_round_copy`, kernels/tf32_split.py,
 `w_tf32`). The backward kernels use split precision (three
@@ -31,7 +31,7 @@ tests that emulate Hopper's dot (tests/kernels/test_tf32_emulated.py) the precis
 
 Operand layouts. Hopper's TF32 tensor-core MMA (wgmma) reads fp32 operands from shared memory only K-major (the
 reduction axis contiguous); an operand stored the other way is copied into shared memory 4 bytes at a time instead
-of 16, and the GEMM runs 1.5-5x slower (profiles/h200/kernels/split_gemm_probe.csv). So the backward reads copies laid out
+of 16, and the GEMM runs 1.5-5x slower (results/h200/kernels/split_gemm_probe.csv). So the backward reads copies laid out
 for it: W^T scaled by the gains (`WeightTranspose`, one launch for every layer but the first), and the
 batch-contiguous transposes X^T and dY^T, written by the kernels that produce X and dY (the forward's `yt`, the
 input gradient's `dxt`, the heads' backward, the replay gather's observations). The B operands, W^T and X^T, are
@@ -288,7 +288,7 @@ def linear_forward(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, g: torch.T
             previous launch's `out_tf32` output, a `tf32_round_copy`), so the kernel does not round them to TF32
             before the dot (module doc: rounded, not truncated by the MMA). Rounding x costs little (in registers,
             the MMA's A operand); rounding w 5x the GEMM (it goes back to shared memory: H200, 2026-12-02,
-            profiles/h200/ab/tf32_rounding/): a step reads a rounded copy of its weights.
+            results/h200/ab/tf32_rounding/): a step reads a rounded copy of its weights.
         out_tf32: store y rounded to TF32 (to nearest; so that a next layer reads it with x_tf32=True).
         On the interpreter the three are moot unless it emulates Hopper's dot (`rounds_tf32_operands`).
     Returns y. Grid (ceil(M / 128), ceil(N / BLOCK_N), nets), BLOCK_N <= 128 (64 where that pads N less)
@@ -321,7 +321,7 @@ def linear_forward(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, g: torch.T
         if nets != 1:
             raise ValueError("yt (the transposed output) is for one net only (nets = 1)")
         check_tensor("yt", yt, dtype=torch.float32, shape=(2, n, m), device=dev)
-    # Tiles from the H200 sweep at seed-scale shapes (profiles/h200/kernels/linear_sweep.csv): 128 x 128 x 32, 4 warps,
+    # Tiles from the H200 sweep at seed-scale shapes (results/h200/kernels/linear_sweep.csv): 128 x 128 x 32, 4 warps,
     # 3 stages; 64 columns where they pad N less than 128 do (N = 320: two nets 28.2 -> 23.2 us);
     # BLOCK_N halves while there are fewer than 132 programs (one wave) and it can. With yt, 8 warps: the split
     # transposed store spills at 4 (108 bytes per thread at 128 x 64 with a gathered input, compiled for sm90 here;
@@ -387,7 +387,7 @@ def linear_backward_input(dy: torch.Tensor, wt: torch.Tensor, x: torch.Tensor, d
     check_tensor("db", db, dtype=torch.float32, shape=(k,), device=dev)
     if dx is not None:
         check_tensor("dx", dx, dtype=torch.float32, shape=(m, k), device=dev)
-    # the split-GEMM probe's best tf32x3 tiles with K-major operands (profiles/h200/kernels/split_gemm_probe.csv):
+    # the split-GEMM probe's best tf32x3 tiles with K-major operands (results/h200/kernels/split_gemm_probe.csv):
     # 128 x 128 outputs, 32-wide reduction steps, 8 warps, 3 stages
     block_m, block_k = 128, _block(k, 128)
     fused = _fused_weight_args(weight_grad_below, k, m, block_k, dev, db)

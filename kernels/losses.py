@@ -22,7 +22,7 @@ def double_dqn_target(reward: torch.Tensor, terminated: torch.Tensor, gamma: flo
     BDQ; with one branch it is plain Double DQN.) The clip is the bound every discounted return obeys when each
     reward is at most r_max: target_max = r_max / (1 - gamma) (100 for CartPole's reward of 1 per step at gamma
     0.99). Clipping the target to a bound that Q* itself satisfies keeps Q* the fixed point (min(., c) is
-    non-expansive) and cuts the overestimation feedback past the bound (H7 of profiles/cpu/learning_causes/README.md;
+    non-expansive) and cuts the overestimation feedback past the bound (H7 of results/cpu/learning_causes/README.md;
     Q-value bounds as in He et al. 2017, "Learning to Play in a Day").
 
     Args:

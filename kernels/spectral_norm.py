@@ -209,7 +209,7 @@ class SpectralNormTable:
 
         BLOCK_R (rows per slab) is the largest power of two <= 64 giving at least `min_slabs` slabs in all (or 1);
         `tile` (a power of two >= 16) bounds the register tiles BLOCK_R x BLOCK_C and BLOCK_S x BLOCK_C (elements).
-        The defaults are the fastest of the H200 sweep at the seed-scale shapes (profiles/h200/
+        The defaults are the fastest of the H200 sweep at the seed-scale shapes (results/h200/
         spectral_norm_sweep.csv, one power iteration, isolated): 72 slabs of 16 rows, 11.8 us, against 16.2 us
         with 140 slabs of 8 rows (one program per SM in each stage), 21.5-30.9 with 276 and 27-37 with 24 (likely
         because every finalize task reduces all of its matrix's per-slab partials: more slabs, more of that

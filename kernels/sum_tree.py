@@ -30,44 +30,12 @@ import math
 import numpy as np
 import torch
 
+from hotloop.kernels._common import check_tensor
+
 PRIORITY_FLOOR = 2.0**-126
 """Smallest priority a leaf is written with (the smallest normal float32, torch.finfo(torch.float32).tiny)."""
 MIN_WEIGHT = 2.0**-126
 """Smallest importance weight returned (the smallest normal float32): weights are clamped into [MIN_WEIGHT, 1]."""
-
-
-def _check_tensor(
-    name: str,
-    t: object,
-    device: torch.device,
-    *,
-    shape: tuple[int | None, ...] | None = None,
-    ndim: int | None = None,
-    dtype: torch.dtype | None = None,
-    kind: str | None = None,
-) -> None:
-    """Raise ValueError naming `name` unless `t` is a tensor on `device` with the given shape/ndim/dtype.
-
-    `shape` entries of None match any size; `kind` is "float" (any floating dtype) or "int" (any integer
-    dtype, bool excluded). Only shapes, dtypes and devices are read, never values, so this never syncs.
-    """
-    if not isinstance(t, torch.Tensor):
-        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.device != device:
-        raise ValueError(f"{name} is on {t.device}, expected {device}")
-    if dtype is not None and t.dtype != dtype:
-        raise ValueError(f"{name} must have dtype {dtype}, got {t.dtype}")
-    if kind == "float" and not t.dtype.is_floating_point:
-        raise ValueError(f"{name} must have a floating-point dtype, got {t.dtype}")
-    if kind == "int" and (t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool):
-        raise ValueError(f"{name} must have an integer dtype, got {t.dtype}")
-    if ndim is not None and t.ndim != ndim:
-        raise ValueError(f"{name} must have {ndim} dimension(s), got shape {tuple(t.shape)}")
-    if shape is not None and (
-        t.ndim != len(shape) or any(want is not None and got != want for got, want in zip(t.shape, shape))
-    ):
-        want_str = "(" + ", ".join("*" if s is None else str(s) for s in shape) + ")"
-        raise ValueError(f"{name} must have shape {want_str}, got {tuple(t.shape)}")
 
 
 class SumTree:
@@ -134,8 +102,9 @@ class SumTree:
         Raises:
             ValueError: wrong type, dtype, shape or device of `indices` or `values`, or a bad `floor`.
         """
-        _check_tensor("indices", indices, self.device, dtype=torch.int64, ndim=1)
-        _check_tensor("values", values, self.device, kind="float", shape=(indices.shape[0],))
+        check_tensor("indices", indices, device=self.device, dtype=torch.int64, ndim=1, contiguous=False, triton=False)
+        check_tensor("values", values, device=self.device, kind="float", shape=(indices.shape[0],),
+                     contiguous=False, triton=False)
         check_floor(floor)
         if indices.shape[0] == 0:
             return
@@ -175,7 +144,7 @@ class SumTree:
         Raises:
             ValueError: wrong type, dtype, shape or device of `masses`.
         """
-        _check_tensor("masses", masses, self.device, kind="float", ndim=1)
+        check_tensor("masses", masses, device=self.device, kind="float", ndim=1, contiguous=False, triton=False)
         mass = masses.to(self.dtype)
         node = torch.ones(masses.shape[0], dtype=torch.int64, device=self.device)
         for _ in range(self.depth):
@@ -256,7 +225,7 @@ def stratified_indices(tree: SumTree, uniforms: torch.Tensor, size: int) -> torc
     Raises:
         ValueError: `uniforms` not a 1-D floating tensor on the tree's device, or size not an int >= 1.
     """
-    _check_tensor("uniforms", uniforms, tree.device, kind="float", ndim=1)
+    check_tensor("uniforms", uniforms, device=tree.device, kind="float", ndim=1, contiguous=False, triton=False)
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise ValueError(f"size must be an int >= 1, got {size!r}")
     batch = uniforms.shape[0]

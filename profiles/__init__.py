@@ -6,8 +6,8 @@ telemetry, plots, durable_files (fsync of a run folder after an atomic replace),
 folder), input_files (every input file read: regular files only, whole reads capped), trace_synth /
 trace_read_bench (synthetic traces and the reader benchmark), kernel_evidence (MMA
 instruction counts of compiled Triton kernels), `hotloop report`, provenance (commit and GPU of a result),
-and the kernel bench and split-GEMM probe (kernel_bench, split_gemm_probe). baselines/ is package data: the per-GPU baselines of `hotloop gate`.
+and the kernel bench and split-GEMM probe (kernel_bench, split_gemm_probe).
 
-Layer: above hotloop.kernels (only the kernel bench, the split-GEMM probe and kernel_evidence import it); never imports hotloop.trainer or
-hotloop.guards (tests/test_layout.py). profiles/h200/ and profiles/cpu/ in a checkout are committed results: data,
-not code, never shipped or imported."""
+Layer: above hotloop.kernels (only the kernel bench, the split-GEMM probe and kernel_evidence import it); never
+imports hotloop.trainer or hotloop.guards (tests/test_layout.py). The committed results are in the checkout's
+results/, outside the package."""

@@ -108,9 +108,9 @@ def solved_at(df: pd.DataFrame, threshold: float = 475.0) -> dict[str, float] | 
             "env_steps": int(upto.env_steps.sum()), "wall_s": float(upto.wall_s.sum())}
 
 
-def new_run_dir(root: str | Path = "profiles/runs", prefix: str = "") -> Path:
+def new_run_dir(root: str | Path = "runs", prefix: str = "") -> Path:
     """Create and return root/<prefix><UTC timestamp>/ (suffixed -2, -3, ... if it exists; never reuses a
-    folder)."""
+    folder); `root` relative to the working directory unless absolute."""
     stamp = prefix + datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     root = Path(root)
     path, n = root / stamp, 1

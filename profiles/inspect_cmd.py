@@ -9,7 +9,7 @@ step ranges, the per-step table of `count_per_step` with the steps that hold ano
 Memory does not follow the file: a Kineto trace is read as a stream of frames (`iter_kineto`) and counted frame
 by frame (`hotloop.profiles.trace_stream.count_frames`: the same totals, steps and anomalies as the in-memory
 functions, keeping ~25 bytes per CUDA call and ~10 per GPU event), so a 5 GB trace peaks at a few hundred MB
-(profiles/cpu/trace_read_bench/README.md, "hotloop inspect"). An Nsight SQLite export is read whole and counted
+(results/cpu/trace_read_bench/README.md, "hotloop inspect"). An Nsight SQLite export is read whole and counted
 the same way, as one frame.
 
 One bad file does not lose the others: any error while reading or counting one file (TraceReadError, OSError,
@@ -76,7 +76,7 @@ def add_inspect_parser(subparsers: argparse._SubParsersAction) -> argparse.Argum
 COUNTED_KINDS = ("kernel", "memcpy", "memset", "runtime", "driver", "annotation", "user_annotation")
 """The event kinds the counts read (GPU activity, CUDA API calls, ranges). A Kineto trace is read keeping only
 these: its cpu_op and python_function events, most of a real training trace, are dropped while it is parsed, so
-memory follows the GPU and CUDA-API events, not the file (profiles/cpu/trace_read_bench/README.md)."""
+memory follows the GPU and CUDA-API events, not the file (results/cpu/trace_read_bench/README.md)."""
 
 
 def _is_sqlite(path: str | Path) -> bool:

@@ -1,6 +1,6 @@
 """Kernel benchmark: each hotloop kernel vs its plain-torch reference at seed scale, timed with CUDA events.
 
-Usage: `python -m hotloop.profiles.kernel_bench [--out profiles/h200/kernels/kernel_bench.csv] [--reps 20] [--calls 50]`. Each module's
+Usage: `python -m hotloop.profiles.kernel_bench [--out results/h200/kernels/kernel_bench.csv] [--reps 20] [--calls 50]`. Each module's
 `bench_pairs(device)` gives (name, kernel, reference) zero-argument closures. Every closure is timed two ways:
 `eager` (`calls` back-to-back launches between two CUDA events: includes launch overhead) and `graph` (the same
 `calls` captured once in a CUDA graph and replayed: GPU time as the hot loop will see it; NaN when the closure
@@ -43,7 +43,7 @@ def time_graph(fn, calls: int, reps: int) -> list[float]:
     `calls` calls: one value per replay, `reps` replays timed with CUDA events on the current device. `fn` runs once
     on a side stream first (warm-up, as graph capture requires) and the graph is replayed once untimed; a function
     that cannot be captured gives `reps` NaNs. Used by this module's kernel bench and by the isolated sweeps in
-    profiles/h200/experiments/."""
+    results/h200/experiments/."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):

@@ -21,7 +21,7 @@ over millions of young dicts cost about as much as the decoding: `json.load` pay
 No JSON text or event dict outlives its batch, so nesting depth is the only limit the C decoder keeps: deeper
 than Python's recursion limit is a TraceReadError, as are the other malformed inputs listed in `read_kineto`.
 Source: Python's `json` module documentation (`JSONDecoder.raw_decode`, `strict=False`); the streaming layout is
-this module's own. Measured against `json.load`, ijson (yajl2_c) and HTA: profiles/cpu/trace_read_bench/README.md.
+this module's own. Measured against `json.load`, ijson (yajl2_c) and HTA: results/cpu/trace_read_bench/README.md.
 """
 
 from __future__ import annotations

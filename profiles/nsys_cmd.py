@@ -16,9 +16,9 @@ Which nsys (`find_nsys`): `nsys` on PATH (a machine with Nsight Systems installe
 the nsys bundled with Nsight Compute: /opt/nvidia/nsight-compute/<version>/host/target-linux-x64/nsys, with its
 importer at .../host/linux-desktop-glibc_2_11_3-x64/QdstrmImporter (newest version first).
 
-Output folder (--out, default profiles/runs/nsys-<UTC timestamp>/; refused unless new or empty): report.sqlite,
-counts.json (`{"files": {"<folder>/report.sqlite": {"totals": {...}, "steps": [...] or null}}}`, the keys of
-`hotloop inspect --json`) and ranges.csv (`range_gpu_time`).
+Output folder (--out, default runs/nsys-<UTC timestamp>/ under the working directory; refused unless new or
+empty): report.sqlite, counts.json (`{"files": {"<folder>/report.sqlite": {"totals": {...}, "steps": [...] or
+null}}}`, the keys of `hotloop inspect --json`) and ranges.csv (`range_gpu_time`).
 
 Exit codes: 0 profiled, exported and counted; 1 the profiled command exited non-zero (the report, if nsys wrote
 one, is still exported, counted and written) or nsys / its importer / the export failed; 2 bad usage or input: no
@@ -250,7 +250,7 @@ def add_nsys_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
         epilog="exit codes: 0 ok, 1 the profiled command (or nsys) failed (whatever was recorded is still "
                "reported), 2 bad usage or input (no CMD, non-empty --out, no nsys, no CUDA kernels recorded)")
     p.add_argument("--out", type=Path, metavar="DIR",
-                   help="output folder (default: profiles/runs/nsys-<UTC timestamp>/); must be new or empty")
+                   help="output folder (default: runs/nsys-<UTC timestamp>/); must be new or empty")
     p.add_argument("--step-range", default="step", metavar="NAME",
                    help="name of the NVTX step ranges (default 'step', else ProfilerStep#N)")
     p.add_argument("--domain", default="hotloop", metavar="NAME",
@@ -284,7 +284,7 @@ def run_nsys(args: argparse.Namespace, search_roots: tuple[Path, ...] | list[Pat
             args.out.mkdir(parents=True, exist_ok=True)
         out = args.out or new_run_dir(prefix="nsys-")
     except OSError as exc:
-        return error(f"cannot create the output folder {args.out or 'profiles/runs/'}: {exc.strerror or exc}",
+        return error(f"cannot create the output folder {args.out or 'runs/'}: {exc.strerror or exc}",
                      USAGE_ERROR)
     print(f"hotloop nsys: {route.describe()}; output folder {out}", file=sys.stderr)
     code = 0

@@ -13,7 +13,7 @@ backward GEMM (dx = dY W, dW = dY^T X) and the forward (Y = X W^T) in several pr
             that makes the backward's transposed operands cheaper in bf16 (Henry et al. 2019, bf16x3 / bf16x6)
   cat       presplit as ONE TF32 dot per step over a reduction three times as long, segment by segment (three dots
             into one accumulator make Triton 3.6 wait for each MMA; one dot lets it keep MMAs in flight:
-            profiles/h200/notes/triton36_hopper_notes.md section 3)
+            results/h200/notes/triton36_hopper_notes.md section 3)
   cat-tma   cat with TMA loads (host tensor descriptors over [hi; lo] stacked K-contiguous operands; K-major only)
   cat-ws    cat-tma warp-specialized (`tl.range(..., warp_specialize=True)`, 4 warps: Triton 3.6's Hopper pass adds
             a producer warp group that issues the TMA loads and two consumer warp groups), with device-side
@@ -21,7 +21,7 @@ backward GEMM (dx = dY W, dW = dY^T X) and the forward (Y = X W^T) in several pr
 and, for dW, with the operands also stored K-major (dY^T and X^T row-major), the layout Hopper's TF32 wgmma reads
 without a transpose. cuBLAS (torch.mm, IEEE FP32 and TF32) is timed beside them. Each row: the best of a few tile
 configs, GPU us per launch (30 launches replayed as one CUDA graph, median of 5 replays, CUDA events), and the max
-error relative to max |C| against float64. The first run (17a2d76, profiles/h200/notes/bench_notes.md) timed eager
+error relative to max |C| against float64. The first run (17a2d76, results/h200/notes/bench_notes.md) timed eager
 launches one by one, so its times include the host's launch latency; only its errors stand.
 Usage (GPU): python -m hotloop.profiles.split_gemm_probe --out DIR [--modes cat,tf32] [--gemms K-major]
 (writes split_gemm_probe.csv, prints a table).

@@ -1,7 +1,7 @@
 """Benchmark of Kineto trace readers: wall time, CPU time and peak RSS on synthetic traces of given sizes.
 
 `python -m hotloop.profiles.trace_read_bench --sizes-gb 0.5 1.6 5 --work-dir /tmp/trace_read_bench
---csv profiles/cpu/trace_read_bench/results.csv [--hta-python PYTHON] [--gzip-sizes-gb 0.5] [--keep-files]
+--csv results/cpu/trace_read_bench/results.csv [--hta-python PYTHON] [--gzip-sizes-gb 0.5] [--keep-files]
 [--readers R ...] [--files TRACE ...]`
 
 For each size it writes a trace with `hotloop.profiles.trace_synth` (the event count chosen from the bytes per

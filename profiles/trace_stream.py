@@ -26,7 +26,7 @@ How (one pass over the frames, then a small computation over what was kept):
 
 Memory: the reader's working set of one frame plus ~25 bytes per CUDA call and ~10 per GPU event (and the
 step-range rows), not the events' payload; the final sorts over the kept arrays briefly double them. `hotloop
-inspect` on the 5.1 GB synthetic trace of profiles/cpu/trace_read_bench/README.md ("hotloop inspect") peaks at
+inspect` on the 5.1 GB synthetic trace of results/cpu/trace_read_bench/README.md ("hotloop inspect") peaks at
 ~0.4 GB, where the whole counted frame and its pandas analysis took 1.6 GB.
 """
 

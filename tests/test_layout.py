@@ -1,6 +1,8 @@
 """The package layout a reader can see: one import name (`hotloop.*`, never a bare `trainer`/`kernels`/`guards`/
-`profiles`), layers that import downward only (the rules of each package's `__init__` docstring), the bench
-harness out of the learner step's imports, and no citation of the workshop folder outside the repo.
+`profiles`), layers that import downward only (the rules of each package's `__init__` docstring), no import cycle,
+the bench harness out of the learner step's imports, the committed results in results/ outside every package (no
+records in a package folder but its listed package data; nothing of results/ shipped), and no citation of the
+workshop folder outside the repo.
 
 Each check is a function over a source tree, run on this checkout and on a small tree with the forbidden edit
 written in, where it must report it."""
@@ -8,8 +10,10 @@ written in, where it must report it."""
 from __future__ import annotations
 
 import ast
+import fnmatch
 import shutil
 import subprocess
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -17,8 +21,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("kernels", "profiles", "trainer", "guards")
 """The code folders, installed as hotloop.<folder>; the order is the layering, lowest first."""
-DATA_DIRS = ("profiles/h200", "profiles/cpu")
-"""Committed results inside profiles/: data, not code."""
+RESULTS = "results"
+"""The committed results (records and the scripts that made them): a top-level folder, outside every package."""
+PACKAGE_DATA = ("guards/baseline_files/*.json",)
+"""The only files of a package folder that are not Python modules (pyproject.toml's package-data, as paths)."""
 ALLOWED = {"kernels": {"kernels"}, "profiles": {"profiles", "kernels"}, "trainer": {"trainer", "kernels", "profiles"},
            "guards": {"guards", "profiles"}}
 """Package -> the hotloop packages its modules may import (itself included)."""
@@ -28,21 +34,32 @@ COMPOSITION = {"guards.gate", "guards.run", "guards.bench", "guards.faults", "gu
 
 
 def _modules(root: Path, folders=PACKAGES) -> dict[str, Path]:
-    """'pkg.mod' -> file of every Python module under `folders` of `root` (data folders left out)."""
+    """'pkg.mod' -> file of every Python module under `folders` of `root`."""
     found = {}
     for folder in folders:
         for path in sorted((root / folder).rglob("*.py")):
-            rel = path.relative_to(root)
-            if any(rel.is_relative_to(d) for d in DATA_DIRS):
-                continue
-            found[".".join(rel.with_suffix("").parts).removesuffix(".__init__")] = path
+            found[".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__")] = path
     return found
 
 
-def _imports(path: Path) -> list[tuple[int, str]]:
-    """(line, dotted module) of every import statement in `path`, those inside functions included."""
+def _type_checking_only(tree: ast.AST) -> set[int]:
+    """ids of the nodes inside an `if TYPE_CHECKING:` block: never executed, annotations only."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
+            out |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
+    return out
+
+
+def _imports(path: Path, runtime_only: bool = False) -> list[tuple[int, str]]:
+    """(line, dotted module) of every import statement in `path`, those inside functions included; with
+    `runtime_only`, those under `if TYPE_CHECKING:` left out."""
     out = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    tree = ast.parse(path.read_text(), str(path))
+    skip = _type_checking_only(tree) if runtime_only else set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
         if isinstance(node, ast.Import):
             out += [(node.lineno, a.name) for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -91,6 +108,96 @@ def reached_from(root: Path, start: str) -> set[str]:
                 parts = name.split(".")[1:]
                 todo += [".".join(parts[:n]) for n in range(1, len(parts) + 1)]
     return seen & set(modules)
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """'pkg.mod' -> the hotloop modules it imports (module-level and inside functions; not those under
+    `if TYPE_CHECKING:`, which never run). `from hotloop.a import b` imports a.b when b is a module, else a. A
+    package's `__init__` is an edge only where it is imported by name (it runs before any of its submodules, whose
+    import of a sibling is therefore no cycle through it)."""
+    modules = _modules(root)
+    graph = {}
+    for module, path in modules.items():
+        names = {name.removeprefix("hotloop.") for _, name in _imports(path, runtime_only=True)
+                 if name.startswith("hotloop.")}
+        graph[module] = {n for n in names if n in modules and n != module}
+    return graph
+
+
+def import_cycles(root: Path) -> list[list[str]]:
+    """Each import cycle among the modules of the packages, as the sorted modules of one strongly connected
+    component of `import_graph` (Tarjan's algorithm, iterative); empty when the imports form a DAG."""
+    graph = import_graph(root)
+    index, low, stack, on_stack, cycles = {}, {}, [], set(), []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, edges = work[-1]
+            child = next(edges, None)
+            if child is None:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        cycles.append(sorted(component))
+            elif child not in index:
+                index[child] = low[child] = len(index)
+                stack.append(child)
+                on_stack.add(child)
+                work.append((child, iter(sorted(graph[child]))))
+            elif child in on_stack:
+                low[node] = min(low[node], index[child])
+    return sorted(cycles)
+
+
+def _product_files(root: Path) -> list[str]:
+    """The checkout's files (tracked, and untracked ones that .gitignore does not match), relative, POSIX."""
+    out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=root,
+                         capture_output=True, text=True, check=True)
+    return sorted(n for n in set(out.stdout.split("\0")) if n and (root / n).is_file())
+
+
+def records_in_packages(root: Path) -> list[str]:
+    """Files under a package folder that are neither a Python module nor PACKAGE_DATA: results, tables, notes,
+    scripts (they belong in results/)."""
+    return [name for name in _product_files(root)
+            if name.split("/")[0] in PACKAGES and not name.endswith(".py")
+            and not any(fnmatch.fnmatch(name, pattern) for pattern in PACKAGE_DATA)]
+
+
+def results_shipped(root: Path) -> list[str]:
+    """What would put results/ into the wheel or a package into results/, read from root/pyproject.toml: package
+    discovery that is not an explicit list, a package whose folder is results/, inside it or holding it, or
+    package data (as paths) that is not PACKAGE_DATA."""
+    setup = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    if not isinstance(setup.get("packages"), list):
+        return [f"[tool.setuptools] packages is {setup.get('packages')!r}, not an explicit list"]
+    folders, bad = setup.get("package-dir", {}), []
+    for package in setup["packages"]:
+        parent = next((p for p in sorted(folders, key=len, reverse=True)
+                       if package == p or package.startswith(p + ".")), None)
+        folder = Path(folders[parent], *package[len(parent):].split(".")[1:]) if parent else Path(*package.split("."))
+        if folder.is_relative_to(RESULTS) or Path(RESULTS).is_relative_to(folder):
+            bad.append(f"package {package} is the folder {folder.as_posix()}, which holds or is in {RESULTS}/")
+    for package, patterns in setup.get("package-data", {}).items():
+        for pattern in patterns:
+            path = f"{folders.get(package, package.replace('.', '/'))}/{pattern}"
+            if path not in PACKAGE_DATA:
+                bad.append(f"package data {path} of {package} is not in PACKAGE_DATA")
+    return bad
 
 
 def test_no_module_imports_a_bare_package_name():
@@ -144,9 +251,9 @@ def test_a_bench_import_in_the_learner_step_is_reported(tmp_path):
 
 
 def _shared_citations(root: Path) -> list[str]:
-    """Lines of the product's tracked files (everything but the data folders) that cite the workshop folder beside
-    the checkout, which a clone or an install does not have."""
-    out = subprocess.run(["git", "grep", "-n", "-F", "../" + "shared", "--", ".", *(f":!{d}" for d in DATA_DIRS)],
+    """Lines of the product's tracked files (everything but results/) that cite the workshop folder beside the
+    checkout, which a clone or an install does not have."""
+    out = subprocess.run(["git", "grep", "-n", "-F", "../" + "shared", "--", ".", f":!{RESULTS}"],
                          cwd=root, capture_output=True, text=True)
     return out.stdout.splitlines()
 
@@ -157,11 +264,86 @@ def test_the_product_cites_nothing_outside_the_repo():
     assert _shared_citations(ROOT) == []
 
 
-def test_a_citation_outside_the_repo_is_reported_outside_the_data_folders(tmp_path):
+def test_a_citation_outside_the_repo_is_reported_outside_the_results(tmp_path):
     if shutil.which("git") is None:
         pytest.skip("needs git")
     cite = "see ../" + "shared/DESIGN.md\n"
-    root = _tree(tmp_path, {"guards/x.py": f"# {cite}", "profiles/h200/notes.md": cite, "README.md": "ok\n"})
+    root = _tree(tmp_path, {"guards/x.py": f"# {cite}", "results/h200/notes.md": cite, "README.md": "ok\n"})
     subprocess.run(["git", "init", "-q"], cwd=root, check=True)
     subprocess.run(["git", "add", "."], cwd=root, check=True)
     assert _shared_citations(root) == [f"guards/x.py:1:# {cite.strip()}"]
+
+
+def test_the_imports_form_no_cycle():
+    graph = import_graph(ROOT)
+    assert "trainer.device_choice" in graph["trainer.resume"] and "trainer.resume" in graph["trainer.loop"]
+    assert "trainer.loop" in graph["trainer.bench_variants"]  # an import inside a function is an edge
+    assert import_cycles(ROOT) == []
+
+
+@pytest.mark.parametrize("files,cycles", [
+    ({"trainer/a.py": "from hotloop.trainer.b import f\n",
+      "trainer/b.py": "def f():\n    from hotloop.trainer.a import g\n"}, [["trainer.a", "trainer.b"]]),
+    ({"kernels/x.py": "import hotloop.profiles.y\n", "profiles/y.py": "from hotloop.profiles import z\n",
+      "profiles/z.py": "from hotloop.kernels import x\n", "guards/w.py": "import hotloop.kernels.x\n"},
+     [["kernels.x", "profiles.y", "profiles.z"]]),
+    ({"trainer/a.py": "from hotloop.trainer.b import f\n",  # an annotation-only import back: no cycle
+      "trainer/b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from hotloop.trainer.a import A\n"},
+     []),
+])
+def test_an_import_cycle_is_reported(tmp_path, files, cycles):
+    assert import_cycles(_tree(tmp_path, files)) == cycles
+
+
+def _git_tree(tmp_path: Path, files: dict[str, str]) -> Path:
+    if shutil.which("git") is None:
+        pytest.skip("needs git")
+    root = _tree(tmp_path, files)
+    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+    return root
+
+
+def test_no_package_folder_holds_records():
+    if not (ROOT / ".git").exists():
+        pytest.skip("needs a git checkout (the checkout's files)")
+    assert records_in_packages(ROOT) == []
+
+
+def test_records_in_a_package_folder_are_reported(tmp_path):
+    root = _git_tree(tmp_path, {"kernels/a.py": "", "guards/baseline_files/gpu.json": "{}",
+                                "guards/notes.csv": "x\n", "profiles/h200/README.md": "# runs\n",
+                                "profiles/h200/device/run.sh": "echo\n", "results/h200/bench.csv": "x\n",
+                                "trainer/__pycache__/a.pyc": "", ".gitignore": "__pycache__/\n"})
+    assert records_in_packages(root) == ["guards/notes.csv", "profiles/h200/README.md", "profiles/h200/device/run.sh"]
+
+
+def test_results_are_outside_every_package_and_not_shipped():
+    assert (ROOT / RESULTS).is_dir() and not (ROOT / RESULTS / "__init__.py").exists()
+    assert results_shipped(ROOT) == []
+
+
+_PYPROJECT = """[tool.setuptools]
+packages = {packages}
+
+[tool.setuptools.package-dir]
+"hotloop.guards" = "guards"
+{extra_dir}
+[tool.setuptools.package-data]
+"hotloop.guards" = [{data}]
+"""
+
+
+@pytest.mark.parametrize("packages,extra_dir,data,reported", [
+    ('["hotloop.guards"]', "", '"baseline_files/*.json"', []),
+    ('{find = {}}', "", '"baseline_files/*.json"',
+     ["[tool.setuptools] packages is {'find': {}}, not an explicit list"]),
+    ('["hotloop.guards", "hotloop.results"]', '"hotloop.results" = "results"\n', '"baseline_files/*.json"',
+     ["package hotloop.results is the folder results, which holds or is in results/"]),
+    ('["hotloop.guards", "hotloop.h200"]', '"hotloop.h200" = "results/h200"\n', '"baseline_files/*.json"',
+     ["package hotloop.h200 is the folder results/h200, which holds or is in results/"]),
+    ('["hotloop.guards"]', "", '"baseline_files/*.json", "../results/*.csv"',
+     ["package data guards/../results/*.csv of hotloop.guards is not in PACKAGE_DATA"]),
+])
+def test_a_pyproject_that_would_ship_results_is_reported(tmp_path, packages, extra_dir, data, reported):
+    root = _tree(tmp_path, {"pyproject.toml": _PYPROJECT.format(packages=packages, extra_dir=extra_dir, data=data)})
+    assert results_shipped(root) == reported

@@ -7,6 +7,7 @@ extra), so the checkout gets no build/ or egg-info folder."""
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import shutil
 import subprocess
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from test_layout import DATA_DIRS, PACKAGES, ROOT, _modules
+from test_layout import PACKAGE_DATA, ROOT, _modules
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None or not (ROOT / ".git").exists(),
                                 reason="needs a git checkout (the wheel is built from the tracked files)")
@@ -54,10 +55,11 @@ def test_the_wheel_holds_hotloop_only_with_every_module_and_no_results(wheel):
     assert _read(wheel, ".dist-info/top_level.txt").split() == ["hotloop"]
     assert {n.split("/")[0] for n in names} == {"hotloop", wheel.name.split("-")[0] + "-" +
                                                 wheel.name.split("-")[1] + ".dist-info"}
-    assert not [n for n in names if any(f"hotloop/{d}/" in n for d in DATA_DIRS)]
+    data = [n for n in names if n.startswith("hotloop/") and not n.endswith(".py")]  # no results, no scripts
+    assert data and all(any(fnmatch.fnmatch(n, f"hotloop/{p}") for p in PACKAGE_DATA) for n in data), data
     expected = {"hotloop/" + str(p.relative_to(ROOT)) for p in _modules(ROOT).values()}
     assert expected - set(names) == set()  # a new subpackage missing from pyproject's list fails here
-    assert "hotloop/profiles/baselines/nvidia-h200.json" in names
+    assert "hotloop/guards/baseline_files/nvidia-h200.json" in names
 
 
 def test_the_wheel_declares_the_command_and_the_pytest_plugin(wheel):
@@ -80,5 +82,5 @@ def test_installed_from_the_wheel_it_imports_and_finds_its_baseline_from_another
     run = subprocess.run([sys.executable, "-c", code], cwd=elsewhere, env=env, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     module, baseline, exists = run.stdout.split()
-    assert module.startswith(str(site)) and baseline == str(site / "hotloop/profiles/baselines/nvidia-h200.json")
+    assert module.startswith(str(site)) and baseline == str(site / "hotloop/guards/baseline_files/nvidia-h200.json")
     assert exists == "True"

@@ -223,7 +223,7 @@ class AsyncCheckpointer:
         """Allocate the snapshot buffers for the layout (names, shapes, dtypes, devices) of `tensors` now, before
         the epochs: the pinned host buffers and, on CUDA, the side stream and the device buffers, which the first
         snapshot would otherwise allocate inside its epoch (seed scale: 583 MB; the H100 run of 2026-12-05 spent
-        0.357 s on the main thread in the one epoch that took the first snapshot, profiles/h200/whole_run/). A later
+        0.357 s on the main thread in the one epoch that took the first snapshot, results/h200/whole_run/). A later
         snapshot of the same layout reuses them. Returns the snapshot mode it will use ("device", "direct" or
         "host"). Raises RuntimeError once closed, ValueError for CUDA tensors on more than one device."""
         if self._closed:

@@ -345,12 +345,12 @@ CARTPOLE_LEARNS: dict[str, Any] = dict(
 )
 """The settings that learn CartPole-v1 with both learners: Polyak averaging every step, clip 1, 64 envs, epsilon
 over 10% of the run, no spectral norm, which with its learned gains kept the Q-values too small, too long
-(profiles/cpu/learning_causes/README.md: the reference solved 6 of 6 seeds with these settings, 0 of 6 with
+(results/cpu/learning_causes/README.md: the reference solved 6 of 6 seeds with these settings, 0 of 6 with
 spectral norm on, and the former default, spectral norm on with a hard target copy every 100 steps, 1 of 3), and
 the TD target clipped to 100, the most a reward of 1 per step discounts to at gamma 0.99 (1 / (1 - 0.99)): the
 runs that fail without it overestimate past that bound and some diverge (H7, H8 of the same notes).
-First found by the CPU sweep profiles/cpu/cartpole_sweep/ and the GPU sweep
-profiles/h200/device/cartpole_sweep_hot.sh."""
+First found by the CPU sweep results/cpu/cartpole_sweep/ and the GPU sweep
+results/h200/device/cartpole_sweep_hot.sh."""
 
 CARTPOLE_FAST: dict[str, Any] = dict(
     CARTPOLE_LEARNS, epochs=24, learner_steps_per_epoch=500, trunk_hidden=(256, 256), head_hidden=64, lr_end_factor=0.1,
@@ -358,7 +358,7 @@ CARTPOLE_FAST: dict[str, Any] = dict(
 """The fast preset: CARTPOLE_LEARNS in 24 epochs of 500 learner steps, a trunk of 256-256 with heads of 64 (reaches 475
 sooner: 26 of 26 seeds at constant lr, but 4 of 26 held) and lr decaying linearly to 0.1 of 7e-4 over the run (holds
 it: 25 of 26 seeds reached and 25 of 26 held on the H200; trunk 64-64 with the same decay reached on 20 of 26), chosen
-over seeds 1-26 by profiles/h200/learning/fast_preset_width/."""
+over seeds 1-26 by results/h200/learning/fast_preset_width/."""
 
 SEED_SCALE_CHECKPOINT_INTERVAL = 10
 """The seed-scale preset's checkpoint_interval. Its checkpoint holds 582,869,096 bytes of tensors (the replay's

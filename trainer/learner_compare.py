@@ -21,7 +21,7 @@ Spectral norm must be off (the reference's parametrization and the hotloop proje
 set), and the branches of equal size (the hotloop learner's limit). The hotloop net has a gain slot per weight
 matrix (trainer/flat_net.py) but learns it only with spectral norm on; the reference net without spectral norm has
 none, so `gain_dev` above 0 would itself be a difference of the two algorithms (it was, until the backward stopped
-writing gain gradients with spectral norm off: profiles/cpu/learning_causes/README.md, H1).
+writing gain gradients with spectral norm off: results/cpu/learning_causes/README.md, H1).
 
 Run it: `python -m hotloop.trainer.learner_compare --preset cartpole-fast --steps 20 [--resync] [--csv FILE]`
 (on a CPU machine, under TRITON_INTERPRET=1: about 3 s per step at cartpole-fast sizes, trunk 256-256).

@@ -22,6 +22,7 @@ import torch
 from hotloop.profiles.ranges import phase_range
 from hotloop.trainer.actor import DeviceActor, capturable
 from hotloop.trainer.config import Config
+from hotloop.trainer.device_choice import learner_kind, resolve_device
 from hotloop.trainer.envs import make_env
 from hotloop.trainer.episodes import EpisodeReturns
 from hotloop.trainer.evaluation import build_evaluator
@@ -31,28 +32,6 @@ from hotloop.trainer.replay import PrioritizedReplay
 from hotloop.trainer.resume import restore_trainer, trainer_state
 from hotloop.trainer.schedules import LinearSchedule
 from hotloop.trainer.step import ACTOR_PHASE, PHASE_RULES, HotLearner
-
-
-def resolve_device(name: str) -> torch.device:
-    """`auto` -> cuda if available else cpu; raises ValueError for an unusable device string."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError as exc:
-        raise ValueError(f"device {name!r} is not a torch device: {exc}") from exc
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {name!r} was asked for but CUDA is not available on this machine")
-    if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"device {name!r}: hotloop runs on cpu or cuda")
-    return device
-
-
-def learner_kind(cfg: Config, device: torch.device) -> str:
-    """The learner a Trainer builds: cfg.learner, or for `auto` hotloop on cuda and reference elsewhere."""
-    if cfg.learner != "auto":
-        return cfg.learner
-    return "hotloop" if device.type == "cuda" else "reference"
 
 
 STEP_RANGE = "step"

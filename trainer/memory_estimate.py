@@ -41,7 +41,7 @@ kept until the gate ends. Its estimate is K x R x bytes per guarded step (`windo
   taken: CPU_EVENTS_PER_STEP = 5000 events x BYTES_PER_EVENT 2.2 kB = 11 MB per step (at 3000 steps, 33 GB; the
   issue-41 report: 18.5 GB peak at 3000 steps of the default preset).
 - CUDA, hotloop learner (one CUDA graph per learner step): 12,740 events per 100-step window on the H200
-  (profiles/h200/gate logs, seed-scale, 127 per step); bound CUDA_GRAPH_EVENTS_PER_STEP = 1000 (2.2 MB per step).
+  (results/h200/gate logs, seed-scale, 127 per step); bound CUDA_GRAPH_EVENTS_PER_STEP = 1000 (2.2 MB per step).
 - CUDA, reference learner (eager): not measured; bound CUDA_EAGER_EVENTS_PER_STEP = 5 x the CPU bound (each op's
   CPU event plus, per kernel it launches, a runtime event, a kernel event and two flow events): 55 MB per step.
 

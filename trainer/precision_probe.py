@@ -39,7 +39,7 @@ hotloop.trainer.precision_probe --preset seed-scale` prints e for the step, an I
 - TF32 keeps 10 explicit mantissa bits: an fp32 operand read by a TF32 MMA is perturbed by up to 2^-11 = 4.9e-4
   relative (round to nearest, as cvt.rna.tf32.f32) or 2^-10 (truncation, what the tensor core does with fp32 data:
   tests/kernels/test_tf32_emulated.py), so a product of two such operands has e ~ 3e-4..1e-3. Measured on the H200
-  (profiles/h200/kernels/split_gemm_probe.csv, seed-scale shapes, K = 512, max|err| / max|C|): Triton tf32
+  (results/h200/kernels/split_gemm_probe.csv, seed-scale shapes, K = 512, max|err| / max|C|): Triton tf32
   8e-4, cuBLAS tf32 3e-4. TF32_MIN = 5e-5 sits ~6x below that (one operand already TF32-exact, e.g. the split
   parts, still leaves ~2e-4); TF32_MAX = 1e-2 only rejects results no TF32 product gives (a wrong kernel).
 - FP32: 3xTF32 keeps ~2^-22 = 2.4e-7 per product (the dropped lo*lo term and lo's own rounding: Ootomo & Yokota
@@ -56,15 +56,15 @@ hotloop.trainer.precision_probe --preset seed-scale` prints e for the step, an I
   weights'): a truncating forward is TF32-like and still FAILs (H200: truncated x tiles alone gave -3.5e-4 on every
   trunk layer; rounded operands |b| <= 2.7e-5; CPU emulation, 4 seeds: truncated |b| >= 7.6 se, rounded <= 2.4 se).
   The standard error matters where few weights carry a layer: forward.L0 on CartPole (K = 4, 256 weights) drew
-  +1.4e-4 on the H200 with rounded operands (profiles/h200/gate/clean5/README.md, 021d63f), a draw of its weights'
+  +1.4e-4 on the H200 with rounded operands (results/h200/gate/clean5/README.md, 021d63f), a draw of its weights'
   rounding errors, not a truncation (which is always negative: it shrinks every operand toward zero). The
   heads' bias must stay within TF32_HEADS_BIAS_MAX = 2e-4: their few weights (3 x 32 on CartPole) make it a draw
   of the weights' rounding errors, and the dueling combination divides it by a small difference (+5.7e-5 and
-  +8.2e-5 on the H200 with rounded operands, 2026-12-02, profiles/h200/ab/tf32_rounding/; an unrounded input
+  +8.2e-5 on the H200 with rounded operands, 2026-12-02, results/h200/ab/tf32_rounding/; an unrounded input
   truncated by the MMA gave -3.5e-4 in the CPU emulation). For the same reason the heads may also be "between FP32
   and TF32": they read the last layer's output already rounded, so only their weights' rounding shows (2.9e-5 and
   4.0e-5 on the H200 after 100 seed-scale steps, 1.5e-4 and 1.9e-4 after 20), and even FP32-like (forward.heads
-  9.5e-6 in one clean CartPole gate of five, H200, b3b907e: profiles/h200/gate/clean5/README.md), which they may be
+  9.5e-6 in one clean CartPole gate of five, H200, b3b907e: results/h200/gate/clean5/README.md), which they may be
   where the compiled instructions are checked (`forward_kernels_without_tf32`: a heads kernel without TF32 MMAs
   FAILs on them). A forward in FP32 on the rounded
   weights has TF32's errors and no sign: only the compiled instructions show it (Triton kernels), and a swapped
@@ -103,7 +103,7 @@ TF32_MAX = 1e-2
 TF32_BIAS_MAX = 1e-4
 """Largest signed relative bias of a TF32 forward product (`Product.bias`): the kernels round their operands to TF32
 before the MMA (kernels/linear.py), whose own truncation would shrink every product by ~5e-4..1e-3, a bias of Q
-that the TD fixed point amplifies 100x (profiles/cpu/learning_causes/README.md, H6). Rounded operands leave ~1e-5.
+that the TD fixed point amplifies 100x (results/cpu/learning_causes/README.md, H6). Rounded operands leave ~1e-5.
 For the trunk layers; the heads' bound is TF32_HEADS_BIAS_MAX (module doc, "Bias")."""
 TF32_HEADS_BIAS_MAX = 2e-4
 """Largest signed relative bias of a heads forward product (module doc, "Bias")."""

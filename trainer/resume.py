@@ -59,6 +59,7 @@ from hotloop.profiles.epoch_table import check_epoch_rows
 from hotloop.profiles.input_files import MAX_TABLE_BYTES, read_input_bytes
 from hotloop.trainer.checkpoint import generator_state, load_checkpoint, rng_state, set_generator_state, set_rng_state
 from hotloop.trainer.config import Config, env_shape_fields
+from hotloop.trainer.device_choice import learner_kind, resolve_device
 from hotloop.trainer.step import HotLearner
 
 if TYPE_CHECKING:
@@ -402,8 +403,6 @@ def read_resume_point(run_dir: str | Path, cfg: Config, allow_config_change: boo
     docstring: Provenance), or a checkpoint whose recorded config does not match its config_sha256. An allowed
     change is in the point's `config_changes` (a damaged CONFIG_CHANGES_FILE is refused then); a checkpoint without
     config_sha256 is not checked, its `notes` saying so."""
-    from hotloop.trainer.loop import learner_kind, resolve_device
-
     run_dir = Path(run_dir)
     source = checkpoint_identity(run_dir / CHECKPOINT_FILE)
     tensors, meta = load_checkpoint(run_dir / CHECKPOINT_FILE)

@@ -196,7 +196,7 @@ def test_gate_sh_on_a_gpu_runner_passes_the_baseline_and_prints_fail_rows_last(t
     rc, out = _gate(_stub_env(tmp_path, GITHUB_ACTIONS="true", GITHUB_STEP_SUMMARY=str(step_summary)), timeout=120)
     assert rc == 1, "\n".join(out[-40:])
     argv = json.loads((tmp_path / "argv.json").read_text())
-    assert argv[argv.index("--baseline") + 1] == "profiles/baselines/nvidia-h100-80gb-hbm3.json"
+    assert argv[argv.index("--baseline") + 1] == "guards/baseline_files/nvidia-h100-80gb-hbm3.json"
     assert argv[argv.index("--device") + 1] == "cuda" and "--epochs" in argv
     assert out[-4:] == [
         "ci/gate.sh: FAIL (exit 1); the failing rows:",
@@ -208,8 +208,8 @@ def test_gate_sh_on_a_gpu_runner_passes_the_baseline_and_prints_fail_rows_last(t
     assert len(annotations) == 2 and annotations[-1] < len(out) - 4
     summary = step_summary.read_text()
     assert "| GPU | NVIDIA H100 80GB HBM3, 550.54.15, 81559 MiB |" in summary
-    assert "baseline | profiles/baselines/nvidia-h100-80gb-hbm3.json" in summary
-    assert any("baseline profiles/baselines/nvidia-h100-80gb-hbm3.json does not exist" in line for line in out)
+    assert "baseline | guards/baseline_files/nvidia-h100-80gb-hbm3.json" in summary
+    assert any("baseline guards/baseline_files/nvidia-h100-80gb-hbm3.json does not exist" in line for line in out)
 
 
 def test_gate_sh_takes_each_presets_own_baseline(tmp_path):
@@ -217,7 +217,7 @@ def test_gate_sh_takes_each_presets_own_baseline(tmp_path):
     it (the cartpole one, <slug>.json, in the test above); the workflow runs both presets."""
     _gate(_stub_env(tmp_path, HOTLOOP_PRESET="seed-scale"), timeout=120)
     argv = json.loads((tmp_path / "argv.json").read_text())
-    assert argv[argv.index("--baseline") + 1] == "profiles/baselines/nvidia-h100-80gb-hbm3--seed-scale.json"
+    assert argv[argv.index("--baseline") + 1] == "guards/baseline_files/nvidia-h100-80gb-hbm3--seed-scale.json"
     assert argv[argv.index("--preset") + 1] == "seed-scale"
     assert '\'["cartpole", "seed-scale"]\'' in WORKFLOWS[0].read_text()
 

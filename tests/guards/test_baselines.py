@@ -142,7 +142,7 @@ def test_a_baseline_with_a_retired_column_still_compares(name):
     """The baselines recorded before issue 35 hold learner_kernels_grid1, which the gate no longer computes ("no
     single-block kernels" judges kernels_grid1 over every phase): shown with verdict "-" and a rule saying it is
     retired, not a FAIL; the new env columns are "not in baseline" until the baseline is re-recorded."""
-    now = load_baseline(resources.files("hotloop.profiles") / "baselines" / name)
+    now = load_baseline(resources.files("hotloop.guards") / "baseline_files" / name)
     # as recorded before issue 35: the retired column in, the env columns out (the installed ones are re-recorded)
     old = {m: v for m, v in now.metrics.items() if m not in ("env_kernels", "env_kernels_per_env_step")}
     base = dataclasses.replace(now, metrics={**old, "learner_kernels_grid1": now.metrics["kernels_grid1"]})
@@ -171,7 +171,7 @@ def test_per_metric_thresholds_are_parsed_before_comparing():
 
 
 def test_write_and_load_round_trip(tmp_path):
-    path = baseline_path("NVIDIA H200", tmp_path / "profiles" / "baselines")
+    path = baseline_path("NVIDIA H200", tmp_path / "guards" / "baseline_files")
     assert path.name == "nvidia-h200.json"
     metrics = {"gpu_busy_us": NOISY, "kernels": [341] * 5, "cache_hit_ratio": [np.nan, 0.3, 0.3, 0.3, 0.3]}
     assert write_baseline(path, metrics, gpu="NVIDIA H200") == path
@@ -330,7 +330,7 @@ def test_the_step_span_is_reported_without_a_verdict_and_the_busy_time_still_jud
 
 
 def test_one_stalled_epoch_passes_and_a_slowdown_of_every_epoch_fails(tmp_path):
-    """The H100 clean gates of 2026-12-05 (profiles/h200/gate/clean5/h100_false_alarms/): epoch 3 of a clean run
+    """The H100 clean gates of 2026-12-05 (results/h200/gate/clean5/h100_false_alarms/): epoch 3 of a clean run
     23% slower (0.1146 s vs 0.0932 s) while a 0.12 s background checkpoint write ran beside it, epoch 2 as the
     baseline's.
     Judged by the median of the steady epochs that run failed the clean tree; by the best steady epoch it passes,
@@ -388,7 +388,7 @@ def test_an_old_baseline_without_epoch_metrics_loads_and_says_so(tmp_path):
     assert set(df.verdict) == {"-"} and set(df.rule) == {NO_EPOCH_BASELINE}
     assert NO_EPOCH_BASELINE == "epoch throughput: no baseline values (rewrite with --update-baseline)"
     # the installed H200 baseline predates the epoch metrics: it still loads
-    installed = load_baseline(resources.files("hotloop.profiles") / "baselines" / "nvidia-h200.json")
+    installed = load_baseline(resources.files("hotloop.guards") / "baseline_files" / "nvidia-h200.json")
     assert installed.metrics and set(compare_epochs(_epochs([300.0, 100.0]), installed).verdict) <= {"-", "FAIL"}
 
 

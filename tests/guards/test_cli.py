@@ -1,6 +1,7 @@
 """The `hotloop` CLI: --help everywhere, exit codes, tables written, the hang watchdog's exit 3."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -74,6 +75,14 @@ def test_an_existing_run_folder_is_never_overwritten(tmp_path, capsys):
     assert main(["train", "--out", str(out), *TINY]) == 2
     assert "exists and is not an empty folder" in capsys.readouterr().err
     assert (out / "epochs.csv").read_text() == "precious\n"
+
+
+def test_without_out_the_run_folder_is_runs_timestamp_under_the_working_directory(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--epochs", "1", "--device", "cpu", *TINY]) == 0
+    (run,) = (tmp_path / "runs").iterdir()
+    assert re.fullmatch(r"\d{8}T\d{6}Z", run.name) and (run / "epochs.csv").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"]
 
 
 @pytest.mark.parametrize("argv", [[], ["bogus"], ["gate", "--preset", "nope"], ["train", "--epochs", "x"]])

@@ -82,9 +82,9 @@ def test_a_copy_imports_itself_through_its_import_root(tmp_path):
     paths = verify_imports(tree, site)
     for name in ("kernels", "profiles", "trainer", "guards"):
         assert Path(paths[name]).is_relative_to(tree.resolve()), paths
-    assert paths["baselines"] == str((tree / "profiles" / "baselines").resolve())
+    assert paths["baselines"] == str((tree / "guards" / "baseline_files").resolve())
     probe = ("from importlib import resources\nfrom hotloop.guards.watchdog import HANG_EXIT_CODE\n"
-             "print(HANG_EXIT_CODE, (resources.files('hotloop.profiles') / 'baselines' / 'nvidia-h200.json')"
+             "print(HANG_EXIT_CODE, (resources.files('hotloop.guards') / 'baseline_files' / 'nvidia-h200.json')"
              ".is_file())")
     run = subprocess.run([sys.executable, "-c", probe], cwd=tree, env=gate_env(site), capture_output=True, text=True)
     assert run.stdout.split() == ["33", "True"], run.stderr  # the copy's constant, the copy's package data
@@ -96,7 +96,7 @@ def test_a_copy_imports_itself_through_its_import_root(tmp_path):
 
 def test_the_copy_leaves_out_the_output_folder_and_build_outputs(tmp_path):
     root = tmp_path / "tree"  # no .git: the walk
-    for rel in ("kernels/a.py", "guards/__pycache__/x.pyc", "hotloop.egg-info/PKG-INFO", "profiles/runs/r/x",
+    for rel in ("kernels/a.py", "guards/__pycache__/x.pyc", "hotloop.egg-info/PKG-INFO", "runs/r/x",
                 "out/mutants.csv", "README.md", ".venv/pyvenv.cfg", "env2/pyvenv.cfg", "cache/x.bin", "k/y.log"):
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text("x")

@@ -313,7 +313,7 @@ def test_precision_placement_on_gpu():
 def test_forward_error_on_gpu_is_tf32_without_a_sign():
     """The TF32 forward rounds its operands before the MMA (kernels/linear.py): on positive data its mean signed
     error is near 0, where the MMA's own truncation would give about -1e-3 (-6.7e-4 in the CPU emulation of main's
-    kernel), a bias of Q that the TD fixed point amplifies 100x (profiles/cpu/learning_causes/README.md, H6)."""
+    kernel), a bias of Q that the TD fixed point amplifies 100x (results/cpu/learning_causes/README.md, H6)."""
     gen = torch.Generator().manual_seed(2)
     m, n, k = 8192, 256, 512
     w, b = _rand(n, k, gen=gen, scale=k ** -0.5).abs(), _rand(n, gen=gen, scale=0.1).abs()

@@ -2,7 +2,7 @@
 
 The bar is the learning issue's: a mean training return over the last 100 episodes of >= 475 (CartPole-v1's
 "solved") at the end of the preset's 12 epochs, with the default seed. On the CPU the run is deterministic; seeds
-1-6 of this preset all end at 500 there (profiles/cpu/learning_causes/README.md), this test runs seed 1.
+1-6 of this preset all end at 500 there (results/cpu/learning_causes/README.md), this test runs seed 1.
 """
 
 import math

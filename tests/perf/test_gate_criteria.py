@@ -1,6 +1,6 @@
 """`pytest -m perf`: the gate's criteria (guards/criteria.py) as tests, on the hotloop learner's real step on a GPU.
 
-One module-scoped run: the configuration of this GPU's baseline (profiles/baselines/<gpu-name-slug>.json, written by
+One module-scoped run: the configuration of this GPU's baseline (guards/baseline_files/<gpu-name-slug>.json, written by
 `hotloop gate --update-baseline`) for one epoch, else the cartpole preset; then the gate's guarded window: K
 consecutive iterations of the training loop (`Trainer.iterate`: actor graph, learner graph, the periodic readback,
 the progress callback; K = max(20, the longest period), hotloop.guards.gate.guard_loop), as `hotloop gate` guards

@@ -1,4 +1,4 @@
-"""profiles/h200/device/ab_trees.sh: the trees the device part `ab` compares (one per commit), made in a fresh clone."""
+"""results/h200/device/ab_trees.sh: the trees the device part `ab` compares (one per commit), made in a fresh clone."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def clone(tmp_path: Path) -> Path:
 
 
 def _run(repo: Path, *specs: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(ROOT / "profiles" / "h200" / "device" / "ab_trees.sh"), *specs], cwd=repo,
+    return subprocess.run(["bash", str(ROOT / "results" / "h200" / "device" / "ab_trees.sh"), *specs], cwd=repo,
                           capture_output=True, text=True)
 
 
@@ -34,7 +34,7 @@ def test_makes_one_tree_per_commit_with_its_id(clone: Path) -> None:
         tree = clone / ".abtrees" / name
         assert (tree / "COMMIT").read_text().strip() == head
         assert (tree / "kernels" / "linear.py").is_file() and (tree / "tests" / "conftest.py").is_file()
-        assert not (tree / "profiles" / "h200").exists()  # results stay out of the trees
+        assert not (tree / "results").exists()  # results stay out of the trees
 
 
 @pytest.mark.parametrize("spec,message", [("noequals", "want NAME=REF"), ("bad/name=HEAD", "want NAME=REF"),

@@ -1,4 +1,4 @@
-"""Kineto vs Nsight Systems on the same trainer (issue 6): the H200 recordings of profiles/h200/nsys/,
+"""Kineto vs Nsight Systems on the same trainer (issue 6): the H200 recordings of results/h200/nsys/,
 copied to tests/data/nsys_seed_scale/.
 
 report.sqlite is `hotloop nsys` around `hotloop train --preset seed-scale --epochs 1 --set learner_steps_per_epoch=100`

@@ -1,5 +1,5 @@
-"""profiles/h200/device/run_outcomes.py, the outcomes table both device scripts print for runs that shared one GPU,
-on the committed H200 runs of profiles/h200/learning/tf32_rounded_forward/ (their seeds_11_22.csv was written from
+"""results/h200/device/run_outcomes.py, the outcomes table both device scripts print for runs that shared one GPU,
+on the committed H200 runs of results/h200/learning/tf32_rounded_forward/ (their seeds_11_22.csv was written from
 the same epochs.csv files when they came back)."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import pandas as pd
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-RUNS = ROOT / "profiles/h200/learning/tf32_rounded_forward/runs"
+RUNS = ROOT / "results/h200/learning/tf32_rounded_forward/runs"
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("run_outcomes", ROOT / "profiles/h200/device/run_outcomes.py")
+    spec = importlib.util.spec_from_file_location("run_outcomes", ROOT / "results/h200/device/run_outcomes.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

@@ -34,7 +34,7 @@ def test_reference_weights_give_the_flat_nets_q_values():
 
 def test_the_two_learners_take_the_same_steps():
     """Same loss and priorities at the first step; with spectral norm off the gains stay 1 (no gain gradient is
-    written: profiles/cpu/learning_causes/README.md H1), so in FP32 the parameters stay equal to float rounding
+    written: results/cpu/learning_causes/README.md H1), so in FP32 the parameters stay equal to float rounding
     (they parted by one Adam step of the gains, ~7e-4, per step before)."""
     table = compare_learners(preset("cartpole-fast", **TINY), steps=3)
     assert list(table.columns) == COMPARE_COLUMNS and table.step.tolist() == [1, 2, 3]

@@ -18,8 +18,8 @@ from typing import NamedTuple
 
 import torch
 
-from hotloop.kernels.sum_tree import (SumTree, _check_tensor, _load_tensors, importance_weights, positive_min,
-                                      stratified_indices)
+from hotloop.kernels._common import check_tensor
+from hotloop.kernels.sum_tree import SumTree, _load_tensors, importance_weights, positive_min, stratified_indices
 
 
 class PrioritizedBatch(NamedTuple):
@@ -180,14 +180,17 @@ class PrioritizedReplay:
         the device-side position `pos_t`, give them the max priority, and advance `pos_t`. Reads no device value on
         the host and changes no host state, so a CUDA graph can capture it; call `note_added(N)` after each run
         (or graph replay). Returns N."""
-        _check_tensor("obs", obs, self.device, dtype=self.obs_dtype, shape=(None, self.obs_dim))
+        check_tensor("obs", obs, device=self.device, dtype=self.obs_dtype, shape=(None, self.obs_dim),
+                     contiguous=False, triton=False)
         n = obs.shape[0]
         if isinstance(action, torch.Tensor) and action.ndim == 1 and self.num_branches == 1:
             action = action.unsqueeze(1)
-        _check_tensor("action", action, self.device, kind="int", shape=(n, self.num_branches))
-        _check_tensor("reward", reward, self.device, kind="float", shape=(n,))
-        _check_tensor("next_obs", next_obs, self.device, dtype=self.obs_dtype, shape=(n, self.obs_dim))
-        _check_tensor("terminated", terminated, self.device, shape=(n,))
+        check_tensor("action", action, device=self.device, kind="int", shape=(n, self.num_branches),
+                     contiguous=False, triton=False)
+        check_tensor("reward", reward, device=self.device, kind="float", shape=(n,), contiguous=False, triton=False)
+        check_tensor("next_obs", next_obs, device=self.device, dtype=self.obs_dtype, shape=(n, self.obs_dim),
+                     contiguous=False, triton=False)
+        check_tensor("terminated", terminated, device=self.device, shape=(n,), contiguous=False, triton=False)
         if not (terminated.dtype == torch.bool or terminated.dtype.is_floating_point):
             raise ValueError(f"terminated must be bool or floating, got {terminated.dtype}")
         if n == 0:
@@ -280,8 +283,9 @@ class PrioritizedReplay:
         Raises:
             ValueError: naming the argument, for a wrong type, dtype, shape or device.
         """
-        _check_tensor("indices", indices, self.device, dtype=torch.int64, ndim=1)
-        _check_tensor("td_errors", td_errors, self.device, kind="float", shape=(indices.shape[0],))
+        check_tensor("indices", indices, device=self.device, dtype=torch.int64, ndim=1, contiguous=False, triton=False)
+        check_tensor("td_errors", td_errors, device=self.device, kind="float", shape=(indices.shape[0],),
+                     contiguous=False, triton=False)
         priorities = (td_errors.to(self.tree.dtype).abs() + self.eps).pow(self.alpha)
         if self.use_kernels:
             self._kernels.tree_update(self.tree.nodes, indices, priorities.contiguous(), self.capacity,
