@@ -57,3 +57,9 @@ def check_tensor(name: str, t: object, *, dtype: torch.dtype | tuple[torch.dtype
         raise ValueError(f"{name} is on {t.device}: Triton kernels need CUDA tensors, or TRITON_INTERPRET=1 "
                          f"to run on the CPU interpreter")
     return t
+
+
+def check_torch_input(name: str, t: object, **constraints) -> torch.Tensor:
+    """`check_tensor` for an input of torch-only code (the reference sum tree, the replay): any strides and any
+    device type (no Triton launch reads it): contiguous=False, triton=False, `constraints` as check_tensor's."""
+    return check_tensor(name, t, contiguous=False, triton=False, **constraints)

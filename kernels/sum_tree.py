@@ -30,7 +30,7 @@ import math
 import numpy as np
 import torch
 
-from hotloop.kernels._common import check_tensor
+from hotloop.kernels._common import check_torch_input
 
 PRIORITY_FLOOR = 2.0**-126
 """Smallest priority a leaf is written with (the smallest normal float32, torch.finfo(torch.float32).tiny)."""
@@ -102,9 +102,8 @@ class SumTree:
         Raises:
             ValueError: wrong type, dtype, shape or device of `indices` or `values`, or a bad `floor`.
         """
-        check_tensor("indices", indices, device=self.device, dtype=torch.int64, ndim=1, contiguous=False, triton=False)
-        check_tensor("values", values, device=self.device, kind="float", shape=(indices.shape[0],),
-                     contiguous=False, triton=False)
+        check_torch_input("indices", indices, device=self.device, dtype=torch.int64, ndim=1)
+        check_torch_input("values", values, device=self.device, kind="float", shape=(indices.shape[0],))
         check_floor(floor)
         if indices.shape[0] == 0:
             return
@@ -144,7 +143,7 @@ class SumTree:
         Raises:
             ValueError: wrong type, dtype, shape or device of `masses`.
         """
-        check_tensor("masses", masses, device=self.device, kind="float", ndim=1, contiguous=False, triton=False)
+        check_torch_input("masses", masses, device=self.device, kind="float", ndim=1)
         mass = masses.to(self.dtype)
         node = torch.ones(masses.shape[0], dtype=torch.int64, device=self.device)
         for _ in range(self.depth):
@@ -225,7 +224,7 @@ def stratified_indices(tree: SumTree, uniforms: torch.Tensor, size: int) -> torc
     Raises:
         ValueError: `uniforms` not a 1-D floating tensor on the tree's device, or size not an int >= 1.
     """
-    check_tensor("uniforms", uniforms, device=tree.device, kind="float", ndim=1, contiguous=False, triton=False)
+    check_torch_input("uniforms", uniforms, device=tree.device, kind="float", ndim=1)
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise ValueError(f"size must be an int >= 1, got {size!r}")
     batch = uniforms.shape[0]

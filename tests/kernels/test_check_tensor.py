@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hotloop.kernels._common import check_tensor
+from hotloop.kernels._common import check_tensor, check_torch_input
 
 
 @pytest.mark.parametrize("t,kwargs,match", [
@@ -39,3 +39,11 @@ def test_a_launch_input_must_be_on_cuda_unless_interpreted(monkeypatch):
     assert check_tensor("x", torch.ones(2), triton=False) is not None  # torch-only code runs anywhere
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert check_tensor("x", torch.ones(2)) is not None
+
+
+def test_a_torch_only_input_takes_any_strides_and_device_type_and_keeps_the_other_checks(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    t = torch.ones(3, 2).t()  # not contiguous, on the CPU, outside the interpreter
+    assert check_torch_input("x", t, kind="float", shape=(2, 3)) is t
+    with pytest.raises(ValueError, match="x must have an integer dtype, got torch.float32"):
+        check_torch_input("x", t, kind="int")

@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 import torch
 
-from hotloop.kernels._common import check_tensor
+from hotloop.kernels._common import check_torch_input
 from hotloop.kernels.sum_tree import SumTree, _load_tensors, importance_weights, positive_min, stratified_indices
 
 
@@ -180,17 +180,14 @@ class PrioritizedReplay:
         the device-side position `pos_t`, give them the max priority, and advance `pos_t`. Reads no device value on
         the host and changes no host state, so a CUDA graph can capture it; call `note_added(N)` after each run
         (or graph replay). Returns N."""
-        check_tensor("obs", obs, device=self.device, dtype=self.obs_dtype, shape=(None, self.obs_dim),
-                     contiguous=False, triton=False)
+        check_torch_input("obs", obs, device=self.device, dtype=self.obs_dtype, shape=(None, self.obs_dim))
         n = obs.shape[0]
         if isinstance(action, torch.Tensor) and action.ndim == 1 and self.num_branches == 1:
             action = action.unsqueeze(1)
-        check_tensor("action", action, device=self.device, kind="int", shape=(n, self.num_branches),
-                     contiguous=False, triton=False)
-        check_tensor("reward", reward, device=self.device, kind="float", shape=(n,), contiguous=False, triton=False)
-        check_tensor("next_obs", next_obs, device=self.device, dtype=self.obs_dtype, shape=(n, self.obs_dim),
-                     contiguous=False, triton=False)
-        check_tensor("terminated", terminated, device=self.device, shape=(n,), contiguous=False, triton=False)
+        check_torch_input("action", action, device=self.device, kind="int", shape=(n, self.num_branches))
+        check_torch_input("reward", reward, device=self.device, kind="float", shape=(n,))
+        check_torch_input("next_obs", next_obs, device=self.device, dtype=self.obs_dtype, shape=(n, self.obs_dim))
+        check_torch_input("terminated", terminated, device=self.device, shape=(n,))
         if not (terminated.dtype == torch.bool or terminated.dtype.is_floating_point):
             raise ValueError(f"terminated must be bool or floating, got {terminated.dtype}")
         if n == 0:
@@ -283,9 +280,8 @@ class PrioritizedReplay:
         Raises:
             ValueError: naming the argument, for a wrong type, dtype, shape or device.
         """
-        check_tensor("indices", indices, device=self.device, dtype=torch.int64, ndim=1, contiguous=False, triton=False)
-        check_tensor("td_errors", td_errors, device=self.device, kind="float", shape=(indices.shape[0],),
-                     contiguous=False, triton=False)
+        check_torch_input("indices", indices, device=self.device, dtype=torch.int64, ndim=1)
+        check_torch_input("td_errors", td_errors, device=self.device, kind="float", shape=(indices.shape[0],))
         priorities = (td_errors.to(self.tree.dtype).abs() + self.eps).pow(self.alpha)
         if self.use_kernels:
             self._kernels.tree_update(self.tree.nodes, indices, priorities.contiguous(), self.capacity,
