@@ -335,8 +335,8 @@ def compare_epochs(table: pd.DataFrame | EpochMetrics, baseline: Baseline, *, k:
     best steady epoch (`best_of`: one loop slowed by a transient stall beside it, e.g. a background checkpoint write
     that took 0.12 s instead of 0.02 s in an H100 clean gate of 2026-12-05, does not fail the gate; a regression of
     the loop slows every epoch's), for the time outside the loop the median (the main thread's own work, e.g. a
-    checkpoint made blocking, which adds ~0.03 s to some epochs only). Without epoch metrics in the baseline every row is "-" with
-    rule NO_EPOCH_BASELINE. When either side is not steady (a 1-epoch run: its only epoch compiles and captures)
+    checkpoint made blocking, which adds ~0.03 s to some epochs only). Without epoch metrics in the baseline every
+    row is "-" with rule NO_EPOCH_BASELINE. When either side is not steady (a 1-epoch run: its only epoch compiles and captures)
     the rows are "-" and the rule says which side and why: use >= 2 epochs on both."""
     run = table if isinstance(table, EpochMetrics) else epoch_metrics(table)
     base = baseline.epochs

@@ -325,10 +325,10 @@ class AsyncCheckpointer:
 
     def _snapshot(self, epoch: int, tensors: Mapping[str, torch.Tensor], meta: Mapping) -> CheckpointRecord:
         path, plain_meta = check_checkpoint_args(self.path, tensors, meta)
-        cuda_device = self._cuda_device(tensors)
+        device = self._cuda_device(tensors)
         record = CheckpointRecord(epoch, tensor_bytes=sum(t.numel() * t.element_size() for t in tensors.values()))
         self.records.append(record)
-        host, mode = self._buffers(tensors, cuda_device)
+        host, mode = self._buffers(tensors, device)
         self.mode = record.mode = mode
         cuda = [n for n, t in tensors.items() if t.is_cuda]
         with torch.no_grad():
@@ -338,7 +338,6 @@ class AsyncCheckpointer:
             if mode == "host":
                 self._start_writer(record, host, plain_meta)
                 return record
-            device = cuda_device
             main = torch.cuda.current_stream(device)
             side = self._side
             side.wait_stream(main)  # the copies read what the epoch wrote
