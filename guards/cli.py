@@ -593,12 +593,13 @@ def _execute(args: argparse.Namespace, cfg: Config, run_dir: Path) -> int:
         print(f"\nbench folder: {run_dir}")
         return 0
     if args.command == "gate":
-        from hotloop.guards.gate import run_gate
+        from hotloop.guards.gate import GateOptions, run_gate
 
-        return run_gate(cfg, run_dir, args.epoch_timeout, not args.no_progress, args.guard_steps,
-                        args.guard_warmup, args.repeats, args.baseline, args.update_baseline, args.inject,
-                        loop_census=not args.no_loop_census, structure_census=not args.no_structure_census,
-                        census_overhead_pairs=args.census_overhead)
+        return run_gate(cfg, run_dir, GateOptions(
+            epoch_limit_s=args.epoch_timeout, show_progress=not args.no_progress, guard_steps=args.guard_steps,
+            guard_warmup=args.guard_warmup, repeats=args.repeats, baseline=args.baseline,
+            update_baseline=args.update_baseline, inject=args.inject, loop_census=not args.no_loop_census,
+            structure_census=not args.no_structure_census, census_overhead_pairs=args.census_overhead))
     from hotloop.profiles.epoch_table import format_table
     from hotloop.guards.run import run_training
 
