@@ -22,8 +22,9 @@ sync", "memsets only where needed", "no single-block kernels"), naming its perio
 
 Exit codes: 0 every measured criterion passed, 1 a criterion or a baseline regression failed, 2 bad usage or input
 (raised by the CLI, before training), 3 hang (the watchdog ends the process), 70 internal error (an unexpected
-exception: the CLI saves its traceback as <run folder>/error.log; hotloop.guards.cli.report_internal_error; or the
-watchdog's own thread failed: it ends the process rather than let the run go on unguarded). On a run without CUDA
+exception: the CLI saves its traceback as <run folder>/error.log;
+hotloop.guards.commands.errors.report_internal_error; or the watchdog's own thread failed: it ends the process rather
+than let the run go on unguarded). On a run without CUDA
 the sync rows are "not applicable (no CUDA)" (hotloop.guards.guard.NOT_APPLICABLE) and the trace rows "not measured
 (no CUDA)": verdict "-", neither PASS nor FAIL; the closing "PASS (...)" line counts them apart.
 """
