@@ -61,9 +61,9 @@ def prepare(args: argparse.Namespace) -> RunPlan[TrainOptions]:
     """Validate a parsed `hotloop train` before anything is trained or written, then make and lock its run folder
     (--out, new or empty; or, with --resume, RUN_DIR with its checkpoint read into the options' resume_point).
     Checked in this order: --allow-config-change only with --resume, --resume's options (`check_resume_args`), the
-    config, --epoch-timeout, the device, env, learner and memory (hotloop.guards.commands.checks.check_run), the
-    resumed run's checkpoint (`read_resume`) and that the run folder can be written. Raises ValueError (exit 2)
-    naming what is wrong; the folder's lock is released on any error after it was taken."""
+    config, --epoch-timeout, the device, env, learner and memory (hotloop.guards.commands.checks.check_run), that
+    the run folder can be written and, when resuming, the run's checkpoint (`read_resume`). Raises ValueError (exit
+    2) naming what is wrong; the folder's lock is released on any error after it was taken."""
     from hotloop.guards.watchdog import check_limit_s
     from hotloop.profiles.run_lock import acquire
 
