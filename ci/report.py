@@ -35,7 +35,7 @@ ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 GATE_EXIT = {0: "PASS", 1: "a criterion or regression failed", 2: "bad usage or input", 3: "hang (watchdog)",
              70: "the gate crashed: internal error"}
 GATE_INTERNAL_ERROR = 70
-"""`hotloop gate`'s exit code for an unexpected exception (hotloop.guards.cli.INTERNAL_ERROR); traceback in
+"""`hotloop gate`'s exit code for an unexpected exception (hotloop.guards.commands.errors.INTERNAL_ERROR); traceback in
 gate/error.log."""
 PYTEST_EXIT = {0: "all selected tests passed", 1: "tests failed", 2: "interrupted", 3: "internal error",
                4: "usage error", 5: "no tests selected"}

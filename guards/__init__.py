@@ -1,9 +1,17 @@
-"""hotloop.guards: the harness that keeps the hot loop fast. sync_hooks (host-sync hooks), criteria (the criteria
-table, docs/criteria.md), step_metrics and guard (per-step metrics from a profiler trace and their verdicts),
-baselines (noise-aware regression compare; the per-GPU baseline files of `hotloop gate` are package data,
-baseline_files/), watchdog (hang watchdog), pytest_plugin (`pytest -m perf`).
+"""hotloop.guards: the harness that keeps the hot loop fast, and the `hotloop` command. Three layers, told apart by
+folder and by one known set of modules (tests/test_layout.py checks them):
 
-Layer: these import hotloop.profiles only. The composition modules — gate (`hotloop gate`), run (one training
-run under the watchdog), bench (`hotloop bench`), faults (the gate's injected faults), mutate (`hotloop mutate`), learning_report (`hotloop
-learning`) and cli (the `hotloop` command) — join the guards with hotloop.trainer and hotloop.kernels; no other module of the package imports the
-trainer (tests/test_layout.py)."""
+- guards/commands/ (hotloop.guards.commands) is the application layer: the `hotloop` command, one module per
+  subcommand, each a thin parse -> call of a library function with a typed options object. It may import every
+  hotloop package; nothing outside it imports it but cli, the command's stable name (the console script and
+  `python -m hotloop.guards.cli`), which only re-exports its main.
+- The composition modules — gate (`hotloop gate`), run (one training run under the watchdog), bench (`hotloop
+  bench`), faults (the gate's injected faults), mutate (`hotloop mutate`'s suite) and learning_report (`hotloop
+  learning`'s runs) — are the layer between: they join the harness library with hotloop.trainer and
+  hotloop.kernels, and may import every package but the commands.
+- guards/*.py, the others, are the harness library: sync_hooks (host-sync hooks), criteria (the criteria table,
+  docs/criteria.md), step_metrics and guard (per-step metrics from a profiler trace and their verdicts), baselines
+  (noise-aware regression compare; the per-GPU baseline files of `hotloop gate` are package data,
+  baseline_files/), loop_syncs and loop_structure (the censuses of the epochs' loop), watchdog (hang watchdog),
+  pytest_plugin (`pytest -m perf`). They import hotloop.guards' library and hotloop.profiles only: no trainer, no
+  kernels, no composition module, no command."""

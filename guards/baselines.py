@@ -392,7 +392,7 @@ def check_baseline_target(path: str | Path) -> None:
     existing file that is not a hotloop baseline (`load_baseline` refuses it: a config JSON, another run's
     epochs.csv, ...; the reason named). A missing file, an empty one (nothing to lose) and a baseline pass:
     rewriting a baseline is what --update-baseline is for. Whether the file can be written at all is the
-    caller's check (guards/cli.py check_writable)."""
+    caller's check (hotloop.guards.commands.checks.check_writable)."""
     target = Path(os.path.realpath(path))
     for folder in target.parents:
         if (folder / LOCK_FILE).exists():

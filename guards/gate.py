@@ -22,8 +22,9 @@ sync", "memsets only where needed", "no single-block kernels"), naming its perio
 
 Exit codes: 0 every measured criterion passed, 1 a criterion or a baseline regression failed, 2 bad usage or input
 (raised by the CLI, before training), 3 hang (the watchdog ends the process), 70 internal error (an unexpected
-exception: the CLI saves its traceback as <run folder>/error.log; hotloop.guards.cli.report_internal_error; or the
-watchdog's own thread failed: it ends the process rather than let the run go on unguarded). On a run without CUDA
+exception: the CLI saves its traceback as <run folder>/error.log;
+hotloop.guards.commands.errors.report_internal_error; or the watchdog's own thread failed: it ends the process rather
+than let the run go on unguarded). On a run without CUDA
 the sync rows are "not applicable (no CUDA)" (hotloop.guards.guard.NOT_APPLICABLE) and the trace rows "not measured
 (no CUDA)": verdict "-", neither PASS nor FAIL; the closing "PASS (...)" line counts them apart.
 """
@@ -33,6 +34,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
@@ -174,19 +176,14 @@ def guard_loop(trainer: Trainer, steps: int | None = None, warmup: int = 3,
     return report
 
 
-def run_gate(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress: bool = True,
-             guard_steps_n: int | None = None, guard_warmup: int = 3, repeats: int = 1, baseline: Path | None = None,
-             update_baseline: bool = False, inject: str | None = None, loop_census: bool = True,
-             structure_census: bool = True, census_overhead_pairs: int = 0) -> int:
-    """Run the gate; prints the per-epoch table, the window size, the phase coverage table and the criteria
-    verdicts, the gate's wall time and the share spent profiling; writes under `run_dir` epochs.csv/.md,
-    criteria.csv/.md/.json (the verdicts), coverage.csv/.md (the first repeat's phase coverage), guard.json (the
-    first repeat's per-step counts, hook hits, GEMMs, window, coverage, outside-steps counts, and "gate": wall_s,
-    profiling_s, window_s, analysis_s, repeats) and trace.json.gz (the first repeat's Kineto trace: `hotloop
-    inspect --step-range step` reads it, Perfetto shows it).
+@dataclass(frozen=True)
+class GateOptions:
+    """How `run_gate` runs (`hotloop gate` builds it from its options: hotloop.guards.commands.gate).
 
-    The guarded window (`guard_loop`: `guard_steps_n` loop iterations, default `window_size`, after `guard_warmup`)
-    is repeated `repeats` times; a criterion fails if it fails in any repeat. With a `baseline` file
+    epoch_limit_s (float): each epoch must finish within it, else the hang watchdog stops the process (exit 3;
+    hotloop.guards.run.run_training). show_progress (bool): the progress bar.
+    The guarded window (`guard_loop`: `guard_steps` loop iterations, None: `window_size`'s default, after
+    `guard_warmup`) is repeated `repeats` times; a criterion fails if it fails in any repeat. With a `baseline` file
     (hotloop.guards.baselines), the repeats' per-step medians are compared
     with it (baseline.csv/.md, verdict per metric) and any FAIL fails the gate; with `update_baseline` the repeats
     are written as the new baseline instead (deliberately, never implicitly).
@@ -199,36 +196,63 @@ def run_gate(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress: bo
     and the output. `census_overhead_pairs` > 0: before the guarded windows, time Trainer.iterate(K) without and
     with the censuses that many times each (`census_overhead`; it moves the window later by 3 x (1 + pairs) x K
     iterations) and print the overhead per iteration.
-    `inject`: a hotloop.guards.faults fault name, injected after the epochs and before the guarded steps (mutation test
-    of the gate: it must then FAIL that fault's criterion); never together with update_baseline.
+    `inject`: a hotloop.guards.faults fault name, injected after the epochs and before the guarded steps (mutation
+    test of the gate: it must then FAIL that fault's criterion); never together with update_baseline."""
+
+    epoch_limit_s: float
+    show_progress: bool = True
+    guard_steps: int | None = None
+    guard_warmup: int = 3
+    repeats: int = 1
+    baseline: Path | None = None
+    update_baseline: bool = False
+    inject: str | None = None
+    loop_census: bool = True
+    structure_census: bool = True
+    census_overhead_pairs: int = 0
+
+
+def run_gate(cfg: Config, run_dir: Path, options: GateOptions) -> int:
+    """Run the gate; prints the per-epoch table, the window size, the phase coverage table and the criteria
+    verdicts, the gate's wall time and the share spent profiling; writes under `run_dir` epochs.csv/.md,
+    criteria.csv/.md/.json (the verdicts), coverage.csv/.md (the first repeat's phase coverage), guard.json (the
+    first repeat's per-step counts, hook hits, GEMMs, window, coverage, outside-steps counts, and "gate": wall_s,
+    profiling_s, window_s, analysis_s, repeats) and trace.json.gz (the first repeat's Kineto trace: `hotloop
+    inspect --step-range step` reads it, Perfetto shows it).
+
+    How: `options` (GateOptions: the watchdog's limit, the window, its repeats, the baseline, the censuses, an
+    injected fault).
     Returns the exit code (0 pass, 1 a criterion or a baseline comparison failed). Raises ValueError, before
     training, for an unknown fault, inject together with update_baseline, inject on a device that is not CUDA or
-    a learner fault with the reference learner (hotloop.guards.faults.check_request; the CLI checks the same
-    before it makes the run folder and turns it into exit 2)."""
+    a learner fault with the reference learner (hotloop.guards.faults.check_request; `hotloop gate` checks the
+    same before it makes the run folder and turns it into exit 2)."""
     started = time.perf_counter()
     device = resolve_device(cfg.device)
     kind = learner_kind(cfg, device)
-    check_request(inject, update_baseline, device=device, learner=kind, spectral_norm=cfg.spectral_norm)
-    k, _, why_k = window_size(cfg, kind, guard_steps_n)
+    check_request(options.inject, options.update_baseline, device=device, learner=kind,
+                  spectral_norm=cfg.spectral_norm)
+    k, _, why_k = window_size(cfg, kind, options.guard_steps)
 
     overhead: dict = {}
 
     def guard(trainer: Trainer) -> list[GuardReport]:
-        if census_overhead_pairs > 0:
-            overhead.update(census_overhead(trainer, k, census_overhead_pairs))
-        if inject is not None:
-            fault = inject_fault(trainer, inject)
+        if options.census_overhead_pairs > 0:
+            overhead.update(census_overhead(trainer, k, options.census_overhead_pairs))
+        if options.inject is not None:
+            fault = inject_fault(trainer, options.inject)
             print(f"\ninjected fault {fault.name!r}: {fault.what}; expect FAIL of {fault.criterion!r}")
-        reports = [guard_loop(trainer, k, guard_warmup, trace_path=run_dir / TRACE_FILE if r == 0 else None)
-                   for r in range(repeats)]
+        reports = [guard_loop(trainer, k, options.guard_warmup,
+                              trace_path=run_dir / TRACE_FILE if r == 0 else None)
+                   for r in range(options.repeats)]
         return reports, precision_evidence(trainer)  # after the guarded windows, never inside them
 
-    census = LoopSyncCensus(cuda=device.type == "cuda", loop=loop_module) if loop_census else None
-    structure = LoopStructureCensus(cuda=device.type == "cuda", step_range=STEP_RANGE) if structure_census else None
+    census = LoopSyncCensus(cuda=device.type == "cuda", loop=loop_module) if options.loop_census else None
+    structure = (LoopStructureCensus(cuda=device.type == "cuda", step_range=STEP_RANGE) if options.structure_census
+                 else None)
     group = CensusGroup([census, structure]) if census is not None or structure is not None else None
     watched: dict[str, bool] = {}
-    epochs, (reports, precision) = run_training(cfg, run_dir, epoch_limit_s, show_progress, after_epochs=guard,
-                                                loop_census=group, watched=watched)
+    epochs, (reports, precision) = run_training(cfg, run_dir, options.epoch_limit_s, options.show_progress,
+                                                after_epochs=guard, loop_census=group, watched=watched)
     report = reports[0]
     verdicts = report.verdicts.copy()
     for other in reports[1:]:
@@ -243,20 +267,21 @@ def run_gate(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress: bo
     write_table(verdicts, run_dir, "criteria")
     (run_dir / "criteria.json").write_text(json.dumps(verdicts.to_dict(orient="records"), indent=2) + "\n")
     write_table(report.coverage, run_dir, "coverage")
-    regressions = _baseline_step(reports, baseline, update_baseline, run_dir, run_config(cfg), epochs)
+    regressions = _baseline_step(reports, options.baseline, options.update_baseline, run_dir, run_config(cfg),
+                                 epochs)
     window_s = sum(r.window.get("window_s", 0.0) for r in reports)
     analysis_s = sum(r.window.get("analysis_s", 0.0) for r in reports)
     wall_s = time.perf_counter() - started
     timing = {"wall_s": round(wall_s, 3), "profiling_s": round(window_s + analysis_s, 3),
-              "window_s": round(window_s, 3), "analysis_s": round(analysis_s, 3), "repeats": repeats,
+              "window_s": round(window_s, 3), "analysis_s": round(analysis_s, 3), "repeats": options.repeats,
               "window_steps": k}
     structure_cost = structure.cost() if structure is not None and structure.epochs else {}
     report.to_json(run_dir / "guard.json", extra={"gate": timing, "structure_census": {
         **structure_cost, "census_overhead": overhead}})
     missing = report.window.get("missing", [])
     print("\nPer-epoch table\n" + format_table(epochs))
-    print(f"\nGuarded window: {k} loop iterations (Trainer.iterate, one 'step' range each) after {guard_warmup} "
-          f"warm-up, {repeats} repeat{'s' * (repeats != 1)}; {why_k}")
+    print(f"\nGuarded window: {k} loop iterations (Trainer.iterate, one 'step' range each) after "
+          f"{options.guard_warmup} warm-up, {options.repeats} repeat{'s' * (options.repeats != 1)}; {why_k}")
     print("Phase coverage (phase: its period in iterations, the window steps it ran in, its kernels and syncs)\n"
           + format_table(report.coverage)
           + (f"\nnot in the window: {', '.join(missing)}: the criteria that apply to "

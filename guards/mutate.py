@@ -780,18 +780,8 @@ def write_results(table: pd.DataFrame, out: Path, pending: int = 0) -> list[Path
 
 # --------------------------------------------------------------------------------------------------------- CLI
 
-def add_mutate_parser(sub) -> argparse.ArgumentParser:
-    """Add the `mutate` subcommand to the `hotloop` CLI's subparsers (hotloop.guards.cli.build_parser)."""
-    p = sub.add_parser("mutate", help="run the source-level mutation suite of the gate (ci/mutants)",
-                       description="Apply each patch of ci/mutants to its own copy of the checkout, run the gate "
-                                   "from it and score it: killed only when the gate fails the mutant's criterion. "
-                                   "Exit 0 scored, 1 below --min-score, 2 bad manifest or patch, 4 the clean tree "
-                                   "fails, 70 internal error.")
-    add_mutate_args(p)
-    return p
-
-
 def add_mutate_args(p: argparse.ArgumentParser) -> None:
+    """Add the options of `hotloop mutate` (and of `python -m hotloop.guards.mutate`) to the parser `p`."""
     p.add_argument("--manifest", type=Path, help=f"the manifest (default <checkout>/{DEFAULT_MANIFEST})")
     p.add_argument("--root", type=Path, help="the checkout to copy (default: the git top level of the current "
                                              "folder)")

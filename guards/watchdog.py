@@ -26,7 +26,7 @@ from typing import TextIO
 
 HANG_EXIT_CODE = 3
 WATCHDOG_DIED_EXIT_CODE = 70
-"""Exit status when the watching thread fails (EX_SOFTWARE, hotloop's "internal error"; guards/cli.py)."""
+"""Exit status when the watching thread fails (EX_SOFTWARE, hotloop's "internal error"; guards/commands/errors.py)."""
 MAX_LIMIT_S = threading.TIMEOUT_MAX
 """The longest limit (seconds) a period may have: threading.TIMEOUT_MAX, above which the thread's wait raises
 OverflowError (about 292 years on Linux)."""

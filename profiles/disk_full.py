@@ -4,8 +4,8 @@ A write that runs out of space raises OSError with errno ENOSPC (EDQUOT: over a 
 itself: torch.save's zip writer turns the failed write of its file object into a RuntimeError ("[enforce fail at
 inline_container.cc] . unexpected pos ...") with the OSError as its __context__ (checked with torch 2.13 on a
 writer raising ENOSPC). `disk_full_cause` finds the OSError along an exception's __cause__ / __context__ chain, so
-that the checkpoint writer (hotloop.trainer.checkpoint.save_checkpoint) and the CLI (hotloop.guards.cli) can say
-"disk full" instead of quoting torch. Sources: write(2) (ENOSPC, EDQUOT), PEP 3134 (exception chaining)."""
+that the checkpoint writer (hotloop.trainer.checkpoint.save_checkpoint) and the CLI (hotloop.guards.commands.errors)
+can say "disk full" instead of quoting torch. Sources: write(2) (ENOSPC, EDQUOT), PEP 3134 (exception chaining)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""`hotloop inspect FILE... [--json] [--step-range NAME] [--domain NAME]`: the guard counts of trace files.
+"""What `hotloop inspect FILE...` reads and counts (the command: hotloop.guards.commands.inspect): the guard counts
+of trace files, and how they are printed.
 
 Each FILE is a Kineto (torch.profiler) JSON trace, plain or gzipped, or an Nsight Systems SQLite export; the
 format is told by the file's first bytes (SQLite's header, else JSON). Prints, per file, the whole-trace counts
@@ -11,24 +12,10 @@ by frame (`hotloop.profiles.trace_stream.count_frames`: the same totals, steps a
 functions, keeping ~25 bytes per CUDA call and ~10 per GPU event), so a 5 GB trace peaks at a few hundred MB
 (results/cpu/trace_read_bench/README.md, "hotloop inspect"). An Nsight SQLite export is read whole and counted
 the same way, as one frame.
-
-One bad file does not lose the others: any error while reading or counting one file (TraceReadError, OSError,
-a RecursionError or ValueError of a parser, ...) is that file's error. Each goes to stderr as
-"hotloop inspect: error: FILE: PROBLEM"; the other files are still reported, and with --json stdout stays one
-valid JSON document: {"files": {FILE: {"totals": ..., "steps": ...}} for the files read, plus "errors": {FILE:
-PROBLEM} when any could not be.
-
-Exit codes: 0 every file read; 2 any file could not be; 141 stdout was closed early (e.g. `hotloop inspect ... |
-head`): the rest of the output is dropped quietly, without a traceback, and the exit code is the one a shell
-reports for a process killed by SIGPIPE (128 + 13), as `cat` or `yes` give there, so a pipeline under
-`set -o pipefail` still sees that the output was cut. (Python ignores SIGPIPE and raises BrokenPipeError instead;
-the handling is the one of the Python docs, "Note on SIGPIPE" in the signal module: point stdout at devnull so
-that the interpreter's final flush cannot fail again.)
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -46,32 +33,10 @@ from hotloop.profiles.nsight_reader import SQLITE_MAGIC, read_nsight_sqlite
 from hotloop.profiles.trace_schema import TraceReadError
 from hotloop.profiles.trace_stream import TraceCounts, count_frames
 
-UNREADABLE_INPUT = 2
-BROKEN_PIPE = 141
-"""Exit code when stdout was closed before everything was written: 128 + SIGPIPE (13), as a shell reports it."""
 STEP_NOTES = 10
 """How many steps with anomalies the text form names under the per-step table."""
 TABLE_CHUNK = 8192
 """Rows of the per-step table formatted at a time (`table_parts`)."""
-
-
-def add_inspect_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Add the `inspect` subcommand to a `parser.add_subparsers()` object; returns its parser."""
-    p = subparsers.add_parser(
-        "inspect", help="count kernels, syncs, memcpys, memsets and graph launches in trace files",
-        description="Read Kineto JSON traces (.json, .json.gz) and Nsight Systems SQLite exports and print the "
-                    "guard counts per file, and per step when the trace has step ranges.",
-        epilog="exit codes: 0 all files read, 2 a file could not be read (named on stderr; the others are still "
-               "reported), 141 stdout closed early (e.g. piped into head)")
-    p.add_argument("files", nargs="+", metavar="FILE", help="Kineto trace JSON (plain or gzipped) or nsys .sqlite")
-    p.add_argument("--json", action="store_true",
-                   help='print {"files": {FILE: {"totals": {...}, "steps": [...] or null}}} instead of tables, '
-                        'plus "errors": {FILE: PROBLEM} when a file could not be read')
-    p.add_argument("--step-range", default="step", metavar="NAME",
-                   help="name of the step ranges (record_function / NVTX); default 'step', else ProfilerStep#N")
-    p.add_argument("--domain", metavar="NAME", help="NVTX domain the step ranges must be in (default: any)")
-    return p
-
 
 COUNTED_KINDS = ("kernel", "memcpy", "memset", "runtime", "driver", "annotation", "user_annotation")
 """The event kinds the counts read (GPU activity, CUDA API calls, ranges). A Kineto trace is read keeping only
@@ -127,47 +92,6 @@ def count_trace(path: str | Path, step_range_name: str = "step", domain: str | N
     """What `hotloop inspect` reports for one file: `count_frames(trace_frames(path), ...)` (events counted, the
     totals of `trace_counts.count_totals` and the `trace_counts.count_per_step` table, in bounded memory)."""
     return count_frames(trace_frames(path), step_range_name, domain)
-
-
-def run_inspect(args: argparse.Namespace) -> int:
-    """Run `hotloop inspect` for parsed `args` (files, json, step_range, domain); returns the exit code: 0, or
-    UNREADABLE_INPUT (2) when a file could not be read or counted, or BROKEN_PIPE (141) when stdout was closed
-    early (then stdout is pointed at devnull, so nothing more is written and no traceback is printed).
-    Module docstring: what is printed where."""
-    try:
-        code = _run_inspect(args)
-        sys.stdout.flush()
-    except BrokenPipeError:
-        stdout_to_devnull()
-        return BROKEN_PIPE
-    return code
-
-
-def _run_inspect(args: argparse.Namespace) -> int:
-    report: dict[str, dict] = {}
-    errors: dict[str, str] = {}
-    for path in args.files:
-        try:
-            counts = count_trace(path, args.step_range, args.domain)
-            steps, totals = counts.steps, counts.totals
-        except BrokenPipeError:
-            raise
-        except Exception as exc:  # noqa: BLE001 -- any failure of one file is that file's error (module docstring)
-            errors[path] = file_error(exc)
-            print(f"hotloop inspect: error: {path}: {errors[path]}", file=sys.stderr)
-            continue
-        if not len(steps) and (args.step_range != "step" or args.domain):
-            print(f"hotloop inspect: note: {path}: no step ranges named {args.step_range!r}"
-                  + (f" in domain {args.domain!r}" if args.domain else "") + ": totals only", file=sys.stderr)
-        report[path] = {"totals": totals, "steps": StepRecords(steps) if len(steps) else None}
-        if not args.json:
-            for part in format_file_parts(path, counts.events, totals, steps):
-                sys.stdout.write(part)
-            sys.stdout.write("\n")
-    if args.json:
-        write_json({"files": report} | ({"errors": errors} if errors else {}), sys.stdout.write)
-        sys.stdout.write("\n")
-    return UNREADABLE_INPUT if errors else 0
 
 
 def file_error(exc: BaseException) -> str:

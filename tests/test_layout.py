@@ -28,9 +28,15 @@ PACKAGE_DATA = ("guards/baseline_files/*.json",)
 ALLOWED = {"kernels": {"kernels"}, "profiles": {"profiles", "kernels"}, "trainer": {"trainer", "kernels", "profiles"},
            "guards": {"guards", "profiles"}}
 """Package -> the hotloop packages its modules may import (itself included)."""
-COMPOSITION = {"guards.gate", "guards.run", "guards.bench", "guards.faults", "guards.cli", "guards.mutate",
-               "guards.learning_report"}
-"""The modules that compose the guards with the trainer (hotloop.guards' docstring): they may import everything."""
+COMMANDS = "guards.commands"
+"""The application layer, a folder (guards/commands/): the `hotloop` command, one module per subcommand. Its modules
+may import every package; nothing outside it imports it but SHIM (hotloop.guards' docstring)."""
+COMPOSITION = {"guards.gate", "guards.run", "guards.bench", "guards.faults", "guards.mutate", "guards.learning_report"}
+"""The layer between the commands and the harness library: the modules of guards/ that compose the guards with the
+trainer and the kernels. They may import every package but COMMANDS; the other modules of guards/ (the harness
+library) import none of them."""
+SHIM = "guards.cli"
+"""hotloop.guards.cli, the command's stable name (console script, `python -m`): it only re-exports COMMANDS' main."""
 
 
 def _modules(root: Path, folders=PACKAGES) -> dict[str, Path]:
@@ -80,16 +86,36 @@ def bare_imports(root: Path, folders=(*PACKAGES, "tests", "ci")) -> list[str]:
     return bad
 
 
+def _in(module: str, package: str) -> bool:
+    """Whether the dotted `module` is `package` or inside it."""
+    return module == package or module.startswith(package + ".")
+
+
+def layer(module: str) -> str:
+    """The layer of 'pkg.mod': "commands" (the folder COMMANDS), "composition" (COMPOSITION), "shim" (SHIM), else
+    its package ("guards": the harness library)."""
+    if _in(module, COMMANDS):
+        return "commands"
+    return "composition" if module in COMPOSITION else "shim" if module == SHIM else module.split(".")[0]
+
+
 def layer_violations(root: Path) -> list[str]:
-    """'file:line: pkg.mod imports hotloop.X' for each import that goes against ALLOWED / COMPOSITION."""
+    """'file:line: pkg.mod imports hotloop.X' for each import that goes against the layers: a package's modules
+    import only the packages ALLOWED to it, the commands and the composition modules every package; nothing but
+    the commands and the shim imports the commands; no module of the harness library (guards/ less the others)
+    imports a composition module."""
     bad = []
     for module, path in _modules(root).items():
-        package = module.split(".")[0]
-        allowed = set(PACKAGES) if module in COMPOSITION else ALLOWED[package]
+        kind = layer(module)
+        allowed = set(PACKAGES) if kind in ("commands", "composition") else ALLOWED[module.split(".")[0]]
         lines = {}  # one report per import statement
         for line, name in _imports(path):
             parts = name.split(".")
-            if parts[0] == "hotloop" and len(parts) > 1 and parts[1] in PACKAGES and parts[1] not in allowed:
+            if parts[0] != "hotloop" or len(parts) < 2 or parts[1] not in PACKAGES:
+                continue
+            target = ".".join(parts[1:])
+            if (parts[1] not in allowed or (_in(target, COMMANDS) and kind not in ("commands", "shim"))
+                    or (kind == "guards" and target in COMPOSITION)):
                 lines.setdefault(line, f"{path.relative_to(root)}:{line}: {module} imports {name}")
         bad += lines.values()
     return bad
@@ -229,11 +255,37 @@ def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
     ("trainer/loop.py", "from hotloop.guards.watchdog import HangWatchdog"),
     ("guards/guard.py", "from hotloop import trainer"),
     ("guards/step_metrics.py", "from hotloop.trainer.step import PHASE_RULES"),
+    ("guards/guard.py", "from hotloop.guards.commands.main import main"),
+    ("guards/run.py", "def f():\n    from hotloop.guards.commands import checks\n"),
+    ("profiles/report.py", "import hotloop.guards.commands.report"),
+    ("guards/step_metrics.py", "from hotloop.guards import gate"),
+    ("guards/baselines.py", "from hotloop.guards.run import run_training"),
 ])
 def test_a_forbidden_import_is_reported(tmp_path, module, line):
     root = _tree(tmp_path, {module: f"import torch\n{line}\n", "guards/gate.py": "import hotloop.trainer.loop\n"})
     bad = layer_violations(root)
     assert [b.split(":")[0] for b in bad] == [module], bad
+
+
+def test_the_layers_of_guards_are_its_folders_and_the_composition_modules():
+    modules = _modules(ROOT)
+    assert {layer(m) for m in modules if m.startswith("guards")} == {"guards", "composition", "commands", "shim"}
+    assert COMPOSITION <= set(modules) and SHIM in modules  # the known set names modules that exist
+    commands = {m.removeprefix(COMMANDS + ".") for m in modules if _in(m, COMMANDS)}
+    assert {"train", "gate", "bench", "inspect", "report", "nsys", "mutate", "learning", "main"} <= commands
+    doc = ast.get_docstring(ast.parse((ROOT / "guards" / "__init__.py").read_text()))
+    assert "guards/commands/" in doc and all(m.removeprefix("guards.") in doc for m in COMPOSITION)
+
+
+def test_the_commands_and_composition_modules_may_import_everything(tmp_path):
+    root = _tree(tmp_path, {
+        "guards/commands/train.py": "from hotloop.trainer.loop import Trainer\nimport hotloop.kernels.linear\n"
+                                    "from hotloop.guards import gate\nfrom hotloop.guards.commands import checks\n",
+        "guards/commands/checks.py": "from hotloop.profiles.run_lock import acquire\n",
+        "guards/cli.py": "from hotloop.guards.commands.main import main\n",
+        "guards/gate.py": "import hotloop.trainer.loop\nfrom hotloop.guards import run, guard\n",
+        "guards/run.py": "from hotloop.kernels import linear\n", "guards/guard.py": "import hotloop.profiles.ranges\n"})
+    assert layer_violations(root) == []
 
 
 def test_a_bare_import_is_reported_in_code_and_tests(tmp_path):

@@ -163,7 +163,8 @@ def optimizer_step(online: torch.nn.Module, optimizer: torch.optim.Optimizer, ma
 
 def env_shapes(cfg: Config) -> tuple[int, tuple[int, ...]]:
     """(obs_dim, action_nvec) of the configured env: the config's own for `synthetic`, else read from one CPU copy
-    of the env (as `hotloop.guards.cli.check_env` builds it). Raises ValueError for an unusable env name."""
+    of the env (as `hotloop.guards.commands.checks.check_env` builds it). Raises ValueError for an unusable env
+    name."""
     if cfg.env == "synthetic":
         return cfg.obs_dim, tuple(cfg.action_nvec)
     from hotloop.trainer.envs import make_env

@@ -244,7 +244,7 @@ def validate_run(cfg: Config) -> None:
     build a learner or a replay in tests): ValueError when config.learning_starts exceeds config.replay_capacity
     (the replay cannot hold the transitions collected before the first learner step: the prefill would overwrite
     its own first ones, so the setting cannot mean what it says). The CLI calls it before training
-    (hotloop.guards.cli.prepare_run)."""
+    (hotloop.guards.commands.checks.check_run)."""
     if cfg.learning_starts > cfg.replay_capacity:
         raise ValueError(f"config.learning_starts ({cfg.learning_starts}) exceeds config.replay_capacity "
                          f"({cfg.replay_capacity}): the replay cannot hold the transitions collected before the "

@@ -1,8 +1,8 @@
 """How many bytes a training run of a Config allocates on its device, and whether the device has them free.
 
-Checked before anything is trained or written (hotloop.guards.cli.prepare_run), so that a config asking for more
-memory than the machine has (`replay_capacity=1e12`, `trunk_hidden=[1e6, 1e6]`) stops with exit 2 naming the
-fields, instead of an allocator traceback after the run folder was made.
+Checked before anything is trained or written (hotloop.guards.commands.checks.check_run), so that a config asking
+for more memory than the machine has (`replay_capacity=1e12`, `trunk_hidden=[1e6, 1e6]`) stops with exit 2 naming
+the fields, instead of an allocator traceback after the run folder was made.
 
 The estimate (`estimate_memory`) follows the real layouts, in bytes (float32 = 4, int64 = 8):
 

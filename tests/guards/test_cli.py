@@ -360,7 +360,7 @@ def test_a_config_or_baseline_nested_100000_deep_exits_2_naming_the_file(tmp_pat
 # --- crashes: exit 70, one line on stderr, the traceback in the run folder's error.log ---------------------------
 
 def test_a_crash_during_the_run_exits_70_with_the_traceback_in_error_log(tmp_path, capsys, monkeypatch):
-    from hotloop.guards.cli import ERROR_LOG, INTERNAL_ERROR
+    from hotloop.guards.commands.errors import ERROR_LOG, INTERNAL_ERROR
     from hotloop.trainer.loop import Trainer
 
     def crash(self, epoch):
@@ -403,13 +403,14 @@ def test_a_crash_before_the_run_folder_exists_saves_the_traceback_in_a_temp_file
     import re
     from pathlib import Path
 
-    import hotloop.guards.cli as cli
+    import hotloop.guards.commands.checks as checks
+    import hotloop.guards.commands.errors as errors
 
     def broken_env(cfg):
         raise KeyError("a bug in the checks")
 
-    monkeypatch.setattr(cli, "check_env", broken_env)
-    monkeypatch.setattr(cli.tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(checks, "check_env", broken_env)
+    monkeypatch.setattr(errors.tempfile, "tempdir", str(tmp_path))
     out = tmp_path / "run"
     assert main(["train", *_RUN, "--out", str(out)]) == 70
     err = capsys.readouterr().err
@@ -443,12 +444,12 @@ def test_the_exit_codes_are_in_the_help(capsys):
 
 
 def test_a_closed_stdout_is_141_not_a_crash(tmp_path, capsys, monkeypatch):
-    import hotloop.guards.cli as cli
+    import hotloop.guards.commands.train as train
 
     def closed(*args):
         raise BrokenPipeError(32, "Broken pipe")
 
-    monkeypatch.setattr(cli, "_execute", closed)
+    monkeypatch.setattr(train, "execute", closed)
     assert main(["train", *_RUN, "--out", str(tmp_path / "run")]) == 141
     assert "internal error" not in capsys.readouterr().err and not (tmp_path / "run" / "error.log").exists()
 

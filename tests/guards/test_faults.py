@@ -135,7 +135,8 @@ def test_the_gate_cli_catches_each_fault_with_exit_1_not_a_crash(name, tmp_path,
     (an internal error, traceback in the run folder's error.log) is a crash, never a caught fault."""
     import json
 
-    from hotloop.guards.cli import ERROR_LOG, INTERNAL_ERROR, main
+    from hotloop.guards.cli import main
+    from hotloop.guards.commands.errors import ERROR_LOG, INTERNAL_ERROR
 
     out = tmp_path / "run"
     sn = ["--set", "spectral_norm=true"] if name == "sn_split" else []  # whatever the preset says

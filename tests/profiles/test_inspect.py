@@ -1,7 +1,7 @@
 """`hotloop inspect`: tables and --json per trace file, format told by the header, exit 2 naming an unreadable
 file while the others are still reported (any exception of one file is its error; --json stays one JSON document
 with the errors in it), the trace-anomalies line, and a quiet exit 141 when stdout is closed early. The parser is
-built here the way guards/cli.py wires it."""
+built here the way hotloop.guards.commands.main wires it."""
 
 import argparse
 import json
@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from hotloop.profiles.inspect_cmd import add_inspect_parser, read_trace, run_inspect
+from hotloop.guards.commands.inspect import add_parser as add_inspect_parser
+from hotloop.guards.commands.inspect import run as run_inspect
+from hotloop.profiles.inspect_cmd import read_trace
 
 TRACES = Path(__file__).parents[1] / "data" / "traces"
 NSYS = str(TRACES / "h200" / "nsys_matmul_nvtx.sqlite")
