@@ -7,10 +7,11 @@
 #       baseline the clean gate x5 repeats (cartpole, 3 epochs: two steady ones for the epoch throughput) writing guards/baseline_files/<gpu>.json, copied into
 #                the installed package too (its lookup reads the installed package data); when it fails, the
 #                call stops after it
-#       gpusuite pytest -m "${GPUSUITE_MARKS:-gpu or perf}": the tests that need the GPU
+#       gpusuite pytest -m "${GPUSUITE_MARKS:-gpu or perf}" ${GPUSUITE_PATHS}: the tests that need the GPU (${GPUSUITE_TIMEOUT:-330} s)
 #       baseline_seed  the same for the seed-scale preset (<gpu>--seed-scale.json), then one clean gate against it
 #       clean5   ${CLEAN_RUNS:-5} clean gates of the default preset (3 epochs) against the installed baseline: the false alarms
 #                (${CLEAN_ARGS}: optional extra gate arguments, shell words, e.g. --loop-census)
+#       census   hotloop gate --census-overhead on cartpole (1 epoch) and a 100-step seed-scale run: the censuses' cost
 #       ciclean  ci/gate.sh clean only (2 epochs)
 #       precision python -m hotloop.trainer.precision_probe on cartpole and seed-scale: the probe's errors per GEMM
 #                product for the step, an IEEE forward and a one-TF32-dot backward (the bounds' evidence)
@@ -113,12 +114,20 @@ for part in "$@"; do
           > /tmp/r/clean5_$i.log 2>&1; echo "clean run $i rc=$? $(tail -n 1 /tmp/r/clean5_$i.log)"
         grep -E "^ *.*(FAIL)" /tmp/r/clean5_$i.log | head -n 5
       done ;;
+    census)
+      # issue 36: the loop and structure censuses' cost per iteration (`hotloop gate --census-overhead`), the
+      # default preset and a 100-step seed-scale run, no baseline (the overhead line is what this part is for)
+      timeout 150 $HL gate --preset cartpole --device cuda --epochs 1 --no-progress --no-baseline --census-overhead \
+        --out /tmp/r/census_cartpole > /tmp/r/census_cartpole.log 2>&1; echo "census cartpole rc=$?"
+      timeout 200 $HL gate "${SEED_SMALL[@]}" --no-baseline --census-overhead --out /tmp/r/census_seed \
+        > /tmp/r/census_seed.log 2>&1; echo "census seed-scale rc=$?"
+      grep -h -i "census" /tmp/r/census_cartpole.log /tmp/r/census_seed.log | head -n 12 ;;
     ciclean)
       HOTLOOP_SKIP_INSTALL=1 HOTLOOP_EPOCHS=2 HOTLOOP_RUN_DIR=/tmp/r/ci_clean timeout 240 bash ci/gate.sh \
         > /tmp/r/ci_clean.log 2>&1; echo "ci clean rc=$?"; tail -n 12 /tmp/r/ci_clean.log ;;
     gpusuite)
-      timeout 330 python3 -m pytest -q -p no:cacheprovider -m "${GPUSUITE_MARKS:-gpu or perf}" -rs \
-        --junitxml=/tmp/r/junit_gpusuite.xml > /tmp/r/pytest_gpusuite.log 2>&1
+      timeout ${GPUSUITE_TIMEOUT:-330} python3 -m pytest -q -p no:cacheprovider -m "${GPUSUITE_MARKS:-gpu or perf}" -rs \
+        ${GPUSUITE_PATHS:-} --junitxml=/tmp/r/junit_gpusuite.xml > /tmp/r/pytest_gpusuite.log 2>&1
       echo "pytest gpu/perf/smoke rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" /tmp/r/pytest_gpusuite.log | tail -n 25 ;;
     precision)
       for pre in cartpole seed-scale; do
