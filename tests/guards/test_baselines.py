@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from hotloop.guards.baselines import (COMPARE_COLUMNS, EPOCH_OVERHEAD_FLOOR_S, EPOCH_PREFIX, KERNEL_FLOOR_US,
+from hotloop.guards.baselines import (COMPARE_COLUMNS, EPOCH_FLOORS_S, EPOCH_METRICS, EPOCH_PREFIX, KERNEL_FLOOR_US,
                                       KERNEL_THRESHOLD, KERNEL_US_PREFIX, MAD_TO_SIGMA, NO_EPOCH_BASELINE, RETIRED,
                                       Baseline,
                                       BaselineError, baseline_path, compare, compare_epochs, config_mismatch,
@@ -254,22 +254,29 @@ def test_load_errors_name_the_file(tmp_path, text, problem):
 
 # Epoch throughput (issue item 5): the per-epoch table compared with the baseline.
 
-def _epochs(steps_per_s, gpu_ms=None, overhead_s=None):
+PHASES_S = {"evaluate_s": 0.03, "checkpoint_s": 0.002, "best_policy_s": 0.0, "table_s": 0.008}
+"""The per-epoch seconds of the phases outside the loop in `_epochs`' tables, as a clean cartpole run's."""
+
+
+def _epochs(steps_per_s, gpu_ms=None, overhead_s=None, phases=None):
     """A per-epoch table as hotloop.profiles.epoch_table writes it (the columns epoch_metrics reads, plus others):
-    epoch_total_s = wall_s + overhead_s (default 0.05 s per epoch)."""
+    epoch_total_s = wall_s + overhead_s (default 0.05 s per epoch); the phases outside the loop from `phases`
+    ({column: [one value per epoch]}) or PHASES_S."""
     n = len(steps_per_s)
+    cols = {c: (phases or {}).get(c, [v] * n) for c, v in PHASES_S.items()}
     wall = [1000 / v for v in steps_per_s]
     over = overhead_s if overhead_s is not None else [0.05] * n
     return pd.DataFrame({"epoch": range(1, n + 1), "learner_steps": [1000] * n,
                          "wall_s": wall, "learner_steps_per_s": steps_per_s,
                          "loss": [0.1] * n,
                          "gpu_ms_per_step": gpu_ms if gpu_ms is not None else [1000 / v for v in steps_per_s],
-                         "epoch_total_s": [w + o for w, o in zip(wall, over)]})
+                         "epoch_total_s": [w + o for w, o in zip(wall, over)], **cols})
 
 
 def test_epoch_metrics_leave_out_the_first_epoch_and_flag_a_one_epoch_run():
     m = epoch_metrics(_epochs([300.0, 5000.0, 4900.0], gpu_ms=[3.3, 0.2, 0.21], overhead_s=[2.0, 0.05, 0.07]))
-    assert list(m) == ["learner_steps_per_s", "gpu_ms_per_step", "epoch_total_s", "epoch_overhead_s"]
+    assert list(m) == list(EPOCH_METRICS) and EPOCH_METRICS[:4] == ("learner_steps_per_s", "gpu_ms_per_step",
+                                                                 "epoch_total_s", "epoch_overhead_s")
     assert m["learner_steps_per_s"] == [5000.0, 4900.0] and m["gpu_ms_per_step"] == [0.2, 0.21]
     assert m["epoch_total_s"] == pytest.approx([0.25, 1000 / 4900 + 0.07])
     assert m["epoch_overhead_s"] == pytest.approx([0.05, 0.07])  # epoch_total_s - wall_s
@@ -302,7 +309,8 @@ def test_an_epoch_throughput_drop_beyond_the_noise_rule_fails(tmp_path):
     assert list(df.columns) == COMPARE_COLUMNS
     rows = df.set_index("metric")
     assert list(rows.index) == [EPOCH_PREFIX + m for m in ("learner_steps_per_s", "gpu_ms_per_step",
-                                                          "epoch_total_s", "epoch_overhead_s")]
+                                                          "epoch_total_s", "epoch_overhead_s", "evaluate_s",
+                                                          "checkpoint_s", "best_policy_s", "table_s")]
     assert rows.loc["epoch_epoch_overhead_s", "verdict"] == "PASS"  # the same 0.05 s outside the loop
     steps, ms = rows.loc["epoch_learner_steps_per_s"], rows.loc["epoch_gpu_ms_per_step"]
     assert steps.verdict == "FAIL" and steps.kind == "timing" and steps.baseline == 5000.0 and steps.run == 4650.0
@@ -361,10 +369,27 @@ def test_a_regression_outside_the_loop_fails_though_the_loop_did_not_move(tmp_pa
     assert rows.loc["epoch_learner_steps_per_s", "verdict"] == "PASS"
     over = rows.loc["epoch_epoch_overhead_s"]
     assert over.verdict == "FAIL" and over.baseline == pytest.approx(0.05) and over.run == pytest.approx(0.09)
-    assert over.allowed == pytest.approx(EPOCH_OVERHEAD_FLOOR_S) and "or 0.02 s" in over.rule
+    assert over.allowed == pytest.approx(EPOCH_FLOORS_S["epoch_overhead_s"]) and "or 0.02 s" in over.rule
     # within the floor (fsync jitter of the table writes): passes
     jitter = compare_epochs(_epochs(BASE_EPOCHS[:4], overhead_s=[1.0, 0.065, 0.06, 0.066]), base)
     assert jitter.set_index("metric").loc["epoch_epoch_overhead_s", "verdict"] == "PASS"
+
+
+def test_one_phase_outside_the_loop_is_judged_on_its_own(tmp_path):
+    """A checkpoint written on the main thread again on a fast host: +12 ms in checkpoint_s (2 -> 14 ms) is within
+    epoch_overhead_s's 20 ms floor but beyond checkpoint_s's 5 ms; one slow table write (one epoch) is not a
+    regression of the median."""
+    base = _epoch_baseline(tmp_path, BASE_EPOCHS)
+    n = 5
+    blocking = compare_epochs(_epochs(BASE_EPOCHS[:n], overhead_s=[1.0] + [0.062] * (n - 1),
+                                      phases={"checkpoint_s": [0.05] + [0.014] * (n - 1)}), base).set_index("metric")
+    assert blocking.loc["epoch_epoch_overhead_s", "verdict"] == "PASS"
+    row = blocking.loc["epoch_checkpoint_s"]
+    assert row.verdict == "FAIL" and row.baseline == pytest.approx(0.002) and row.run == pytest.approx(0.014)
+    assert row.allowed == pytest.approx(EPOCH_FLOORS_S["checkpoint_s"]) and "or 0.005 s" in row.rule
+    assert blocking.loc["epoch_evaluate_s", "verdict"] == "PASS"
+    one_slow = compare_epochs(_epochs(BASE_EPOCHS[:n], phases={"table_s": [0.02, 0.008, 0.057, 0.009, 0.008]}), base)
+    assert set(one_slow.verdict) == {"PASS"}
 
 
 def test_an_epoch_throughput_change_within_noise_passes(tmp_path):

@@ -4,12 +4,13 @@
 #   bash results/h200/device/device_run_hot.sh OUT_DIR COMMIT PART...
 # PART: tests    pytest -m "not slow" on the GPU (incl. the fault tests of tests/guards/test_faults.py); ${TESTS_TIMEOUT:-300} s:
 #                the whole suite needs more since 2026-12-03 (650 of 1376 tests in 300 s): give it a call of its own
-#       baseline the clean gate x5 repeats (cartpole, 3 epochs: two steady ones for the epoch throughput) writing guards/baseline_files/<gpu>.json, copied into
+#       baseline the clean gate x5 repeats (cartpole, ${GATE_EPOCHS:-12} epochs, the preset's: 11 steady ones, whose median
+#                the epoch rows judge; one slow table write in 2 epochs moved it) writing guards/baseline_files/<gpu>.json, copied into
 #                the installed package too (its lookup reads the installed package data); when it fails, the
 #                call stops after it
 #       gpusuite pytest -m "${GPUSUITE_MARKS:-gpu or perf}" ${GPUSUITE_PATHS}: the tests that need the GPU (${GPUSUITE_TIMEOUT:-330} s)
 #       baseline_seed  the same for the seed-scale preset (<gpu>--seed-scale.json), then one clean gate against it
-#       clean5   ${CLEAN_RUNS:-5} clean gates of the default preset (3 epochs) against the installed baseline: the false alarms
+#       clean5   ${CLEAN_RUNS:-5} clean gates of the default preset (${GATE_EPOCHS:-12} epochs) against the installed baseline: the false alarms
 #                (${CLEAN_ARGS}: optional extra gate arguments, shell words, e.g. --loop-census)
 #       census   hotloop gate --census-overhead on cartpole (1 epoch) and a 100-step seed-scale run: the censuses' cost
 #       ciclean  ci/gate.sh clean only (2 epochs)
@@ -94,7 +95,7 @@ for part in "$@"; do
       done
       cp guards/baseline_files/*.json /tmp/r/ 2>/dev/null ;;
     baseline)
-      timeout 200 $HL gate --preset cartpole --device cuda --epochs 3 --repeats 5 --no-progress --out /tmp/r/gate_clean \
+      timeout 240 $HL gate --preset cartpole --device cuda --epochs ${GATE_EPOCHS:-12} --repeats 5 --no-progress --out /tmp/r/gate_clean \
         --baseline-dir guards/baseline_files --update-baseline > /tmp/r/gate_clean.log 2>&1; rc=$?; echo "clean rc=$rc"
       ((rc == 0)) || stop=1  # a clean gate that fails makes every later part's result meaningless
       tail -n 6 /tmp/r/gate_clean.log; cp guards/baseline_files/*.json /tmp/site/hotloop/guards/baseline_files/
@@ -110,7 +111,7 @@ for part in "$@"; do
     clean5)
       # the clean tree's false-alarm check: five gates of the default preset against the installed baseline
       for i in $(seq "${CLEAN_RUNS:-5}"); do
-        timeout 120 $HL gate --preset cartpole --device cuda --epochs 3 --no-progress ${CLEAN_ARGS:-} --out /tmp/r/clean5_$i \
+        timeout 120 $HL gate --preset cartpole --device cuda --epochs ${GATE_EPOCHS:-12} --no-progress ${CLEAN_ARGS:-} --out /tmp/r/clean5_$i \
           > /tmp/r/clean5_$i.log 2>&1; echo "clean run $i rc=$? $(tail -n 1 /tmp/r/clean5_$i.log)"
         grep -E "^ *.*(FAIL)" /tmp/r/clean5_$i.log | head -n 5
       done ;;
