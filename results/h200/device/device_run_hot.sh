@@ -46,7 +46,8 @@
 #       cartpole_fast  the cartpole-fast preset: hotloop on the GPU, seeds 1-6 one after another, while the reference
 #                learner runs the same seeds on CPU cores 8-13 (one core each, OMP_NUM_THREADS=1); wall time and
 #                steps to a mean return of 475 from epochs.csv, and each process's wall time
-#       wholerun cartpole-fast twice (cold, warm kernel cache) and seed-scale 5 epochs: the run timelines (issue 37)
+#       wholerun cartpole-fast cold, warm kernel cache, and warm with a bytecode cache too; seed-scale 5 epochs: the
+#                run timelines (issue 37)
 #       startup  where a run's start-up goes here: .pyc files of torch/matplotlib, import times, -X importtime
 #       seedkill kill -9 during a seed-scale background checkpoint write, then --resume: every epoch once (issue 37)
 #       seed3    hotloop train --preset seed-scale --epochs 3: the per-epoch wall time (learner steps/s) only
@@ -265,8 +266,11 @@ print(g.sort_values('median', ascending=False).to_string())" /tmp/r/abgate_$n/tr
     wholerun)
       # issue 37: cartpole-fast twice (the first compiles: a cold kernel cache; the second: warm), then seed-scale
       # for 5 epochs; each run's printed timeline summary, its per-epoch *_s columns and timeline.csv
-      for i in cold warm; do
-        timeout 150 $HL train --preset cartpole-fast --seed 1 --no-progress --out /tmp/r/fast_$i > /tmp/r/fast_$i.log 2>&1
+      # then twice with a writable bytecode cache (PYTHONPYCACHEPREFIX; the image's torch has no .pyc and sets
+      # PYTHONDONTWRITEBYTECODE, where a pip install compiles them): pyc_fill writes it, warm_pyc is a user's warm run
+      for i in cold warm pyc_fill warm_pyc; do
+        pyc=(); [[ $i == *pyc* ]] && pyc=(env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=/tmp/pyc)
+        timeout 150 "${pyc[@]}" $HL train --preset cartpole-fast --seed 1 --no-progress --out /tmp/r/fast_$i > /tmp/r/fast_$i.log 2>&1
         echo "cartpole-fast $i rc=$?"; grep -E "^(hotloop: (run|  the rest|  in the|checkpoints)|epoch 1:)" /tmp/r/fast_$i.log
         cp /tmp/r/fast_$i/timeline.csv /tmp/r/fast_$i/epochs.csv /tmp/r/ 2>/dev/null
         mv /tmp/r/timeline.csv /tmp/r/timeline_fast_$i.csv; mv /tmp/r/epochs.csv /tmp/r/epochs_fast_$i.csv
