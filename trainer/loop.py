@@ -156,7 +156,8 @@ class Trainer:
         else:
             self.learner = DQNLearner(cfg, self.env.obs_dim, self.env.action_nvec, self.device)
         self.returns = EpisodeReturns(cfg.num_envs, self.device)
-        self.evaluator = build_evaluator(cfg, self.learner.greedy, self.device, self.on_phase)
+        flat = (self.learner.layout, self.learner.params) if isinstance(self.learner, HotLearner) else None
+        self.evaluator = build_evaluator(cfg, self.learner.greedy, self.device, self.on_phase, flat)
         self.eval_env = self.evaluator.env if self.evaluator is not None else None
         self._obs = self.env.reset(seed=cfg.seed)
         per_update = cfg.env_steps_per_update * cfg.num_envs
