@@ -153,15 +153,14 @@ class GreedyEvaluator:
         fused: True: the fused path (ValueError unless `fusable(env, flat)`; on the CPU the kernel runs on the
             Triton interpreter); False: never; None (default): exactly when the env is fusable and the device path
             is chosen (on CUDA, device_path not False).
-    Attributes: env, horizon (the time limit or None), chunk (steps per chunk), device_path, fused, net (the fused
-        path's `ActingNet`, else None), scratch ((2, N, net.max_width) float32 on env.device, its workspace, else
-        None), use_graph (never with the fused path), graph
-        (CUDAGraph or None), obs (N, obs_dim) env dtype and running (N,) bool on env.device (the chunked device
-        path's buffers, allocated here once; None on the other paths), total (N,) float64 on env.device (the
-        device and fused paths' returns; None on the reference path), eager_chunks (host count of chunks
-        run eagerly), capture_s (seconds of the capture, nan before it: the first evaluation on CUDA), last_s
-        (seconds of the last `evaluate`, host wall time to its result; nan before), times_s (every evaluation's
-        seconds, in order).
+    Attributes: env, flat, horizon (the time limit or None), chunk (steps per chunk), device_path, fused, net (the
+        fused path's `ActingNet`, else None), scratch ((2, N, net.max_width) float32 on env.device, its workspace,
+        else None), use_graph (never with the fused path), graph (CUDAGraph or None), obs (N, obs_dim) env dtype and
+        running (N,) bool on env.device (the chunked device path's buffers, allocated here once; None on the other
+        paths), total (N,) float64 on env.device (the device and fused paths' returns; None on the reference path),
+        eager_chunks (host count of chunks run eagerly), capture_s (seconds of the capture, nan before it: the first
+        evaluation on CUDA), last_s (seconds of the last `evaluate`, host wall time to its result; nan before),
+        times_s (every evaluation's seconds, in order).
     Raises ValueError as stated for device_path, capture and fused, and for chunk_steps < 1.
     """
 
@@ -185,7 +184,7 @@ class GreedyEvaluator:
             raise ValueError(f"{type(env).__name__} cannot run the fused evaluation: it needs a float32 CartPoleVec "
                              "and the hotloop learner's flat net (4 inputs, one branch of 2 actions) on its device")
         self.fused = fusable(env, flat) and cuda and self.device_path if fused is None else bool(fused)
-        self.flat = flat if self.fused else None
+        self.flat = flat
         self.net = ActingNet.from_layout(flat[0], env.device) if self.fused else None
         self.use_graph = self.device_path and not self.fused and (cuda if capture is None else bool(capture))
         self.chunk = min(chunk_steps, self.horizon) if self.device_path else chunk_steps
