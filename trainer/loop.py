@@ -332,12 +332,13 @@ class Trainer:
     def evaluate(self, seed: int, max_steps: int = 10_000) -> float:
         """Mean return (host float) of one greedy (epsilon 0) episode in each of the `eval_episodes` env copies reset
         with `seed`, at most `max_steps` steps each, or nan when evaluation is off: `self.evaluator`
-        (hotloop.trainer.evaluation.GreedyEvaluator). On CUDA with a capturable env, a CUDA graph of a chunk of steps
+        (hotloop.trainer.evaluation.GreedyEvaluator). On CUDA, CartPole with the hotloop learner in one fused launch
+        (kernels/greedy_eval.py), one host read at the end; another capturable env as a CUDA graph of a chunk of steps
         replayed up to the env's time limit, one host read at the end (the first evaluation runs one chunk eagerly,
-        then captures: a "capture" phase, `evaluator.capture_s`); elsewhere the eager reference loop, which checks
-        for the end every 50 steps (a host read each). Both give the same returns bit for bit. Seconds of each
-        evaluation: `evaluator.last_s`, `evaluator.times_s`. Runs outside the timed epoch (run_epoch's "evaluate"
-        phase). Raises ValueError for a seed that is not an int or max_steps not an int >= 0."""
+        then captures: a "capture" phase, `evaluator.capture_s`); elsewhere the eager reference loop, which checks for
+        the end every 50 steps (a host read each). All give the same returns bit for bit. Seconds of each evaluation:
+        `evaluator.last_s`, `evaluator.times_s`. Runs outside the timed epoch (run_epoch's "evaluate" phase). Raises
+        ValueError for a seed that is not an int or max_steps not an int >= 0."""
         if self.evaluator is None:
             return float("nan")
         return self.evaluator.evaluate(seed, max_steps)
