@@ -77,8 +77,8 @@ def test_the_fused_evaluation_equals_the_reference_on_random_weights(num_envs, l
     got = _run(learner, env, 3, limit, block_n)
     want = evaluate_reference(env, learner.greedy, 3)
     assert got.dtype == torch.float64 and not bool(got.isnan().any()), "an env's return was not written"
-    assert bool(want.min() < limit) and bool(want.max() == limit), "want episodes that end early and at the limit"
-    if DEVICE == "cpu":
+    if DEVICE == "cpu":  # these weights' episodes (a GPU's TF32 forward may act otherwise: no claim there)
+        assert bool(want.min() < limit) and bool(want.max() == limit), "want episodes that end early and at the limit"
         clear = _clear_of_ties(env, learner, 3, limit)
         assert int(clear.sum()) >= num_envs - max(1, num_envs // 8), "ties in most envs: the comparison saw little"
         assert torch.equal(got[clear], want[clear]), (got.tolist(), want.tolist())
@@ -91,8 +91,10 @@ def test_max_steps_cuts_the_episodes_and_zero_steps_returns_zeros():
     env = CartPoleVec(24, device=DEVICE, seed=5, max_episode_steps=25)
     got = _run(learner, env, 3, 9)
     want = evaluate_reference(env, learner.greedy, 3, max_steps=9)
-    assert bool((want == 9).any()), "some episodes still run at step 9"
-    clear = _clear_of_ties(env, learner, 3, 9) if DEVICE == "cpu" else torch.ones_like(want, dtype=torch.bool)
+    clear = torch.ones_like(want, dtype=torch.bool)
+    if DEVICE == "cpu":
+        assert bool((want == 9).any()), "some episodes still run at step 9"
+        clear = _clear_of_ties(env, learner, 3, 9)
     assert torch.equal(got[clear], want[clear])
     assert torch.equal(_run(learner, env, 3, 0), torch.zeros(24, dtype=torch.float64, device=DEVICE))
 

@@ -247,7 +247,8 @@ def test_the_fused_path_returns_equal_the_eager_paths(num_envs=70):  # 2 program
         assert torch.equal(got, want), (seed, got.tolist(), want.tolist())
         assert fused.evaluate(seed) == want.mean().item()
     assert chunked.evaluate(11) == fused.evaluate(11)
-    assert bool(got.min() < 25) and bool(got.max() == 25), "want episodes that end early and ones cut by the limit"
+    if DEVICE == "cpu":  # these weights' episodes (a GPU's TF32 forward may act otherwise: no claim there)
+        assert bool(got.min() < 25) and bool(got.max() == 25), "want episodes that end early and ones the limit cut"
     assert torch.equal(fused.returns(3, max_steps=13).clone(), evaluate_reference(env, learner.greedy, 3, 13))
     assert fused.graph is None and fused.eager_chunks == 0 and math.isnan(fused.capture_s)
 
