@@ -86,6 +86,17 @@ def test_the_fused_evaluation_equals_the_reference_on_random_weights(num_envs, l
         assert torch.equal(got, want), (got.tolist(), want.tolist())
 
 
+def test_the_operands_are_rounded_as_the_learners_forward_rounds_them(hardware_tf32):
+    # Hopper's TF32 dots emulated on the interpreter: the reference's forward and the kernel round their operands
+    learner = _learner(4)
+    env = CartPoleVec(70, device=DEVICE, seed=5, max_episode_steps=25)
+    got = _run(learner, env, 11, 25)
+    want = evaluate_reference(env, learner.greedy, 11)
+    assert hardware_tf32["tf32"] > 0
+    clear = _clear_of_ties(env, learner, 11, 25)
+    assert int(clear.sum()) >= 70 - 70 // 8 and torch.equal(got[clear], want[clear]), (got.tolist(), want.tolist())
+
+
 def test_max_steps_cuts_the_episodes_and_zero_steps_returns_zeros():
     learner = _learner(4)
     env = CartPoleVec(24, device=DEVICE, seed=5, max_episode_steps=25)
