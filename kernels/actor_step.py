@@ -10,9 +10,11 @@ insert (observation, action, reward, next observation, terminal) and the episode
   the greedy action per branch from the flat dueling branching net (trainer/flat_net.py's layout: every hidden layer
   relu(g * (x W^T) + b), then the dueling heads Q_d = V + A_d - mean A_d; Wang et al. 2016, Tavakoli et al. 2018)
   as TF32 dots on operands rounded to TF32 (the learner's forward placement, kernels/linear.py), the activations
-  staged per program through a scratch buffer (rows of one program only: a barrier orders them); epsilon-greedy
+  staged per program through a scratch buffer (rows of one program only: a barrier orders them) -- kernels/acting.py's
+  `hidden_layers` and `greedy_actions`, which the greedy evaluation's kernel shares; epsilon-greedy
   (explore where u[n, 0] < epsilon, branch d's random action floor(u[n, 1 + d] * A)); the env step with autoreset
-  (CartPole-v1 with Gymnasium's operations in Gymnasium's order, trainer/envs/cartpole.py; or the synthetic tanh
+  (CartPole-v1 with Gymnasium's operations in Gymnasium's order, trainer/envs/cartpole.py, each rounded as the eager
+  torch op on the GPU: kernels/acting.py's `cartpole_dynamics`; or the synthetic tanh
   recurrence, trainer/envs/synthetic.py, its products in IEEE FP32); the transition written to the replay's ring at
   slot (pos + n) % capacity; the new observation over the old; the running episode returns, with each finished
   episode's return and a done flag left for the commit.
@@ -30,7 +32,6 @@ test_actor_step.py checks the two against each other on fresh random input.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -38,19 +39,11 @@ import triton
 import triton.language as tl
 
 from hotloop.kernels._common import check_tensor, interpreting
-from hotloop.kernels.tf32_split import tf32_rna
+from hotloop.kernels.acting import (RESET_BOUND, RESET_SPAN, ActingNet, cartpole_dynamics, greedy_actions,
+                                     hidden_layers)
 
 ENV_CARTPOLE, ENV_SYNTHETIC = 0, 1
 """The env kinds the fused step simulates (the `ENV` constexpr)."""
-
-# CartPole-v1's constants (Gymnasium's; trainer/envs/cartpole.py holds the same, a test checks: kernels import no
-# trainer module)
-_CARTPOLE_CONSTANTS = (9.8, 0.1, 0.1 + 1.0, 0.5, 0.1 * 0.5, 10.0, 0.02, 12 * 2 * math.pi / 360, 2.4, 2 * 0.05, 0.05)
-"""gravity, pole mass, total mass, half length, pole mass x half length, force, tau, theta and x thresholds, the
-reset span and bound; as constexpr globals below (a Triton kernel reads no other module global)."""
-(_GRAVITY, _MASSPOLE, _TOTAL_MASS, _LENGTH, _POLEMASS_LENGTH, _FORCE_MAG, _TAU, _THETA_THRESHOLD, _X_THRESHOLD,
- _RESET_SPAN, _RESET_BOUND) = (tl.constexpr(c) for c in _CARTPOLE_CONSTANTS)
-
 
 @triton.jit
 def _uniform(key, n, W: tl.constexpr, col):
@@ -59,99 +52,19 @@ def _uniform(key, n, W: tl.constexpr, col):
 
 
 @triton.jit
-def _hidden_layers(w_ptr, table_ptr, num_layers, scratch_ptr, n, mask_n, N, MAXW,
-                   BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
-    """The hidden layers of the table in turn: scratch[l % 2] = relu(g * (scratch[(l + 1) % 2] W^T) + b) for this
-    program's rows (the input of layer 0 is in scratch[1]). Returns the index of the buffer holding the last."""
-    for layer in range(num_layers):
-        w_off = tl.load(table_ptr + layer * 6)
-        b_off = tl.load(table_ptr + layer * 6 + 1)
-        g_off = tl.load(table_ptr + layer * 6 + 2)
-        rows = tl.load(table_ptr + layer * 6 + 3)
-        cols = tl.load(table_ptr + layer * 6 + 4)
-        group = tl.load(table_ptr + layer * 6 + 5)
-        src = scratch_ptr + ((layer + 1) % 2) * N * MAXW
-        dst = scratch_ptr + (layer % 2) * N * MAXW
-        for r0 in range(0, rows, BLOCK_R):
-            r = r0 + tl.arange(0, BLOCK_R)
-            mask_r = r < rows
-            acc = tl.zeros((BLOCK_N, BLOCK_R), dtype=tl.float32)
-            for k0 in range(0, cols, BLOCK_K):
-                k = k0 + tl.arange(0, BLOCK_K)
-                mask_k = k < cols
-                x = tl.load(src + n[:, None] * MAXW + k[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0.0)
-                w = tl.load(w_ptr + w_off + r[None, :] * cols + k[:, None], mask=mask_k[:, None] & mask_r[None, :],
-                            other=0.0)
-                acc = tl.dot(tf32_rna(x), tf32_rna(w), acc, input_precision="tf32")
-            g = tl.load(w_ptr + g_off + r // group, mask=mask_r, other=0.0)
-            b = tl.load(w_ptr + b_off + r, mask=mask_r, other=0.0)
-            y = tl.maximum(acc * g[None, :] + b[None, :], 0.0)
-            tl.store(dst + n[:, None] * MAXW + r[None, :], y, mask=mask_n[:, None] & mask_r[None, :])
-        tl.debug_barrier()  # the next layer reads what other threads of this program wrote
-    return (num_layers + 1) % 2
-
-
-@triton.jit
-def _greedy(w_ptr, out_w, out_b, out_g, h_ptr, n, mask_n, MAXW, H,
-            D: tl.constexpr, A: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_J: tl.constexpr,
-            BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
-    """argmax_a Q_d(s, a) per branch, (BLOCK_N, BLOCK_D) int64 (the first maximum, as torch.argmax), from the stacked
-    hidden output h (rows n, stride MAXW) through the dueling heads (kernels/heads.py's `heads_reference`)."""
-    j = tl.arange(0, BLOCK_J)
-    mask_j = j < 1 + D * A
-    grp = tl.where(j == 0, 0, (j - 1) // A + 1)
-    acc = tl.zeros((BLOCK_N, BLOCK_J), dtype=tl.float32)
-    for blk in tl.static_range(1 + D):
-        for k0 in range(0, H, BLOCK_K):
-            k = k0 + tl.arange(0, BLOCK_K)
-            mask_k = k < H
-            x = tl.load(h_ptr + n[:, None] * MAXW + blk * H + k[None, :], mask=mask_n[:, None] & mask_k[None, :],
-                        other=0.0)
-            w = tl.load(w_ptr + out_w + j[None, :] * H + k[:, None],
-                        mask=mask_k[:, None] & (mask_j & (grp == blk))[None, :], other=0.0)
-            acc = tl.dot(tf32_rna(x), tf32_rna(w), acc, input_precision="tf32")
-    g = tl.load(w_ptr + out_g + grp, mask=mask_j, other=0.0)
-    b = tl.load(w_ptr + out_b + j, mask=mask_j, other=0.0)
-    out = acc * g[None, :] + b[None, :]
-    value = tl.sum(tl.where((j == 0)[None, :], out, 0.0), axis=1)
-    dcol = tl.arange(0, BLOCK_D)
-    greedy = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.int64)
-    for d in tl.static_range(D):
-        sel = ((grp == d + 1) & mask_j)[None, :]
-        mean_d = tl.sum(tl.where(sel, out, 0.0), axis=1) / A
-        q = tl.where(sel, value[:, None] + out - mean_d[:, None], -float("inf"))
-        best = tl.max(q, axis=1)
-        first = tl.min(tl.where(sel & (q == best[:, None]), j[None, :], BLOCK_J), axis=1) - (1 + d * A)
-        first = tl.where((first >= 0) & (first < A), first, 0)  # all-NaN Q: action 0
-        greedy += tl.where((dcol == d)[None, :], first.to(tl.int64)[:, None], 0)
-    return greedy
-
-
-@triton.jit
-def _cartpole_step(obs_ptr, n, mask_n, a0, key, W: tl.constexpr, D: tl.constexpr):
-    """CartPole-v1 from the observation columns at obs_ptr (rows n, 4 floats each) under actions a0: Gymnasium's
-    operations in Gymnasium's order (trainer/envs/cartpole.py). Returns (next state's 4 columns, terminated, the
-    4 reset columns drawn from the env's uniforms)."""
+def _cartpole_step(obs_ptr, n, mask_n, a0, key, W: tl.constexpr, D: tl.constexpr, TORCH_CUDA: tl.constexpr):
+    """CartPole-v1 from the observation columns at obs_ptr (rows n, 4 floats each) under actions a0
+    (kernels/acting.py's `cartpole_dynamics`). Returns (next state's 4 columns, terminated, the 4 reset columns
+    drawn from the env's uniforms)."""
     x = tl.load(obs_ptr + n * 4, mask=mask_n, other=0.0)
     x_dot = tl.load(obs_ptr + n * 4 + 1, mask=mask_n, other=0.0)
     theta = tl.load(obs_ptr + n * 4 + 2, mask=mask_n, other=0.0)
     theta_dot = tl.load(obs_ptr + n * 4 + 3, mask=mask_n, other=0.0)
-    force = tl.where(a0 == 1, _FORCE_MAG, -_FORCE_MAG)
-    costheta = tl.cos(theta)
-    sintheta = tl.sin(theta)
-    temp = (force + _POLEMASS_LENGTH * (theta_dot * theta_dot) * sintheta) / _TOTAL_MASS
-    thetaacc = (_GRAVITY * sintheta - costheta * temp) / (
-        _LENGTH * (4.0 / 3.0 - _MASSPOLE * (costheta * costheta) / _TOTAL_MASS))
-    xacc = temp - _POLEMASS_LENGTH * thetaacc * costheta / _TOTAL_MASS
-    nx = x + _TAU * x_dot
-    ntheta = theta + _TAU * theta_dot
-    terminated = (nx < -_X_THRESHOLD) | (nx > _X_THRESHOLD) | (ntheta < -_THETA_THRESHOLD) | \
-        (ntheta > _THETA_THRESHOLD)
-    nxt = (nx, x_dot + _TAU * xacc, ntheta, theta_dot + _TAU * thetaacc)
-    fresh = (_uniform(key, n, W, 1 + D) * _RESET_SPAN - _RESET_BOUND,
-             _uniform(key, n, W, 2 + D) * _RESET_SPAN - _RESET_BOUND,
-             _uniform(key, n, W, 3 + D) * _RESET_SPAN - _RESET_BOUND,
-             _uniform(key, n, W, 4 + D) * _RESET_SPAN - _RESET_BOUND)
+    nxt, terminated = cartpole_dynamics(x, x_dot, theta, theta_dot, a0, TORCH_CUDA)
+    fresh = (_uniform(key, n, W, 1 + D) * RESET_SPAN - RESET_BOUND,
+             _uniform(key, n, W, 2 + D) * RESET_SPAN - RESET_BOUND,
+             _uniform(key, n, W, 3 + D) * RESET_SPAN - RESET_BOUND,
+             _uniform(key, n, W, 4 + D) * RESET_SPAN - RESET_BOUND)
     return nxt, terminated, fresh
 
 
@@ -164,7 +77,7 @@ def _actor_step_kernel(
         running_ptr, ended_ptr, done_ptr,
         N, OBS: tl.constexpr, D: tl.constexpr, A: tl.constexpr, W: tl.constexpr, ENV: tl.constexpr,
         BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_J: tl.constexpr,
-        BLOCK_D: tl.constexpr, BLOCK_O: tl.constexpr):
+        BLOCK_D: tl.constexpr, BLOCK_O: tl.constexpr, TORCH_CUDA: tl.constexpr):
     pid = tl.program_id(0)
     n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = n < N
@@ -186,9 +99,10 @@ def _actor_step_kernel(
     tl.debug_barrier()
 
     # acting: the net's greedy actions, then epsilon-greedy
-    last = _hidden_layers(w_ptr, table_ptr, num_layers, scratch_ptr, n, mask_n, N, MAXW, BLOCK_N, BLOCK_R, BLOCK_K)
-    greedy = _greedy(w_ptr, out_w, out_b, out_g, scratch_ptr + last * N * MAXW, n, mask_n, MAXW, H, D, A,
-                     BLOCK_N, BLOCK_J, BLOCK_K, BLOCK_D)
+    last = hidden_layers(w_ptr, table_ptr, num_layers, scratch_ptr, n, mask_n, N, MAXW, BLOCK_N, BLOCK_R, BLOCK_K,
+                         True)
+    greedy = greedy_actions(w_ptr, out_w, out_b, out_g, scratch_ptr + last * N * MAXW, n, mask_n, MAXW, H, D, A,
+                            BLOCK_N, BLOCK_J, BLOCK_K, BLOCK_D, True)
     dcol = tl.arange(0, BLOCK_D)
     mask_d = dcol < D
     explore = _uniform(key, n, W, 0) < eps
@@ -201,7 +115,7 @@ def _actor_step_kernel(
     truncated = elapsed >= time_limit
     if ENV == 0:
         a0 = tl.sum(tl.where((dcol == 0)[None, :], action, 0), axis=1)
-        nxt, terminated, fresh = _cartpole_step(obs_ptr, n, mask_n, a0, key, W, D)
+        nxt, terminated, fresh = _cartpole_step(obs_ptr, n, mask_n, a0, key, W, D, TORCH_CUDA)
         reward = tl.full((BLOCK_N,), 1.0, tl.float32)
         done = terminated | truncated
         for c in tl.static_range(4):
@@ -279,37 +193,6 @@ def _actor_commit_kernel(done_ptr, ended_ptr, ring_ptr, finished_ptr, t_ptr, pos
         tl.store(t_ptr, tl.load(t_ptr) + 1)
         tl.store(pos_ptr, (tl.load(pos_ptr) + N) % capacity)
         tl.store(ticket_ptr, 0)
-
-
-@dataclass(frozen=True)
-class ActingNet:
-    """Where the flat net's parameters sit, for the fused actor's forward (trainer/flat_net.py's `FlatLayout`).
-
-    table: (L, 6) int64 device tensor, one row per hidden layer (the trunk's, then the stacked head-hidden layer):
-        w_offset, b_offset, g_offset, rows, cols, gain_group; every one followed by a ReLU.
-    out_w, out_b, out_g: offsets of the output layer's W_out (1 + D A, H), b_out, g_out (1 + D,).
-    head_hidden: H; branches: D; actions: A; numel: P (the buffer's length); max_width: the widest layer input or
-    output (the scratch row length).
-    """
-    table: torch.Tensor
-    out_w: int
-    out_b: int
-    out_g: int
-    head_hidden: int
-    branches: int
-    actions: int
-    numel: int
-    max_width: int
-
-    @classmethod
-    def from_layout(cls, layout, device: torch.device) -> "ActingNet":
-        """From a `hotloop.trainer.flat_net.FlatLayout` (duck-typed: layers, out, head_hidden, branches, actions,
-        numel, obs_dim); the table goes to `device`."""
-        rows = [(x.w_offset, x.b_offset, x.g_offset, x.rows, x.cols, x.gain_group) for x in layout.layers]
-        widths = [layout.obs_dim, *(x.rows for x in layout.layers)]
-        return cls(torch.tensor(rows, dtype=torch.int64, device=device), layout.out.w_offset, layout.out.b_offset,
-                   layout.out.g_offset, layout.head_hidden, layout.branches, layout.actions, layout.numel,
-                   max(widths))
 
 
 @dataclass(frozen=True)
@@ -429,7 +312,8 @@ def actor_step(net: ActingNet, weights: torch.Tensor, buf: ActorBuffers, seed: i
         buf.replay_obs, buf.replay_action, buf.replay_reward, buf.replay_next_obs, buf.replay_terminated, cap,
         buf.running, buf.ended, buf.done, n, OBS=o, D=d, A=net.actions, W=uniforms, ENV=env, BLOCK_N=block_n,
         BLOCK_R=block_r, BLOCK_K=block_k, BLOCK_J=max(16, triton.next_power_of_2(1 + d * net.actions)),
-        BLOCK_D=triton.next_power_of_2(d), BLOCK_O=max(16, triton.next_power_of_2(o)), num_warps=warps)
+        BLOCK_D=triton.next_power_of_2(d), BLOCK_O=max(16, triton.next_power_of_2(o)),
+        TORCH_CUDA=not interpreting(), num_warps=warps)
 
 
 def actor_commit(buf: ActorBuffers) -> None:

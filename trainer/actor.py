@@ -30,7 +30,8 @@ import time
 
 import torch
 
-from hotloop.kernels.actor_step import ENV_CARTPOLE, ENV_SYNTHETIC, ActingNet, ActorBuffers, actor_commit, actor_step
+from hotloop.kernels.acting import ActingNet
+from hotloop.kernels.actor_step import ENV_CARTPOLE, ENV_SYNTHETIC, ActorBuffers, actor_commit, actor_step
 from hotloop.kernels.replay_batch import batch_uniforms
 from hotloop.kernels.segment_tree import tree_insert
 from hotloop.trainer.envs import CartPoleVec, SyntheticBatchEnv, VecEnv

@@ -1,7 +1,8 @@
 """Greedy evaluation of the learner's policy: one episode per env copy, epsilon 0, the mean of the first episodes'
 returns (the per-epoch table's `eval_return`).
 
-Two implementations of one evaluation, the same arithmetic step by step, so the same per-env returns bit for bit:
+Three implementations of one evaluation, the same arithmetic step by step, so the same per-env returns bit for bit
+(the fused path: on a GPU; tests/kernels/test_greedy_eval.py):
 
 - `evaluate_reference`: the eager loop the trainer has always run (reset with the seed; per step the learner's
   greedy actions, `env.step`, returns accumulated in float64 while each copy's first episode runs), which stops once
@@ -9,15 +10,23 @@ Two implementations of one evaluation, the same arithmetic step by step, so the 
   It is the reference the device path is tested against, and the path of every env the device path cannot run
   (the Gymnasium adapter: not `capturable`; an env with no known time limit) and of the CPU, where a host read
   waits for no device and stopping early saves the work.
-- the device path of `GreedyEvaluator`: the number of steps is known without reading the device: the env's time
-  limit (`episode_horizon`: CartPole's `max_episode_steps`, the synthetic env's `episode_length`), by which every
-  first episode has ended (both envs count the steps of an episode from the reset, and truncate at the limit). It
-  runs those steps in chunks of `chunk_steps` (the same function as the reference's loop body, with the masked sums
-  in buffers of fixed address); on CUDA one chunk is run eagerly first (it compiles the kernels and allocates the
-  buffers: nothing may be compiled during a capture, as trainer/actor.py DeviceActor.capture and
-  trainer/step.py HotLearner.capture), then captured once into a CUDA graph and replayed. Exactly one host read
-  per evaluation: the mean, at the end. Steps past the time limit (the last chunk may reach beyond it) add
-  `reward * False = +0.0` to every total, so they change nothing.
+- the fused path of `GreedyEvaluator` (CartPole in float32 with the hotloop learner's flat net, on CUDA): the whole
+  evaluation in ONE launch, `hotloop.kernels.greedy_eval.greedy_eval` (each program runs its block of envs to the
+  end of their first episodes: the flat net's forward as the learner's forward kernels compute it, the greedy
+  argmax, the CartPole step rounded as the eager torch ops; kernels/greedy_eval.py), after the env's reset (the
+  reset states drawn by the env's generator, as the reference draws them). No chunk, no graph, no host read but
+  the mean. The reference's later draws (the autoreset states after each copy's first episode, which its masked
+  totals never read) are not drawn: the env's generator and state are left where the reset put them, and every
+  evaluation re-seeds both.
+- the device path of `GreedyEvaluator` (every other capturable env with a time limit): the number of steps is known
+  without reading the device: the env's time limit (`episode_horizon`: CartPole's `max_episode_steps`, the synthetic
+  env's `episode_length`), by which every first episode has ended (both envs count the steps of an episode from the
+  reset, and truncate at the limit). It runs those steps in chunks of `chunk_steps` (the same function as the
+  reference's loop body, with the masked sums in buffers of fixed address); on CUDA one chunk is run eagerly first (it
+  compiles the kernels and allocates the buffers: nothing may be compiled during a capture, as trainer/actor.py
+  DeviceActor.capture and trainer/step.py HotLearner.capture), then captured once into a CUDA graph and replayed.
+  Exactly one host read per evaluation: the mean, at the end. Steps past the time limit (the last chunk may reach
+  beyond it) add `reward * False = +0.0` to every total, so they change nothing.
 
 Randomness inside `env.step`: without uniforms, the envs draw from their own generator (`env.generator`):
 CartPole the reset states of its autoreset (drawn every step, used only where an episode ended: after a copy's
@@ -40,10 +49,13 @@ from collections.abc import Callable
 
 import torch
 
+from hotloop.kernels.acting import ActingNet
+from hotloop.kernels.greedy_eval import greedy_eval
 from hotloop.profiles.ranges import phase_range
 from hotloop.trainer.actor import capturable
 from hotloop.trainer.config import Config
-from hotloop.trainer.envs import VecEnv, make_env
+from hotloop.trainer.envs import CartPoleVec, VecEnv, make_env
+from hotloop.trainer.flat_net import FlatLayout
 
 REFERENCE_CHECK_EVERY = 50
 """The reference loop reads on the host whether any first episode still runs every this many steps."""
@@ -54,6 +66,9 @@ of 500 is 10 replays)."""
 Greedy = Callable[[torch.Tensor], torch.Tensor]
 """The learner's greedy policy: obs (N, obs_dim) float on the env's device -> actions (N, D) int64, no host read
 (HotLearner.greedy, DQNLearner.greedy)."""
+FlatNet = tuple[FlatLayout, torch.Tensor]
+"""The hotloop learner's net as the fused path reads it: its layout and its live (P,) float32 parameters on the
+env's device (HotLearner.layout, HotLearner.params, updated in place), whose greedy policy is `Greedy`'s."""
 
 
 def episode_horizon(env: VecEnv) -> int | None:
@@ -94,6 +109,17 @@ def evaluate_reference(env: VecEnv, greedy: Greedy, seed: int, max_steps: int = 
     return total
 
 
+def fusable(env: VecEnv, flat: FlatNet | None) -> bool:
+    """Whether the fused evaluation (kernels/greedy_eval.py) can run `env` with `flat`: a float32 CartPoleVec and a
+    flat net of 4 inputs and one branch of 2 actions whose (P,) float32 parameters sit on the env's device (the
+    conditions of the fused actor's CartPole path, trainer/actor.py)."""
+    if flat is None or not isinstance(env, CartPoleVec) or env.dtype != torch.float32:
+        return False
+    layout, params = flat
+    return ((layout.obs_dim, layout.branches, layout.actions) == (4, 1, 2) and params.dtype == torch.float32
+            and tuple(params.shape) == (layout.numel,) and params.device == env.device)
+
+
 def chunk_plan(steps: int, horizon: int, chunk: int) -> tuple[int, int]:
     """(full chunks, remaining single steps) that run `steps` env steps in chunks of `chunk`: when `steps` reaches
     the time limit `horizon`, the remainder is rounded up to one more full chunk (its steps past the limit are
@@ -123,17 +149,24 @@ class GreedyEvaluator:
             True off CUDA: ValueError). Without it the chunks run eagerly, with no host read either.
         on_phase: called with "capture" before the capture and "evaluate" after it (the trainer's watchdog hook,
             Trainer.on_phase); the capture also opens a "capture" NVTX / record_function range.
-    Attributes: env, horizon (the time limit or None), chunk (steps per chunk), device_path, use_graph, graph
-        (CUDAGraph or None), obs (N, obs_dim) env dtype, total (N,) float64 and running (N,) bool on env.device (the
-        device path's buffers, allocated here once; None on the reference path), eager_chunks (host count of chunks
-        run eagerly), capture_s (seconds of the capture, nan before it: the first evaluation on CUDA), last_s
-        (seconds of the last `evaluate`, host wall time to its result; nan before), times_s (every evaluation's
-        seconds, in order).
-    Raises ValueError as stated for device_path and capture, and for chunk_steps < 1.
+        flat: the learner's flat net (`FlatNet`) where it is the hotloop learner's; None: no fused path.
+        fused: True: the fused path (ValueError unless `fusable(env, flat)`; on the CPU the kernel runs on the
+            Triton interpreter); False: never; None (default): exactly when the env is fusable and the device path
+            is chosen (on CUDA, device_path not False).
+    Attributes: env, flat, horizon (the time limit or None), chunk (steps per chunk), device_path, fused, net (the
+        fused path's `ActingNet`, else None), scratch ((2, N, net.max_width) float32 on env.device, its workspace,
+        else None), use_graph (never with the fused path), graph (CUDAGraph or None), obs (N, obs_dim) env dtype and
+        running (N,) bool on env.device (the chunked device path's buffers, allocated here once; None on the other
+        paths), total (N,) float64 on env.device (the device and fused paths' returns; None on the reference path),
+        eager_chunks (host count of chunks run eagerly), capture_s (seconds of the capture, nan before it: the first
+        evaluation on CUDA), last_s (seconds of the last `evaluate`, host wall time to its result; nan before),
+        times_s (every evaluation's seconds, in order).
+    Raises ValueError as stated for device_path, capture and fused, and for chunk_steps < 1.
     """
 
     def __init__(self, env: VecEnv, greedy: Greedy, *, chunk_steps: int = CHUNK_STEPS, device_path: bool | None = None,
-                 capture: bool | None = None, on_phase: Callable[[str], None] | None = None) -> None:
+                 capture: bool | None = None, on_phase: Callable[[str], None] | None = None,
+                 flat: FlatNet | None = None, fused: bool | None = None) -> None:
         if isinstance(chunk_steps, bool) or not isinstance(chunk_steps, int) or chunk_steps < 1:
             raise ValueError(f"chunk_steps must be an int >= 1, got {chunk_steps!r}")
         self.env, self.greedy = env, greedy
@@ -147,15 +180,24 @@ class GreedyEvaluator:
         self.device_path = possible and cuda if device_path is None else bool(device_path)
         if capture and not cuda:
             raise ValueError(f"capture needs a CUDA env, the env is on {env.device}")
-        self.use_graph = self.device_path and (cuda if capture is None else bool(capture))
+        if fused and not fusable(env, flat):
+            raise ValueError(f"{type(env).__name__} cannot run the fused evaluation: it needs a float32 CartPoleVec "
+                             "and the hotloop learner's flat net (4 inputs, one branch of 2 actions) on its device")
+        self.fused = fusable(env, flat) and cuda and self.device_path if fused is None else bool(fused)
+        self.flat = flat
+        self.net = ActingNet.from_layout(flat[0], env.device) if self.fused else None
+        self.use_graph = self.device_path and not self.fused and (cuda if capture is None else bool(capture))
         self.chunk = min(chunk_steps, self.horizon) if self.device_path else chunk_steps
         self.graph: torch.cuda.CUDAGraph | None = None
         self.eager_chunks = 0
         self.capture_s = self.last_s = math.nan
         self.times_s: list[float] = []
-        self.obs = self.total = self.running = None
-        if self.device_path:
-            n, dev = env.num_envs, env.device
+        self.obs = self.total = self.running = self.scratch = None
+        n, dev = env.num_envs, env.device
+        if self.fused:
+            self.total = torch.zeros(n, dtype=torch.float64, device=dev)
+            self.scratch = torch.empty(2, n, self.net.max_width, device=dev)
+        elif self.device_path:
             self.obs = torch.empty(n, env.obs_dim, dtype=getattr(env, "dtype", torch.float32), device=dev)
             self.total = torch.zeros(n, dtype=torch.float64, device=dev)
             self.running = torch.ones(n, dtype=torch.bool, device=dev)
@@ -211,10 +253,13 @@ class GreedyEvaluator:
     @torch.no_grad()
     def returns(self, seed: int, max_steps: int = 10_000) -> torch.Tensor:
         """Each copy's first-episode return for the episodes of reset seed `seed`, at most `max_steps` steps: (N,)
-        float64 on env.device, no host read on the device path (there: the live `total` buffer, overwritten by the
-        next evaluation: clone it to keep it). The reference path is `evaluate_reference`'s. Raises ValueError for
-        a seed that is not an int or max_steps not an int >= 0; RuntimeError from `capture`."""
+        float64 on env.device, no host read on the device and fused paths (there: the live `total` buffer,
+        overwritten by the next evaluation: clone it to keep it). The reference path is `evaluate_reference`'s.
+        Raises ValueError for a seed that is not an int or max_steps not an int >= 0; RuntimeError from `capture`."""
         _check_call(seed, max_steps)
+        if self.fused:  # the reset's states, then one launch runs every first episode to its end
+            steps = min(max_steps, self.horizon)
+            return greedy_eval(self.net, self.flat[1], self.env.reset(seed=seed), steps, self.total, self.scratch)
         if not self.device_path:
             return evaluate_reference(self.env, self.greedy, seed, max_steps)
         self.obs.copy_(self.env.reset(seed=seed))
@@ -237,11 +282,13 @@ class GreedyEvaluator:
 
 
 def build_evaluator(cfg: Config, greedy: Greedy, device: torch.device,
-                    on_phase: Callable[[str], None] | None = None) -> GreedyEvaluator | None:
+                    on_phase: Callable[[str], None] | None = None,
+                    flat: FlatNet | None = None) -> GreedyEvaluator | None:
     """The trainer's evaluator: `cfg.eval_episodes` copies of `cfg.env` on `device`, built with seed cfg.seed + 1 and
-    the config's env shape (hotloop.trainer.envs.make_env), evaluated with `greedy`; None when cfg.eval_episodes is 0.
-    Raises ValueError from make_env."""
+    the config's env shape (hotloop.trainer.envs.make_env), evaluated with `greedy`, through the fused kernel where
+    `flat` (the hotloop learner's net) and the env allow it on CUDA (GreedyEvaluator's default paths); None when
+    cfg.eval_episodes is 0. Raises ValueError from make_env."""
     if not cfg.eval_episodes:
         return None
     env = make_env(cfg.env, cfg.eval_episodes, device, cfg.seed + 1, **cfg.env_shape())
-    return GreedyEvaluator(env, greedy, on_phase=on_phase)
+    return GreedyEvaluator(env, greedy, on_phase=on_phase, flat=flat)

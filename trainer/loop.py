@@ -156,7 +156,8 @@ class Trainer:
         else:
             self.learner = DQNLearner(cfg, self.env.obs_dim, self.env.action_nvec, self.device)
         self.returns = EpisodeReturns(cfg.num_envs, self.device)
-        self.evaluator = build_evaluator(cfg, self.learner.greedy, self.device, self.on_phase)
+        flat = (self.learner.layout, self.learner.params) if isinstance(self.learner, HotLearner) else None
+        self.evaluator = build_evaluator(cfg, self.learner.greedy, self.device, self.on_phase, flat)
         self.eval_env = self.evaluator.env if self.evaluator is not None else None
         self._obs = self.env.reset(seed=cfg.seed)
         per_update = cfg.env_steps_per_update * cfg.num_envs
@@ -331,12 +332,13 @@ class Trainer:
     def evaluate(self, seed: int, max_steps: int = 10_000) -> float:
         """Mean return (host float) of one greedy (epsilon 0) episode in each of the `eval_episodes` env copies reset
         with `seed`, at most `max_steps` steps each, or nan when evaluation is off: `self.evaluator`
-        (hotloop.trainer.evaluation.GreedyEvaluator). On CUDA with a capturable env, a CUDA graph of a chunk of steps
+        (hotloop.trainer.evaluation.GreedyEvaluator). On CUDA, CartPole with the hotloop learner in one fused launch
+        (kernels/greedy_eval.py), one host read at the end; another capturable env as a CUDA graph of a chunk of steps
         replayed up to the env's time limit, one host read at the end (the first evaluation runs one chunk eagerly,
-        then captures: a "capture" phase, `evaluator.capture_s`); elsewhere the eager reference loop, which checks
-        for the end every 50 steps (a host read each). Both give the same returns bit for bit. Seconds of each
-        evaluation: `evaluator.last_s`, `evaluator.times_s`. Runs outside the timed epoch (run_epoch's "evaluate"
-        phase). Raises ValueError for a seed that is not an int or max_steps not an int >= 0."""
+        then captures: a "capture" phase, `evaluator.capture_s`); elsewhere the eager reference loop, which checks for
+        the end every 50 steps (a host read each). All give the same returns bit for bit. Seconds of each evaluation:
+        `evaluator.last_s`, `evaluator.times_s`. Runs outside the timed epoch (run_epoch's "evaluate" phase). Raises
+        ValueError for a seed that is not an int or max_steps not an int >= 0."""
         if self.evaluator is None:
             return float("nan")
         return self.evaluator.evaluate(seed, max_steps)

@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
-from hotloop.kernels.actor_step import (ENV_CARTPOLE, ActingNet, ActorBuffers, _CARTPOLE_CONSTANTS, actor_commit,
-                                        actor_step)
+from hotloop.kernels.acting import CARTPOLE_CONSTANTS, ActingNet
+from hotloop.kernels.actor_step import ENV_CARTPOLE, ActorBuffers, actor_commit, actor_step
 from hotloop.trainer.config import preset
 from hotloop.trainer.envs import cartpole
 from hotloop.trainer.loop import Trainer
@@ -132,7 +132,7 @@ def test_the_fused_step_equals_the_reference_step_on_random_input(env, num_envs,
 
 
 def test_the_cartpole_constants_are_the_env_modules():
-    assert _CARTPOLE_CONSTANTS == (cartpole.GRAVITY, cartpole.MASSPOLE, cartpole.TOTAL_MASS, cartpole.LENGTH,
+    assert CARTPOLE_CONSTANTS == (cartpole.GRAVITY, cartpole.MASSPOLE, cartpole.TOTAL_MASS, cartpole.LENGTH,
                                    cartpole.POLEMASS_LENGTH, cartpole.FORCE_MAG, cartpole.TAU,
                                    cartpole.THETA_THRESHOLD, cartpole.X_THRESHOLD, 2 * cartpole.RESET_BOUND,
                                    cartpole.RESET_BOUND)

@@ -1,8 +1,10 @@
-"""Greedy evaluation on the device (trainer/evaluation.py, issue 37 item 2): the device path's per-env returns equal
-the eager reference loop's bit for bit (both learners, CartPole and the synthetic env, episodes that end at
+"""Greedy evaluation on the device (trainer/evaluation.py, issue 37 item 2): the device path's and the fused path's
+(kernels/greedy_eval.py: CartPole with the hotloop learner's flat net, one launch) per-env returns equal the eager
+reference loop's bit for bit (both learners, CartPole and the synthetic env, episodes that end at
 different times, time limits that are no multiple of the chunk, max_steps that cut the episodes short); it reads the
 host once per evaluation where the reference reads every 50 steps; on a GPU its captured graph gives the same
-returns as the reference, captured once and replayed for every later evaluation."""
+returns as the reference, captured once and replayed for every later evaluation, and the trainer's evaluator of the
+hotloop learner on CartPole is the fused one."""
 
 from __future__ import annotations
 
@@ -212,13 +214,71 @@ def test_the_captured_evaluation_equals_the_reference_on_the_gpu(kind, env_name)
 
 
 @pytest.mark.gpu
-def test_the_trainer_evaluates_on_the_device_on_the_gpu():
-    tr = Trainer(preset("cartpole", device="cuda", **{**SMALL, "eval_episodes": 32}))
+@pytest.mark.parametrize("kind", ["hotloop", "reference"])
+def test_the_trainer_evaluates_on_the_device_on_the_gpu(kind):
+    # the hotloop learner's CartPole evaluation: the fused kernel, one launch; the reference learner's: the graph
+    tr = Trainer(preset("cartpole", learner=kind, device="cuda", **{**SMALL, "eval_episodes": 32}))
     ev = tr.evaluator
-    assert ev.device_path and ev.use_graph and ev.horizon == 500
+    assert ev.device_path and ev.horizon == 500 and ev.fused == (kind == "hotloop") and ev.use_graph != ev.fused
     first = tr.evaluate(seed=7)
-    assert ev.graph is not None and ev.capture_s > 0 and len(ev.times_s) == 1
+    assert (ev.graph is None) == ev.fused and (ev.capture_s > 0) != ev.fused and len(ev.times_s) == 1
     with SyncHooks() as hooks:
         again = tr.evaluate(seed=7)
     assert again == first == evaluate_reference(ev.env, tr.learner.greedy, 7).mean().item()
     assert [h.api for h in hooks.hits] == ["torch.Tensor.item"] and len(ev.times_s) == 2
+
+
+def _flat(learner) -> tuple:
+    return learner.layout, learner.params
+
+
+def test_the_fused_path_returns_equal_the_eager_paths(num_envs=70):  # 2 programs of 64, the second part full
+    # on the CPU the kernel runs on the Triton interpreter; these weights' episodes stay clear of Q ties and of the
+    # termination thresholds' rounding (tests/kernels/test_greedy_eval.py checks that margin): equal bit for bit
+    learner = _randomize(_learner("hotloop"), POLICY_SEED["hotloop"])
+    env = CartPoleVec(num_envs, device=DEVICE, seed=5, max_episode_steps=25)
+    fused = GreedyEvaluator(env, learner.greedy, flat=_flat(learner), fused=True)
+    chunked = GreedyEvaluator(env, learner.greedy, chunk_steps=10, device_path=True, fused=False)
+    assert fused.fused and not fused.use_graph and fused.obs is None and not chunked.fused
+    for seed in (3, 11):
+        fused.total.fill_(float("nan"))
+        got = fused.returns(seed).clone()
+        want = evaluate_reference(env, learner.greedy, seed)
+        assert torch.equal(got, want), (seed, got.tolist(), want.tolist())
+        assert fused.evaluate(seed) == want.mean().item()
+    assert chunked.evaluate(11) == fused.evaluate(11)
+    if DEVICE == "cpu":  # these weights' episodes (a GPU's TF32 forward may act otherwise: no claim there)
+        assert bool(got.min() < 25) and bool(got.max() == 25), "want episodes that end early and ones the limit cut"
+    assert torch.equal(fused.returns(3, max_steps=13).clone(), evaluate_reference(env, learner.greedy, 3, 13))
+    assert fused.graph is None and fused.eager_chunks == 0 and math.isnan(fused.capture_s)
+
+
+def test_the_fused_path_reads_the_host_once_per_evaluation(cpu_tensors_sync):
+    learner = _randomize(_learner("hotloop"), POLICY_SEED["hotloop"])
+    env = CartPoleVec(8, device=DEVICE, seed=5, max_episode_steps=25)
+    ev = GreedyEvaluator(env, learner.greedy, flat=_flat(learner), fused=True)
+    ev.evaluate(1)  # the first: compiles the kernel
+    with SyncHooks() as hooks:
+        for seed in (2, 3):
+            ev.evaluate(seed)
+    reads = _reads(hooks)
+    assert len(reads) == 2 and all(r.startswith("torch.Tensor.item at ") and "evaluation.py" in r
+                                   for r in reads), reads
+
+
+def test_the_fused_path_is_chosen_where_it_can_run():
+    learner = _learner("hotloop", device="cpu")
+    cartpole = CartPoleVec(4, seed=1, max_episode_steps=20)
+    assert not GreedyEvaluator(cartpole, learner.greedy, flat=_flat(learner)).fused  # the CPU: the reference path
+    with pytest.raises(ValueError, match="cannot run the fused evaluation"):
+        GreedyEvaluator(cartpole, learner.greedy, fused=True)  # no flat net (the reference learner's)
+    with pytest.raises(ValueError, match="cannot run the fused evaluation"):
+        GreedyEvaluator(CartPoleVec(4, dtype=torch.float64), learner.greedy, flat=_flat(learner), fused=True)
+    synthetic = _learner("hotloop", "synthetic", device="cpu")
+    env = SyntheticBatchEnv(4, obs_dim=6, action_nvec=(3, 3), episode_length=12, seed=9)
+    with pytest.raises(ValueError, match="SyntheticBatchEnv cannot run the fused evaluation"):
+        GreedyEvaluator(env, synthetic.greedy, flat=_flat(synthetic), fused=True)
+    tr = Trainer(preset("cartpole", learner="hotloop", device="cpu", **{**SMALL, "eval_episodes": 6}))
+    assert tr.evaluator.flat[0] is tr.learner.layout and tr.evaluator.flat[1] is tr.learner.params
+    ref = Trainer(preset("cartpole", learner="reference", device="cpu", **{**SMALL, "eval_episodes": 6}))
+    assert ref.evaluator.flat is None and not ref.evaluator.fused
