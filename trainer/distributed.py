@@ -1,7 +1,7 @@
 """Data-parallel learners over torch.distributed: one all-reduce of the flat gradient per learner step.
 
 N ranks, one process and one device each (launched by torchrun: `hotloop train --nproc N`, hotloop.guards.commands.
-train). Every rank runs its own actors and replay shard, seeded `seed + rank` (`rank_seed`), samples its own batch
+train). Every rank runs its own actors and replay shard, seeded by its rank (`rank_seed`), samples its own batch
 of `batch_size` transitions and runs the same learner step; the gradient is averaged over the ranks with ONE
 all-reduce, after the backward and before grad-norm, clip and Adam (`GradientAverager`), so every rank applies the
 same update and the parameters stay identical (the initial ones are broadcast from rank 0: `broadcast_`). With
@@ -88,10 +88,18 @@ def rank_info() -> RankInfo:
                     str(dist.get_backend()))
 
 
+RANK_SEED_STRIDE = 2 ** 24
+"""Seeds of consecutive ranks are this far apart: the Philox streams of the learner's sampler and of the actor are
+keyed seed + step (hotloop.kernels.replay_batch.CounterUniforms, trainer/actor.py), so with seeds one apart rank 1
+would draw at step t the uniforms rank 0 draws at step t + 1; with this stride they meet only after 2**24 steps, and
+the actor's offset (2**40) stays clear of 65,536 ranks' learner streams."""
+
+
 def rank_seed(seed: int) -> int:
-    """The seed of this rank's actors, env and replay: seed + rank (seed itself without a process group), so every
-    rank collects different transitions; the learner's initial parameters are broadcast from rank 0 instead."""
-    return seed + rank_info().rank
+    """The seed of this rank's actors, env, replay and sampler: seed + rank x RANK_SEED_STRIDE (seed itself for rank 0
+    and without a process group), so every rank collects and samples different transitions; the learner's initial
+    parameters are broadcast from rank 0 instead."""
+    return seed + rank_info().rank * RANK_SEED_STRIDE
 
 
 class GradientAverager:

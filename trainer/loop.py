@@ -137,7 +137,7 @@ class Trainer:
     Checkpoint / resume: checkpoint_state and restore (hotloop.trainer.resume).
     Data-parallel: when a torch.distributed process group is initialized (`hotloop train --nproc N`,
         hotloop.trainer.distributed), `rank` (RankInfo) says where this process is; its env, replay and actors are
-        seeded cfg.seed + rank, the learner's initial state is rank 0's, and every learner step averages the
+        seeded by rank (hotloop.trainer.distributed.rank_seed), the learner's initial state is rank 0's, and every learner step averages the
         gradient over the ranks (one all-reduce), so the parameters stay identical on every rank.
     Raises ValueError for an unusable device or env name.
     """
@@ -149,7 +149,7 @@ class Trainer:
         self.on_phase = on_phase or (lambda name: None)
         self.on_progress = on_progress or (lambda done, total: None)
         # data-parallel (a process group initialized, hotloop.trainer.distributed): this rank's actors, env and
-        # replay are seeded seed + rank, its gradient is averaged over the ranks at every learner step, and the
+        # replay are seeded by rank (rank_seed), its gradient is averaged over the ranks at every learner step, and the
         # learner's initial state is rank 0's (broadcast); without a group, seed and a single-process learner
         self.rank = rank_info()
         seed = rank_seed(cfg.seed)

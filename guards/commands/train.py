@@ -5,6 +5,7 @@ from its last checkpoint (--resume); with --nproc N, data-parallel on N ranks la
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -26,8 +27,10 @@ TRACE_STEPS = 20
 class TrainOptions:
     """`hotloop train`'s options: the `config` chosen, the run folder `out` (None: runs/<UTC timestamp>/), the hang
     watchdog's `epoch_timeout` (seconds), `progress` (the progress bar), the run folder to `resume` (None: a new
-    run), `allow_config_change` (resume with a changed config.json) and `resume_point` (the checkpoint read from
-    `resume`, set by `prepare`; None for a new run)."""
+    run), `allow_config_change` (resume with a changed config.json), `nproc` (--nproc: launch that many ranks; None:
+    no launch), `trace_steps` (each rank's profiled iterations), `resume_point` (the checkpoint read from `resume`,
+    set by `prepare`; None for a new run) and `rank` (this process's RankInfo when it is a rank started by torchrun,
+    set by `prepare`; None otherwise)."""
 
     config: ConfigChoice
     out: Path | None
@@ -39,7 +42,6 @@ class TrainOptions:
     trace_steps: int = 0
     resume_point: ResumePoint | None = None
     rank: RankInfo | None = None
-    run_root: Path | None = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> TrainOptions:
@@ -74,7 +76,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                             "unless --allow-config-change")
     train.add_argument("--nproc", type=int, metavar="N",
                        help="data-parallel on N ranks of this host (one GPU each on cuda, N <= the GPUs; gloo on the "
-                            "CPU), launched by torchrun: each rank runs its own actors and replay (seed + rank) and "
+                            "CPU), launched by torchrun: each rank runs its own actors and replay (seeded by rank) and "
                             "the same learner step, the gradient averaged over the ranks (global batch = batch_size "
                             "x N); rank 0 writes the run folder, rank R > 0 RUN_DIR/rank<R>/; not with --resume")
     train.add_argument("--trace-steps", type=int, default=None, metavar="K",
@@ -147,6 +149,8 @@ def prepare_data_parallel(options: TrainOptions) -> RunPlan[TrainOptions]:
                          "--nproc-per-node sets the ranks)")
     cfg = options.config.build()
     check_limit_s(options.epoch_timeout, "--epoch-timeout")
+    if launched_by_torchrun() and resolve_device(cfg.device).type == "cuda":  # this rank's GPU is checked
+        cfg = replace(cfg, device=f"cuda:{os.environ['LOCAL_RANK']}")
     check_run(cfg, trains=True)
     if options.nproc is not None:
         check_nproc(options.nproc, resolve_device(cfg.device))
@@ -154,8 +158,7 @@ def prepare_data_parallel(options: TrainOptions) -> RunPlan[TrainOptions]:
         return RunPlan(cfg, run_dir, lock, options)
     import torch.distributed as dist
 
-    device, info = join(resolve_device(cfg.device))
-    cfg = replace(cfg, device=str(device))
+    info = join(resolve_device(cfg.device))[1]
     outcome: list[object] = [None, None]  # [run folder, error]: rank 0's
     lock = None
     if info.rank == 0:
@@ -167,11 +170,10 @@ def prepare_data_parallel(options: TrainOptions) -> RunPlan[TrainOptions]:
     dist.broadcast_object_list(outcome, src=0)
     if outcome[1] is not None:
         raise ValueError(outcome[1] if info.rank == 0 else f"rank 0: {outcome[1]}")
-    root = Path(outcome[0])
-    folder = rank_folder(root, info.rank)
+    folder = rank_folder(Path(outcome[0]), info.rank)
     if lock is None:
         lock = acquire(folder, create=True, must_be_empty=True)
-    return RunPlan(cfg, folder, lock, replace(options, rank=info, run_root=root))
+    return RunPlan(cfg, folder, lock, replace(options, rank=info))
 
 
 def check_resume_args(options: TrainOptions) -> TrainOptions:

@@ -18,7 +18,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from hotloop.trainer.config import Config, preset
-from hotloop.trainer.distributed import (AVG_BACKENDS, BACKENDS, GradientAverager, average_gradients, backend_for,
+from hotloop.trainer.distributed import (AVG_BACKENDS, BACKENDS, RANK_SEED_STRIDE, GradientAverager, average_gradients, backend_for,
                                          broadcast_, init_from_env, rank_info, rank_seed, teardown)
 from hotloop.trainer.learner import DQNLearner
 from hotloop.trainer.replay import PrioritizedReplay
@@ -49,7 +49,7 @@ def _init(rank: int, world: int, store: str) -> None:
 
 def _reference_rank(rank: int, world: int, store: str, out: str) -> None:
     _init(rank, world, store)
-    assert rank_info().world_size == world and rank_info().rank == rank and rank_seed(5) == 5 + rank
+    assert rank_info().world_size == world and rank_info().rank == rank and rank_seed(5) == 5 + rank * RANK_SEED_STRIDE
     x = torch.full((7,), float(rank + 1))
     average_gradients(x)  # gloo: SUM, then / world
     torch.save(x, Path(out) / f"avg{rank}.pt")
@@ -112,7 +112,7 @@ def _hot_rank(rank: int, world: int, store: str, out: str) -> None:
 def test_hot_learner_ranks_stay_identical(tmp_path):
     ranks = _spawn(_hot_rank, 2, tmp_path)
     assert torch.equal(ranks[0], ranks[1])
-    # each rank sampled its own batch (its sampler seeded seed + rank), yet the parameters agree bit for bit
+    # each rank sampled its own batch (its sampler seeded by its rank), yet the parameters agree bit for bit
     assert not torch.equal(torch.load(tmp_path / "idx0.pt"), torch.load(tmp_path / "idx1.pt"))
 
 
