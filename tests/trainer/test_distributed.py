@@ -152,24 +152,30 @@ def test_nccl_world_one_all_reduce_captured_in_the_learner_graph(monkeypatch):
     monkeypatch.setenv("MASTER_PORT", str(_free_port()))
     device = init_from_env(torch.device("cuda"))
     runs, learners = [], []
-    for sync in (GradientAverager(), None):
-        cfg = preset("seed-scale", batch_size=64, trunk_hidden=(64, 64), head_hidden=32, obs_dim=12,
-                     action_nvec=(3, 3), replay_capacity=512, seed=1)
-        rp = PrioritizedReplay(cfg.replay_capacity, cfg.obs_dim, 2, alpha=cfg.per_alpha, eps=cfg.per_eps,
-                               device=device, use_kernels=True)
-        g = torch.Generator().manual_seed(0)
-        n = 400
-        rows = (torch.randn(n, cfg.obs_dim, generator=g), torch.randint(0, 3, (n, 2), generator=g),
-                torch.randn(n, generator=g), torch.randn(n, cfg.obs_dim, generator=g), torch.rand(n, generator=g) < 0.1)
-        rp.add(*(t.to(device) for t in rows))
-        hot = HotLearner(cfg, cfg.obs_dim, (3, 3), device, rp, grad_sync=sync)
-        hot.capture()
-        for _ in range(10):
-            hot.step()
-        torch.cuda.synchronize()
-        assert hot.graph is not None
-        runs.append(hot.params.clone())
-        learners.append(hot)
-    # the weight-gradient kernels add with fp32 atomics: runs differ at rounding level (test_hot_learner.py)
-    torch.testing.assert_close(runs[0], runs[1], rtol=1e-3, atol=1e-4)
-    teardown(*learners)
+    try:
+        for sync in (GradientAverager(), None):
+            cfg = preset("seed-scale", batch_size=64, trunk_hidden=(64, 64), head_hidden=32, obs_dim=12,
+                         action_nvec=(3, 3), replay_capacity=512, seed=1)
+            rp = PrioritizedReplay(cfg.replay_capacity, cfg.obs_dim, 2, alpha=cfg.per_alpha, eps=cfg.per_eps,
+                                   device=device, use_kernels=True)
+            g = torch.Generator().manual_seed(0)
+            n = 400
+            rows = (torch.randn(n, cfg.obs_dim, generator=g), torch.randint(0, 3, (n, 2), generator=g),
+                    torch.randn(n, generator=g), torch.randn(n, cfg.obs_dim, generator=g),
+                    torch.rand(n, generator=g) < 0.1)
+            rp.add(*(t.to(device) for t in rows))
+            hot = HotLearner(cfg, cfg.obs_dim, (3, 3), device, rp, grad_sync=sync)
+            learners.append(hot)
+            hot.capture()
+            for _ in range(STEPS):
+                hot.step()
+            torch.cuda.synchronize()
+            assert hot.graph is not None
+            runs.append(hot.params.clone())
+        # the weight-gradient kernels add with fp32 atomics, and Adam divides each entry by its own running RMS: an
+        # entry whose gradient is at rounding level can step by up to lr either way (tests/trainer/
+        # test_hot_learner.py), so two runs may differ by 2 lr per step there
+        torch.testing.assert_close(runs[0], runs[1], rtol=0, atol=2 * STEPS * cfg.lr)
+        assert float((runs[0] - runs[1]).abs().median()) < 1e-4  # most entries agree to rounding
+    finally:
+        teardown(*learners)
