@@ -18,8 +18,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from hotloop.trainer.config import Config, preset
-from hotloop.trainer.distributed import (AVG_BACKENDS, BACKENDS, RANK_SEED_STRIDE, GradientAverager, average_gradients, backend_for,
-                                         broadcast_, init_from_env, rank_info, rank_seed, teardown)
+from hotloop.trainer.distributed import (AVG_BACKENDS, BACKENDS, RANK_SEED_STRIDE, GradientAverager, average_gradients,
+                                         backend_for, broadcast_, init_from_env, rank_info, rank_seed, teardown)
 from hotloop.trainer.learner import DQNLearner
 from hotloop.trainer.replay import PrioritizedReplay
 from hotloop.trainer.step import HotLearner
