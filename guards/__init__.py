@@ -6,8 +6,9 @@ folder and by one known set of modules (tests/test_layout.py checks them):
   hotloop package; nothing outside it imports it but cli, the command's stable name (the console script and
   `python -m hotloop.guards.cli`), which only re-exports its main.
 - The composition modules — gate (`hotloop gate`), run (one training run under the watchdog), bench (`hotloop
-  bench`), faults (the gate's injected faults), mutate (`hotloop mutate`'s suite) and learning_report (`hotloop
-  learning`'s runs) — are the layer between: they join the harness library with hotloop.trainer and
+  bench`), faults (the gate's injected faults), mutate (`hotloop mutate`'s suite), learning_report (`hotloop
+  learning`'s runs) and data_parallel (`hotloop train --nproc N`'s torchrun launch and ranks) — are the layer
+  between: they join the harness library with hotloop.trainer and
   hotloop.kernels, and may import every package but the commands.
 - guards/*.py, the others, are the harness library: sync_hooks (host-sync hooks), criteria (the criteria table,
   docs/criteria.md), step_metrics and guard (per-step metrics from a profiler trace and their verdicts), baselines

@@ -1,6 +1,7 @@
 """hotloop.profiles: measurement. Trace reading (Kineto JSON: kineto_reader; Nsight Systems SQLite: nsight_reader)
 into one event schema (trace_schema), the counts over it (trace_counts; trace_stream for a trace read as a
-stream of frames, in bounded memory; trace_anomalies) and `hotloop inspect` (inspect_cmd),
+stream of frames, in bounded memory; trace_anomalies) and `hotloop inspect` (inspect_cmd; rank_traces: the
+traces of a data-parallel run's ranks and their cross-rank spread),
 `hotloop nsys` (nsys_cmd), NVTX ranges (ranges), per-epoch tables and timers (epoch_table, epoch_timer), NVML
 telemetry, plots, durable_files (fsync of a run folder after an atomic replace), run_lock (one writer per run
 folder), input_files (every input file read: regular files only, whole reads capped), trace_synth /

@@ -31,7 +31,8 @@ ALLOWED = {"kernels": {"kernels"}, "profiles": {"profiles", "kernels"}, "trainer
 COMMANDS = "guards.commands"
 """The application layer, a folder (guards/commands/): the `hotloop` command, one module per subcommand. Its modules
 may import every package; nothing outside it imports it but SHIM (hotloop.guards' docstring)."""
-COMPOSITION = {"guards.gate", "guards.run", "guards.bench", "guards.faults", "guards.mutate", "guards.learning_report"}
+COMPOSITION = {"guards.gate", "guards.run", "guards.bench", "guards.faults", "guards.mutate", "guards.learning_report",
+               "guards.data_parallel"}
 """The layer between the commands and the harness library: the modules of guards/ that compose the guards with the
 trainer and the kernels. They may import every package but COMMANDS; the other modules of guards/ (the harness
 library) import none of them."""

@@ -53,7 +53,8 @@ class Config:
     learning_starts: int = 1000
     """transitions collected with the exploration policy before the first learner step"""
     batch_size: int = 128
-    """transitions sampled from the replay buffer per learner step"""
+    """transitions sampled from the replay buffer per learner step; per rank in a data-parallel run (`hotloop train
+    --nproc N`: each rank samples its own replay shard; the global batch is batch_size x N)"""
     trunk_hidden: tuple[int, ...] = (64, 64)
     """widths of the shared trunk's hidden layers (one weight matrix each)"""
     head_hidden: int = 32
@@ -65,7 +66,8 @@ class Config:
     gamma: float = 0.99
     """discount factor"""
     lr: float = 5e-4
-    """Adam learning rate"""
+    """Adam learning rate; unchanged by data-parallel runs (the gradient is averaged over the ranks, not summed, so
+    an N-rank step is one step on the global batch at this lr: no linear scaling with N)"""
     lr_end_factor: float = 1.0
     """lr at the run's last learner step as a fraction of `lr`, reached linearly (LinearLR's end_factor); 1 = none"""
     adam_eps: float = 1e-8
@@ -99,7 +101,8 @@ class Config:
     eps_end: float = 0.01
     """exploration rate after the decay"""
     eps_decay_fraction: float = 0.3
-    """fraction of the run's env steps over which epsilon decays linearly"""
+    """fraction of the run's env steps over which epsilon decays linearly; in a data-parallel run the env steps are
+    each rank's own, so every rank follows the same schedule"""
     cql_weight: float = 0.0
     """weight of the conservative Q-learning logsumexp term (Kumar et al. 2020); 0 = off"""
     diversity_weight: float = 0.0

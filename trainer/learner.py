@@ -8,6 +8,7 @@ never reads a device value on the host, so it adds no host sync of its own.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -57,11 +58,17 @@ class DQNLearner:
         cfg: the run's Config (network sizes, gamma, lr and its linear decay, loss, clip, target update, CQL/diversity
             weights).
         obs_dim: observation length; action_nvec: action-branch sizes; device: where everything lives.
+        grad_sync: None (one process), or a function that averages a flat float32 gradient buffer over the ranks in
+            place (hotloop.trainer.distributed.GradientAverager): `update` then copies every parameter's gradient
+            into one contiguous buffer, calls it once (one all-reduce) and copies the average back, after the
+            backward and before grad-norm, clip and Adam (`sync_gradients`).
     """
 
-    def __init__(self, cfg: Config, obs_dim: int, action_nvec: tuple[int, ...], device: torch.device) -> None:
+    def __init__(self, cfg: Config, obs_dim: int, action_nvec: tuple[int, ...], device: torch.device,
+                 grad_sync: Callable[[torch.Tensor], None] | None = None) -> None:
         self.cfg = cfg
         self.device = device
+        self.grad_sync = grad_sync
         self.online = BranchingDuelingQNet(obs_dim, action_nvec, cfg.trunk_hidden, cfg.head_hidden,
                                            cfg.spectral_norm, cfg.sn_power_iterations).to(device)
         self.target = copy.deepcopy(self.online)
@@ -109,6 +116,9 @@ class DQNLearner:
         with phase_range("backward"):
             self.optimizer.zero_grad(set_to_none=True)
             total.backward()
+        if self.grad_sync is not None:
+            with phase_range("grad_allreduce"):
+                self.sync_gradients()
         with phase_range("optimizer"):
             grad_norm = torch.nn.utils.clip_grad_norm_(self.online.parameters(), cfg.max_grad_norm)
             for group in self.optimizer.param_groups:  # FusedAdam's linear decay, keyed by the updates done
@@ -120,6 +130,24 @@ class DQNLearner:
                     self.update_target()
         return UpdateMetrics(loss.detach(), q_taken.detach().mean(), grad_norm.detach(), cql.detach(),
                              div.detach(), td.detach().abs().mean(dim=1))
+
+    @torch.no_grad()
+    def sync_gradients(self) -> None:
+        """Average the online net's gradients over the ranks with one `grad_sync` call on one flat buffer (a
+        parameter without a gradient counts as zeros, and gets the average); RuntimeError without grad_sync."""
+        if self.grad_sync is None:
+            raise RuntimeError("sync_gradients: this learner has no grad_sync (a single-process run)")
+        params = list(self.online.parameters())
+        flat = torch.cat([p.grad.reshape(-1) if p.grad is not None else p.new_zeros(p.numel()) for p in params])
+        self.grad_sync(flat)
+        for p, g in zip(params, flat.split([p.numel() for p in params])):
+            p.grad = g.view_as(p).clone()
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        """Every tensor a rank's learner must share with the others at the start (online and target parameters
+        and buffers), for hotloop.trainer.distributed.broadcast_."""
+        return [*self.online.parameters(), *self.online.buffers(), *self.target.parameters(),
+                *self.target.buffers()]
 
     @torch.no_grad()
     def update_target(self) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 
@@ -23,6 +23,7 @@ from hotloop.profiles.ranges import phase_range
 from hotloop.trainer.actor import DeviceActor, capturable
 from hotloop.trainer.config import Config
 from hotloop.trainer.device_choice import learner_kind, resolve_device
+from hotloop.trainer.distributed import averager_if_initialized, broadcast_, rank_info, rank_seed
 from hotloop.trainer.envs import make_env
 from hotloop.trainer.episodes import EpisodeReturns
 from hotloop.trainer.evaluation import build_evaluator
@@ -134,6 +135,10 @@ class Trainer:
     actor: the DeviceActor (trainer/actor.py) that runs the env steps with the hotloop learner and a capturable env,
         else None. obs: (N, obs_dim), the observation to act on next (read-only property, updated in place).
     Checkpoint / resume: checkpoint_state and restore (hotloop.trainer.resume).
+    Data-parallel: when a torch.distributed process group is initialized (`hotloop train --nproc N`,
+        hotloop.trainer.distributed), `rank` (RankInfo) says where this process is; its env, replay and actors are
+        seeded by rank (hotloop.trainer.distributed.rank_seed), the learner's initial state is rank 0's, and every learner step averages the
+        gradient over the ranks (one all-reduce), so the parameters stay identical on every rank.
     Raises ValueError for an unusable device or env name.
     """
 
@@ -143,23 +148,34 @@ class Trainer:
         self.device = resolve_device(cfg.device)
         self.on_phase = on_phase or (lambda name: None)
         self.on_progress = on_progress or (lambda done, total: None)
-        torch.manual_seed(cfg.seed)
-        self.generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
-        self.env = make_env(cfg.env, cfg.num_envs, self.device, cfg.seed, **cfg.env_shape())
+        # data-parallel (a process group initialized, hotloop.trainer.distributed): this rank's actors, env and
+        # replay are seeded by rank (rank_seed), its gradient is averaged over the ranks at every learner step, and the
+        # learner's initial state is rank 0's (broadcast); without a group, seed and a single-process learner
+        self.rank = rank_info()
+        seed = rank_seed(cfg.seed)
+        grad_sync = averager_if_initialized()
+        torch.manual_seed(seed)
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self.env = make_env(cfg.env, cfg.num_envs, self.device, seed, **cfg.env_shape())
         self.replay = PrioritizedReplay(cfg.replay_capacity, self.env.obs_dim, len(self.env.action_nvec),
                                         alpha=cfg.per_alpha, eps=cfg.per_eps, device=self.device,
                                         generator=self.generator)
         self.learner_kind = learner_kind(cfg, self.device)
         if self.learner_kind == "hotloop":
-            self.learner = HotLearner(cfg, self.env.obs_dim, self.env.action_nvec, self.device, self.replay)
+            self.learner = HotLearner(replace(cfg, seed=seed), self.env.obs_dim, self.env.action_nvec, self.device,
+                                      self.replay, grad_sync=grad_sync)
             self.readback = AsyncReadback(self.learner.metric_names(), self.device)
         else:
-            self.learner = DQNLearner(cfg, self.env.obs_dim, self.env.action_nvec, self.device)
+            self.learner = DQNLearner(cfg, self.env.obs_dim, self.env.action_nvec, self.device, grad_sync=grad_sync)
+        if grad_sync is not None:
+            broadcast_(self.learner.state_tensors())
+            if isinstance(self.learner, HotLearner):
+                self.learner.sync_rounded()
         self.returns = EpisodeReturns(cfg.num_envs, self.device)
         flat = (self.learner.layout, self.learner.params) if isinstance(self.learner, HotLearner) else None
         self.evaluator = build_evaluator(cfg, self.learner.greedy, self.device, self.on_phase, flat)
         self.eval_env = self.evaluator.env if self.evaluator is not None else None
-        self._obs = self.env.reset(seed=cfg.seed)
+        self._obs = self.env.reset(seed=seed)
         per_update = cfg.env_steps_per_update * cfg.num_envs
         self.prefill_vec_steps = -(-cfg.learning_starts // cfg.num_envs)
         total_env = cfg.total_learner_steps() * per_update + self.prefill_vec_steps * cfg.num_envs
@@ -167,7 +183,7 @@ class Trainer:
         self.beta = LinearSchedule(cfg.per_beta_start, cfg.per_beta_end, cfg.total_learner_steps())
         self.actor = None
         if isinstance(self.learner, HotLearner) and capturable(self.env):
-            self.actor = DeviceActor(self.learner, self.env, self.replay, self.returns, self.obs, cfg.seed,
+            self.actor = DeviceActor(self.learner, self.env, self.replay, self.returns, self.obs, seed,
                                      cfg.eps_start, cfg.eps_end, self.epsilon.duration / cfg.num_envs)
         self.actor_in_step = bool(cfg.actor_in_step and self.actor is not None and self.actor.fused is not None
                                   and cfg.env_steps_per_update == 1)

@@ -87,6 +87,12 @@ class HotLearner:
         obs_dim, action_nvec: the env's shapes (branches of equal size).
         device: a CUDA device, or the CPU under TRITON_INTERPRET=1 (tests; no graph, no second stream).
         replay: the PrioritizedReplay the env loop fills (its storage and sum tree are read and written in place).
+        grad_sync: None (one process), or a function that averages the flat gradient buffer `grads` over the ranks
+            in place with one collective (hotloop.trainer.distributed.GradientAverager): the step calls it after the
+            backward and the priority update's fork (the sum-tree update on the side stream overlaps it) and before
+            grad-norm, clip and Adam; captured into the step's graph on CUDA (every rank captures the same
+            collective in the same stream order). The Double-DQN (target-net) forward cannot overlap it: the loss,
+            hence the gradient, needs it.
     Attributes: layout (FlatLayout), nets (2, P) float32 (row 0 = params_buf, row 1 = target_buf), params, target,
         grads (P,) float32 (grad_buf), nets_tf32 (2, P) float32 (nets rounded to TF32 at each step's start: the
         forwards' weights), learns_gains (bool: the backward writes gain gradients), adam (FusedAdam),
@@ -99,8 +105,9 @@ class HotLearner:
     """
 
     def __init__(self, cfg: Config, obs_dim: int, action_nvec: tuple[int, ...], device: torch.device,
-                 replay: PrioritizedReplay) -> None:
+                 replay: PrioritizedReplay, grad_sync: Callable[[torch.Tensor], None] | None = None) -> None:
         check_supported(cfg, action_nvec)
+        self.grad_sync = grad_sync
         if replay.device != torch.empty(0, device=device).device:
             raise ValueError(f"replay is on {replay.device}, the learner on {device}")
         self.cfg, self.device, self.replay = cfg, device, replay
@@ -289,6 +296,9 @@ class HotLearner:
         with self._on_side(), phase_range("priority_update"):
             tree_update(rp.tree.nodes, self.idx, self.td.priorities, rp.capacity, rp.tree.max_value,
                         rp.tree.bad_priority_count)
+        if self.grad_sync is not None:  # data-parallel: one all-reduce of the flat gradient, beside the tree update
+            with phase_range("grad_allreduce"):
+                self.grad_sync(self.grads)
         with phase_range("optimizer"):
             self.adam.step(self.params, self.grads, self.target, tau=cfg.tau,
                            target_every=cfg.target_update_interval)
@@ -385,6 +395,15 @@ class HotLearner:
         return {"nets": self.nets.clone(), "sn_u": self.sn_u.clone(), "sn_v": self.sn_v.clone(),
                 **{f"adam.{k}": v for k, v in self.adam.state_dict().items()}}
 
+    def state_tensors(self) -> list[torch.Tensor]:
+        """Every tensor a rank's learner must share with the others at the start (the flat nets and the spectral-norm
+        vectors), for hotloop.trainer.distributed.broadcast_; `sync_rounded` must follow a change of them."""
+        return [self.nets, self.sn_u, self.sn_v]
+
+    def sync_rounded(self) -> None:
+        """Remake the TF32-rounded weights nets_tf32 (the actor's) from nets, after they were overwritten."""
+        self.round_weights(self.nets, self.nets_tf32)
+
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         """Copy `state` (from state_dict) in place, keeping every address (a captured graph stays valid).
         Raises ValueError for missing keys or wrong shapes."""
@@ -406,10 +425,12 @@ PHASE_RULES = {
     r"_grad_sumsq|_clip_adam": "optimizer",
     r"_spectral_norm_kernel": "spectral_norm",
     r"_tree_update": "priority_update",
+    r"^nccl": "grad_allreduce",
 }
 """Kernel-name regex -> phase of HotLearner's kernels, for hotloop.guards.step_metrics (a graph replay carries no
 record_function ranges, so its kernels are assigned to phases by name; the gradient buffer's zero_() is the
-backward's one memset, a FillFunctor kernel). The fused actor's kernels (`attach_actor`) are the env step's, not
+backward's one memset, a FillFunctor kernel; a data-parallel step's all-reduce is NCCL's kernel,
+ncclDevKernel_AllReduce_...). The fused actor's kernels (`attach_actor`) are the env step's, not
 the learner's (`ACTOR_PHASE`)."""
 ACTOR_PHASE = "env_step"
 """The phase of the fused actor's kernels in PHASE_RULES (hotloop.trainer.loop.learner_phases leaves it out)."""

@@ -1,6 +1,12 @@
 """`hotloop inspect FILE... [--json] [--step-range NAME] [--domain NAME]`: the guard counts of trace files, as
 hotloop.profiles.inspect_cmd reads and counts them (its docstring: the formats, the anomalies, the memory).
 
+A FILE that is a folder stands for the rank traces of a data-parallel run under it (trace_rank<R>.json.gz,
+hotloop.profiles.rank_traces): each is reported as a file, then a "ranks of FOLDER" table gives per count the
+value of every rank and the cross-rank spread (min, max, max - min, max / median); with --json it is under
+"ranks": {FOLDER: [{"count": ..., "rank0": ..., ..., "spread": ...}, ...]}. A folder without rank traces is that
+folder's error.
+
 One bad file does not lose the others: any error while reading or counting one file (TraceReadError, OSError,
 a RecursionError or ValueError of a parser, ...) is that file's error. Each goes to stderr as
 "hotloop inspect: error: FILE: PROBLEM"; the other files are still reported, and with --json stdout stays one
@@ -21,8 +27,12 @@ import argparse
 import sys
 
 from hotloop.guards.commands.errors import BROKEN_PIPE
+from pathlib import Path
+
+from hotloop.profiles.epoch_table import format_table
 from hotloop.profiles.inspect_cmd import (StepRecords, count_trace, file_error, format_file_parts, stdout_to_devnull,
-                                          write_json)
+                                          step_records, write_json)
+from hotloop.profiles.rank_traces import find_rank_traces, rank_spread
 
 UNREADABLE_INPUT = 2
 
@@ -35,7 +45,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                     "guard counts per file, and per step when the trace has step ranges.",
         epilog="exit codes: 0 all files read, 2 a file could not be read (named on stderr; the others are still "
                "reported), 141 stdout closed early (e.g. piped into head)")
-    p.add_argument("files", nargs="+", metavar="FILE", help="Kineto trace JSON (plain or gzipped) or nsys .sqlite")
+    p.add_argument("files", nargs="+", metavar="FILE",
+                   help="Kineto trace JSON (plain or gzipped) or nsys .sqlite; or a folder of rank traces "
+                        "(trace_rank<R>.json.gz: per-rank counts and their spread)")
     p.add_argument("--json", action="store_true",
                    help='print {"files": {FILE: {"totals": {...}, "steps": [...] or null}}} instead of tables, '
                         'plus "errors": {FILE: PROBLEM} when a file could not be read')
@@ -64,25 +76,51 @@ def _inspect_files(args: argparse.Namespace) -> int:
     read. A BrokenPipeError of stdout propagates."""
     report: dict[str, dict] = {}
     errors: dict[str, str] = {}
+    ranks: dict[str, list[dict]] = {}
     for path in args.files:
+        if not Path(path).is_dir():
+            _inspect_one(path, args, report, errors)
+            continue
         try:
-            counts = count_trace(path, args.step_range, args.domain)
-            steps, totals = counts.steps, counts.totals
-        except BrokenPipeError:
-            raise
-        except Exception as exc:  # noqa: BLE001 -- any failure of one file is that file's error (module docstring)
-            errors[path] = file_error(exc)
+            traces = find_rank_traces(path)
+        except ValueError as exc:
+            errors[path] = str(exc)
             print(f"hotloop inspect: error: {path}: {errors[path]}", file=sys.stderr)
             continue
-        if not len(steps) and (args.step_range != "step" or args.domain):
-            print(f"hotloop inspect: note: {path}: no step ranges named {args.step_range!r}"
-                  + (f" in domain {args.domain!r}" if args.domain else "") + ": totals only", file=sys.stderr)
-        report[path] = {"totals": totals, "steps": StepRecords(steps) if len(steps) else None}
+        totals = {rank: t for rank, file in traces.items()
+                  if (t := _inspect_one(str(file), args, report, errors)) is not None}
+        if not totals:
+            continue
+        table = rank_spread(totals)
+        ranks[path] = step_records(table)
         if not args.json:
-            for part in format_file_parts(path, counts.events, totals, steps):
-                sys.stdout.write(part)
-            sys.stdout.write("\n")
+            sys.stdout.write(f"== ranks of {path} ({len(totals)} of {len(traces)} rank traces read; spread = max - "
+                             f"min over the ranks)\n{format_table(table)}\n\n")
     if args.json:
-        write_json({"files": report} | ({"errors": errors} if errors else {}), sys.stdout.write)
+        write_json({"files": report} | ({"ranks": ranks} if ranks else {}) | ({"errors": errors} if errors else {}),
+                   sys.stdout.write)
         sys.stdout.write("\n")
     return UNREADABLE_INPUT if errors else 0
+
+
+def _inspect_one(path: str, args: argparse.Namespace, report: dict[str, dict], errors: dict[str, str]) -> dict | None:
+    """Count and (without --json) print one trace file into `report`, or its problem into `errors`; returns its
+    totals (None when it could not be read). A BrokenPipeError of stdout propagates."""
+    try:
+        counts = count_trace(path, args.step_range, args.domain)
+        steps, totals = counts.steps, counts.totals
+    except BrokenPipeError:
+        raise
+    except Exception as exc:  # noqa: BLE001 -- any failure of one file is that file's error (module docstring)
+        errors[path] = file_error(exc)
+        print(f"hotloop inspect: error: {path}: {errors[path]}", file=sys.stderr)
+        return None
+    if not len(steps) and (args.step_range != "step" or args.domain):
+        print(f"hotloop inspect: note: {path}: no step ranges named {args.step_range!r}"
+              + (f" in domain {args.domain!r}" if args.domain else "") + ": totals only", file=sys.stderr)
+    report[path] = {"totals": totals, "steps": StepRecords(steps) if len(steps) else None}
+    if not args.json:
+        for part in format_file_parts(path, counts.events, totals, steps):
+            sys.stdout.write(part)
+        sys.stdout.write("\n")
+    return totals
