@@ -49,12 +49,12 @@ Example: guard your own training step (run as a test in tests/guards/test_guard.
 
 On a machine without CUDA the table reads (abridged)::
 
-                    criterion measured   limit verdict                                          status source
-               no stream sync             == 0       -                        not applicable (no CUDA)
-                no event sync             == 0       -                        not applicable (no CUDA)
-           no D2D weight sync             == 0       -                          not measured (no CUDA)
-                          ...
-         epoch 1 without hang           == yes       - not measured here: hotloop.guards.watchdog.HangWatchdog
+             criterion                 id   limit verdict                                                 status
+        no stream sync     no_stream_sync    == 0       -                               not applicable (no CUDA)
+         no event sync      no_event_sync    == 0       -                               not applicable (no CUDA)
+    no D2D weight sync no_d2d_weight_sync    == 0       -                                 not measured (no CUDA)
+                   ...
+  epoch 1 without hang            no_hang  == yes       - not measured here: hotloop.guards.watchdog.HangWatchdog
 
 A host sync waits for a device: on the CPU there is none to find, so the sync rows are "not applicable" (the
 `loss.item()` there reads host memory), not PASS; their hooks still FAIL a CUDA sync API the step calls.
@@ -177,8 +177,8 @@ class GuardReport:
 
     @property
     def failed(self) -> list[str]:
-        """Names of the criteria that failed."""
-        return list(self.verdicts.loc[self.verdicts["verdict"].eq("FAIL"), "criterion"])
+        """Ids of the criteria that failed."""
+        return list(self.verdicts.loc[self.verdicts["verdict"].eq("FAIL"), "id"])
 
     def to_json(self, path: str | Path, extra: Mapping | None = None) -> Path:
         """Write {"cuda", "verdicts", "per_step", "medians", "hits", "gemms", "anomalies", "timing_note", "window",
@@ -196,7 +196,9 @@ class GuardReport:
         return path
 
     def __str__(self) -> str:
-        return self.verdicts[VERDICT_COLUMNS[:6]].to_string(index=False)
+        """The verdict table: title, id, measured, limit, verdict, status, source."""
+        return self.verdicts[["criterion", "id", "measured", "limit", "verdict", "status", "source"]].to_string(
+            index=False)
 
 
 class _MarkedHooks(SyncHooks):

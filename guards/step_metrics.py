@@ -192,8 +192,8 @@ class StepMetrics:
     """Result of `step_metrics`.
 
     per_step: one row per step: step, range_name, start_us, dur_us (the CPU step range), the event_flags counts
-    (trace_counts.COUNT_COLUMNS, SYNC_COLUMNS), then STEP_COLUMNS, then ANOMALY_COLUMNS (anomalies: int, anomaly:
-    str; a step with anomaly != "" is damaged). medians: {column: median (float)} of every numeric column but step,
+    (trace_counts.COUNT_COLUMNS, SYNC_COLUMNS), then STEP_COLUMNS, SCOPED_COLUMNS, QUERY_COLUMNS, any other counter
+    of `_event_metrics`, then ANOMALY_COLUMNS (anomalies: int, anomaly: str; a step with anomaly != "" is damaged). medians: {column: median (float)} of every numeric column but step,
     start_us and anomalies: counts over all steps, timings (`hotloop.guards.baselines.is_count` False) over the
     undamaged steps only (NaN when every step is damaged).
     evidence: {criterion id: ["<name> x<count over all steps>", ...]} naming the events behind each trace metric;
@@ -466,8 +466,10 @@ def step_metrics(df: pd.DataFrame, *, step_range_name: str | None = "step", doma
                           step_anomalies(df, ranges, steps)], axis=1)
     for ratio, count in PER_ENV_STEP.items():  # divided per step (exact for integers), never summed as fractions
         per_step[ratio] = per_step[count].astype("float64") / roles.env_steps_per_update
-    per_step = per_step[["step", "range_name", "start_us", "dur_us", *COUNT_COLUMNS, *SYNC_COLUMNS, *STEP_COLUMNS,
-                         *SCOPED_COLUMNS, *QUERY_COLUMNS, *ANOMALY_COLUMNS]]
+    known = ["step", "range_name", "start_us", "dur_us", *COUNT_COLUMNS, *SYNC_COLUMNS, *STEP_COLUMNS,
+             *SCOPED_COLUMNS, *QUERY_COLUMNS]
+    counters = [c for c in ev.columns if c not in known]  # a counter `_event_metrics` alone adds, summed per step
+    per_step = per_step[[*known, *counters, *ANOMALY_COLUMNS]]
     clean = per_step["anomaly"].eq("")
     cols = [c for c in per_step.columns if c not in ("step", "range_name", "start_us", *ANOMALY_COLUMNS,
                                                      *QUERY_COLUMNS)]
@@ -744,7 +746,10 @@ def _in_scope(path: pd.Series, scope: tuple[str, ...] | None) -> pd.Series:
 
 def _event_metrics(df: pd.DataFrame, phase: pd.Series, path: pd.Series, precision: pd.Series,
                    roles: PhaseRoles, query: pd.Series | None = None) -> pd.DataFrame:
-    """One row per event: the 0/1 (or us) contributions of that event to each summed per-step column."""
+    """One row per event: the 0/1 (or us) contributions of that event to each summed per-step column. The one place
+    a trace-count criterion's counter goes (Kineto and Nsight traces both arrive here in the trace schema): a
+    column added here is summed per step, named in the per-step table and, when a criterion's column, judged and
+    given its events as evidence (tests/guards/test_criteria_ids.py)."""
     flags = event_flags(df)
     api = api_names(df)
     # a `memcpy*` kernel is a D2D copy node of a CUDA graph that the driver ran as a kernel (on one run it runs so,
