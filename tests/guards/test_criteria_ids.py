@@ -10,6 +10,9 @@ The fixture `h2d_criterion` adds a hypothetical trace-count criterion the way a 
    requires one per gate criterion),
 4. its test (like this one),
 plus docs/criteria.md's table, generated (`hotloop criteria --markdown`). Here 1 and 2 are monkeypatched in.
+Checked once for real (2026-12-06): with H2D written into guards/criteria.py and its counter into
+guards/step_metrics.py, tests/guards and tests/ci failed only on the docs table (regenerate it) and on
+test_mutate's one-mutant-per-criterion check (write its mutant); nothing else needed a line.
 """
 
 from __future__ import annotations
