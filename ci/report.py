@@ -39,7 +39,7 @@ GATE_INTERNAL_ERROR = 70
 gate/error.log."""
 PYTEST_EXIT = {0: "all selected tests passed", 1: "tests failed", 2: "interrupted", 3: "internal error",
                4: "usage error", 5: "no tests selected"}
-KNOWN_CRITERIA_COLUMNS = {"criterion", "metric", "limit", "measured", "status", "verdict", "why"}
+KNOWN_CRITERIA_COLUMNS = {"id", "criterion", "metric", "limit", "measured", "status", "verdict", "why"}
 STEP_TITLES = {"setup": "setup (pip install -e .[dev,gym], torch kept)", "pytest": "pytest -m \"smoke or perf\"",
                "gate": "hotloop gate"}
 
@@ -134,8 +134,9 @@ def verdict_rows(gate_dir: Path) -> list[tuple[str, dict[str, str]]]:
 
 
 def format_verdict_row(row: dict[str, str]) -> str:
-    """`FAIL <criterion or metric>: measured M, limit L, <other non-empty columns as key=value>`."""
+    """`FAIL <criterion or metric>[ [id]]: measured M, limit L, <other non-empty columns as key=value>`."""
     name = row.get("criterion") or row.get("metric") or "?"
+    name += f" [{row['id']}]" if (row.get("id") or "").strip() and row.get("criterion") else ""
     parts = [f"measured {row['measured']}"] if (row.get("measured") or "").strip() else []
     parts += [f"limit {row['limit']}"] if (row.get("limit") or "").strip() else []
     parts += [f"{k}={v}" for k, v in row.items()

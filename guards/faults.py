@@ -2,7 +2,8 @@
 
 `inject(trainer, name)` changes the step the gate guards (`Trainer.learner_step` with the hotloop learner,
 `Trainer.train_step` with the reference one) so that it commits one regression of docs/criteria.md's table;
-`hotloop gate --inject NAME` then has to FAIL the fault's criterion (`FAULTS[name].criterion`). Each fault keeps
+`hotloop gate --inject NAME` then has to FAIL the fault's criterion (`FAULTS[name].criterion`, a criterion id; the
+list: hotloop.guards.fault_list). Each fault keeps
 the step's math; it changes only what the criteria watch (a host read, a copy, a launch shape, a precision, a
 stream). Two kinds:
 - wrappers (item, event_sync, device_sync, pageable_copy, d2d_copy, grid1): the original step, then one extra
@@ -19,38 +20,14 @@ Source of the idea: mutation testing of a guard (mutmut / cosmic-ray; TorchRL's 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
+from hotloop.guards.fault_list import FAULTS, Fault
 from hotloop.kernels.linear import linear_forward
 from hotloop.kernels.spectral_norm import SpectralNormTable, spectral_norm_
 from hotloop.kernels.tf32_split import split_tf32
 from hotloop.trainer.bench_variants import tf32_matmuls
-
-
-@dataclass(frozen=True)
-class Fault:
-    """One injectable regression: its name, the criterion that must FAIL, and what it does."""
-
-    name: str
-    criterion: str
-    what: str
-    hot_only: bool
-
-
-FAULTS: dict[str, Fault] = {f.name: f for f in (
-    Fault("item", "no stream sync", "loss.item() after every step", False),
-    Fault("event_sync", "no event sync", "record an event and Event.synchronize() after every step", False),
-    Fault("device_sync", "no event sync", "torch.cuda.synchronize() after every step", False),
-    Fault("pageable_copy", "no event sync", "a non_blocking copy of the parameters into pageable host memory", False),
-    Fault("d2d_copy", "no D2D weight sync", "a device-to-device copy of the parameters every step", False),
-    Fault("grid1", "no single-block kernels", "a one-element add (a grid (1,1,1) kernel) every step", False),
-    Fault("sn_split", "spectral norm fused", "spectral norm launched once per weight matrix", True),
-    Fault("ddqn_serial", "DDQN overlapped", "the Double-DQN forward on the main stream, after the online one", True),
-    Fault("fwd_fp32", "TF32 forward only", "the online forward's GEMMs in IEEE FP32 (cuBLAS, TF32 off)", True),
-    Fault("bwd_tf32", "TF32 forward only", "the backward's input-gradient GEMMs in TF32 (cuBLAS)", True),
-)}
 
 
 def check_request(name: str | None, update_baseline: bool = False, *, device: torch.device | str | None = None,

@@ -43,6 +43,7 @@ import torch
 
 from hotloop.guards.baselines import (KERNEL_US_PREFIX, Baseline, baseline_path, compare, compare_epochs,
                                      config_mismatch, epoch_metrics, load_baseline, write_baseline)
+from hotloop.guards.criteria import LOOP_CENSUS, PRECISION, WATCHDOG, judged_by, label
 from hotloop.guards.faults import check_request
 from hotloop.guards.faults import inject as inject_fault
 from hotloop.guards.guard import MIN_WINDOW_STEPS, GuardReport, default_window_steps, guard_window
@@ -240,7 +241,7 @@ def run_gate(cfg: Config, run_dir: Path, options: GateOptions) -> int:
             overhead.update(census_overhead(trainer, k, options.census_overhead_pairs))
         if options.inject is not None:
             fault = inject_fault(trainer, options.inject)
-            print(f"\ninjected fault {fault.name!r}: {fault.what}; expect FAIL of {fault.criterion!r}")
+            print(f"\ninjected fault {fault.name!r}: {fault.what}; expect FAIL of {label(fault.criterion)}")
         reports = [guard_loop(trainer, k, options.guard_warmup,
                               trace_path=run_dir / TRACE_FILE if r == 0 else None)
                    for r in range(options.repeats)]
@@ -286,8 +287,9 @@ def run_gate(cfg: Config, run_dir: Path, options: GateOptions) -> int:
           + format_table(report.coverage)
           + (f"\nnot in the window: {', '.join(missing)}: the criteria that apply to "
              f"{'them' if len(missing) > 1 else 'it'} are not measured" if missing else ""))
-    print(f"\nCriteria (docs/criteria.md), {k} guarded steps after the epochs\n"
-          + format_table(verdicts[["criterion", "measured", "limit", "verdict", "status", "source", "worst_step"]]))
+    print(f"\nCriteria (hotloop criteria; docs/criteria.md), {k} guarded steps after the epochs\n"
+          + format_table(verdicts[["criterion", "id", "measured", "limit", "verdict", "status", "source",
+                                   "worst_step"]]))
     print(structure_text(verdicts, structure, structure_cost, k) + (f"\n{overhead_text(overhead)}" if overhead else ""))
     failed = verdicts[verdicts.verdict == "FAIL"]
     print(f"\nrun folder: {run_dir} (its Kineto trace per step: hotloop inspect --step-range {STEP_RANGE} "
@@ -300,7 +302,7 @@ def run_gate(cfg: Config, run_dir: Path, options: GateOptions) -> int:
           f"read {parts['read']:.1f}, judge {parts['judge']:.1f}; {report.window.get('events', 0)} events)")
     if len(failed) or len(regressions):
         for _, row in failed.iterrows():
-            print(f"FAIL {row.criterion}: measured {row.measured} (limit {row.limit}); {row.evidence}")
+            print(f"FAIL {row.criterion} [{row.id}]: measured {row.measured} (limit {row.limit}); {row.evidence}")
         for _, row in regressions.iterrows():
             print(f"FAIL regression {row.metric}: run {row.run:g} vs baseline {row.baseline:g} ({row.rule})")
         return 1
@@ -364,18 +366,22 @@ def _every_step_damaged(report: GuardReport) -> bool:
     return anomaly is not None and len(anomaly) > 0 and bool(anomaly.ne("").all())
 
 
-HANG_CRITERION = "epoch 1 without hang"
 HANG_PERIOD = "epoch 1"
-"""The watchdog period (hotloop.guards.run.run_training arms each epoch as "epoch N") HANG_CRITERION judges."""
+"""The watchdog period (hotloop.guards.run.run_training arms each epoch as "epoch N") the WATCHDOG row judges."""
+
+
+def _rows(verdicts: pd.DataFrame, judge: str) -> pd.Series:
+    """Which rows of `verdicts` (column id) are of criteria judged by `judge` (hotloop.guards.criteria.JUDGES)."""
+    return verdicts["id"].isin([c.id for c in judged_by(judge)])
 
 
 def judge_hang(verdicts: pd.DataFrame, watched: Mapping[str, bool]) -> None:
-    """Fill the HANG_CRITERION row of `verdicts` (in place) from the watchdog's record `watched`
+    """Fill the WATCHDOG row of `verdicts` ("epoch 1 without hang"; in place) from the watchdog's record `watched`
     (HangWatchdog.watched, as run_training fills it): PASS ("yes", source "watchdog") only when epoch 1 finished
     with the watchdog's thread alive from its start to its end; FAIL ("no") when the thread was not alive all
     through it (a run that goes on unguarded: the watchdog exits 70 first, so this is a last line of defence);
     verdict "-" and "not measured (...)" when epoch 1 did not run under the watchdog (e.g. a resumed run)."""
-    row = verdicts.criterion.eq(HANG_CRITERION)
+    row = _rows(verdicts, WATCHDOG)
     alive = watched.get(HANG_PERIOD)
     cells = ["measured", "verdict", "status", "source", "evidence"]
     if alive is None:
@@ -389,16 +395,15 @@ def judge_hang(verdicts: pd.DataFrame, watched: Mapping[str, bool]) -> None:
                                     f"would not have been stopped"]
 
 
-LOOP_SYNC_CRITERION = "no sync in the epochs' loop"
 LOOP_CENSUS_OFF = "not measured (off: hotloop gate --no-loop-census)"
 
 
 def judge_loop_syncs(verdicts: pd.DataFrame, census: LoopSyncCensus | None) -> None:
-    """Fill the LOOP_SYNC_CRITERION row of `verdicts` (in place) from the run's `census`: measured = the loop's host
-    syncs over the epochs after the first, PASS at 0, the call sites as evidence, source "census"; verdict "-" and
-    status "not applicable (no CUDA)" without CUDA, "not measured (...)" where the census watched no epoch (one
-    epoch) or there was none (LOOP_CENSUS_OFF)."""
-    row = verdicts.criterion.eq(LOOP_SYNC_CRITERION)
+    """Fill the LOOP_CENSUS row of `verdicts` ("no sync in the epochs' loop"; in place) from the run's `census`:
+    measured = the loop's host syncs over the epochs after the first, PASS at 0, the call sites as evidence, source
+    "census"; verdict "-" and status "not applicable (no CUDA)" without CUDA, "not measured (...)" where the census
+    watched no epoch (one epoch) or there was none (LOOP_CENSUS_OFF)."""
+    row = _rows(verdicts, LOOP_CENSUS)
     measured, text = census.verdict() if census is not None else (None, LOOP_CENSUS_OFF)
     if measured is None:
         verdicts.loc[row, ["verdict", "status"]] = ["-", text]
@@ -434,15 +439,15 @@ def judge_loop_structure(verdicts: pd.DataFrame, census: LoopStructureCensus | N
     rows = census_criteria()
     if census is None:
         for c in rows.values():
-            verdicts.loc[verdicts.criterion.eq(c.name), CENSUS_COLUMN] = STRUCTURE_CENSUS_OFF
+            verdicts.loc[verdicts["id"].eq(c.id), CENSUS_COLUMN] = STRUCTURE_CENSUS_OFF
         return None
     verdicts["measured"] = verdicts["measured"].astype(object)
-    for name, (added, text) in census.judge(window_steps, learner).items():
-        row = verdicts.criterion.eq(name)
+    for id_, (added, text) in census.judge(window_steps, learner).items():
+        row = verdicts["id"].eq(id_)
         if added is None or added == 0:
             verdicts.loc[row, CENSUS_COLUMN] = text if added is None else f"PASS: {text}"
             continue
-        c = next(c for c in rows.values() if c.name == name)
+        c = next(c for c in rows.values() if c.id == id_)
         window = verdicts.loc[row, "measured"].iloc[0]
         base = window if isinstance(window, (int, float)) and not pd.isna(window) else 0
         total = base + added
@@ -464,7 +469,7 @@ def structure_text(verdicts: pd.DataFrame, census: LoopStructureCensus | None, c
     span = f"the loop of {census.span_text()}" if census.epochs else "the loop of the epochs after the first"
     head = (f"\nStructure census (D2D copies, memsets / fills, grid (1,1,1) launches per iteration in {span}, beyond "
             f"the {window_steps}-iteration window; docs/criteria.md)")
-    lines = [f"  {c.name}: {verdicts.loc[verdicts.criterion.eq(c.name), CENSUS_COLUMN].iloc[0]}"
+    lines = [f"  {c.title}: {verdicts.loc[verdicts['id'].eq(c.id), CENSUS_COLUMN].iloc[0]}"
              for c in census_criteria().values()]
     if cost:
         lines.append(f"  cost: {cost['ops']} ATen ops, {cost['launches']} Triton launches, {cost['ranges']} phase "
@@ -535,9 +540,6 @@ def overhead_text(overhead: Mapping) -> str:
             f"structure, as the gate's epochs run) {us['both']:.1f} us ({ratio['both']:+.1%})")
 
 
-PRECISION_CRITERION = "TF32 forward only"
-
-
 def precision_evidence(trainer: Trainer) -> tuple[str, list[str]]:
     """The precision probe's (verdict, evidence lines) for the trained learner (hotloop.trainer.precision_probe: the
     step's own GEMM kernels on the run's parameters and a batch from its replay, against float64): PASS / FAIL /
@@ -551,10 +553,10 @@ def precision_evidence(trainer: Trainer) -> tuple[str, list[str]]:
 
 
 def judge_precision(verdicts: pd.DataFrame, verdict: str, lines: list[str]) -> None:
-    """Set the PRECISION_CRITERION row of `verdicts` (in place) from the probe: PASS -> measured "yes", FAIL ->
-    "no" (source "probe"), otherwise not measured with the probe's reason. The kernel-name classification the
-    trace gave stays in the evidence only ("names: ..."): names decide nothing."""
-    row = verdicts["criterion"].eq(PRECISION_CRITERION)
+    """Set the PRECISION row of `verdicts` ("TF32 forward only"; in place) from the probe: PASS -> measured "yes",
+    FAIL -> "no" (source "probe"), otherwise not measured with the probe's reason. The kernel-name classification
+    the trace gave stays in the evidence only ("names: ..."): names decide nothing."""
+    row = _rows(verdicts, PRECISION)
     if not row.any():
         return
     names = verdicts.loc[row, "evidence"].iloc[0]

@@ -49,12 +49,12 @@ Example: guard your own training step (run as a test in tests/guards/test_guard.
 
 On a machine without CUDA the table reads (abridged)::
 
-                    criterion measured   limit verdict                                          status source
-               no stream sync             == 0       -                        not applicable (no CUDA)
-                no event sync             == 0       -                        not applicable (no CUDA)
-           no D2D weight sync             == 0       -                          not measured (no CUDA)
-                          ...
-         epoch 1 without hang           == yes       - not measured here: hotloop.guards.watchdog.HangWatchdog
+             criterion                 id   limit verdict                                                 status
+        no stream sync     no_stream_sync    == 0       -                               not applicable (no CUDA)
+         no event sync      no_event_sync    == 0       -                               not applicable (no CUDA)
+    no D2D weight sync no_d2d_weight_sync    == 0       -                                 not measured (no CUDA)
+                   ...
+  epoch 1 without hang            no_hang  == yes       - not measured here: hotloop.guards.watchdog.HangWatchdog
 
 A host sync waits for a device: on the CPU there is none to find, so the sync rows are "not applicable" (the
 `loss.item()` there reads host memory), not PASS; their hooks still FAIL a CUDA sync API the step calls.
@@ -95,16 +95,17 @@ import pandas as pd
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from hotloop.guards.criteria import CRITERIA, REPORT, Criterion, query_allowance, verdict_table
+from hotloop.guards.criteria import (COUNT, CRITERIA, OVERLAP, PRECISION, REPORT, Criterion, query_allowance,
+                                     verdict_table)
 from hotloop.guards.step_metrics import (HIT_MARK, OUTSIDE_LABEL, PER_ENV_STEP, QUERY_MARK, WINDOW_RANGE, PhaseRoles,
                                          PhaseRule, StepMetrics, phase_coverage, polling_flags, step_metrics)
 from hotloop.guards.sync_hooks import SyncHooks, spin_spans
 from hotloop.profiles.kineto_reader import read_kineto
 
-TRACE_COLUMNS = {c.name: c.column for c in CRITERIA if c.column and c.aggregate == "worst step"}
-"""criterion -> the per-step trace column it is judged on (worst step); the TF32 and DDQN rows are judged apart."""
-HOOK_COLUMNS = {c.name: c.hook_column for c in CRITERIA if c.hook_column}
-"""criterion -> the per-step sync-hook column judged beside its trace column."""
+TRACE_COLUMNS = {c.id: c.column for c in CRITERIA if c.column and c.judge == COUNT}
+"""criterion id -> the per-step trace column it is judged on (worst step); the TF32 and DDQN rows are judged apart."""
+HOOK_COLUMNS = {c.id: c.hook_column for c in CRITERIA if c.hook_column}
+"""criterion id -> the per-step sync-hook column judged beside its trace column."""
 QUERY_HOOK_COLUMNS = ("completion_query_hook_hits", "polling_query_hook_hits", "query_wait_us")
 """Per-step columns of the hooked completion queries (`with_query_counts`): all of them, the polling ones (beyond the
 allowance: hotloop.guards.step_metrics.polling_flags) and the host time of their polling runs (us,
@@ -115,8 +116,9 @@ NOT_APPLICABLE = "not applicable (no CUDA)"
 """Status of a sync row (a row with a hook column) on a run without CUDA whose hooks saw no sync: a host sync waits
 for a device, so on the CPU there is none to find and a count of 0 is no verdict (verdict "-", never PASS). A hook
 hit there (a CUDA API called from a CPU run) is still measured and FAILs."""
-VERDICT_COLUMNS = ["criterion", "measured", "limit", "verdict", "status", "source", "worst_step", "total", "phases",
-                   "evidence", "metric", "why"]
+VERDICT_COLUMNS = ["id", "criterion", "measured", "limit", "verdict", "status", "source", "worst_step", "total",
+                   "phases", "evidence", "metric", "why"]
+"""The verdict table's columns: id (the criterion's id), criterion (its title, for display), ..."""
 MIN_WINDOW_STEPS = 20
 """The smallest default window (`default_window_steps`)."""
 
@@ -175,8 +177,8 @@ class GuardReport:
 
     @property
     def failed(self) -> list[str]:
-        """Names of the criteria that failed."""
-        return list(self.verdicts.loc[self.verdicts["verdict"].eq("FAIL"), "criterion"])
+        """Ids of the criteria that failed."""
+        return list(self.verdicts.loc[self.verdicts["verdict"].eq("FAIL"), "id"])
 
     def to_json(self, path: str | Path, extra: Mapping | None = None) -> Path:
         """Write {"cuda", "verdicts", "per_step", "medians", "hits", "gemms", "anomalies", "timing_note", "window",
@@ -194,7 +196,9 @@ class GuardReport:
         return path
 
     def __str__(self) -> str:
-        return self.verdicts[VERDICT_COLUMNS[:6]].to_string(index=False)
+        """The verdict table: title, id, measured, limit, verdict, status, source."""
+        return self.verdicts[["criterion", "id", "measured", "limit", "verdict", "status", "source"]].to_string(
+            index=False)
 
 
 class _MarkedHooks(SyncHooks):
@@ -609,18 +613,15 @@ def evaluate(metrics: StepMetrics, hits: pd.DataFrame, cuda: bool, roles: PhaseR
             continue
         scope = roles.scope(c.phases)
         every = c.phases == "every"
-        judged[c.name] = ("every phase + outside steps" if every else
+        judged[c.id] = ("every phase + outside steps" if every else
                           ", ".join(scope) if scope is not None else "every phase of a step")
         lacking = [p for p in missing if scope is None or p in scope]
         absent = [] if scope is None or set(scope) & ran else list(scope)
-        if c.name == "TF32 forward only":
-            _judge_tf32(per_step, cuda, roles, measured, status, source, lacking)
-            continue
-        if c.name == "DDQN overlapped":
-            _judge_overlap(per_step, cuda, roles, measured, status, source, lacking)
+        if c.judge in _JUDGES:
+            _JUDGES[c.judge](c.id, per_step, cuda, roles, measured, status, source, lacking)
             continue
         if not cuda and c.hook_column is None:
-            status[c.name] = NO_CUDA
+            status[c.id] = NO_CUDA
             continue
         trace = (per_step[c.column] + (per_step[c.query_column] if c.query_column else 0)) if cuda else zeros
         hook = (per_step[c.hook_column] if c.hook_column else zeros) + (
@@ -636,22 +637,22 @@ def evaluate(metrics: StepMetrics, hits: pd.DataFrame, cuda: bool, roles: PhaseR
         value = max(values, default=0)
         fails = c.comparison != REPORT and not c.check(value)
         if not fails and (lacking or absent):
-            status[c.name] = _not_in_window(lacking or absent)
+            status[c.id] = _not_in_window(lacking or absent)
             continue
         if not cuda and not fails:  # no device to wait for: 0 syncs on a CPU run is no verdict
-            status[c.name] = NOT_APPLICABLE
+            status[c.id] = NOT_APPLICABLE
             continue
-        measured[c.name] = value
-        worst[c.name] = labels[values.index(value)] if value else ""
+        measured[c.id] = value
+        worst[c.id] = labels[values.index(value)] if value else ""
         count = PER_ENV_STEP.get(c.column)  # a ratio row's total: the count it divides (an int, as the others)
-        total[c.name] = int(per_step[count].sum()) if count and cuda else sum(values)
+        total[c.id] = int(per_step[count].sum()) if count and cuda else sum(values)
         ways = ["hook"] * bool(c.hook_column) + ["trace"] * cuda
         seen = ["hook"] * bool(sum(hook) + (out_hook if every else 0)) + \
             ["trace"] * bool(cuda and (sum(trace) + (out_trace if every else 0)))
-        source[c.name] = _ways(seen or ways)
-        rows = evidence.get(c.name, []) if cuda else []
+        source[c.id] = _ways(seen or ways)
+        rows = evidence.get(c.id, []) if cuda else []
         if c.hook_column:
-            mine = hits[hits["criterion"].eq(c.name)]
+            mine = hits[hits["criterion"].eq(c.id)]
             place = pd.Series([(f" in {p}" if isinstance(p, str) and p else "") + (f" {OUTSIDE_LABEL}" if o else "")
                                for p, o in zip(mine["phase"], mine["outside"])], index=mine.index, dtype=object)
             sites = mine.assign(place=place).groupby(["api", "site", "place"], sort=False).size()
@@ -661,15 +662,15 @@ def evaluate(metrics: StepMetrics, hits: pd.DataFrame, cuda: bool, roles: PhaseR
             rows += _query_evidence(c, queries, per_step, metrics, cuda, periods)
         if fails and lacking:
             rows = [*rows, f"also {_not_in_window(lacking)[len('not measured ('):-1]}"]
-        evidence[c.name] = rows
+        evidence[c.id] = rows
     table = verdict_table(measured, criteria)
-    not_here = {c.name: f"not measured here: {c.measured_by}" for c in criteria if c.measured_by}
-    table["status"] = [status.get(c, not_here.get(c, s)) for c, s in zip(table["criterion"], table["status"])]
-    table["source"] = table["criterion"].map(lambda c: source.get(c, ""))
-    table["worst_step"] = table["criterion"].map(lambda c: worst.get(c, ""))
-    table["total"] = pd.array([total.get(c) for c in table["criterion"]], dtype="Int64")
-    table["phases"] = table["criterion"].map(lambda c: judged.get(c, ""))
-    table["evidence"] = table["criterion"].map(lambda c: "; ".join(evidence.get(c, [])) if c in measured else "")
+    not_here = {c.id: f"not measured here: {c.measured_by}" for c in criteria if c.measured_by}
+    table["status"] = [status.get(c, not_here.get(c, s)) for c, s in zip(table["id"], table["status"])]
+    table["source"] = table["id"].map(lambda c: source.get(c, ""))
+    table["worst_step"] = table["id"].map(lambda c: worst.get(c, ""))
+    table["total"] = pd.array([total.get(c) for c in table["id"]], dtype="Int64")
+    table["phases"] = table["id"].map(lambda c: judged.get(c, ""))
+    table["evidence"] = table["id"].map(lambda c: "; ".join(evidence.get(c, [])) if c in measured else "")
     return table[VERDICT_COLUMNS]
 
 
@@ -708,8 +709,9 @@ def _query_evidence(c: Criterion, queries: pd.DataFrame, per_step: pd.DataFrame,
     return rows
 
 
-def _judge_tf32(per_step, cuda, roles, measured, status, source, lacking=()) -> None:
-    name = "TF32 forward only"
+def _judge_tf32(name, per_step, cuda, roles, measured, status, source, lacking=()) -> None:
+    """Row `name` (a PRECISION row) from the window: "yes" when no forward GEMM kernel is named other than TF32 and
+    no backward one TF32 (the gate's precision probe then decides: hotloop.guards.gate.judge_precision)."""
     ok = not (per_step["fwd_gemms_not_tf32"].sum() or per_step["bwd_gemms_tf32"].sum())
     if not cuda:
         status[name] = NO_CUDA
@@ -721,8 +723,8 @@ def _judge_tf32(per_step, cuda, roles, measured, status, source, lacking=()) -> 
         measured[name], source[name] = "yes" if ok else "no", "trace"
 
 
-def _judge_overlap(per_step, cuda, roles, measured, status, source, lacking=()) -> None:
-    name = "DDQN overlapped"
+def _judge_overlap(name, per_step, cuda, roles, measured, status, source, lacking=()) -> None:
+    """Row `name` (an OVERLAP row): the median DDQN overlap ratio over the undamaged steps."""
     clean = per_step["anomaly"].eq("") if "anomaly" in per_step else pd.Series(True, index=per_step.index)
     ratio = per_step.loc[clean, "ddqn_overlap_ratio"].median()
     if not cuda:
@@ -735,6 +737,11 @@ def _judge_overlap(per_step, cuda, roles, measured, status, source, lacking=()) 
         status[name] = _not_in_window(list(lacking))
     else:
         measured[name], source[name] = round(float(ratio), 4), "trace"
+
+
+_JUDGES = {PRECISION: _judge_tf32, OVERLAP: _judge_overlap}
+"""The window's judges of the rows that are no worst-step count (Criterion.judge); every COUNT row is judged by
+`evaluate` itself."""
 
 
 def _number(v: float) -> int | float:

@@ -458,27 +458,27 @@ class LoopStructureCensus:
 
     def judge(self, window_steps: int, learner: Sequence[str] | None,
               criteria: Sequence[Criterion] = CRITERIA) -> dict[str, tuple[int | None, str]]:
-        """Criterion name -> (added, text) for each census criterion (`census_criteria`): added = the most new
+        """Criterion id -> (added, text) for each census criterion (`census_criteria`): added = the most new
         work (streams the window never held, `new_work`) one iteration holds, text = those streams ("<what> at
         <site> in <phase>: every N iterations (xM in epochs 2-3, first at epoch 2 iteration 199)"; "; "-joined) or
         "none new in the loop of epochs 2-3 (N iterations)". (None, "not applicable (no CUDA)") without CUDA;
         (None, "not measured (...)") when no epoch was watched."""
         rows = census_criteria(criteria)
         if not self.cuda:
-            return {c.name: (None, "not applicable (no CUDA)") for c in rows.values()}
+            return {c.id: (None, "not applicable (no CUDA)") for c in rows.values()}
         if not self.epochs:
             why = "not measured (no epoch after the first: the first compiles and captures; run --epochs 2 or more)"
-            return {c.name: (None, why) for c in rows.values()}
+            return {c.id: (None, why) for c in rows.values()}
         streams = self.new_work(window_steps, learner)
         total = sum(self.iterations.values())
         out = {}
         for kind, c in rows.items():
-            mine = streams[streams["criterion"].eq(c.name) & streams["new"]]
+            mine = streams[streams["criterion"].eq(c.id) & streams["new"]]
             if mine.empty:
-                out[c.name] = (0, f"none new in the loop of {self.span_text()} ({total} iterations)")
+                out[c.id] = (0, f"none new in the loop of {self.span_text()} ({total} iterations)")
                 continue
             added = _worst_iteration(self.frame(), mine, self.iterations)
-            out[c.name] = (added, "; ".join(_describe(r) for r in mine.itertuples()))
+            out[c.id] = (added, "; ".join(_describe(r) for r in mine.itertuples()))
         return out
 
     def cost(self, calibrate: bool = True) -> dict[str, float | int]:
@@ -542,10 +542,10 @@ def new_work(events: pd.DataFrame, iterations: Mapping[int, int], window_steps: 
     iterations (module docstring: the rules). `learner`: the learner's phases (hotloop.trainer.loop.learner_phases;
     None: every event of a step counts as the learner's).
 
-    One row per (criterion, phase, site, what, level), STREAM_COLUMNS: criterion (the window's row it counts for),
-    kind, phase (the innermost phase; NO_PHASE in a step in no phase range; OUTSIDE between steps), level (the
-    stream counts the iterations holding at least `level` of these events), occurrences, epochs (its count per
-    epoch, "2:5 3:5"), first ("epoch E iteration I"), period (the most common gap between occurrences, in
+    One row per (criterion, phase, site, what, level), STREAM_COLUMNS: criterion (the id of the window's row it
+    counts for), kind, phase (the innermost phase; NO_PHASE in a step in no phase range; OUTSIDE between steps),
+    level (the stream counts the iterations holding at least `level` of these events), occurrences, epochs (its
+    count per epoch, "2:5 3:5"), first ("epoch E iteration I"), period (the most common gap between occurrences, in
     iterations; the smallest of the most common; <NA> for one occurrence), gaps ("200" or "200-400"), judged (False:
     the window's row does not judge this phase, or the event ran before the epoch's first iteration), held (the
     window held it: a rule of the module docstring), new (judged and not held), why. Raises ValueError for
@@ -567,7 +567,7 @@ def new_work(events: pd.DataFrame, iterations: Mapping[int, int], window_steps: 
     for ev in events.itertuples(index=False):
         path = tuple(ev.path)
         phase = path[-1] if path and ev.in_step else (OUTSIDE if not ev.in_step else NO_PHASE)
-        crit = rows_of[ev.kind].name
+        crit = rows_of[ev.kind].id
         key = (crit, ev.kind, phase, ev.site, ev.what)
         if ev.iteration < 0:
             reasons[key] = ("before the epoch's first iteration: per-epoch setup outside the iterations (the "

@@ -95,17 +95,20 @@ from pathlib import Path
 import pandas as pd
 
 from hotloop.guards.baselines import EPOCH_PREFIX, EPOCH_THROUGHPUT, KERNEL_TIME, KERNEL_US_PREFIX, is_count
-from hotloop.guards.criteria import CRITERIA
+from hotloop.guards.criteria import CRITERIA, PYTEST, WATCHDOG, id_of, judged_by
+from hotloop.guards.criteria import label as criterion_label
 from hotloop.guards.watchdog import HANG_EXIT_CODE
 
 _LIMITS = ("==", "<=", ">", "<", ">=")
 HANG = "hang"
 """The expected criterion of a mutant the watchdog must stop (gate exit 3)."""
-GATE_CRITERIA = tuple(c.name for c in CRITERIA if c.name != "smoke suite" and c.comparison in _LIMITS)
-"""The criteria rows the gate judges: those with a limit (a reported row never FAILs; the smoke suite is
+GATE_CRITERIA = tuple(c.id for c in CRITERIA if c.judge != PYTEST and c.comparison in _LIMITS)
+"""The ids of the criteria rows the gate judges: those with a limit (a reported row never FAILs; the smoke suite is
 `pytest -m smoke`, not the gate)."""
+HANG_IDS = tuple(c.id for c in judged_by(WATCHDOG))
+"""The ids of the watchdog's rows ("epoch 1 without hang"): a mutant naming one expects HANG."""
 EXPECTABLE = (*GATE_CRITERIA, EPOCH_THROUGHPUT, KERNEL_TIME, HANG)
-"""What a mutant may name as its criterion ("epoch 1 without hang" reads as "hang")."""
+"""What a mutant may name as its criterion: a criterion id (HANG_IDS read as "hang"), a timing or "hang"."""
 KILLED, SURVIVED, CRASHED, TIMED_OUT, WRONG = "killed", "survived", "crashed", "timed out", "wrong criterion"
 TIMING_CRITERIA = (EPOCH_THROUGHPUT, KERNEL_TIME)
 """The expected criteria that are timings: judged only in a gate run alone on the GPU (module docstring)."""
@@ -244,7 +247,7 @@ def load_manifest(path: str | Path) -> list[Mutant]:
         problems += [f"mutant {name}: {p}" for p in bad]
         if not bad:
             seen.add(entry["id"])
-            crit = HANG if entry["criterion"] == "epoch 1 without hang" else entry["criterion"]
+            crit = HANG if entry["criterion"] in HANG_IDS else entry["criterion"]
             mutants.append(Mutant(entry["id"], path.parent / entry["patch"], entry["file"], crit, entry["what"],
                                   tuple(entry.get("args", base_args)), entry.get("where", ""),
                                   entry.get("period", ""), entry.get("depends", ""),
@@ -270,7 +273,7 @@ def _entry_problems(entry: object, folder: Path, base_args: list[str], seen: set
         out.append("id is not unique")
     if not (folder / entry["patch"]).is_file():
         out.append(f"patch file {folder / entry['patch']} does not exist")
-    if entry["criterion"] not in (*EXPECTABLE, "epoch 1 without hang"):
+    if entry["criterion"] not in EXPECTABLE:
         out.append(f"criterion {entry['criterion']!r} is not one of {list(EXPECTABLE)}")
     args = entry.get("args", base_args)
     if not _str_list(args):
@@ -500,7 +503,8 @@ def _under(path: Path, folder: Path) -> bool:
 # ------------------------------------------------------------------------------------------------------ verdicts
 
 def failed_rows(run_dir: Path) -> list[str]:
-    """What FAILed in a gate run folder: the criteria.csv rows with verdict FAIL (criterion names, table order),
+    """What FAILed in a gate run folder: the criteria.csv rows with verdict FAIL (criterion ids, table order; a
+    criteria.csv written before ids, with titles only, is read through hotloop.guards.criteria.id_of),
     then "epoch throughput" if an epoch_* row of baseline.csv FAILs, "kernel time" if a kernel_us:* row does
     (KERNEL_US_PREFIX), then "regression <metric>" for every FAIL row of baseline.csv but the epoch_* ones. Empty
     when neither file exists (a hang or a crash writes none)."""
@@ -508,7 +512,7 @@ def failed_rows(run_dir: Path) -> list[str]:
     crit = Path(run_dir) / "criteria.csv"
     if crit.is_file():
         df = pd.read_csv(crit)
-        out += list(df.loc[df["verdict"].eq("FAIL"), "criterion"])
+        out += [id_of(str(x)) for x in df.loc[df["verdict"].eq("FAIL"), "id" if "id" in df else "criterion"]]
     base = Path(run_dir) / "baseline.csv"
     if base.is_file():
         df = pd.read_csv(base)
@@ -538,7 +542,7 @@ def verdict(expected: str, returncode: int | None, failed: Sequence[str], alone:
     is judged on its count and criterion rows only: its timing rows (`is_timing_row`) are dropped first, so they
     never kill and never name a wrong criterion; its exit 1 with timing FAILs only is "survived", or NOT_JUDGED
     for an expected timing criterion. A crash is never a kill, whatever FAILed before it."""
-    hang = expected in (HANG, "epoch 1 without hang")
+    hang = expected in (HANG, *HANG_IDS)
     if returncode is None:
         return TIMED_OUT
     if returncode == 0:
@@ -612,7 +616,7 @@ def run_gate_in(tree: Path, site: Path, args: Sequence[str], run_dir: Path, log:
 
 def _result_row(m: Mutant, run: GateRun) -> dict:
     said = verdict(m.criterion, run.returncode, run.failed, run.alone)
-    return {"mutant": m.id, "file": m.file, "expected criterion": m.criterion, "verdict": said,
+    return {"mutant": m.id, "file": m.file, "expected criterion": criterion_label(m.criterion), "verdict": said,
             "judgement": judgement(m.criterion, said, run.failed, run.alone), "ran": ALONE if run.alone else PARALLEL,
             "exit code": "" if run.returncode is None else run.returncode,
             "failed criteria": ", ".join(run.failed), "wall_s": round(run.wall_s, 1), "depends": m.depends}
@@ -813,7 +817,7 @@ def run_mutate(args: argparse.Namespace) -> int:
         only = [i for part in args.only for i in part.split(",") if i]
         if args.list:
             mutants = load_manifest(manifest)
-            print(pd.DataFrame([{"mutant": m.id, "file": m.file, "expected criterion": m.criterion,
+            print(pd.DataFrame([{"mutant": m.id, "file": m.file, "expected criterion": criterion_label(m.criterion),
                                  "runs": ALONE if runs_alone(m) else PARALLEL, "depends": m.depends,
                                  "what": m.what} for m in mutants]).to_string(index=False))
             return 0

@@ -14,8 +14,8 @@ imported only when a collected test carries `gpu` or `perf`, the guard only when
   around a loop you run (`with w.step():` around each step, or code opening its own K step ranges), then
   `w.report`.
 - fixture `assert_criteria`: `assert_criteria(report, only=None)` fails the test listing every measured criterion
-  whose verdict is FAIL (criterion, measured, limit, evidence); with `only`, just the criteria named, each of
-  which must also have been measured.
+  whose verdict is FAIL (criterion, measured, limit, evidence); with `only`, just the criteria named by id
+  (`hotloop criteria` lists them), each of which must also have been measured.
 
 A perf test of your own step::
 
@@ -25,7 +25,7 @@ A perf test of your own step::
     def test_my_step_keeps_the_criteria(guard, assert_criteria):
         step = build_my_training_step()          # your code: returns a zero-argument callable
         report = guard(step, steps=20, warmup=3)
-        assert_criteria(report, only=["no stream sync", "no single-block kernels"])
+        assert_criteria(report, only=["no_stream_sync", "no_single_block_kernels"])
 
 hotloop's own perf tests (tests/perf/) run the gate's criteria this way on the hotloop learner.
 """
@@ -87,26 +87,28 @@ def guard_window() -> Callable[..., object]:
 
 
 def failing_rows(report: GuardReport, only: Iterable[str] | None = None) -> list[str]:
-    """One line per measured criterion of `report` whose verdict is FAIL ("criterion: measured M (limit L);
-    evidence"). With `only` (criterion names; one name may be given as a str), just those, and each of them must
+    """One line per measured criterion of `report` whose verdict is FAIL ("title [id]: measured M (limit L);
+    evidence"). With `only` (criterion ids; one id may be given as a str), just those, and each of them must
     also have been measured (or reported, for a row without a limit): a named criterion the run could not measure
     (e.g. a GPU row on a CPU step, or a row whose phase was not in the window) is a line "criterion: not measured
     (<why>)" too, and so is a sync row on a CPU step ("criterion: not applicable (no CUDA)"), since a check that
     measured nothing proves nothing.
-    Raises ValueError for an empty `only` or a name in it that is not a criterion of the report."""
+    Raises ValueError for an empty `only` or an id in it that is not a criterion of the report."""
     v = report.verdicts
     rows = []
     if only is not None:
         only = [only] if isinstance(only, str) else list(only)
         if not only:
             raise ValueError("only= names no criterion; leave it out to judge them all")
-        unknown = sorted(set(only) - set(v["criterion"]))
+        unknown = sorted(set(only) - set(v["id"]))
         if unknown:
-            raise ValueError(f"not criteria of this report: {unknown}; known: {sorted(v['criterion'])}")
-        v = v[v["criterion"].isin(only)]
-        rows = [f"{r.criterion}: {r.status}" for r in v.itertuples() if r.status not in ("measured", "reported")]
+            raise ValueError(f"not criteria ids of this report: {unknown}; known: {list(v['id'])}")
+        v = v[v["id"].isin(only)]
+        rows = [f"{r.criterion} [{r.id}]: {r.status}" for r in v.itertuples()
+                if r.status not in ("measured", "reported")]
     failed = v[v["verdict"].eq("FAIL")]
-    return rows + [f"{r.criterion}: measured {r.measured} (limit {r.limit}); {r.evidence}" for r in failed.itertuples()]
+    return rows + [f"{r.criterion} [{r.id}]: measured {r.measured} (limit {r.limit}); {r.evidence}"
+                   for r in failed.itertuples()]
 
 
 @pytest.fixture(scope="session")

@@ -91,7 +91,7 @@ import numpy as np
 import pandas as pd
 
 from hotloop.guards.baselines import KERNEL_US_PREFIX, is_count
-from hotloop.guards.criteria import CRITERIA, query_allowance
+from hotloop.guards.criteria import CRITERIA, OVERLAP, PRECISION, judged_by, query_allowance
 from hotloop.profiles.trace_anomalies import count_anomalies, valid_time
 from hotloop.profiles.trace_counts import (COUNT_COLUMNS, SYNC_COLUMNS, api_names, assign_steps,
                                            choose_step_range_events, event_flags, step_anomalies, step_ranges)
@@ -192,12 +192,12 @@ class StepMetrics:
     """Result of `step_metrics`.
 
     per_step: one row per step: step, range_name, start_us, dur_us (the CPU step range), the event_flags counts
-    (trace_counts.COUNT_COLUMNS, SYNC_COLUMNS), then STEP_COLUMNS, then ANOMALY_COLUMNS (anomalies: int, anomaly:
-    str; a step with anomaly != "" is damaged). medians: {column: median (float)} of every numeric column but step,
+    (trace_counts.COUNT_COLUMNS, SYNC_COLUMNS), then STEP_COLUMNS, SCOPED_COLUMNS, QUERY_COLUMNS, any other counter
+    of `_event_metrics`, then ANOMALY_COLUMNS (anomalies: int, anomaly: str; a step with anomaly != "" is damaged). medians: {column: median (float)} of every numeric column but step,
     start_us and anomalies: counts over all steps, timings (`hotloop.guards.baselines.is_count` False) over the
     undamaged steps only (NaN when every step is damaged).
-    evidence: {criterion name: ["<name> x<count over all steps>", ...]} naming the events behind each trace metric;
-    "DDQN overlapped" (a timing) ends with `timing_note` when there is one.
+    evidence: {criterion id: ["<name> x<count over all steps>", ...]} naming the events behind each trace metric;
+    the OVERLAP row ("DDQN overlapped", a timing) ends with `timing_note` when there is one.
     gemms: GEMM kernels inside steps: columns phase ("" if none), precision, name, kernels (count).
     anomalies: `hotloop.profiles.trace_anomalies.count_anomalies` of the whole trace.
     timing_note: "" or which steps' timing was left out and why, e.g. "timing of steps 3, 7 left out: kernel with
@@ -466,8 +466,10 @@ def step_metrics(df: pd.DataFrame, *, step_range_name: str | None = "step", doma
                           step_anomalies(df, ranges, steps)], axis=1)
     for ratio, count in PER_ENV_STEP.items():  # divided per step (exact for integers), never summed as fractions
         per_step[ratio] = per_step[count].astype("float64") / roles.env_steps_per_update
-    per_step = per_step[["step", "range_name", "start_us", "dur_us", *COUNT_COLUMNS, *SYNC_COLUMNS, *STEP_COLUMNS,
-                         *SCOPED_COLUMNS, *QUERY_COLUMNS, *ANOMALY_COLUMNS]]
+    known = ["step", "range_name", "start_us", "dur_us", *COUNT_COLUMNS, *SYNC_COLUMNS, *STEP_COLUMNS,
+             *SCOPED_COLUMNS, *QUERY_COLUMNS]
+    counters = [c for c in ev.columns if c not in known]  # a counter `_event_metrics` alone adds, summed per step
+    per_step = per_step[[*known, *counters, *ANOMALY_COLUMNS]]
     clean = per_step["anomaly"].eq("")
     cols = [c for c in per_step.columns if c not in ("step", "range_name", "start_us", *ANOMALY_COLUMNS,
                                                      *QUERY_COLUMNS)]
@@ -482,8 +484,8 @@ def step_metrics(df: pd.DataFrame, *, step_range_name: str | None = "step", doma
     outside = {c: float(ev.loc[outside_ev, c].sum()) for c in ev.columns if c != "gpu_kernel_us"}
     evidence = _evidence(df[in_window], ev[in_window], phase[in_window], precision[in_window], roles,
                          outside_ev[in_window], (query & ~in_op)[in_window], in_op[in_window])
-    if note:
-        evidence["DDQN overlapped"].append(note)
+    for c in judged_by(OVERLAP) if note else ():  # a timing row says which steps' timing was left out
+        evidence[c.id].append(note)
     return StepMetrics(per_step, medians, evidence, gemms, count_anomalies(df), note, outside, window,
                        _phase_steps(df, phase, bucket, step_range_name),
                        _phase_counts(ev, phase, bucket), _marker_frame(df, bucket, phase),
@@ -744,7 +746,10 @@ def _in_scope(path: pd.Series, scope: tuple[str, ...] | None) -> pd.Series:
 
 def _event_metrics(df: pd.DataFrame, phase: pd.Series, path: pd.Series, precision: pd.Series,
                    roles: PhaseRoles, query: pd.Series | None = None) -> pd.DataFrame:
-    """One row per event: the 0/1 (or us) contributions of that event to each summed per-step column."""
+    """One row per event: the 0/1 (or us) contributions of that event to each summed per-step column. The one place
+    a trace-count criterion's counter goes (Kineto and Nsight traces both arrive here in the trace schema): a
+    column added here is summed per step, named in the per-step table and, when a criterion's column, judged and
+    given its events as evidence (tests/guards/test_criteria_ids.py)."""
     flags = event_flags(df)
     api = api_names(df)
     # a `memcpy*` kernel is a D2D copy node of a CUDA graph that the driver ran as a kernel (on one run it runs so,
@@ -882,13 +887,13 @@ def _evidence(df: pd.DataFrame, ev: pd.DataFrame, phase: pd.Series, precision: p
     gemm_label = (pd.Series(np.where(bad, "FAIL ", ""), index=df.index).astype(str) + ph + ": "
                   + precision.astype(str) + " " + df["name"].astype(str))
     ddqn = df["kind"].eq("kernel") & phase.isin([roles.ddqn_forward, roles.online_forward])
-    out = {c.name: named(ev[PER_ENV_STEP.get(c.column, c.column)].gt(0)) for c in CRITERIA
+    out = {c.id: named(ev[PER_ENV_STEP.get(c.column, c.column)].gt(0)) for c in CRITERIA
            if PER_ENV_STEP.get(c.column, c.column) in ev.columns}
     n = roles.env_steps_per_update
     for c in CRITERIA:  # a per-env-step row also says its divisor and the env's grid (1,1,1) kernels
         if c.column in PER_ENV_STEP:
             grid1 = int(ev["env_kernels_grid1"].sum())
-            out[c.name] += [f"env_steps_per_update {n}", f"env_kernels_grid1 {grid1} over the window"]
+            out[c.id] += [f"env_steps_per_update {n}", f"env_kernels_grid1 {grid1} over the window"]
     query = pd.Series(False, index=df.index) if query is None else query
     in_op = pd.Series(False, index=df.index) if in_op is None else in_op
     for c in CRITERIA:  # the completion queries, by name and phase; the polling ones counted apart
@@ -896,12 +901,14 @@ def _evidence(df: pd.DataFrame, ev: pd.DataFrame, phase: pd.Series, precision: p
             polls = ev["polling_queries"].gt(0) if "polling_queries" in ev else pd.Series(False, index=df.index)
             counts = where[query].map(_short).value_counts(sort=True)
             polling = where[query & polls].map(_short).value_counts()
-            out[c.name] += [f"{name} x{n}" + (f" (polling x{polling[name]})" if name in polling else "")
+            out[c.id] += [f"{name} x{n}" + (f" (polling x{polling[name]})" if name in polling else "")
                             for name, n in counts.items()]
-            out[c.name] += [f"{name} inside a torch op x{n} (not judged)"
+            out[c.id] += [f"{name} inside a torch op x{n} (not judged)"
                             for name, n in df.loc[in_op, "name"].map(_short).value_counts().items()]
-    out["TF32 forward only"] = named(bad, gemm_label) + named((fwd | bwd) & ~bad, gemm_label)
-    out["DDQN overlapped"] = named(ddqn, ph + " stream " + df["stream"].astype(str) + ": " + df["name"].astype(str))
+    for c in judged_by(PRECISION):  # the GEMMs by their name's class: evidence only (the probe decides)
+        out[c.id] = named(bad, gemm_label) + named((fwd | bwd) & ~bad, gemm_label)
+    for c in judged_by(OVERLAP):
+        out[c.id] = named(ddqn, ph + " stream " + df["stream"].astype(str) + ": " + df["name"].astype(str))
     return out
 
 

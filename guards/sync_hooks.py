@@ -6,16 +6,16 @@ Why hooks as well as the trace: on our H200 `torch.cuda.set_sync_debug_mode("err
 trace cannot name the Python line that synced. The trace side is `hotloop.guards.step_metrics`; `hotloop.guards.guard`
 joins both.
 
-Hooked APIs and the criterion of docs/criteria.md each hit counts against (HOOKED_APIS):
+Hooked APIs and the criterion (its id; docs/criteria.md) each hit counts against (HOOKED_APIS):
 
 - `torch.cuda.synchronize`, `torch.accelerator.synchronize` (cudaDeviceSynchronize) and
-  `torch.cuda.Event.synchronize` (cudaEventSynchronize): "no event sync".
-- `torch.cuda.Stream.synchronize` (cudaStreamSynchronize): "no stream sync".
-- `torch.Tensor.item / .cpu / .tolist / .numpy / .__bool__` on a CUDA tensor: "no stream sync" (torch copies the
+  `torch.cuda.Event.synchronize` (cudaEventSynchronize): `no_event_sync`.
+- `torch.cuda.Stream.synchronize` (cudaStreamSynchronize): `no_stream_sync`.
+- `torch.Tensor.item / .cpu / .tolist / .numpy / .__bool__` on a CUDA tensor: `no_stream_sync` (torch copies the
   value with cudaMemcpyAsync and then waits with cudaStreamSynchronize: at::_local_scalar_dense / copy_, so the
   trace shows the same read-back as a stream sync).
 - `torch.Tensor.copy_`, `.to`, `.cuda` with non_blocking=True between a CUDA tensor and pageable (not pinned) host
-  memory: "no event sync", as the trace's rule counts such a copy (hotloop.guards.step_metrics). The driver makes a
+  memory: `no_event_sync`, as the trace's rule counts such a copy (hotloop.guards.step_metrics). The driver makes a
   cudaMemcpyAsync to pageable memory return only once the copy is done, and may wait for the stream before one
   from pageable memory (CUDA Runtime API, "API synchronization behavior"); torch raises no sync debug warning for
   either. `.to(cpu, non_blocking=True)` is not counted: torch pins its output (at::_to_copy).
@@ -58,7 +58,9 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-STREAM_SYNC, EVENT_SYNC = "no stream sync", "no event sync"
+STREAM_SYNC, EVENT_SYNC = "no_stream_sync", "no_event_sync"
+"""The ids of the criteria a hooked sync counts against (hotloop.guards.criteria: the rows whose hook_column counts
+these hits; tests/guards/test_criteria_ids.py checks every HOOKED_APIS value is such an id)."""
 TENSOR_READBACKS = ("item", "cpu", "tolist", "numpy", "__bool__")
 TENSOR_COPIES = ("copy_", "to", "cuda")
 HOOKED_APIS: dict[str, str] = {
@@ -157,7 +159,7 @@ def counts_as_sync(api: str, args: tuple, kwargs: dict) -> bool:
 
 @dataclass(frozen=True)
 class SyncHit:
-    """One hooked call: `api` (a HOOKED_APIS key), the `criterion` it counts against, `step` (the hooks' step index
+    """One hooked call: `api` (a HOOKED_APIS key), the `criterion` id it counts against, `step` (the hooks' step index
     when it happened, None outside steps), `site` ("file:line" of the first frame outside torch and guards/),
     `function` (that frame's function name), `thread` (thread name)."""
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from hotloop.guards.commands.checks import RunPlan, check_run, check_writable, new_run_folder
 from hotloop.guards.commands.config_args import ConfigChoice, add_run_args, config_epilog
+from hotloop.guards.fault_list import inject_help
 from hotloop.trainer.config import Config
 
 if TYPE_CHECKING:
@@ -68,8 +69,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                            "later)")
     gate.add_argument("--inject", metavar="FAULT",
                       help="inject a fault before the guarded steps (a mutation test of the gate: it must then "
-                           "fail that fault's criterion): item, event_sync, device_sync, pageable_copy, d2d_copy, "
-                           "grid1, sn_split, ddqn_serial, fwd_fp32, bwd_tf32 (guards/faults.py)")
+                           f"fail that fault's criterion, by id: hotloop criteria): {inject_help()} "
+                           "(guards/fault_list.py)")
     return gate
 
 

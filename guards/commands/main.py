@@ -1,6 +1,6 @@
-"""The `hotloop` command line: `hotloop train`, `gate`, `bench`, `inspect`, `report`, `nsys`, `mutate` and `learning`,
-one module of this package each (`SUBCOMMANDS`); `main` parses, runs the subcommand and turns what ended it into the
-exit code.
+"""The `hotloop` command line: `hotloop train`, `gate`, `bench`, `inspect`, `report`, `nsys`, `mutate`, `learning`
+and `criteria`, one module of this package each (`SUBCOMMANDS`); `main` parses, runs the subcommand and turns what
+ended it into the exit code.
 
 Exit codes (`main`; ci/gate.sh and ci/README.md act on them):
   0   success / pass
@@ -24,12 +24,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from hotloop.guards.commands import bench, gate, inspect, learning, mutate, nsys, report, train
+from hotloop.guards.commands import bench, criteria, gate, inspect, learning, mutate, nsys, report, train
 from hotloop.guards.commands.errors import (BROKEN_PIPE, USAGE_ERROR, report_internal_error, report_interrupt)
 from hotloop.profiles.inspect_cmd import stdout_to_devnull
 
 SUBCOMMANDS = {"train": train, "gate": gate, "bench": bench, "inspect": inspect, "report": report, "nsys": nsys,
-               "mutate": mutate, "learning": learning}
+               "mutate": mutate, "learning": learning, "criteria": criteria}
 """Subcommand -> its module, in the order of the help. Each module has `add_parser(subparsers)`; the run commands
 (RUN_COMMANDS) have `prepare(args) -> RunPlan` (checks only: ValueError is bad input) and `execute(plan) -> int`,
 the others `run(args) -> int`."""

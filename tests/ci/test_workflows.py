@@ -153,10 +153,10 @@ if "--crash" in args:  # what hotloop.guards.cli does on an unexpected exception
     sys.exit(70)
 if "--killed" in args:  # the OOM killer's SIGKILL, as a shell reports it
     sys.exit(137)
-rows = [dict(criterion="no stream sync", metric="syncs, per step", limit="== 0", measured="3", status="measured",
-             verdict="FAIL", why="stalls"),
-        dict(criterion="epoch 1 without hang", metric="m", limit="== yes", measured="yes", status="measured",
-             verdict="PASS", why="w")]
+rows = [dict(id="no_stream_sync", criterion="no stream sync", metric="syncs, per step", limit="== 0", measured="3",
+             status="measured", verdict="FAIL", why="stalls"),
+        dict(id="no_hang", criterion="epoch 1 without hang", metric="m", limit="== yes", measured="yes",
+             status="measured", verdict="PASS", why="w")]
 with (out / "criteria.csv").open("w", newline="") as fh:
     w = csv.DictWriter(fh, fieldnames=list(rows[0])); w.writeheader(); w.writerows(rows)
 (out / "criteria.md").write_text("| criterion | verdict |\n|:--|:--|\n| no stream sync | FAIL |\n")
@@ -201,7 +201,7 @@ def test_gate_sh_on_a_gpu_runner_passes_the_baseline_and_prints_fail_rows_last(t
     assert out[-4:] == [
         "ci/gate.sh: FAIL (exit 1); the failing rows:",
         "--- criteria (verdict FAIL)",
-        "  FAIL no stream sync: measured 3, limit == 0",
+        "  FAIL no stream sync [no_stream_sync]: measured 3, limit == 0",
         "  FAIL learner_steps_per_s: baseline=1000, run=800, allowed=-50  [baseline_compare.csv]",
     ], "\n".join(out[-12:])
     annotations = [i for i, line in enumerate(out) if line.startswith("::error title=criteria (verdict FAIL)::")]

@@ -10,6 +10,7 @@ import pytest
 
 from hotloop.profiles.epoch_table import EPOCH_COLUMNS
 from hotloop.guards.cli import main
+from hotloop.guards.criteria import CRITERIA, LOOP_CENSUS
 from hotloop.guards.gate import CENSUS_COLUMN, LOOP_CENSUS_OFF, ONE_REPEAT_NOTE, STRUCTURE_CENSUS_OFF
 
 TINY = ["--set", "learner_steps_per_epoch=20", "--set", "learning_starts=64", "--set", "batch_size=32",
@@ -99,28 +100,31 @@ def test_gate_runs_and_writes_its_tables(tmp_path, capsys):
     assert main(["gate", "--epochs", "2", "--device", "cpu", "--out", str(out), "--guard-steps", "4", *TINY,
                  "--set", "target_update_interval=2"]) == 0
     printed = capsys.readouterr().out
-    assert "Per-epoch table" in printed and "epoch 1 without hang" in printed and "4 guarded steps" in printed
+    assert "Per-epoch table" in printed and "4 guarded steps" in printed
+    assert re.search(r"epoch 1 without hang +no_hang +yes +== yes +PASS", printed)  # the title, its id alongside
     table = pd.read_csv(out / "epochs.csv")
     assert list(table.columns[:len(EPOCH_COLUMNS)]) == EPOCH_COLUMNS
     assert table.epoch.tolist() == [1, 2] and (table.learner_steps == 20).all()
-    verdicts = {v["criterion"]: v for v in json.loads((out / "criteria.json").read_text())}
-    assert set(verdicts) >= {"no stream sync", "no single-block kernels", "smoke suite"}
+    verdicts = {v["id"]: v for v in json.loads((out / "criteria.json").read_text())}
+    assert set(verdicts) >= {"no_stream_sync", "no_single_block_kernels", "smoke_suite"}
     measured = {c for c, v in verdicts.items() if v["status"] == "measured"}
-    assert measured == {"epoch 1 without hang"}  # CPU: the watchdog only (no device: no sync to find)
+    assert measured == {"no_hang"}  # CPU: the watchdog only (no device: no sync to find)
     assert all(verdicts[c]["verdict"] == "PASS" for c in measured)
-    assert verdicts["no D2D weight sync"]["status"] == "not measured (no CUDA)"
-    for name in ("no stream sync", "no event sync", "no sync in the epochs' loop"):  # the census: on by default
+    assert verdicts["no_d2d_weight_sync"]["status"] == "not measured (no CUDA)"
+    for name in ("no_stream_sync", "no_event_sync", "no_loop_sync"):  # the census: on by default
         assert (verdicts[name]["status"], verdicts[name]["verdict"]) == ("not applicable (no CUDA)", "-"), name
-    assert printed.rstrip().endswith("PASS (1 measured, 0 reported, 8 not measured, 3 not applicable (no CUDA))")
+    na = sum(1 for c in CRITERIA if c.hook_column or c.judge == LOOP_CENSUS)  # the sync rows: 3
+    assert printed.rstrip().endswith(f"PASS (1 measured, 0 reported, {len(CRITERIA) - 1 - na} not measured, {na} not "
+                                     "applicable (no CUDA))")
     # the structure census (on by default) has no device work to count on a CPU: its column says so, the rows stay
     # the window's; only its three rows carry the column
     census = {c: v[CENSUS_COLUMN] for c, v in verdicts.items() if v[CENSUS_COLUMN]}
-    assert census == dict.fromkeys(["no D2D weight sync", "no single-block kernels", "memsets only where needed"],
+    assert census == dict.fromkeys(["no_d2d_weight_sync", "no_single_block_kernels", "memsets_only_where_needed"],
                                    "not applicable (no CUDA)")
     assert "Structure census" in printed and "no D2D weight sync: not applicable (no CUDA)" in printed
     assert not (out / "structure_census.csv").exists()
     # the gate hands the TF32 row to the precision probe (hotloop.guards.gate.judge_precision), never to names
-    assert verdicts["TF32 forward only"]["status"] == \
+    assert verdicts["tf32_forward_only"]["status"] == \
         "not measured (the precision probe covers the hotloop learner's kernels)"
     assert len(json.loads((out / "guard.json").read_text())["per_step"]) == 4
     from hotloop.profiles.trace_counts import step_ranges
@@ -143,11 +147,11 @@ def test_gate_fails_naming_the_criterion_when_a_step_syncs(tmp_path, capsys, mon
     assert main(["gate", "--epochs", "1", "--device", "cpu", "--out", str(out), "--guard-steps", "3", *TINY,
                  "--set", "target_update_interval=100"]) == 1
     printed = capsys.readouterr().out
-    assert "FAIL no event sync: measured 1" in printed and "test_cli.py" in printed
-    verdicts = {v["criterion"]: v for v in json.loads((out / "criteria.json").read_text())}
-    assert verdicts["no event sync"]["verdict"] == "FAIL"
+    assert "FAIL no event sync [no_event_sync]: measured 1" in printed and "test_cli.py" in printed
+    verdicts = {v["id"]: v for v in json.loads((out / "criteria.json").read_text())}
+    assert verdicts["no_event_sync"]["verdict"] == "FAIL"
     # the 3-iteration window lacks the target update (every 100): the clean sync row is not measured, not PASS
-    assert verdicts["no stream sync"]["status"] == "not measured (phase target_update not in window)"
+    assert verdicts["no_stream_sync"]["status"] == "not measured (phase target_update not in window)"
 
 
 def test_gate_no_loop_census_flag_reaches_the_gate(tmp_path):
@@ -156,8 +160,8 @@ def test_gate_no_loop_census_flag_reaches_the_gate(tmp_path):
     out = tmp_path / "run"
     assert main(["gate", "--epochs", "2", "--device", "cpu", "--out", str(out), "--guard-steps", "4", *TINY,
                  "--set", "target_update_interval=2", "--no-loop-census"]) == 0
-    verdicts = {v["criterion"]: v for v in json.loads((out / "criteria.json").read_text())}
-    assert verdicts["no sync in the epochs' loop"]["status"] == LOOP_CENSUS_OFF
+    verdicts = {v["id"]: v for v in json.loads((out / "criteria.json").read_text())}
+    assert verdicts["no_loop_sync"]["status"] == LOOP_CENSUS_OFF
 
 
 def test_gate_structure_census_flags_reach_the_gate(tmp_path, capsys):
@@ -167,8 +171,8 @@ def test_gate_structure_census_flags_reach_the_gate(tmp_path, capsys):
     assert main(["gate", "--epochs", "2", "--device", "cpu", "--out", str(out), "--guard-steps", "4", *TINY,
                  "--set", "target_update_interval=2", "--no-structure-census", "--census-overhead", "1"]) == 0
     printed = capsys.readouterr().out
-    verdicts = {v["criterion"]: v for v in json.loads((out / "criteria.json").read_text())}
-    assert verdicts["no D2D weight sync"][CENSUS_COLUMN] == STRUCTURE_CENSUS_OFF
+    verdicts = {v["id"]: v for v in json.loads((out / "criteria.json").read_text())}
+    assert verdicts["no_d2d_weight_sync"][CENSUS_COLUMN] == STRUCTURE_CENSUS_OFF
     assert f"Structure census: {STRUCTURE_CENSUS_OFF}" in printed
     assert "Census overhead (hotloop gate --census-overhead: 1 x 4 iterations per mode" in printed
     overhead = json.loads((out / "guard.json").read_text())["structure_census"]["census_overhead"]

@@ -64,9 +64,9 @@ def test_bad_requests_are_refused():
         inject(_FakeTrainer(), "item")
     with pytest.raises(ValueError, match="sn_split: this run has spectral norm off"):
         inject(_FakeTrainer(device="cuda", spectral_norm=False), "sn_split")
-    assert {f.criterion for f in FAULTS.values()} >= {"no stream sync", "no event sync", "no D2D weight sync",
-                                                      "spectral norm fused", "no single-block kernels",
-                                                      "TF32 forward only", "DDQN overlapped"}
+    assert {f.criterion for f in FAULTS.values()} >= {"no_stream_sync", "no_event_sync", "no_d2d_weight_sync",
+                                                      "spectral_norm_fused", "no_single_block_kernels",
+                                                      "tf32_forward_only", "ddqn_overlapped"}
 
 
 @pytest.mark.gpu
@@ -145,5 +145,5 @@ def test_the_gate_cli_catches_each_fault_with_exit_1_not_a_crash(name, tmp_path,
                "--out", str(out)])
     assert rc != INTERNAL_ERROR, f"the gate crashed: {(out / ERROR_LOG).read_text()}"
     assert rc == 1, capsys.readouterr().out[-2000:]
-    verdicts = {v["criterion"]: v["verdict"] for v in json.loads((out / "criteria.json").read_text())}
+    verdicts = {v["id"]: v["verdict"] for v in json.loads((out / "criteria.json").read_text())}
     assert verdicts[FAULTS[name].criterion] == "FAIL"

@@ -67,10 +67,10 @@ def test_a_sync_in_the_progress_callback_is_inside_a_step_and_counted(monkeypatc
     report = guard_loop(trainer, steps=4, warmup=1)
     hits = report.hits
     assert list(hits["step"]) == [0, 1, 2, 3] and set(hits["phase"]) == {"progress"} and not hits["outside"].any()
-    v = report.verdicts.set_index("criterion")
-    assert (v.loc["no event sync", "verdict"], v.loc["no event sync", "measured"]) == ("FAIL", 1)
-    assert v.loc["no event sync", "evidence"] == f"hook: torch.cuda.synchronize at {__file__}:{line} in progress x4"
-    assert (v.loc["no stream sync", "verdict"], v.loc["no stream sync", "status"]) == (
+    v = report.verdicts.set_index("id")
+    assert (v.loc["no_event_sync", "verdict"], v.loc["no_event_sync", "measured"]) == ("FAIL", 1)
+    assert v.loc["no_event_sync", "evidence"] == f"hook: torch.cuda.synchronize at {__file__}:{line} in progress x4"
+    assert (v.loc["no_stream_sync", "verdict"], v.loc["no_stream_sync", "status"]) == (
         "-", "not applicable (no CUDA)")  # every periodic phase ran; no CUDA, no hit: nothing to find
     cov = report.coverage.set_index("phase")
     assert cov.loc["progress", "sync_hook_hits"] == 4 and cov.loc["progress", "steps"] == 4
@@ -90,8 +90,8 @@ def test_a_host_read_in_the_env_step_is_placed_in_its_step_and_phase():
     trainer.env_step = env_step
     report = guard_loop(trainer, steps=3, warmup=0)
     assert list(report.hits["step"]) == [0, 1, 2] and set(report.hits["phase"]) == {"env_step"}
-    v = report.verdicts.set_index("criterion")
-    assert v.loc["no stream sync", "verdict"] == "FAIL" and " in env_step x3" in v.loc["no stream sync", "evidence"]
+    v = report.verdicts.set_index("id")
+    assert v.loc["no_stream_sync", "verdict"] == "FAIL" and " in env_step x3" in v.loc["no_stream_sync", "evidence"]
     assert report.window["form"] == "own step ranges" and report.window["missing"] == []
 
 
@@ -110,16 +110,16 @@ def test_the_gate_divides_the_env_kernels_by_the_configs_env_steps_per_update(mo
     trainer = _trainer(target_update_interval=1, env_steps_per_update=2)
     report = guard_loop(trainer, steps=3, warmup=0)
     assert [r.env_steps_per_update for r in seen] == [2] and seen[0].learner == learner_phases("reference")
-    v = report.verdicts.set_index("criterion")
-    for name in ("env kernels per env step", "no single-block kernels"):
+    v = report.verdicts.set_index("id")
+    for name in ("env_kernels_per_env_step", "no_single_block_kernels"):
         assert (v.loc[name, "status"], v.loc[name, "verdict"]) == ("not measured (no CUDA)", "-"), name
 
 
 def test_a_window_without_the_target_update_leaves_the_sync_criteria_not_measured():
     trainer = _trainer(target_update_interval=100)
     report = guard_loop(trainer, steps=5, warmup=0)
-    v = report.verdicts.set_index("criterion")
-    assert v.loc["no stream sync", "status"] == "not measured (phase target_update not in window)"
+    v = report.verdicts.set_index("id")
+    assert v.loc["no_stream_sync", "status"] == "not measured (phase target_update not in window)"
     assert report.window["missing"] == ["target_update"]
     cov = report.coverage.set_index("phase")
     assert cov.loc["target_update", "status"] == "not in window (period 100 > window 5)"
@@ -137,8 +137,8 @@ def test_gate_default_window_covers_the_target_update(tmp_path, capsys):
     doc = json.loads((out / "guard.json").read_text())
     assert doc["window"]["steps"] == 30 and doc["window"]["missing"] == [] and len(doc["coverage"]) == len(cov)
     assert doc["gate"]["wall_s"] > doc["gate"]["profiling_s"] > 0
-    verdicts = {v["criterion"]: v for v in json.loads((out / "criteria.json").read_text())}
-    for name in ("no stream sync", "no event sync"):  # no CUDA: not applicable, never PASS
+    verdicts = {v["id"]: v for v in json.loads((out / "criteria.json").read_text())}
+    for name in ("no_stream_sync", "no_event_sync"):  # no CUDA: not applicable, never PASS
         assert (verdicts[name]["verdict"], verdicts[name]["status"]) == ("-", "not applicable (no CUDA)")
 
 
@@ -157,7 +157,7 @@ def test_gate_with_a_window_shorter_than_the_readback_period_says_so(tmp_path, c
     cov = pd.read_csv(out / "coverage.csv", keep_default_na=False).set_index("phase")
     assert cov.loc["readback_publish", "status"] == "not in window (period 100 > window 10)"
     assert cov.loc["update", "steps"] == 10 and cov.loc["env_step", "steps"] == 10
-    verdicts = {v["criterion"]: v for v in json.loads((out / "criteria.json").read_text())}
-    for name in ("no stream sync", "no event sync"):
+    verdicts = {v["id"]: v for v in json.loads((out / "criteria.json").read_text())}
+    for name in ("no_stream_sync", "no_event_sync"):
         assert verdicts[name]["status"] == "not measured (phase readback_publish not in window)"
         assert verdicts[name]["verdict"] == "-"

@@ -16,8 +16,8 @@ from hotloop.guards.guard import NO_CUDA, NOT_APPLICABLE, VERDICT_COLUMNS, evalu
 from hotloop.guards.step_metrics import step_metrics
 from hotloop.guards.sync_hooks import SyncHooks
 
-GPU_ROWS = ["no D2D weight sync", "spectral norm fused", "no single-block kernels", "memsets only where needed",
-            "TF32 forward only", "DDQN overlapped", "env kernels per env step"]
+GPU_ROWS = ["no_d2d_weight_sync", "spectral_norm_fused", "no_single_block_kernels", "memsets_only_where_needed",
+            "tf32_forward_only", "ddqn_overlapped", "env_kernels_per_env_step"]
 NO_HITS = SyncHooks().frame()
 
 
@@ -34,14 +34,14 @@ def test_docstring_example_runs_and_shows_the_verdict_table(tmp_path, monkeypatc
     exec(compile(textwrap.dedent(code), "guard_docstring_example", "exec"), scope)
     report = scope["report"]
     printed = capsys.readouterr().out
-    assert printed.splitlines()[0].split() == ["criterion", "measured", "limit", "verdict", "status", "source"]
+    assert printed.splitlines()[0].split() == ["criterion", "id", "measured", "limit", "verdict", "status", "source"]
     doc = json.loads((tmp_path / "verdicts.json").read_text())
-    assert [v["criterion"] for v in doc["verdicts"]] == [c.name for c in CRITERIA]
+    assert [v["id"] for v in doc["verdicts"]] == [c.id for c in CRITERIA]
     assert len(doc["per_step"]) == 5 and doc["cuda"] is torch.cuda.is_available()
     if not torch.cuda.is_available():
-        v = report.verdicts.set_index("criterion")
-        assert list(v.loc[["no stream sync", "no event sync"], "verdict"]) == ["-", "-"]
-        assert set(v.loc[["no stream sync", "no event sync"], "status"]) == {NOT_APPLICABLE}
+        v = report.verdicts.set_index("id")
+        assert list(v.loc[["no_stream_sync", "no_event_sync"], "verdict"]) == ["-", "-"]
+        assert set(v.loc[["no_stream_sync", "no_event_sync"], "status"]) == {NOT_APPLICABLE}
         assert set(v.loc[GPU_ROWS, "status"]) == {NO_CUDA} and set(v.loc[GPU_ROWS, "verdict"]) == {"-"}
         assert report.failed == []
 
@@ -52,13 +52,13 @@ def test_guard_steps_on_cpu_says_the_sync_rows_are_not_applicable():
     sync rows say "not applicable (no CUDA)" (verdict "-"), where they said "0 PASS measured" before; the hooks
     still watch (test_guarded_step_calling_synchronize_fails_no_event_sync)."""
     report = guard_steps(tiny_step, steps=3, warmup=1)
-    v = report.verdicts.set_index("criterion")
+    v = report.verdicts.set_index("id")
     assert list(report.verdicts.columns) == VERDICT_COLUMNS
-    sync = v.loc[["no stream sync", "no event sync"]]
+    sync = v.loc[["no_stream_sync", "no_event_sync"]]
     assert list(sync["status"]) == [NOT_APPLICABLE] * 2 == ["not applicable (no CUDA)"] * 2
     assert list(sync["verdict"]) == ["-", "-"] and list(sync["measured"]) == ["", ""]
     assert list(sync["source"]) == ["", ""] and report.failed == []
-    assert v.loc["epoch 1 without hang", "status"].startswith("not measured here")
+    assert v.loc["no_hang", "status"].startswith("not measured here")
     assert list(report.per_step["range_name"]) == ["step"] * 3 and report.per_step["kernels"].eq(0).all()
     assert report.hits.empty and not report.cuda
 
@@ -72,8 +72,8 @@ def test_guarded_step_calling_synchronize_fails_no_event_sync(monkeypatch):
         torch.cuda.synchronize()
 
     report = guard_steps(step, steps=3, warmup=1)
-    assert report.failed == ["no event sync"]
-    row = report.verdicts.set_index("criterion").loc["no event sync"]
+    assert report.failed == ["no_event_sync"]
+    row = report.verdicts.set_index("id").loc["no_event_sync"]
     assert row["measured"] == 1 and row["source"] == "hook"
     assert f"hook: torch.cuda.synchronize at {__file__}:" in row["evidence"] and row["evidence"].endswith(" x3")
     assert list(report.per_step["event_sync_hook_hits"]) == [1, 1, 1]
@@ -81,13 +81,13 @@ def test_guarded_step_calling_synchronize_fails_no_event_sync(monkeypatch):
 
 
 def test_guarded_step_reading_a_cuda_tensor_fails_no_stream_sync():
-    """Mutation: `.item()` of a (fake) CUDA tensor in the loop fails "no stream sync" with its call site."""
+    """Mutation: `.item()` of a (fake) CUDA tensor in the loop fails "no_stream_sync" with its call site."""
     class FakeCudaTensor(torch.Tensor):
         is_cuda = property(lambda self: True)
 
     t = torch.Tensor._make_subclass(FakeCudaTensor, torch.tensor(1.0))
     report = guard_steps(lambda: t.item(), steps=2, warmup=0)
-    assert report.failed == ["no stream sync"]
+    assert report.failed == ["no_stream_sync"]
     assert list(report.hits["step"]) == [0, 1] and set(report.hits["api"]) == {"torch.Tensor.item"}
 
 
@@ -112,54 +112,54 @@ def test_guard_steps_errors(monkeypatch):
 
 
 def test_clean_synthetic_learner_trace_passes_every_measured_row():
-    verdicts = evaluate(step_metrics(learner_trace()), NO_HITS, cuda=True).set_index("criterion")
+    verdicts = evaluate(step_metrics(learner_trace()), NO_HITS, cuda=True).set_index("id")
     measured = verdicts[verdicts["status"].eq("measured")]
-    assert list(measured.index) == [c.name for c in CRITERIA][:8]
+    assert list(measured.index) == [c.id for c in CRITERIA if not c.measured_by and c.phases != "env"]  # no env
     assert set(measured["verdict"]) == {"PASS"}
-    assert measured.loc["DDQN overlapped", "measured"] == 0.75
-    assert measured.loc["TF32 forward only", "measured"] == "yes"
-    assert list(measured.loc[["no stream sync", "memsets only where needed"], "source"]) == ["both", "trace"]
+    assert measured.loc["ddqn_overlapped", "measured"] == 0.75
+    assert measured.loc["tf32_forward_only", "measured"] == "yes"
+    assert list(measured.loc[["no_stream_sync", "memsets_only_where_needed"], "source"]) == ["both", "trace"]
 
 
 @pytest.mark.parametrize("fault, criterion", [
-    ("stream sync", "no stream sync"),
-    ("event sync", "no event sync"),
-    ("device sync (driver)", "no event sync"),
-    ("blocking cudaMemcpy", "no event sync"),
-    ("pageable non_blocking copy", "no event sync"),
-    ("D2D copy", "no D2D weight sync"),
-    ("D2D copy in a graph", "no D2D weight sync"),
-    ("spectral norm split", "spectral norm fused"),
-    ("grid (1,1,1) kernel", "no single-block kernels"),
-    ("memset", "memsets only where needed"),
-    ("forward FP32", "TF32 forward only"),
-    ("backward TF32", "TF32 forward only"),
-    ("DDQN serialized", "DDQN overlapped"),
+    ("stream sync", "no_stream_sync"),
+    ("event sync", "no_event_sync"),
+    ("device sync (driver)", "no_event_sync"),
+    ("blocking cudaMemcpy", "no_event_sync"),
+    ("pageable non_blocking copy", "no_event_sync"),
+    ("D2D copy", "no_d2d_weight_sync"),
+    ("D2D copy in a graph", "no_d2d_weight_sync"),
+    ("spectral norm split", "spectral_norm_fused"),
+    ("grid (1,1,1) kernel", "no_single_block_kernels"),
+    ("memset", "memsets_only_where_needed"),
+    ("forward FP32", "tf32_forward_only"),
+    ("backward TF32", "tf32_forward_only"),
+    ("DDQN serialized", "ddqn_overlapped"),
 ])
 def test_each_injected_fault_fails_exactly_its_criterion(fault, criterion):
     verdicts = evaluate(step_metrics(learner_trace(fault=fault)), NO_HITS, cuda=True)
     failed = verdicts[verdicts["verdict"].eq("FAIL")]
-    assert list(failed["criterion"]) == [criterion]
+    assert list(failed["id"]) == [criterion]
     assert failed["evidence"].iloc[0] != "" and failed["source"].iloc[0] == "trace"
 
 
 def test_sync_seen_by_hook_and_trace_counts_once_with_source_both():
     hits = SyncHooks().frame()
-    hits.loc[0] = [1, "torch.cuda.Stream.synchronize", "no stream sync", "user.py:7", "step", "MainThread"]
+    hits.loc[0] = [1, "torch.cuda.Stream.synchronize", "no_stream_sync", "user.py:7", "step", "MainThread"]
     hits = hits.astype({"step": "Int64"})
-    verdicts = evaluate(step_metrics(learner_trace(fault="stream sync")), hits, cuda=True).set_index("criterion")
-    row = verdicts.loc["no stream sync"]
+    verdicts = evaluate(step_metrics(learner_trace(fault="stream sync")), hits, cuda=True).set_index("id")
+    row = verdicts.loc["no_stream_sync"]
     assert (row["measured"], row["verdict"], row["source"]) == (1, "FAIL", "both")
     assert row["evidence"] == ("hook: torch.cuda.Stream.synchronize at user.py:7 x1; "
                                "trace: cudaStreamSynchronize x3")
-    hook_only = evaluate(step_metrics(learner_trace()), hits, cuda=True).set_index("criterion")
-    assert hook_only.loc["no stream sync", "source"] == "hook"
+    hook_only = evaluate(step_metrics(learner_trace()), hits, cuda=True).set_index("id")
+    assert hook_only.loc["no_stream_sync", "source"] == "hook"
 
 
 def test_missing_phases_are_not_measured_rather_than_passed():
     b = learner_trace()
     b = b[~b["kind"].eq("annotation")]  # a user's step without phase ranges
-    verdicts = evaluate(step_metrics(b), NO_HITS, cuda=True).set_index("criterion")
-    for name in ("spectral norm fused", "TF32 forward only", "DDQN overlapped"):
+    verdicts = evaluate(step_metrics(b), NO_HITS, cuda=True).set_index("id")
+    for name in ("spectral_norm_fused", "tf32_forward_only", "ddqn_overlapped"):
         assert verdicts.loc[name, "status"].startswith("not measured (") and verdicts.loc[name, "verdict"] == "-"
-    assert verdicts.loc["no single-block kernels", "verdict"] == "PASS"
+    assert verdicts.loc["no_single_block_kernels", "verdict"] == "PASS"

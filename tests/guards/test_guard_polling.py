@@ -1,6 +1,6 @@
 """Polling waits in the guarded window: a host that queries an event or a stream until the GPU is done waits as a sync
 does, with no sync call. The hooks count the completion queries of each step apart from the syncs; those beyond
-the loop's allowance (the readback's one query per publication) FAIL "no event sync" with their call site, the
+the loop's allowance (the readback's one query per publication) FAIL "no_event_sync" with their call site, the
 readback's own pass.
 
 On the CPU there is no CUDA event: `FakeEvent` / `FakeStream` stand in, their `query` the hooked torch.cuda API
@@ -115,8 +115,8 @@ def load_patched(mutant: str, rel: str, tmp_path: Path, name: str):
     return module, tree / rel
 
 
-def _row(report, name="no event sync") -> pd.Series:
-    return report.verdicts.set_index("criterion").loc[name]
+def _row(report, name="no_event_sync") -> pd.Series:
+    return report.verdicts.set_index("id").loc[name]
 
 
 def _trainer(**over) -> Trainer:
@@ -217,23 +217,23 @@ def test_the_trace_side_fails_no_event_sync_on_polling_queries():
     from test_step_metrics import learner_trace, polling_trace
 
     periods = {"readback_publish": 2}
-    table = evaluate(step_metrics(polling_trace()), SyncHooks().frame(), True, periods=periods).set_index("criterion")
-    row = table.loc["no event sync"]
+    table = evaluate(step_metrics(polling_trace()), SyncHooks().frame(), True, periods=periods).set_index("id")
+    row = table.loc["no_event_sync"]
     assert (row["verdict"], row["measured"], row["worst_step"], row["total"], row["source"]) == (
         "FAIL", 3, "1", 5, "trace")
     assert "trace: cudaEventQuery in readback_publish x5 (polling x3)" in row["evidence"]
     assert "completion queries 7 (trace) / 0 (hooks), allowed 2 (1 per readback_publish x 2 runs, every 2 steps), " \
            "polling 5 / 0; host time in queries 1.167 us per step (trace)" in row["evidence"], row["evidence"]
-    assert table.loc["no stream sync", "verdict"] == "PASS"  # a query is no sync: only the polling ones count
-    clean = evaluate(step_metrics(learner_trace()), SyncHooks().frame(), True).set_index("criterion")
-    assert clean.loc["no event sync", "verdict"] == "PASS" and "completion queries" not in \
-        clean.loc["no event sync", "evidence"]
+    assert table.loc["no_stream_sync", "verdict"] == "PASS"  # a query is no sync: only the polling ones count
+    clean = evaluate(step_metrics(learner_trace()), SyncHooks().frame(), True).set_index("id")
+    assert clean.loc["no_event_sync", "verdict"] == "PASS" and "completion queries" not in \
+        clean.loc["no_event_sync", "evidence"]
 
 
 @pytest.mark.gpu
 def test_a_real_event_spin_is_seen_by_the_hooks_and_the_trace():
     """On a GPU: a spin on a real event's query() after a matmul is one cudaEventQuery per hooked call; both sides
-    count it, and "no event sync" FAILs with source "both" (no sync call anywhere)."""
+    count it, and "no_event_sync" FAILs with source "both" (no sync call anywhere)."""
     from torch.profiler import record_function
 
     from hotloop.guards.guard import guard_steps
@@ -261,7 +261,7 @@ def test_a_real_event_spin_is_seen_by_the_hooks_and_the_trace():
 @pytest.mark.gpu
 def test_the_hotloop_learners_loop_makes_only_its_allowed_queries():
     """On a GPU, the real loop (hotloop learner, readback every 5 iterations): the window's completion queries, trace
-    and hooks, are the readback's own, one per publication at most, and "no event sync" PASSes: no C++ query of the
+    and hooks, are the readback's own, one per publication at most, and "no_event_sync" PASSes: no C++ query of the
     loop's thread (the caching allocator's stay inside torch ops) is taken for polling."""
     cfg = preset("cartpole", device="cuda", learner="hotloop", epochs=1, learner_steps_per_epoch=40,
                  learning_starts=256, batch_size=64, trunk_hidden=(32,), head_hidden=16, eval_episodes=0,

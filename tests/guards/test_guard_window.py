@@ -27,7 +27,7 @@ HOT = learner_phases("hotloop")
 HOT_ROLES = PhaseRoles(learner=HOT)
 HOT_PERIODS = {"env_step": 1, "update": 1, "readback_publish": 100}
 NO_HITS = SyncHooks().frame()
-SYNC_ROWS = ["no stream sync", "no event sync"]
+SYNC_ROWS = ["no_stream_sync", "no_event_sync"]
 
 
 class FakeCudaTensor(torch.Tensor):
@@ -97,34 +97,34 @@ def loop_trace(steps=3, *, sync_in=None, between=False, readback_every=None, env
 
 def verdicts(frame, hits=NO_HITS, periods=None, criteria=CRITERIA, roles=HOT_ROLES):
     m = step_metrics(frame, phases=PHASE_RULES, rule_phases=HOT, roles=roles)
-    return evaluate(m, hits, cuda=True, roles=roles, periods=periods, criteria=criteria).set_index("criterion")
+    return evaluate(m, hits, cuda=True, roles=roles, periods=periods, criteria=criteria).set_index("id")
 
 
 def test_a_stream_sync_in_env_step_fails_no_stream_sync_naming_the_phase():
     clean = verdicts(loop_trace())
-    assert clean.loc["no stream sync", "verdict"] == "PASS"
+    assert clean.loc["no_stream_sync", "verdict"] == "PASS"
     v = verdicts(loop_trace(sync_in="env_step"))
-    row = v.loc["no stream sync"]
+    row = v.loc["no_stream_sync"]
     assert (row["verdict"], row["measured"], row["worst_step"], row["total"]) == ("FAIL", 1, "0", 3)
     assert row["evidence"] == "trace: cudaStreamSynchronize in env_step x3" and row["source"] == "trace"
     assert row["phases"] == "every phase + outside steps"
-    assert v.loc["no single-block kernels", "verdict"] == "PASS"  # the env's kernels there are of >= 2 blocks
+    assert v.loc["no_single_block_kernels", "verdict"] == "PASS"  # the env's kernels there are of >= 2 blocks
 
 
 def test_a_sync_between_steps_inside_the_window_fails():
     v = verdicts(loop_trace(between=True))
-    row = v.loc["no stream sync"]
+    row = v.loc["no_stream_sync"]
     assert (row["verdict"], row["worst_step"], row["total"]) == ("FAIL", OUTSIDE_LABEL, 3)
     assert row["evidence"] == f"trace: cudaStreamSynchronize {OUTSIDE_LABEL} x3"
     # without the window range the window runs from the first step's start to the last one's end: 2 gaps
-    assert verdicts(loop_trace(between=True, window=False)).loc["no stream sync", "total"] == 2
+    assert verdicts(loop_trace(between=True, window=False)).loc["no_stream_sync", "total"] == 2
 
 
 def test_a_hook_hit_outside_steps_fails_the_sync_criterion():
     hits = SyncHooks().frame()
-    hits.loc[0] = [pd.NA, "torch.Tensor.item", "no stream sync", "loop.py:9", "run", "MainThread"]
+    hits.loc[0] = [pd.NA, "torch.Tensor.item", "no_stream_sync", "loop.py:9", "run", "MainThread"]
     hits = hits.astype({"step": "Int64"})
-    row = verdicts(loop_trace(), hits).loc["no stream sync"]
+    row = verdicts(loop_trace(), hits).loc["no_stream_sync"]
     assert (row["verdict"], row["source"], row["worst_step"]) == ("FAIL", "hook", OUTSIDE_LABEL)
     assert row["evidence"] == f"hook: torch.Tensor.item at loop.py:9 {OUTSIDE_LABEL} x1"
 
@@ -134,23 +134,23 @@ def test_a_periodic_phase_missing_from_the_window_leaves_its_criteria_not_measur
     could not have been seen, so the sync criteria and the single-block one (every phase) are not measured rather
     than PASS. The learner's criteria and the env's do not apply to readback_publish: they are still measured."""
     v = verdicts(loop_trace(), periods=HOT_PERIODS)
-    for name in [*SYNC_ROWS, "no single-block kernels"]:
+    for name in [*SYNC_ROWS, "no_single_block_kernels"]:
         assert v.loc[name, "status"] == "not measured (phase readback_publish not in window)", name
         assert v.loc[name, "verdict"] == "-"
-    for name in ("no D2D weight sync", "env kernels per env step"):
+    for name in ("no_d2d_weight_sync", "env_kernels_per_env_step"):
         assert (v.loc[name, "status"], v.loc[name, "verdict"]) == ("measured", "PASS"), name
     present = verdicts(loop_trace(readback_every=2), periods={"env_step": 1, "update": 1, "readback_publish": 2})
     assert list(present.loc[SYNC_ROWS, "verdict"]) == ["PASS", "PASS"]
-    only_readback = (Criterion("no sync in readback", "stream_sync_calls", "==", 0, "test",
+    only_readback = (Criterion("no_readback_sync", "no sync in readback", "stream_sync_calls", "==", 0, "test",
                                phases=("readback_publish",)),)
-    row = verdicts(loop_trace(), periods=HOT_PERIODS, criteria=only_readback).loc["no sync in readback"]
+    row = verdicts(loop_trace(), periods=HOT_PERIODS, criteria=only_readback).loc["no_readback_sync"]
     assert (row["status"], row["verdict"]) == ("not measured (phase readback_publish not in window)", "-")
-    no_periods = verdicts(loop_trace(), criteria=only_readback).loc["no sync in readback"]  # nothing ran in it
+    no_periods = verdicts(loop_trace(), criteria=only_readback).loc["no_readback_sync"]  # nothing ran in it
     assert no_periods["status"] == "not measured (phase readback_publish not in window)"
 
 
 def test_a_failure_stays_a_failure_when_a_phase_is_missing():
-    row = verdicts(loop_trace(sync_in="update"), periods=HOT_PERIODS).loc["no stream sync"]
+    row = verdicts(loop_trace(sync_in="update"), periods=HOT_PERIODS).loc["no_stream_sync"]
     assert row["verdict"] == "FAIL"
     assert row["evidence"].endswith("also phase readback_publish not in window")
 
@@ -158,13 +158,13 @@ def test_a_failure_stays_a_failure_when_a_phase_is_missing():
 def test_a_single_block_kernel_in_env_step_fails_no_single_block_kernels():
     """Every phase is judged: a grid (1,1,1) kernel in the env's phase FAILs as one in the learner's does; the env
     row shows the env's grid (1,1,1) count in its evidence."""
-    assert verdicts(loop_trace()).loc["no single-block kernels", "verdict"] == "PASS"
+    assert verdicts(loop_trace()).loc["no_single_block_kernels", "verdict"] == "PASS"
     v = verdicts(loop_trace(env_grid1=True))
-    row = v.loc["no single-block kernels"]
+    row = v.loc["no_single_block_kernels"]
     assert (row["verdict"], row["measured"], row["worst_step"], row["total"]) == ("FAIL", 1, "0", 3)
     assert row["evidence"] == "cartpole_reset in env_step x3" and row["phases"] == "every phase + outside steps"
     assert row["limit"] == "== 0" and row["metric"] == "kernels_grid1"
-    env = v.loc["env kernels per env step"]
+    env = v.loc["env_kernels_per_env_step"]
     assert (env["verdict"], env["measured"], env["total"]) == ("PASS", 2, 6)  # the actor's kernel + cartpole_reset
     assert env["evidence"].endswith("env_steps_per_update 1; env_kernels_grid1 3 over the window")
     # the same kernel in the learner's update, or in a phase neither the learner's nor the env's, fails it too
@@ -174,7 +174,7 @@ def test_a_single_block_kernel_in_env_step_fails_no_single_block_kernels():
             with b.step(phase):
                 b.gpu("reduce_kernel", 100, grid=(1, 1, 1))
         m = step_metrics(b.frame(), phases=PHASE_RULES, rule_phases=HOT, roles=HOT_ROLES)
-        row = evaluate(m, NO_HITS, cuda=True, roles=HOT_ROLES).set_index("criterion").loc["no single-block kernels"]
+        row = evaluate(m, NO_HITS, cuda=True, roles=HOT_ROLES).set_index("id").loc["no_single_block_kernels"]
         assert (row["verdict"], row["evidence"]) == ("FAIL", f"reduce_kernel in {phase} x1"), phase
 
 
@@ -186,7 +186,7 @@ def test_a_single_block_kernel_between_steps_fails_no_single_block_kernels():
                 with b.step("env_step"):
                     b.gpu("_actor_step_kernel", 100.0 * (k + 1), grid=(4, 1, 1))
             b.gpu("between_steps_add", 100.0 * (k + 1) + 50, grid=(1, 1, 1))  # the loop's code between steps
-    row = verdicts(b.frame()).loc["no single-block kernels"]
+    row = verdicts(b.frame()).loc["no_single_block_kernels"]
     assert (row["verdict"], row["worst_step"], row["total"]) == ("FAIL", OUTSIDE_LABEL, 2)
     assert row["evidence"] == f"between_steps_add {OUTSIDE_LABEL} x2"
 
@@ -204,7 +204,7 @@ def test_env_kernels_per_env_step_are_limited_to_three(env_steps, kernels, verdi
     3 x env_steps of them (PhaseRoles.env_steps_per_update, the gate's cfg.env_steps_per_update)."""
     roles = PhaseRoles(learner=HOT, env_steps_per_update=env_steps)
     v = verdicts(loop_trace(env_kernels=kernels), roles=roles)
-    row = v.loc["env kernels per env step"]
+    row = v.loc["env_kernels_per_env_step"]
     assert (row["verdict"], row["measured"], row["status"]) == (verdict, measured, "measured")
     assert (row["limit"], row["metric"], row["phases"], row["total"]) == ("<= 3", "env_kernels_per_env_step",
                                                                           "env_step", 3 * kernels)
@@ -212,7 +212,7 @@ def test_env_kernels_per_env_step_are_limited_to_three(env_steps, kernels, verdi
         f"env_steps_per_update {env_steps}; env_kernels_grid1 0 over the window")
     assert "_actor_step_kernel in env_step x" in row["evidence"]
     failed = set(v.index[v["verdict"].eq("FAIL")])
-    assert failed == ({"env kernels per env step"} if verdict == "FAIL" else set())
+    assert failed == ({"env_kernels_per_env_step"} if verdict == "FAIL" else set())
 
 
 def test_one_step_over_the_limit_fails_the_env_row_on_that_step():
@@ -223,7 +223,7 @@ def test_one_step_over_the_limit_fails_the_env_row_on_that_step():
             with b.step("env_step"):
                 for i in range(n):
                     b.gpu(f"env_kernel_{i}", 1000.0 * (k + 1) + i, 0.5)
-    row = verdicts(b.frame()).loc["env kernels per env step"]
+    row = verdicts(b.frame()).loc["env_kernels_per_env_step"]
     assert (row["verdict"], row["measured"], row["worst_step"], row["total"]) == ("FAIL", 4, "1", 10)
     assert row["evidence"].startswith("env_kernel_0 in env_step x3; env_kernel_1 in env_step x3; ")
 
@@ -239,9 +239,9 @@ def test_an_op_added_after_the_learner_step_fails_the_learners_rows():
     """hotloop.guards.faults wraps Trainer.learner_step: the injected copy and one-block add run in the step range
     but in no phase range; the learner's rows judge them (else `--inject d2d_copy` / `grid1` would pass)."""
     v = verdicts(loop_trace(after_learner=True))
-    assert list(v.loc[["no D2D weight sync", "no single-block kernels"], "verdict"]) == ["FAIL", "FAIL"]
-    assert v.loc["no D2D weight sync", "evidence"] == "Memcpy DtoD (Device -> Device) x3"  # in no phase
-    assert v.loc["env kernels per env step", "measured"] == 1  # the actor's kernel only: the add is not the env's
+    assert list(v.loc[["no_d2d_weight_sync", "no_single_block_kernels"], "verdict"]) == ["FAIL", "FAIL"]
+    assert v.loc["no_d2d_weight_sync", "evidence"] == "Memcpy DtoD (Device -> Device) x3"  # in no phase
+    assert v.loc["env_kernels_per_env_step", "measured"] == 1  # the actor's kernel only: the add is not the env's
 
 
 def test_the_actor_graphs_kernels_belong_to_env_step_and_the_learners_to_their_phases():
@@ -258,9 +258,9 @@ def test_reference_learner_rows_need_target_update():
         with b.step("update"):
             b.gpu(TF32_H200, 100, 20)
     m = step_metrics(b.frame(), roles=ref)
-    v = evaluate(m, NO_HITS, cuda=True, roles=ref, periods={"update": 1, "target_update": 100}).set_index("criterion")
-    assert v.loc["no D2D weight sync", "status"] == "not measured (phase target_update not in window)"
-    assert v.loc["env kernels per env step", "status"] == "not measured (phase env_step not in window)"
+    v = evaluate(m, NO_HITS, cuda=True, roles=ref, periods={"update": 1, "target_update": 100}).set_index("id")
+    assert v.loc["no_d2d_weight_sync", "status"] == "not measured (phase target_update not in window)"
+    assert v.loc["env_kernels_per_env_step", "status"] == "not measured (phase env_step not in window)"
 
 
 def test_default_window_holds_every_period():
@@ -294,7 +294,7 @@ def test_loop_opening_its_own_step_ranges_places_each_hit_in_its_step_and_phase(
     assert report.window["form"] == "own step ranges" and report.window["steps"] == 3
     hits = report.hits
     assert list(hits["step"]) == [1] and list(hits["phase"]) == ["update"] and not hits["outside"].any()
-    row = report.verdicts.set_index("criterion").loc["no stream sync"]
+    row = report.verdicts.set_index("id").loc["no_stream_sync"]
     assert (row["verdict"], row["measured"], row["worst_step"], row["source"]) == ("FAIL", 1, "1", "hook")
     assert row["evidence"] == f"hook: torch.Tensor.item at {__file__}:{line} in update x1"
     cov = report.coverage.set_index("phase")
@@ -315,7 +315,7 @@ def test_window_step_form_guards_steps_w_to_w_plus_k_and_counts_hits_between_the
     report = window.report
     assert calls == [0, 1, 2, 3, 4] and len(report.per_step) == 2 and report.window["form"] == "window.step()"
     assert len(report.hits) == 1 and report.hits["outside"].all() and report.hits["step"].isna().all()
-    row = report.verdicts.set_index("criterion").loc["no stream sync"]
+    row = report.verdicts.set_index("id").loc["no_stream_sync"]
     assert (row["verdict"], row["worst_step"]) == ("FAIL", OUTSIDE_LABEL)
     assert report.outside["stream_sync_hook_hits"] == 1
     assert report.coverage.set_index("phase").loc[OUTSIDE_LABEL, "sync_hook_hits"] == 1

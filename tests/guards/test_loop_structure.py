@@ -28,7 +28,7 @@ from hotloop.guards.loop_structure import (D2D, GRID1, MEMSET, CensusGroup, Loop
                                            classify_triton, new_work)
 from hotloop.profiles.ranges import phase_range
 
-D2D_ROW, MEMSET_ROW, GRID1_ROW = "no D2D weight sync", "memsets only where needed", "no single-block kernels"
+D2D_ROW, MEMSET_ROW, GRID1_ROW = "no_d2d_weight_sync", "memsets_only_where_needed", "no_single_block_kernels"
 LEARNER = ("update", "sample")
 
 
@@ -378,36 +378,36 @@ class _Judged:
 
 
 def test_judge_loop_structure_fails_the_windows_own_rows():
-    verdicts = _verdicts({D2D_ROW: 0, MEMSET_ROW: 1, GRID1_ROW: 0, "no stream sync": 0})
+    verdicts = _verdicts({D2D_ROW: 0, MEMSET_ROW: 1, GRID1_ROW: 0, "no_stream_sync": 0})
     census = _Judged({D2D_ROW: (1, "aten.clone (4000 bytes) at trainer/loop.py:250 in learner_step in update: every "
                                    "200 iterations (x10 ...)"),
                       MEMSET_ROW: (1, "aten.zero_ ... every 250 iterations"),
                       GRID1_ROW: (0, "none new in the loop of epochs 2-3 (2000 iterations)")})
     judge_loop_structure(verdicts, census, 100, LEARNER)
-    rows = verdicts.set_index("criterion")
+    rows = verdicts.set_index("id")
     assert rows.loc[D2D_ROW, "verdict"] == "FAIL" and rows.loc[D2D_ROW, "measured"] == 1
     assert rows.loc[D2D_ROW, "source"] == "census" and "every 200 iterations" in rows.loc[D2D_ROW, "evidence"]
     assert rows.loc[D2D_ROW, "evidence"].startswith("census of epochs 2-3, not in the 100-iteration window: ")
     assert rows.loc[MEMSET_ROW, "verdict"] == "FAIL" and rows.loc[MEMSET_ROW, "measured"] == 2  # 1 in the window + 1
     assert rows.loc[GRID1_ROW, "verdict"] == "PASS" and rows.loc[GRID1_ROW, CENSUS_COLUMN].startswith("PASS: none new")
-    assert rows.loc["no stream sync", CENSUS_COLUMN] == "" and rows.loc["no stream sync", "verdict"] == "PASS"
+    assert rows.loc["no_stream_sync", CENSUS_COLUMN] == "" and rows.loc["no_stream_sync", "verdict"] == "PASS"
 
 
 def test_judge_loop_structure_room_under_a_limit_and_the_other_states():
     verdicts = _verdicts({D2D_ROW: 0, MEMSET_ROW: 0, GRID1_ROW: 0})
     judge_loop_structure(verdicts, _Judged({D2D_ROW: (0, "none"), MEMSET_ROW: (1, "aten.fill_ ..."),
                                             GRID1_ROW: (0, "none")}), 100, LEARNER)
-    memset = verdicts.set_index("criterion").loc[MEMSET_ROW]
+    memset = verdicts.set_index("id").loc[MEMSET_ROW]
     assert memset.verdict == "PASS" and memset[CENSUS_COLUMN].startswith("within the limit (0 in the window's worst")
     verdicts = _verdicts({})
     judge_loop_structure(verdicts, None, 100, LEARNER)
-    assert (verdicts.set_index("criterion").loc[[D2D_ROW, MEMSET_ROW, GRID1_ROW], CENSUS_COLUMN]
+    assert (verdicts.set_index("id").loc[[D2D_ROW, MEMSET_ROW, GRID1_ROW], CENSUS_COLUMN]
             == STRUCTURE_CENSUS_OFF).all()
     verdicts = _verdicts({})
     judge_loop_structure(verdicts, LoopStructureCensus(cuda=False), 100, LEARNER)
-    assert (verdicts.set_index("criterion").loc[[D2D_ROW, GRID1_ROW], CENSUS_COLUMN]
+    assert (verdicts.set_index("id").loc[[D2D_ROW, GRID1_ROW], CENSUS_COLUMN]
             == "not applicable (no CUDA)").all()
-    assert verdicts.set_index("criterion").loc[D2D_ROW, "verdict"] == "-"
+    assert verdicts.set_index("id").loc[D2D_ROW, "verdict"] == "-"
 
 
 TINY = ["--set", "learner_steps_per_epoch=20", "--set", "learning_starts=64", "--set", "batch_size=32",
@@ -435,7 +435,7 @@ def test_a_cpu_gate_counting_cpu_tensors_passes_clean_and_fails_a_clone_every_10
     clean = tmp_path / "clean"
     assert main(["gate", "--epochs", "3", "--device", "cpu", "--out", str(clean), "--guard-steps", "4", *TINY]) == 0
     printed = capsys.readouterr().out
-    rows = {v["criterion"]: v for v in json.loads((clean / "criteria.json").read_text())}
+    rows = {v["id"]: v for v in json.loads((clean / "criteria.json").read_text())}
     for name in (D2D_ROW, MEMSET_ROW, GRID1_ROW):  # the reference learner's every-iteration ops are held
         assert rows[name][CENSUS_COLUMN] == "PASS: none new in the loop of epochs 2-3 (40 iterations)", name
     assert "Structure census" in printed and "cost: " in printed
@@ -454,10 +454,10 @@ def test_a_cpu_gate_counting_cpu_tensors_passes_clean_and_fails_a_clone_every_10
     faulty = tmp_path / "faulty"
     assert main(["gate", "--epochs", "3", "--device", "cpu", "--out", str(faulty), "--guard-steps", "4", *TINY]) == 1
     printed = capsys.readouterr().out
-    rows = {v["criterion"]: v for v in json.loads((faulty / "criteria.json").read_text())}
+    rows = {v["id"]: v for v in json.loads((faulty / "criteria.json").read_text())}
     assert rows[D2D_ROW]["verdict"] == "FAIL" and rows[D2D_ROW]["source"] == "census"
     assert "every 10 iterations" in rows[D2D_ROW]["evidence"] and "test_loop_structure.py" in rows[D2D_ROW]["evidence"]
-    assert f"FAIL {D2D_ROW}: measured 1" in printed
+    assert f"FAIL no D2D weight sync [{D2D_ROW}]: measured 1" in printed
 
 
 def test_census_overhead_times_the_three_modes(monkeypatch):

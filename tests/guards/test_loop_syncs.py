@@ -19,7 +19,7 @@ import torch
 
 from hotloop.guards import sync_hooks
 from hotloop.guards.criteria import CRITERIA, verdict_table
-from hotloop.guards.gate import LOOP_CENSUS_OFF, LOOP_SYNC_CRITERION, judge_loop_syncs
+from hotloop.guards.gate import LOOP_CENSUS_OFF, judge_loop_syncs
 from hotloop.guards.loop_syncs import SYNC_WARNING, LoopSyncCensus, period_text
 from hotloop.guards.run import run_training
 from hotloop.trainer import loop as loop_module
@@ -188,7 +188,7 @@ def test_the_gate_row_takes_the_census_verdict(cpu_tensors_sync):
         v = verdict_table({})
         v["source"], v["evidence"] = "", ""
         judge_loop_syncs(v, census)
-        return v.set_index("criterion").loc[LOOP_SYNC_CRITERION]
+        return v.set_index("id").loc["no_loop_sync"]
 
     found, clean = _past_first(LoopSyncCensus(cuda=True, loop=loop_module)), _past_first(LoopSyncCensus(cuda=True, loop=loop_module))
     found.begin(2)
@@ -204,7 +204,7 @@ def test_the_gate_row_takes_the_census_verdict(cpu_tensors_sync):
     assert (row.verdict, row.status) == ("-", "not applicable (no CUDA)"), row
     row = row_after(None)                       # the gate with --no-loop-census
     assert (row.verdict, row.status) == ("-", LOOP_CENSUS_OFF), row
-    assert LOOP_SYNC_CRITERION in {c.name for c in CRITERIA}
+    assert "no_loop_sync" in {c.id for c in CRITERIA}
 
 
 @pytest.mark.gpu

@@ -35,7 +35,7 @@ def test_the_manifest_reads_and_spans_every_criterion():
     mutants = load_manifest(MANIFEST)
     assert len(mutants) >= 15
     covered = {m.criterion for m in mutants}
-    assert covered >= (set(GATE_CRITERIA) - {"epoch 1 without hang"}) | {"epoch throughput", HANG}, covered
+    assert covered >= (set(GATE_CRITERIA) - {"no_hang"}) | {"epoch throughput", HANG}, covered
     assert covered <= set(EXPECTABLE)
     files = {m.file for m in mutants}  # spread over the loop, the actor, the readback, the CLI run, the kernels
     assert {"trainer/loop.py", "trainer/actor.py", "trainer/readback.py", "trainer/step.py", "guards/run.py",
@@ -129,7 +129,7 @@ def test_a_copy_holds_what_git_tracks_as_the_working_tree_has_it_and_no_untracke
     assert line.startswith("copied 3 files (0.0 MB) of ") and "the files git tracks" in line, line
     assert "3 untracked files not copied (.venv/lib/big.bin, .venv/pyvenv.cfg, notes.txt" in line, line
     (root / "m").mkdir()  # the runner says it: one line before anything runs
-    manifest = _manifest(root / "m", [_entry("a", "no stream sync", "1 no stream sync")])
+    manifest = _manifest(root / "m", [_entry("a", "no_stream_sync", "1 no_stream_sync")])
     subprocess.run(["git", "add", "m"], cwd=root, check=True)
     (root / "guards").mkdir()
     (root / "guards" / "stub_gate.txt").write_text(_stub_state("0"))
@@ -144,7 +144,7 @@ def test_a_timeout_that_is_not_a_finite_positive_number_is_exit_2_before_anythin
     """Issue 41 item 8: --timeout nan passed the `> 0` check (the clean tree then "did not pass the gate")."""
     root = _stub_checkout(tmp_path)
     monkeypatch.setenv("STUB_CALLS", str(tmp_path / "calls.txt"))
-    manifest = _manifest(tmp_path / "mutants", [_entry("a", "no stream sync", "1 no stream sync")])
+    manifest = _manifest(tmp_path / "mutants", [_entry("a", "no_stream_sync", "1 no_stream_sync")])
     code = mutate.main(["--manifest", str(manifest), "--root", str(root), "--out", str(tmp_path / "out"),
                         "--timeout", timeout])
     err = capsys.readouterr().err
@@ -166,9 +166,9 @@ def _run_folder(path: Path, failed: list[str] = (), regressions: list[str] = ())
 
 
 def test_failed_rows_read_criteria_and_baseline_tables(tmp_path):
-    run = _run_folder(tmp_path / "a", ["no stream sync", "no single-block kernels"],
+    run = _run_folder(tmp_path / "a", ["no_stream_sync", "no_single_block_kernels"],
                       ["epoch_learner_steps_per_s", "kernels_grid1"])
-    assert failed_rows(run) == ["no stream sync", "no single-block kernels", "epoch throughput",
+    assert failed_rows(run) == ["no_stream_sync", "no_single_block_kernels", "epoch throughput",
                                 "regression kernels_grid1"]
     assert failed_rows(tmp_path / "nothing") == []  # a hang or a crash writes no table
     slow = _run_folder(tmp_path / "b", [], ["kernel_us:_fwd_online_tf32_gemm_kernel"])
@@ -177,20 +177,20 @@ def test_failed_rows_read_criteria_and_baseline_tables(tmp_path):
 
 
 @pytest.mark.parametrize("expected, rc, failed, want", [
-    ("no stream sync", 1, ["no stream sync", "no single-block kernels"], KILLED),  # other FAILs beside it: killed
-    ("no stream sync", 0, [], SURVIVED),
-    ("no stream sync", 1, ["no single-block kernels", "regression kernels"],
-     "wrong criterion: no single-block kernels"),
-    ("no stream sync", 1, ["regression dur_us"], "wrong criterion: regression dur_us"),
-    ("no stream sync", 1, [], "wrong criterion: nothing FAILed in the run folder"),
-    ("no stream sync", 70, ["no stream sync"], CRASHED),  # an internal error is never a kill
-    ("no stream sync", 2, [], CRASHED),
-    ("no stream sync", -9, [], CRASHED),
-    ("no stream sync", 3, [], "wrong criterion: hang"),
-    ("no stream sync", None, [], TIMED_OUT),
+    ("no_stream_sync", 1, ["no_stream_sync", "no_single_block_kernels"], KILLED),  # other FAILs beside it: killed
+    ("no_stream_sync", 0, [], SURVIVED),
+    ("no_stream_sync", 1, ["no_single_block_kernels", "regression kernels"],
+     "wrong criterion: no_single_block_kernels"),
+    ("no_stream_sync", 1, ["regression dur_us"], "wrong criterion: regression dur_us"),
+    ("no_stream_sync", 1, [], "wrong criterion: nothing FAILed in the run folder"),
+    ("no_stream_sync", 70, ["no_stream_sync"], CRASHED),  # an internal error is never a kill
+    ("no_stream_sync", 2, [], CRASHED),
+    ("no_stream_sync", -9, [], CRASHED),
+    ("no_stream_sync", 3, [], "wrong criterion: hang"),
+    ("no_stream_sync", None, [], TIMED_OUT),
     (HANG, 3, [], KILLED),
-    ("epoch 1 without hang", 3, [], KILLED),
-    (HANG, 1, ["no event sync"], "wrong criterion: no event sync"),
+    ("no_hang", 3, [], KILLED),
+    (HANG, 1, ["no_event_sync"], "wrong criterion: no_event_sync"),
     (HANG, 0, [], SURVIVED),
     (HANG, 70, [], CRASHED),
     ("epoch throughput", 1, ["epoch throughput", "regression kernels"], KILLED),
@@ -204,7 +204,7 @@ def test_timing_rows_are_told_from_count_rows():
     for row in ("epoch throughput", "kernel time", "regression dur_us", "regression gpu_span_us",
                 "regression kernel_us:_fwd_online_tf32_gemm_kernel", "regression ddqn_overlap_ratio"):
         assert is_timing_row(row), row
-    for row in ("no stream sync", "DDQN overlapped", "no sync in the epochs' loop", "regression kernels_grid1",
+    for row in ("no_stream_sync", "ddqn_overlapped", "no_loop_sync", "regression kernels_grid1",
                 "regression d2d_copies", "regression stream_sync_calls", "hang"):
         assert not is_timing_row(row), row
 
@@ -218,21 +218,21 @@ SLOW = ["epoch throughput", "regression dur_us"]  # what contention FAILs in eve
     ("epoch throughput", 1, SLOW, False, NOT_JUDGED, NOT_JUDGED),
     ("kernel time", 1, ["kernel time", "regression kernel_us:k"], True, KILLED, BY_TIMING),
     ("kernel time", 1, ["kernel time", "regression kernel_us:k"], False, NOT_JUDGED, NOT_JUDGED),
-    ("no stream sync", 1, SLOW, True, "wrong criterion: epoch throughput", "wrong criterion: epoch throughput"),
-    ("no stream sync", 1, SLOW, False, SURVIVED, NOT_JUDGED),
+    ("no_stream_sync", 1, SLOW, True, "wrong criterion: epoch throughput", "wrong criterion: epoch throughput"),
+    ("no_stream_sync", 1, SLOW, False, SURVIVED, NOT_JUDGED),
     # counts and criteria count in a parallel run too; its timing FAILs beside them name nothing
-    ("no stream sync", 1, ["no stream sync", *SLOW], False, KILLED, BY_COUNT),
-    ("no stream sync", 1, ["no stream sync"], False, KILLED, BY_COUNT),
-    ("epoch throughput", 1, ["no event sync", *SLOW], False, "wrong criterion: no event sync", NOT_JUDGED),
-    ("no stream sync", 1, ["regression kernels_grid1", "regression dur_us"], False,
+    ("no_stream_sync", 1, ["no_stream_sync", *SLOW], False, KILLED, BY_COUNT),
+    ("no_stream_sync", 1, ["no_stream_sync"], False, KILLED, BY_COUNT),
+    ("epoch throughput", 1, ["no_event_sync", *SLOW], False, "wrong criterion: no_event_sync", NOT_JUDGED),
+    ("no_stream_sync", 1, ["regression kernels_grid1", "regression dur_us"], False,
      "wrong criterion: regression kernels_grid1", NOT_JUDGED),
-    ("no stream sync", 1, ["regression kernels_grid1", "regression dur_us"], True,
+    ("no_stream_sync", 1, ["regression kernels_grid1", "regression dur_us"], True,
      "wrong criterion: regression kernels_grid1, regression dur_us", "wrong criterion: regression kernels_grid1, "
                                                                      "regression dur_us"),
-    ("no stream sync", 1, [], False, "wrong criterion: nothing FAILed in the run folder",
+    ("no_stream_sync", 1, [], False, "wrong criterion: nothing FAILed in the run folder",
      "wrong criterion: nothing FAILed in the run folder"),
     (HANG, 3, [], False, KILLED, BY_COUNT),  # the watchdog's exit 3 counts always
-    ("no stream sync", 70, ["no stream sync", *SLOW], False, CRASHED, CRASHED),  # a crash is never a kill
+    ("no_stream_sync", 70, ["no_stream_sync", *SLOW], False, CRASHED, CRASHED),  # a crash is never a kill
     ("epoch throughput", None, [], False, TIMED_OUT, TIMED_OUT),
     ("epoch throughput", 0, [], False, SURVIVED, SURVIVED),
 ])
@@ -291,7 +291,7 @@ if barrier and pathlib.Path.cwd().name != "clean":
         time.sleep(0.02)
 state = [t for t in pathlib.Path("guards/stub_gate.txt").read_text().splitlines() if not t.startswith("#")][0]
 rc, _, failed = state.partition(" ")
-crit = ["no stream sync", "no event sync", "DDQN overlapped"]
+crit = ["no_stream_sync", "no_event_sync", "ddqn_overlapped"]
 out.joinpath("criteria.csv").write_text("criterion,verdict\\n" + "".join(
     f"{c},{'FAIL' if c in failed.split(',') else 'PASS'}\\n" for c in crit))
 metrics = [m for m in failed.split(",") if m not in crit and m.replace("_", "a").replace(":", "a").isalnum()]
@@ -316,7 +316,7 @@ def _stub_checkout(tmp_path: Path, clean: str = "0") -> Path:
 
 
 def _stub_state(state: str) -> str:
-    """The stub gate's file: its exit code and the rows it FAILs ("1 no stream sync,DDQN overlapped"; a name that is
+    """The stub gate's file: its exit code and the rows it FAILs ("1 no_stream_sync,ddqn_overlapped"; a name that is
     not a criterion is a FAIL row of baseline.csv: "1 epoch_learner_steps_per_s,dur_us")."""
     return f"# the stub gate's exit code, then the criteria it FAILs\n{state}\n# end\n"
 
@@ -356,19 +356,19 @@ def test_the_runner_scores_each_mutant_after_a_clean_pass(tmp_path, monkeypatch)
     calls = tmp_path / "calls.txt"
     monkeypatch.setenv("STUB_CALLS", str(calls))
     manifest = _manifest(tmp_path / "mutants", [
-        _entry("sync_item", "no stream sync", "1 no stream sync,DDQN overlapped"),
-        _entry("other_row", "no event sync", "1 DDQN overlapped"),
-        _entry("unseen", "no stream sync", "0 (an edit the gate does not see)"),
-        _entry("crash", "no event sync", "70 no event sync"),
+        _entry("sync_item", "no_stream_sync", "1 no_stream_sync,ddqn_overlapped"),
+        _entry("other_row", "no_event_sync", "1 ddqn_overlapped"),
+        _entry("unseen", "no_stream_sync", "0 (an edit the gate does not see)"),
+        _entry("crash", "no_event_sync", "70 no_event_sync"),
         _entry("spin", "hang", "3", args=["--device", "cuda", "--epoch-timeout", "5"], exclusive=True),
     ])
     code, table = run_suite(manifest, root, tmp_path / "out", jobs=2, python=str(tmp_path / "stub-python"))
     assert code == 0
     got = dict(zip(table["mutant"], table["verdict"]))
-    assert got == {"sync_item": KILLED, "other_row": "wrong criterion: DDQN overlapped", "unseen": SURVIVED,
+    assert got == {"sync_item": KILLED, "other_row": "wrong criterion: ddqn_overlapped", "unseen": SURVIVED,
                    "crash": CRASHED, "spin": KILLED}
     assert list(table.columns) == mutate.RESULT_COLUMNS
-    assert table.set_index("mutant").loc["sync_item", "failed criteria"] == "no stream sync, DDQN overlapped"
+    assert table.set_index("mutant").loc["sync_item", "failed criteria"] == "no_stream_sync, ddqn_overlapped"
     assert table.set_index("mutant").loc["sync_item", "judgement"] == BY_COUNT
     assert table.set_index("mutant").loc["spin", "ran"] == ALONE  # exclusive: no other gate ran beside it
     assert mutate.score(table) == (2, 5)
@@ -391,7 +391,7 @@ def test_self_baseline_writes_the_clean_trees_baseline_and_judges_against_it(tmp
     root = _stub_checkout(tmp_path)
     calls = tmp_path / "calls.txt"
     monkeypatch.setenv("STUB_CALLS", str(calls))
-    manifest = _manifest(tmp_path / "mutants", [_entry("a", "no stream sync", "1 no stream sync")])
+    manifest = _manifest(tmp_path / "mutants", [_entry("a", "no_stream_sync", "1 no_stream_sync")])
     out = tmp_path / "out"
     code, table = run_suite(manifest, root, out, python=str(tmp_path / "stub-python"), self_baseline=True)
     own = out / "baselines" / "clean.json"
@@ -399,7 +399,7 @@ def test_self_baseline_writes_the_clean_trees_baseline_and_judges_against_it(tmp
     assert calls.read_text().splitlines() == [f"clean --device cuda --update-baseline --repeats 5 --baseline {own}",
                                               f"clean --device cuda --baseline {own}",
                                               f"a --device cuda --baseline {own}"]
-    chooses = _manifest(tmp_path / "m2", [_entry("b", "no stream sync", "1", args=["--no-baseline"])])
+    chooses = _manifest(tmp_path / "m2", [_entry("b", "no_stream_sync", "1", args=["--no-baseline"])])
     with pytest.raises(UsageError, match="already choose a baseline"):
         run_suite(chooses, root, out, python=str(tmp_path / "stub-python"), self_baseline=True)
 
@@ -419,8 +419,8 @@ def test_timing_fails_of_parallel_runs_are_not_judged_and_timing_mutants_run_alo
     _barrier(monkeypatch, tmp_path, 2)
     manifest = _manifest(tmp_path / "mutants", [
         _entry("slow_epochs", "epoch throughput", "1 epoch_learner_steps_per_s,dur_us"),  # not marked exclusive
-        _entry("contended", "no stream sync", "1 epoch_learner_steps_per_s,dur_us"),  # timing FAILs only
-        _entry("sync_and_slow", "no event sync", "1 no event sync,epoch_learner_steps_per_s,dur_us"),
+        _entry("contended", "no_stream_sync", "1 epoch_learner_steps_per_s,dur_us"),  # timing FAILs only
+        _entry("sync_and_slow", "no_event_sync", "1 no_event_sync,epoch_learner_steps_per_s,dur_us"),
     ])
     out = tmp_path / "out"
     code, table = run_suite(manifest, root, out, jobs=2, python=str(tmp_path / "stub-python"))
@@ -478,11 +478,11 @@ def test_the_cli_prints_the_score_both_ways(tmp_path, monkeypatch, capsys):
 
 @needs_git
 def test_no_score_when_the_clean_tree_fails(tmp_path, monkeypatch):
-    root = _stub_checkout(tmp_path, clean="1 no stream sync")
+    root = _stub_checkout(tmp_path, clean="1 no_stream_sync")
     calls = tmp_path / "calls.txt"
     monkeypatch.setenv("STUB_CALLS", str(calls))
-    manifest = _manifest(tmp_path / "mutants", [_entry("a", "no event sync", "1 no event sync",
-                                                       before="1 no stream sync")])
+    manifest = _manifest(tmp_path / "mutants", [_entry("a", "no_event_sync", "1 no_event_sync",
+                                                       before="1 no_stream_sync")])
     code, table = run_suite(manifest, root, tmp_path / "out", python=str(tmp_path / "stub-python"))
     assert (code, table) == (CLEAN_FAILED, None)
     assert calls.read_text().split() == ["clean", "--device", "cuda"]  # no mutant ran
@@ -498,14 +498,14 @@ def test_no_score_when_the_clean_tree_fails(tmp_path, monkeypatch):
     ({"args": "--device cuda"}, "args must be a list of strings"),
     ({"exclusive": "yes"}, "exclusive must be true or false"),
     ({"criterion": None}, "missing field 'criterion'"),
-    ({"criteria": "no stream sync"}, "unknown field 'criteria'"),
+    ({"criteria": "no_stream_sync"}, "unknown field 'criteria'"),
 ])
 def test_a_bad_manifest_entry_is_exit_2_naming_it_before_anything_runs(tmp_path, monkeypatch, capsys, entry,
                                                                       problem):
     root = _stub_checkout(tmp_path)
     monkeypatch.setenv("STUB_CALLS", str(tmp_path / "calls.txt"))
-    good = _entry("fine", "no stream sync", "1 no stream sync")
-    bad = _entry("broken", "no event sync", "1 no event sync")
+    good = _entry("fine", "no_stream_sync", "1 no_stream_sync")
+    bad = _entry("broken", "no_event_sync", "1 no_event_sync")
     bad = {k: v for k, v in {**bad, **entry}.items() if v is not None}
     manifest = _manifest(tmp_path / "mutants", [good, bad])
     with pytest.raises(UsageError, match=problem):
@@ -517,7 +517,7 @@ def test_a_bad_manifest_entry_is_exit_2_naming_it_before_anything_runs(tmp_path,
 
 
 def test_duplicate_ids_and_an_empty_manifest_are_usage_errors(tmp_path):
-    manifest = _manifest(tmp_path / "m", [_entry("twice", "no stream sync", "1"), _entry("twice", "hang", "3")])
+    manifest = _manifest(tmp_path / "m", [_entry("twice", "no_stream_sync", "1"), _entry("twice", "hang", "3")])
     with pytest.raises(UsageError, match="mutant twice: id is not unique"):
         load_manifest(manifest)
     (tmp_path / "empty.toml").write_text("[defaults]\nargs = []\n")
@@ -533,8 +533,8 @@ def test_a_patch_that_does_not_apply_is_exit_2_naming_it_before_anything_runs(tm
     root = _stub_checkout(tmp_path)
     monkeypatch.setenv("STUB_CALLS", str(tmp_path / "calls.txt"))
     manifest = _manifest(tmp_path / "mutants", [
-        _entry("fine", "no stream sync", "1 no stream sync"),
-        _entry("stale", "no event sync", "1 no event sync", before="code that moved"),
+        _entry("fine", "no_stream_sync", "1 no_stream_sync"),
+        _entry("stale", "no_event_sync", "1 no_event_sync", before="code that moved"),
     ])
     code = mutate.main(["--manifest", str(manifest), "--root", str(root), "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err

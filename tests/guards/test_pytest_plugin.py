@@ -29,18 +29,18 @@ def test_assert_criteria_fails_naming_the_criterion_and_its_evidence(assert_crit
     assert_criteria(_report())  # the clean trace passes
     faulty = _report("stream sync")
     rows = failing_rows(faulty)
-    assert len(rows) == 1 and rows[0].startswith("no stream sync: measured") and "cudaStreamSynchronize" in rows[0]
-    with pytest.raises(pytest.fail.Exception, match="criteria failed:\nno stream sync: measured"):
+    assert len(rows) == 1 and rows[0].startswith("no stream sync [no_stream_sync]: measured") and "cudaStreamSynchronize" in rows[0]
+    with pytest.raises(pytest.fail.Exception, match="criteria failed:\nno stream sync \\[no_stream_sync\\]: measured"):
         assert_criteria(faulty)
-    assert_criteria(faulty, only=["no single-block kernels"])  # only the named criteria are judged
-    with pytest.raises(ValueError, match="not criteria of this report: \\['no such row'\\]"):
+    assert_criteria(faulty, only=["no_single_block_kernels"])  # only the named criteria are judged
+    with pytest.raises(ValueError, match="not criteria ids of this report: \\['no such row'\\]"):
         failing_rows(faulty, only=["no such row"])
     with pytest.raises(ValueError, match="names no criterion"):
         failing_rows(faulty, only=[])
-    assert failing_rows(faulty, only="no stream sync") == rows  # one name as a str
+    assert failing_rows(faulty, only="no_stream_sync") == rows  # one id as a str
     # A named criterion this run could not measure fails too: it would otherwise pass having measured nothing.
-    unmeasured = failing_rows(faulty, only=["epoch 1 without hang", "no single-block kernels"])
-    assert unmeasured == ["epoch 1 without hang: not measured here: hotloop.guards.watchdog.HangWatchdog"]
+    unmeasured = failing_rows(faulty, only=["no_hang", "no_single_block_kernels"])
+    assert unmeasured == ["epoch 1 without hang [no_hang]: not measured here: hotloop.guards.watchdog.HangWatchdog"]
 
 
 def test_guard_fixture_is_guard_steps(guard):

@@ -137,9 +137,9 @@ def test_h200_probe_whole_trace_counts_are_exact():
                     kernels_in_graphs=6, spectral_norm_launches=1, fwd_gemms=1, fwd_gemms_not_tf32=0, bwd_gemms=2,
                     bwd_gemms_tf32=0)
     assert {k: int(row[k]) for k in expected} == expected
-    assert m.evidence["no D2D weight sync"] == ["Memcpy DtoD (Device -> Device) in phase_d2d x1",
+    assert m.evidence["no_d2d_weight_sync"] == ["Memcpy DtoD (Device -> Device) in phase_d2d x1",
                                                 "memcpy128 in graph_replay x1"]  # evidence names the phase
-    assert [e.split("<")[0] for e in m.evidence["no single-block kernels"]] == ["void at::native::reduce_kernel"]
+    assert [e.split("<")[0] for e in m.evidence["no_single_block_kernels"]] == ["void at::native::reduce_kernel"]
     assert m.medians["kernels"] == 16.0
 
 
@@ -326,7 +326,7 @@ def test_a_kernel_with_ts_0_and_dur_0_is_counted_flagged_and_left_out_of_the_tim
     assert m.medians["gpu_span_us"] == 20.0 and m.medians["kernels"] == 1.0
     assert list(ps["anomaly"]) == ["", "kernel with ts 0, dur 0", ""] and list(ps["anomalies"]) == [0, 1, 0]
     assert m.timing_note == "timing of step 1 left out: kernel with ts 0, dur 0 (step 1)"
-    assert m.evidence["DDQN overlapped"][-1] == m.timing_note
+    assert m.evidence["ddqn_overlapped"][-1] == m.timing_note
     assert m.anomalies["counts"]["ts_not_positive"] == 1 and m.anomalies["counts"]["gpu_dur_zero"] == 1
 
 
@@ -438,7 +438,7 @@ def test_events_between_steps_inside_the_window_are_counted_outside_steps():
     assert list(m.per_step["stream_sync_calls"]) == [0, 0] and list(m.per_step["kernels"]) == [1, 1]
     assert m.outside["stream_sync_calls"] == 2 and m.outside["kernels_grid1"] == 2 and m.outside["kernels"] == 2
     assert m.outside["event_sync_calls"] == 0 and m.window["source"] == "range"
-    assert "cudaStreamSynchronize (outside steps) x2" in m.evidence["no stream sync"]
+    assert "cudaStreamSynchronize (outside steps) x2" in m.evidence["no_stream_sync"]
     no_range = b.frame()
     no_range = no_range[no_range["name"].ne(WINDOW_RANGE)]
     m2 = step_metrics(no_range)  # the window is then first step start .. last step end: one gap
@@ -467,8 +467,8 @@ def test_learner_and_env_scopes_and_the_env_kernels_per_env_step():
     assert list(everything["learner_memsets"]) == [1, 1]
     two = step_metrics(df, roles=PhaseRoles(learner=("update",), env_steps_per_update=2))
     assert list(two.per_step["env_kernels_per_env_step"]) == [0.5, 0.5] and two.medians["env_kernels"] == 1.0
-    assert "learner_kernels_grid1" not in scoped  # retired: "no single-block kernels" judges kernels_grid1
-    assert two.evidence["env kernels per env step"] == ["env_reset in env_step x2", "env_steps_per_update 2",
+    assert "learner_kernels_grid1" not in scoped  # retired: "no_single_block_kernels" judges kernels_grid1
+    assert two.evidence["env_kernels_per_env_step"] == ["env_reset in env_step x2", "env_steps_per_update 2",
                                                         "env_kernels_grid1 2 over the window"]
 
 
@@ -619,7 +619,7 @@ def test_completion_queries_beyond_the_allowance_are_polling():
     assert set(m.phase_runs.itertuples(index=False, name=None)) >= {(1, "readback_publish", 1),
                                                                      (2, "readback_publish", 1), (2, "progress", 1)}
     assert "completion_queries" not in m.medians and "query_host_us" not in m.medians
-    evidence = m.evidence["no event sync"]
+    evidence = m.evidence["no_event_sync"]
     assert "cudaEventQuery in readback_publish x5 (polling x3)" in evidence
     assert "cudaStreamQuery_ptsz in progress x1 (polling x1)" in evidence
     assert f"cudaEventQuery {OUTSIDE_LABEL} x1 (polling x1)" in evidence

@@ -46,14 +46,14 @@ def report(frame) -> GuardReport:
 
 def test_the_overlap_criterion_is_judged_on_the_undamaged_steps_and_says_so():
     verdicts = evaluate(step_metrics(overlap_trace(serial_steps={1}, damaged_steps={1})), NO_HITS, cuda=True)
-    row = verdicts.set_index("criterion").loc["DDQN overlapped"]
+    row = verdicts.set_index("id").loc["ddqn_overlapped"]
     assert row["measured"] == 0.75  # step 1 (ratio 0, damaged) left out; with it the median would be 0.375
     assert row["evidence"].endswith("timing of step 1 left out: kernel with ts 0, dur 0 (step 1)")
 
 
 def test_every_step_damaged_leaves_the_overlap_not_measured():
-    verdicts = evaluate(step_metrics(overlap_trace(damaged_steps={0, 1})), NO_HITS, cuda=True).set_index("criterion")
-    row = verdicts.loc["DDQN overlapped"]
+    verdicts = evaluate(step_metrics(overlap_trace(damaged_steps={0, 1})), NO_HITS, cuda=True).set_index("id")
+    row = verdicts.loc["ddqn_overlapped"]
     assert row["verdict"] == "-" and row["status"].startswith("not measured (timing of every step left out")
 
 

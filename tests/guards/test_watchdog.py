@@ -1,6 +1,6 @@
 """The hang watchdog never lets a run go on unguarded (issue 41 item 1): a limit above threading.TIMEOUT_MAX is bad
 input (exit 2 naming --epoch-timeout), a watchdog thread that dies stops the run (exit 70 saying why), and the
-gate's "epoch 1 without hang" says PASS only when the watchdog was alive for the whole of epoch 1."""
+gate's "no_hang" says PASS only when the watchdog was alive for the whole of epoch 1."""
 
 import subprocess
 import sys
@@ -112,11 +112,11 @@ def test_a_run_whose_watchdog_dies_stops_with_exit_70_saying_why(command, tmp_pa
 
 
 def _hang_row(watched):
-    from hotloop.guards.gate import HANG_CRITERION, judge_hang
+    from hotloop.guards.gate import judge_hang
 
     verdicts = verdict_table({}, CRITERIA).assign(source="", evidence="")
     judge_hang(verdicts, watched)
-    return verdicts.set_index("criterion").loc[HANG_CRITERION]
+    return verdicts.set_index("id").loc["no_hang"]
 
 
 def test_epoch_1_without_hang_passes_only_when_the_watchdog_watched_all_of_epoch_1():
@@ -133,6 +133,6 @@ def test_epoch_1_without_hang_passes_only_when_the_watchdog_watched_all_of_epoch
 def test_the_gate_reads_the_watchdogs_record(tmp_path, capsys):
     out = tmp_path / "run"
     assert main(["gate", "--out", str(out), "--guard-steps", "2", "--guard-warmup", "0", *TINY]) == 0
-    row = pd.read_csv(out / "criteria.csv").set_index("criterion").loc["epoch 1 without hang"]
+    row = pd.read_csv(out / "criteria.csv").set_index("id").loc["no_hang"]
     assert (row.verdict, row.status, row.source) == ("PASS", "measured", "watchdog")
     assert row.evidence == "epoch 1 finished under the hang watchdog, alive from its start to its end"

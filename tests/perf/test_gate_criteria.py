@@ -23,9 +23,9 @@ from hotloop.guards.gate import GUARD_WINDOW, LEGACY_WINDOW, default_baseline, g
 from hotloop.trainer.config import Config, preset
 from hotloop.trainer.loop import Trainer
 
-GUARDED = [c.name for c in CRITERIA if c.measured_by is None and c.comparison != REPORT]
-"""Criteria a guarded window judges (the others are the watchdog's and pytest's own, or reported only)."""
-BY_NAME = {c.name: c for c in CRITERIA}
+GUARDED = [c.id for c in CRITERIA if c.measured_by is None and c.comparison != REPORT]
+"""Ids of the criteria a guarded window judges (the others are the watchdog's and pytest's own, or reported only)."""
+BY_ID = {c.id: c for c in CRITERIA}
 
 
 def _baseline():
@@ -67,7 +67,7 @@ def reports(hot_report):
     cfg, made = _config(), {}
 
     def for_criterion(name: str):
-        wanted = PHASE_SETTINGS.get(BY_NAME[name].phases, {})
+        wanted = PHASE_SETTINGS.get(BY_ID[name].phases, {})
         missing = {k: v for k, v in wanted.items() if getattr(cfg, k) != v}
         if not missing:
             return hot_report
@@ -83,7 +83,7 @@ def reports(hot_report):
 @pytest.mark.parametrize("criterion", GUARDED)
 def test_gate_criterion_holds_on_the_hot_step(reports, assert_criteria, criterion):
     report = reports(criterion)
-    row = report.verdicts.set_index("criterion").loc[criterion]
+    row = report.verdicts.set_index("id").loc[criterion]
     assert row.status == "measured", f"{criterion}: {row.status}"  # a row not measured would pass vacuously
     assert_criteria(report, only=[criterion])
 
