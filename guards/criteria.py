@@ -132,7 +132,7 @@ CRITERIA: tuple[Criterion, ...] = (
     Criterion("TF32 forward only", "fwd_gemms_not_tf32 + bwd_gemms_tf32", "==", "yes",
               "TF32 tensor cores where accuracy allows, FP32-accurate gradients", phases="gemms",
               aggregate="all steps",
-              trace_field="the float64 precision probe of the step's GEMMs (hotloop.trainer.precision_probe); the "
+              trace_field="the float64 precision probe of the step's GEMMs (hotloop.probes.precision_probe); the "
                           "forward / backward GEMM kernels classed by name (gemm_precision) as evidence only",
               evidence="each product's normwise error and class, MMA instruction counts, the names (not judged)"),
     Criterion("DDQN overlapped", "ddqn_overlap_ratio", ">", 0, "the second stream hides the Double-DQN forward",

@@ -26,7 +26,7 @@ import torch
 from hotloop.kernels.linear import linear_forward
 from hotloop.kernels.spectral_norm import SpectralNormTable, spectral_norm_
 from hotloop.kernels.tf32_split import split_tf32
-from hotloop.trainer.bench_variants import tf32_matmuls
+from hotloop.probes.bench_variants import tf32_matmuls
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Kernel benchmark: each hotloop kernel vs its plain-torch reference at seed scale, timed with CUDA events.
 
-Usage: `python -m hotloop.profiles.kernel_bench [--out results/h200/kernels/kernel_bench.csv] [--reps 20] [--calls 50]`. Each module's
+Usage: `python -m lab.kernel_bench [--out results/h200/kernels/kernel_bench.csv] [--reps 20] [--calls 50]`. Each module's
 `bench_pairs(device)` gives (name, kernel, reference) zero-argument closures. Every closure is timed two ways:
 `eager` (`calls` back-to-back launches between two CUDA events: includes launch overhead) and `graph` (the same
 `calls` captured once in a CUDA graph and replayed: GPU time as the hot loop will see it; NaN when the closure
@@ -82,13 +82,13 @@ def run(reps: int, calls: int) -> pd.DataFrame:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hotloop.profiles.kernel_bench", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m lab.kernel_bench", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="CSV path (a .md beside it gets the same table)")
     parser.add_argument("--reps", type=int, default=20, help="timed repetitions per provider and mode")
     parser.add_argument("--calls", type=int, default=50, help="calls per timed repetition")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
-        print("hotloop.profiles.kernel_bench: needs a CUDA GPU (torch.cuda.is_available() is False)")
+        print("lab.kernel_bench: needs a CUDA GPU (torch.cuda.is_available() is False)")
         return 2
     df = run(args.reps, args.calls)
     print(df.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
