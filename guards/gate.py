@@ -49,6 +49,7 @@ from hotloop.guards.guard import MIN_WINDOW_STEPS, GuardReport, default_window_s
 from hotloop.guards.loop_structure import CensusGroup, LoopStructureCensus, census_criteria
 from hotloop.guards.loop_syncs import LoopSyncCensus
 from hotloop.guards.step_metrics import PhaseRoles
+from hotloop.profiles.docs import doc_ref
 from hotloop.profiles.epoch_table import format_table, write_table
 from hotloop.profiles.provenance import device_name
 from hotloop.trainer.config import ENV_SHAPE_FIELDS, Config, env_shape_fields
@@ -286,7 +287,7 @@ def run_gate(cfg: Config, run_dir: Path, options: GateOptions) -> int:
           + format_table(report.coverage)
           + (f"\nnot in the window: {', '.join(missing)}: the criteria that apply to "
              f"{'them' if len(missing) > 1 else 'it'} are not measured" if missing else ""))
-    print(f"\nCriteria (docs/criteria.md), {k} guarded steps after the epochs\n"
+    print(f"\nCriteria ({doc_ref('criteria.md')}), {k} guarded steps after the epochs\n"
           + format_table(verdicts[["criterion", "measured", "limit", "verdict", "status", "source", "worst_step"]]))
     print(structure_text(verdicts, structure, structure_cost, k) + (f"\n{overhead_text(overhead)}" if overhead else ""))
     failed = verdicts[verdicts.verdict == "FAIL"]
@@ -463,7 +464,7 @@ def structure_text(verdicts: pd.DataFrame, census: LoopStructureCensus | None, c
         return f"\nStructure census: {STRUCTURE_CENSUS_OFF}"
     span = f"the loop of {census.span_text()}" if census.epochs else "the loop of the epochs after the first"
     head = (f"\nStructure census (D2D copies, memsets / fills, grid (1,1,1) launches per iteration in {span}, beyond "
-            f"the {window_steps}-iteration window; docs/criteria.md)")
+            f"the {window_steps}-iteration window; {doc_ref('criteria.md')})")
     lines = [f"  {c.name}: {verdicts.loc[verdicts.criterion.eq(c.name), CENSUS_COLUMN].iloc[0]}"
              for c in census_criteria().values()]
     if cost:

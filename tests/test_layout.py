@@ -29,8 +29,9 @@ LAB = "lab"
 outside every package, not shipped; it may import hotloop, and no hotloop module imports it."""
 OUTSIDE = (RESULTS, LAB)
 """The top-level folders that no package holds or is in, and that the wheel does not ship."""
-PACKAGE_DATA = ("guards/baseline_files/*.json",)
-"""The only files of a package folder that are not Python modules (pyproject.toml's package-data, as paths)."""
+PACKAGE_DATA = ("guards/baseline_files/*.json", "docs/*.md")
+"""The only files of a package folder that are not Python modules (pyproject.toml's package-data, as paths): the
+baselines, and docs/ (hotloop.docs, a data-only package: the output cites the installed docs, profiles/docs.py)."""
 ALLOWED = {"kernels": {"kernels"}, "profiles": {"profiles", "kernels"}, "trainer": {"trainer", "kernels", "profiles"},
            "guards": {"guards", "profiles"}, "probes": {"probes", "kernels", "profiles", "trainer", "guards"}}
 """Package -> the hotloop packages its modules may import (itself included)."""
