@@ -31,9 +31,9 @@ root (`import_root`): <copy>.site/hotloop/<pkg> -> <copy>/<folder>, symlinks, no
 package), first on PYTHONPATH; PathFinder then finds the copy's packages before the installed ones (an editable
 install's finder comes after it on sys.meta_path; a regular install's hotloop/ is a later sys.path entry), and
 importlib.resources reads the copy's guards/baseline_files/ through the link. Before a copy's gate runs, a subprocess
-with the same interpreter, environment and working folder checks that every hotloop subpackage of its pyproject.toml
-(kernels, profiles, trainer, guards, probes, the data-only docs) and the baselines folder resolve inside the copy (`verify_imports`); a copy that imports anything else is an
-internal error.
+with the same interpreter, environment and working folder checks that every hotloop subpackage of its
+pyproject.toml (kernels, profiles, trainer, guards, probes, the data-only docs) and the baselines folder resolve
+inside the copy (`verify_imports`); a copy that imports anything else is an internal error.
 
 Verdicts (`verdict`): "killed" only when the gate exits 1 and the expected row FAILs in that run (a criteria.csv
 row for a criterion; an `epoch_*` row of baseline.csv for "epoch throughput", hotloop.guards.baselines.

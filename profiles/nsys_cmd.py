@@ -17,8 +17,9 @@ the nsys bundled with Nsight Compute: /opt/nvidia/nsight-compute/<version>/host/
 importer at .../host/linux-desktop-glibc_2_11_3-x64/QdstrmImporter (newest version first).
 
 Sources: docs/nsight.md (the bundled route, seen working on the H200 on 2026-11-29; shipped in the wheel, and the
-messages cite the installed copy: profiles/docs.py); the Nsight Systems User Guide, "Profiling from the CLI" (`nsys profile` switches -t/--trace, -s/--sample, --cpuctxsw, --cuda-graph-trace, -o/--output,
---force-overwrite; `nsys export` switches --type, -o/--output; https://docs.nvidia.com/nsight-systems/UserGuide/).
+messages cite the installed copy: profiles/docs.py); the Nsight Systems User Guide, "Profiling from the CLI"
+(`nsys profile` switches -t/--trace, -s/--sample, --cpuctxsw, --cuda-graph-trace, -o/--output, --force-overwrite;
+`nsys export` switches --type, -o/--output; https://docs.nvidia.com/nsight-systems/UserGuide/).
 """
 
 from __future__ import annotations
