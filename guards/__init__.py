@@ -5,14 +5,14 @@ folder and by one known set of modules (tests/test_layout.py checks them):
   subcommand, each a thin parse -> call of a library function with a typed options object. It may import every
   hotloop package; nothing outside it imports it but cli, the command's stable name (the console script and
   `python -m hotloop.guards.cli`), which only re-exports its main.
-- The composition modules — gate (`hotloop gate`), run (one training run under the watchdog), bench (`hotloop
-  bench`), faults (the gate's injected faults), mutate (`hotloop mutate`'s suite), learning_report (`hotloop
-  learning`'s runs) and data_parallel (`hotloop train --nproc N`'s torchrun launch and ranks) — are the layer
-  between: they join the harness library with hotloop.trainer and
-  hotloop.kernels, and may import every package but the commands.
+- The composition modules — gate (`hotloop gate`), run (one training run under the watchdog), faults (the gate's
+  injected faults), mutate (`hotloop mutate`'s suite), learning_report (`hotloop learning`'s runs) and
+  data_parallel (`hotloop train --nproc N`'s torchrun launch and ranks) — are the layer between: they join the
+  harness library with hotloop.trainer, hotloop.kernels and hotloop.probes (the precision probe, `hotloop bench`'s
+  library), and may import every package but the commands.
 - guards/*.py, the others, are the harness library: sync_hooks (host-sync hooks), criteria (the criteria table,
   docs/criteria.md), step_metrics and guard (per-step metrics from a profiler trace and their verdicts), baselines
   (noise-aware regression compare; the per-GPU baseline files of `hotloop gate` are package data,
   baseline_files/), loop_syncs and loop_structure (the censuses of the epochs' loop), watchdog (hang watchdog),
   pytest_plugin (`pytest -m perf`). They import hotloop.guards' library and hotloop.profiles only: no trainer, no
-  kernels, no composition module, no command."""
+  kernels, no probes, no composition module, no command."""

@@ -50,6 +50,7 @@ from hotloop.guards.guard import MIN_WINDOW_STEPS, GuardReport, default_window_s
 from hotloop.guards.loop_structure import CensusGroup, LoopStructureCensus, census_criteria
 from hotloop.guards.loop_syncs import LoopSyncCensus
 from hotloop.guards.step_metrics import PhaseRoles
+from hotloop.profiles.docs import doc_ref
 from hotloop.profiles.epoch_table import format_table, write_table
 from hotloop.profiles.provenance import device_name
 from hotloop.trainer.config import ENV_SHAPE_FIELDS, Config, env_shape_fields
@@ -287,7 +288,7 @@ def run_gate(cfg: Config, run_dir: Path, options: GateOptions) -> int:
           + format_table(report.coverage)
           + (f"\nnot in the window: {', '.join(missing)}: the criteria that apply to "
              f"{'them' if len(missing) > 1 else 'it'} are not measured" if missing else ""))
-    print(f"\nCriteria (hotloop criteria; docs/criteria.md), {k} guarded steps after the epochs\n"
+    print(f"\nCriteria (hotloop criteria; {doc_ref('criteria.md')}), {k} guarded steps after the epochs\n"
           + format_table(verdicts[["criterion", "id", "measured", "limit", "verdict", "status", "source",
                                    "worst_step"]]))
     print(structure_text(verdicts, structure, structure_cost, k) + (f"\n{overhead_text(overhead)}" if overhead else ""))
@@ -468,7 +469,7 @@ def structure_text(verdicts: pd.DataFrame, census: LoopStructureCensus | None, c
         return f"\nStructure census: {STRUCTURE_CENSUS_OFF}"
     span = f"the loop of {census.span_text()}" if census.epochs else "the loop of the epochs after the first"
     head = (f"\nStructure census (D2D copies, memsets / fills, grid (1,1,1) launches per iteration in {span}, beyond "
-            f"the {window_steps}-iteration window; docs/criteria.md)")
+            f"the {window_steps}-iteration window; {doc_ref('criteria.md')})")
     lines = [f"  {c.title}: {verdicts.loc[verdicts['id'].eq(c.id), CENSUS_COLUMN].iloc[0]}"
              for c in census_criteria().values()]
     if cost:
@@ -541,13 +542,13 @@ def overhead_text(overhead: Mapping) -> str:
 
 
 def precision_evidence(trainer: Trainer) -> tuple[str, list[str]]:
-    """The precision probe's (verdict, evidence lines) for the trained learner (hotloop.trainer.precision_probe: the
+    """The precision probe's (verdict, evidence lines) for the trained learner (hotloop.probes.precision_probe: the
     step's own GEMM kernels on the run's parameters and a batch from its replay, against float64): PASS / FAIL /
     "not measured (...)". Only the hotloop learner's kernels are probed; for the reference learner the verdict is
     "not measured (the precision probe covers the hotloop learner's kernels)"."""
     if trainer.learner_kind != "hotloop":
         return "not measured (the precision probe covers the hotloop learner's kernels)", []
-    from hotloop.trainer.precision_probe import precision_verdict, probe_precision, replay_batch
+    from hotloop.probes.precision_probe import precision_verdict, probe_precision, replay_batch
 
     return precision_verdict(probe_precision(trainer.learner, replay_batch(trainer.learner)))
 

@@ -31,9 +31,9 @@ root (`import_root`): <copy>.site/hotloop/<pkg> -> <copy>/<folder>, symlinks, no
 package), first on PYTHONPATH; PathFinder then finds the copy's packages before the installed ones (an editable
 install's finder comes after it on sys.meta_path; a regular install's hotloop/ is a later sys.path entry), and
 importlib.resources reads the copy's guards/baseline_files/ through the link. Before a copy's gate runs, a subprocess
-with the same interpreter, environment and working folder checks that hotloop.{kernels,profiles,trainer,guards}
-and the baselines folder resolve inside the copy (`verify_imports`); a copy that imports anything else is an
-internal error.
+with the same interpreter, environment and working folder checks that every hotloop subpackage of its
+pyproject.toml (kernels, profiles, trainer, guards, probes, the data-only docs) and the baselines folder resolve
+inside the copy (`verify_imports`); a copy that imports anything else is an internal error.
 
 Verdicts (`verdict`): "killed" only when the gate exits 1 and the expected row FAILs in that run (a criteria.csv
 row for a criterion; an `epoch_*` row of baseline.csv for "epoch throughput", hotloop.guards.baselines.
@@ -126,7 +126,8 @@ BASELINE_REPEATS = 5
 held to +5% of a single run: a one-repeat baseline failed the clean tree on the H200 (results/h200/mutation/
 README.md; then on the host step time dur_us, which is reported only since: guards/baselines.py)."""
 DEFAULT_MANIFEST = Path("ci") / "mutants" / "mutants.toml"
-PACKAGE_DIRS = {"kernels": "kernels", "profiles": "profiles", "trainer": "trainer", "guards": "guards"}
+PACKAGE_DIRS = {"kernels": "kernels", "profiles": "profiles", "trainer": "trainer", "guards": "guards",
+                "probes": "probes", "docs": "docs"}
 """hotloop.<key> -> folder of the checkout, when pyproject.toml does not say (its [tool.setuptools.package-dir])."""
 NOT_COPIED = {".git", "__pycache__", ".pytest_cache", "build", "dist", ".whl", ".nsyslibs", ".abtrees"}
 """Folder names left out of a copy made without git (build outputs, caches); also *.egg-info and the top-level
@@ -469,7 +470,10 @@ _PROBE = """
 import importlib, json, sys
 from importlib import resources
 from pathlib import Path
-out = {m: str(Path(importlib.import_module("hotloop." + m).__file__).resolve()) for m in sys.argv[1:]}
+def where(name):  # a data-only package (hotloop.docs) is a namespace package: no __file__, its first folder
+    mod = importlib.import_module("hotloop." + name)
+    return str(Path(mod.__file__ or next(iter(mod.__path__))).resolve())
+out = {m: where(m) for m in sys.argv[1:]}
 out["baselines"] = str(Path(str(resources.files("hotloop.guards") / "baseline_files")).resolve())
 print(json.dumps(out))
 """
@@ -786,9 +790,10 @@ def write_results(table: pd.DataFrame, out: Path, pending: int = 0) -> list[Path
 
 def add_mutate_args(p: argparse.ArgumentParser) -> None:
     """Add the options of `hotloop mutate` (and of `python -m hotloop.guards.mutate`) to the parser `p`."""
-    p.add_argument("--manifest", type=Path, help=f"the manifest (default <checkout>/{DEFAULT_MANIFEST})")
-    p.add_argument("--root", type=Path, help="the checkout to copy (default: the git top level of the current "
-                                             "folder)")
+    p.add_argument("--manifest", type=Path, help=f"the manifest (default <checkout>/{DEFAULT_MANIFEST}); from an "
+                                                 "installed hotloop, point it at any checkout's")
+    p.add_argument("--root", type=Path, help="the checkout to copy (default: the git top level of the folder of "
+                                             "--manifest when given, else of the current folder)")
     p.add_argument("--out", type=Path, help="output folder: mutants.csv/.md, clean.csv, runs/<id>/, logs/<id>.log "
                                             "(default runs/mutate-<UTC timestamp>/ under the checkout)")
     p.add_argument("--jobs", type=int, default=3, metavar="N",
@@ -809,11 +814,29 @@ def add_mutate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--keep", action="store_true", help="keep the temporary copies (their folder is printed)")
 
 
+def suite_paths(root: Path | None, manifest: Path | None, cwd: Path | None = None) -> tuple[Path, Path]:
+    """The (checkout, manifest) a `hotloop mutate` run uses: --root, else the checkout holding --manifest (its git
+    top level: the patches name that tree's files), else the git top level of `cwd` (default: the working folder);
+    the manifest: --manifest, else <checkout>/ci/mutants/mutants.toml. Works the same from an installed wheel: the
+    suite copies the checkout and runs its code, never the installed package's. Raises UsageError when the manifest
+    is not a file, naming the path and the options that choose it."""
+    if root is not None:
+        root = Path(root).resolve()
+    elif manifest is not None:
+        root = checkout_root(Path(manifest).resolve().parent)
+    else:
+        root = checkout_root(cwd or ".")
+    manifest = Path(manifest).resolve() if manifest is not None else root / DEFAULT_MANIFEST
+    if not manifest.is_file():
+        raise UsageError(f"no mutant manifest at {manifest}: run from a hotloop checkout (its {DEFAULT_MANIFEST}) "
+                         f"or pass --manifest PATH (and --root CHECKOUT when the manifest lies outside it)")
+    return root, manifest
+
+
 def run_mutate(args: argparse.Namespace) -> int:
     """`hotloop mutate`: returns the exit code (module docstring)."""
     try:
-        root = (args.root or checkout_root()).resolve()
-        manifest = args.manifest or root / DEFAULT_MANIFEST
+        root, manifest = suite_paths(args.root, args.manifest)
         only = [i for part in args.only for i in part.split(",") if i]
         if args.list:
             mutants = load_manifest(manifest)

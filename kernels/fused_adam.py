@@ -15,8 +15,6 @@ no spin-waits, no host reads, no grid of one block.
 
 from __future__ import annotations
 
-from typing import Callable
-
 import torch
 import triton
 import triton.language as tl
@@ -265,39 +263,3 @@ def adam_reference(optimizer: torch.optim.Adam, max_grad_norm: float, params_buf
     if target_buf is not None:
         target_buf.lerp_(params_buf, tau)
     return norm
-
-
-# Seed-scale network (DESIGN.md): obs 64 -> trunk 256-256-256, value head 128-1, advantage 128 + 4 branches of 64.
-_SEED_SHAPES = [(256, 64), (256,), (256, 256), (256,), (256, 256), (256,), (128, 256), (128,), (1, 128), (1,),
-                (128, 256), (128,)] + [(64, 128), (64,)] * 4
-
-
-def bench_inputs(device: torch.device | str) -> dict:
-    """Seed-scale inputs: 'shapes' (the 10 weight matrices + biases, P = 247,169 params, ~1 MB of fp32 grads),
-    fresh random 'params_buf', 'grad_buf', 'target_buf' (P,) float32 on `device`, and the hyper-parameters."""
-    shapes = list(_SEED_SHAPES)
-    num = sum(int(torch.Size(s).numel()) for s in shapes)
-    gen = torch.Generator(device="cpu").manual_seed(0)
-    bufs = {k: torch.randn(num, generator=gen).to(device) * scale
-            for k, scale in (("params_buf", 0.05), ("grad_buf", 0.02), ("target_buf", 0.05))}
-    return dict(shapes=shapes, lr=1e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, max_grad_norm=10.0, **bufs)
-
-
-def bench_pairs(device: torch.device | str) -> list[tuple[str, Callable[[], object], Callable[[], object]]]:
-    """(name, kernel, reference) zero-arg closures at seed scale, each call one optimizer step on its own buffers:
-    the fused two-launch step vs clip_grad_norm_ + torch.optim.Adam(foreach=True), and vs Adam(fused=True)."""
-    inp = bench_inputs(device)
-    hyper = dict(lr=inp["lr"], betas=inp["betas"], eps=inp["eps"], weight_decay=inp["weight_decay"])
-    fused = FusedAdam(inp["params_buf"].numel(), device, max_grad_norm=inp["max_grad_norm"], **hyper)
-    params, grads = inp["params_buf"].clone(), inp["grad_buf"].clone()
-
-    def kernel():
-        fused.step(params, grads)
-
-    def make_reference(**adam_flags):
-        ref_params = reference_params(inp["params_buf"].clone(), inp["grad_buf"].clone(), inp["shapes"])
-        opt = torch.optim.Adam(ref_params, **hyper, **adam_flags)
-        return lambda: adam_reference(opt, inp["max_grad_norm"])
-
-    return [("gradnorm_clip_adam_248k", kernel, make_reference(foreach=True, fused=False)),
-            ("gradnorm_clip_adam_248k_vs_torch_fused", kernel, make_reference(fused=True))]

@@ -339,23 +339,3 @@ def spectral_norm_reference(mats, u, v, n_power_iterations: int = 1, eps: float 
         out_u.append(ui)
         out_v.append(vi)
     return out_w, torch.stack(sigmas), out_u, out_v
-
-
-def bench_inputs(device) -> dict:
-    """Seed-scale inputs: the 10 SEED_SHAPES matrices packed in a flat fp32 params_buf (~247k floats, values
-    N(0, 0.05^2)), their table and persistent u, v, on `device`."""
-    table = SpectralNormTable.from_shapes(SEED_SHAPES, device)
-    gen = torch.Generator().manual_seed(0)
-    params_buf = (0.05 * torch.randn(table.required_numel, generator=gen)).to(device)
-    u, v = table.new_vectors(gen)
-    return {"params_buf": params_buf, "table": table, "u": u, "v": v}
-
-
-def bench_pairs(device) -> list:
-    """[(name, kernel_callable, reference_callable)] zero-arg closures at seed scale: the fused in-place launch vs
-    the reference loop over the 10 matrices in torch ops (one power iteration each)."""
-    x = bench_inputs(device)
-    mats, us, vs = x["table"].views(x["params_buf"], x["u"], x["v"])
-    return [("spectral_norm_10_matrices",
-             lambda: spectral_norm_(x["params_buf"], x["table"], x["u"], x["v"]),
-             lambda: spectral_norm_reference(mats, us, vs))]

@@ -349,33 +349,3 @@ def td_loss_reference(q: torch.Tensor, q_next_online: torch.Tensor, q_next_targe
     metrics = torch.stack([objective, loss, td_abs.mean(), chosen_q(q_list, action).mean(), cql]).detach()
     priorities = (td_abs.mean(dim=1) + per_eps).pow(per_alpha)
     return TDLossOutputs(objective, y, td.detach(), per_sample.detach(), priorities, metrics, None)
-
-
-def bench_inputs(device: torch.device | str) -> dict:
-    """Seed-scale inputs (B=8192, D=3, A=4, Huber, gamma 0.99, CQL on) as keyword arguments of `fused_td_loss`;
-    q requires grad."""
-    g = torch.Generator(device=device).manual_seed(0)
-    b, d, a = 8192, 3, 4
-
-    def randn(*shape: int) -> torch.Tensor:
-        return torch.randn(shape, generator=g, device=device)
-    return dict(q=randn(b, d, a).requires_grad_(), q_next_online=randn(b, d, a), q_next_target=randn(b, d, a),
-                action=torch.randint(0, a, (b, d), generator=g, device=device), reward=randn(b),
-                terminated=(torch.rand(b, generator=g, device=device) < 0.1).float(),
-                weights=torch.rand(b, generator=g, device=device) * 0.9 + 0.1, gamma=0.99, kind="huber",
-                huber_delta=1.0, cql_weight=0.1, per_eps=1e-6, per_alpha=0.6)
-
-
-def bench_pairs(device: torch.device | str) -> list[tuple[str, object, object]]:
-    """[(name, fused forward+backward, reference forward+backward)] zero-arg closures at seed scale."""
-    kw = bench_inputs(device)
-    q = kw["q"]
-
-    def fused() -> None:
-        q.grad = None
-        fused_td_loss(**kw).objective.backward()
-
-    def reference() -> None:
-        q.grad = None
-        td_loss_reference(**kw).objective.backward()
-    return [("td_loss_fused_8192x3x4", fused, reference)]

@@ -4,11 +4,11 @@ stream of frames, in bounded memory; trace_anomalies) and `hotloop inspect` (ins
 traces of a data-parallel run's ranks and their cross-rank spread),
 `hotloop nsys` (nsys_cmd), NVTX ranges (ranges), per-epoch tables and timers (epoch_table, epoch_timer), NVML
 telemetry, plots, durable_files (fsync of a run folder after an atomic replace), run_lock (one writer per run
-folder), input_files (every input file read: regular files only, whole reads capped), trace_synth /
-trace_read_bench (synthetic traces and the reader benchmark), kernel_evidence (MMA
-instruction counts of compiled Triton kernels), `hotloop report`, provenance (commit and GPU of a result),
-and the kernel bench and split-GEMM probe (kernel_bench, split_gemm_probe).
+folder), input_files (every input file read: regular files only, whole reads capped), kernel_evidence (MMA
+instruction counts of compiled Triton kernels), `hotloop report`, provenance (commit and GPU of a result). The
+synthetic traces, the trace readers' benchmark, the kernel bench and the split-GEMM probe are lab code, in the
+checkout's lab/ (not shipped).
 
-Layer: above hotloop.kernels (only the kernel bench, the split-GEMM probe and kernel_evidence import it); never
+Layer: above hotloop.kernels (kernel_evidence may import it); never
 imports hotloop.trainer or hotloop.guards (tests/test_layout.py). The committed results are in the checkout's
 results/, outside the package."""

@@ -16,9 +16,10 @@ Which nsys (`find_nsys`): `nsys` on PATH (a machine with Nsight Systems installe
 the nsys bundled with Nsight Compute: /opt/nvidia/nsight-compute/<version>/host/target-linux-x64/nsys, with its
 importer at .../host/linux-desktop-glibc_2_11_3-x64/QdstrmImporter (newest version first).
 
-Sources: docs/nsight.md (the bundled route, seen working on the H200 on 2026-11-29); the Nsight Systems
-User Guide, "Profiling from the CLI" (`nsys profile` switches -t/--trace, -s/--sample, --cpuctxsw, --cuda-graph-trace, -o/--output,
---force-overwrite; `nsys export` switches --type, -o/--output; https://docs.nvidia.com/nsight-systems/UserGuide/).
+Sources: docs/nsight.md (the bundled route, seen working on the H200 on 2026-11-29; shipped in the wheel, and the
+messages cite the installed copy: profiles/docs.py); the Nsight Systems User Guide, "Profiling from the CLI"
+(`nsys profile` switches -t/--trace, -s/--sample, --cpuctxsw, --cuda-graph-trace, -o/--output, --force-overwrite;
+`nsys export` switches --type, -o/--output; https://docs.nvidia.com/nsight-systems/UserGuide/).
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+from hotloop.profiles.docs import doc_ref
 
 
 LIBS_ENV = "HOTLOOP_NSYS_LIBS"
@@ -111,7 +114,8 @@ def find_nsys(libs: str | Path | None = None,
         f"no Nsight Systems found: `nsys` is not on PATH, and no Nsight Compute with a bundled nsys and "
         f"QdstrmImporter was found ({looked}). Install Nsight Systems (CUDA toolkit or "
         f"https://developer.nvidia.com/nsight-systems) and put its bin/ on PATH, or use the bundled route of "
-        f"docs/nsight.md (Nsight Compute under /opt/nvidia/nsight-compute plus the importer's libraries in {libs_dir()} or ${LIBS_ENV})")
+        f"{doc_ref('nsight.md')} (Nsight Compute under /opt/nvidia/nsight-compute plus the importer's libraries in "
+        f"{libs_dir()} or ${LIBS_ENV})")
 
 
 def profile(cmd: list[str], out_dir: str | Path, route: NsysRoute, tmp_dir: str | Path | None = None) -> Path:
@@ -159,18 +163,18 @@ def _nsys_rep(base: Path, route: NsysRoute) -> Path:
         raise ProfileFailed(f"nsys wrote no report ({rep.name} or {raw.name}) in {base.parent}", 1)
     if route.importer is None:
         raise ProfileFailed(f"nsys left only the raw {raw.name} (its own QdstrmImporter failed; see "
-                            f"docs/nsight.md)", 1)
+                            f"{doc_ref('nsight.md')})", 1)
     env = dict(os.environ)
     if route.libs is not None:
         if not route.libs.is_dir():
             print(f"hotloop nsys: note: {route.libs} does not exist; the QdstrmImporter may fail for lack of "
-                  f"libdw.so.1/libelf.so.1 (docs/nsight.md says how to fetch them)", file=sys.stderr)
+                  f"libdw.so.1/libelf.so.1 ({doc_ref('nsight.md')} says how to fetch them)", file=sys.stderr)
         env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(route.libs), env.get("LD_LIBRARY_PATH")) if p)
     imported = subprocess.run([str(route.importer), "-i", str(raw)], env=env)
     if imported.returncode or not rep.is_file():
         raise ProfileFailed(f"QdstrmImporter {route.importer} failed (status {imported.returncode}) to convert "
                             f"{raw} to {rep.name}; are libdw.so.1 and libelf.so.1 in {route.libs}? "
-                            f"(docs/nsight.md)", imported.returncode or 1)
+                            f"({doc_ref('nsight.md')})", imported.returncode or 1)
     raw.unlink(missing_ok=True)  # GBs: free them before the export
     return rep
 

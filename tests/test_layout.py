@@ -1,8 +1,8 @@
 """The package layout a reader can see: one import name (`hotloop.*`, never a bare `trainer`/`kernels`/`guards`/
-`profiles`), layers that import downward only (the rules of each package's `__init__` docstring), no import cycle,
-the bench harness out of the learner step's imports, the committed results in results/ outside every package (no
-records in a package folder but its listed package data; nothing of results/ shipped), and no citation of the
-workshop folder outside the repo.
+`profiles`/`probes`), layers that import downward only (the rules of each package's `__init__` docstring), no import
+cycle, the probes and benches out of the learner step's imports, the committed results in results/ and the lab code
+in lab/ outside every package (no records in a package folder but its listed package data; nothing of results/ or
+lab/ shipped; no hotloop module imports lab), and no citation of the workshop folder outside the repo.
 
 Each check is a function over a source tree, run on this checkout and on a small tree with the forbidden edit
 written in, where it must report it."""
@@ -19,23 +19,30 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("kernels", "profiles", "trainer", "guards")
-"""The code folders, installed as hotloop.<folder>; the order is the layering, lowest first."""
+PACKAGES = ("kernels", "profiles", "trainer", "guards", "probes")
+"""The code folders, installed as hotloop.<folder>; the order is the layering of their library modules, lowest
+first (guards' composition modules and commands sit above probes: COMPOSITION, COMMANDS)."""
 RESULTS = "results"
 """The committed results (records and the scripts that made them): a top-level folder, outside every package."""
-PACKAGE_DATA = ("guards/baseline_files/*.json",)
-"""The only files of a package folder that are not Python modules (pyproject.toml's package-data, as paths)."""
+LAB = "lab"
+"""The lab code (probes, benches, experiment kernels run from a checkout, imported as `lab.*`): a top-level folder,
+outside every package, not shipped; it may import hotloop, and no hotloop module imports it."""
+OUTSIDE = (RESULTS, LAB)
+"""The top-level folders that no package holds or is in, and that the wheel does not ship."""
+PACKAGE_DATA = ("guards/baseline_files/*.json", "docs/*.md")
+"""The only files of a package folder that are not Python modules (pyproject.toml's package-data, as paths): the
+baselines, and docs/ (hotloop.docs, a data-only package: the output cites the installed docs, profiles/docs.py)."""
 ALLOWED = {"kernels": {"kernels"}, "profiles": {"profiles", "kernels"}, "trainer": {"trainer", "kernels", "profiles"},
-           "guards": {"guards", "profiles"}}
+           "guards": {"guards", "profiles"}, "probes": {"probes", "kernels", "profiles", "trainer", "guards"}}
 """Package -> the hotloop packages its modules may import (itself included)."""
 COMMANDS = "guards.commands"
 """The application layer, a folder (guards/commands/): the `hotloop` command, one module per subcommand. Its modules
 may import every package; nothing outside it imports it but SHIM (hotloop.guards' docstring)."""
-COMPOSITION = {"guards.gate", "guards.run", "guards.bench", "guards.faults", "guards.mutate", "guards.learning_report",
+COMPOSITION = {"guards.gate", "guards.run", "guards.faults", "guards.mutate", "guards.learning_report",
                "guards.data_parallel"}
 """The layer between the commands and the harness library: the modules of guards/ that compose the guards with the
-trainer and the kernels. They may import every package but COMMANDS; the other modules of guards/ (the harness
-library) import none of them."""
+trainer, the kernels and the probes. They may import every package but COMMANDS; the other modules of guards/ (the
+harness library) and the probes import none of them."""
 SHIM = "guards.cli"
 """hotloop.guards.cli, the command's stable name (console script, `python -m`): it only re-exports COMMANDS' main."""
 
@@ -76,8 +83,9 @@ def _imports(path: Path, runtime_only: bool = False) -> list[tuple[int, str]]:
     return out
 
 
-def bare_imports(root: Path, folders=(*PACKAGES, "tests", "ci")) -> list[str]:
-    """'file:line imports X' for each import of a bare trainer/kernels/guards/profiles module under `folders`."""
+def bare_imports(root: Path, folders=(*PACKAGES, LAB, "tests", "ci")) -> list[str]:
+    """'file:line imports X' for each import of a bare trainer/kernels/guards/profiles/probes module under
+    `folders`."""
     bad = []
     for folder in folders:
         for path in sorted((root / folder).rglob("*.py")):
@@ -103,8 +111,8 @@ def layer(module: str) -> str:
 def layer_violations(root: Path) -> list[str]:
     """'file:line: pkg.mod imports hotloop.X' for each import that goes against the layers: a package's modules
     import only the packages ALLOWED to it, the commands and the composition modules every package; nothing but
-    the commands and the shim imports the commands; no module of the harness library (guards/ less the others)
-    imports a composition module."""
+    the commands and the shim imports the commands; no module but the commands and the composition modules (the
+    harness library, the probes) imports a composition module."""
     bad = []
     for module, path in _modules(root).items():
         kind = layer(module)
@@ -116,10 +124,17 @@ def layer_violations(root: Path) -> list[str]:
                 continue
             target = ".".join(parts[1:])
             if (parts[1] not in allowed or (_in(target, COMMANDS) and kind not in ("commands", "shim"))
-                    or (kind == "guards" and target in COMPOSITION)):
+                    or (kind not in ("commands", "composition") and target in COMPOSITION)):
                 lines.setdefault(line, f"{path.relative_to(root)}:{line}: {module} imports {name}")
         bad += lines.values()
     return bad
+
+
+def lab_imports(root: Path) -> list[str]:
+    """'file:line imports X' for each import of the lab code (`lab`, `lab.*`) by a module of the packages: the
+    wheel does not ship lab/, so an installed hotloop that imported it would fail."""
+    return [f"{path.relative_to(root)}:{line} imports {name}" for path in _modules(root).values()
+            for line, name in _imports(path) if name.split(".")[0] == LAB]
 
 
 def reached_from(root: Path, start: str) -> set[str]:
@@ -206,9 +221,9 @@ def records_in_packages(root: Path) -> list[str]:
 
 
 def results_shipped(root: Path) -> list[str]:
-    """What would put results/ into the wheel or a package into results/, read from root/pyproject.toml: package
-    discovery that is not an explicit list, a package whose folder is results/, inside it or holding it, or
-    package data (as paths) that is not PACKAGE_DATA."""
+    """What would put results/ or lab/ (OUTSIDE) into the wheel or a package into them, read from
+    root/pyproject.toml: package discovery that is not an explicit list, a package whose folder is one of them,
+    inside one or holding one, or package data (as paths) that is not PACKAGE_DATA."""
     setup = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
     if not isinstance(setup.get("packages"), list):
         return [f"[tool.setuptools] packages is {setup.get('packages')!r}, not an explicit list"]
@@ -217,8 +232,9 @@ def results_shipped(root: Path) -> list[str]:
         parent = next((p for p in sorted(folders, key=len, reverse=True)
                        if package == p or package.startswith(p + ".")), None)
         folder = Path(folders[parent], *package[len(parent):].split(".")[1:]) if parent else Path(*package.split("."))
-        if folder.is_relative_to(RESULTS) or Path(RESULTS).is_relative_to(folder):
-            bad.append(f"package {package} is the folder {folder.as_posix()}, which holds or is in {RESULTS}/")
+        for outside in OUTSIDE:
+            if folder.is_relative_to(outside) or Path(outside).is_relative_to(folder):
+                bad.append(f"package {package} is the folder {folder.as_posix()}, which holds or is in {outside}/")
     for package, patterns in setup.get("package-data", {}).items():
         for pattern in patterns:
             path = f"{folders.get(package, package.replace('.', '/'))}/{pattern}"
@@ -235,10 +251,24 @@ def test_layers_import_downward_only():
     assert layer_violations(ROOT) == []
 
 
-def test_the_learner_step_does_not_reach_the_bench_harness():
+def test_the_learner_step_does_not_reach_the_probes():
     reached = reached_from(ROOT, "trainer.step")
     assert "trainer.step" in reached and "kernels.linear" in reached  # the walk follows imports
-    assert not reached & {"trainer.bench_variants", "guards.bench", "profiles.kernel_bench"}
+    assert {"probes.bench_variants", "probes.bench", "probes.precision_probe"} <= set(_modules(ROOT))
+    assert not {m for m in reached if _in(m, "probes")}
+
+
+def test_no_module_of_the_packages_imports_the_lab_code():
+    assert (ROOT / LAB / "kernel_bench.py").is_file() and not (ROOT / LAB / "kernel_bench.py").is_relative_to(
+        ROOT / "profiles")
+    assert lab_imports(ROOT) == []
+
+
+def test_a_lab_import_is_reported(tmp_path):
+    root = _tree(tmp_path, {"probes/a.py": "def f():\n    from lab.precision_variants import variant_matmul\n",
+                            "kernels/b.py": "import lab\n", "lab/c.py": "from hotloop.kernels import linear\n"})
+    assert lab_imports(root) == ["kernels/b.py:1 imports lab",
+                                 "probes/a.py:2 imports lab.precision_variants"]
 
 
 def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
@@ -261,6 +291,10 @@ def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
     ("profiles/report.py", "import hotloop.guards.commands.report"),
     ("guards/step_metrics.py", "from hotloop.guards import gate"),
     ("guards/baselines.py", "from hotloop.guards.run import run_training"),
+    ("trainer/loop.py", "from hotloop.probes.bench import run_bench"),
+    ("guards/guard.py", "import hotloop.probes.bench_variants"),
+    ("probes/bench.py", "from hotloop.guards.gate import run_gate"),
+    ("probes/precision_probe.py", "def f():\n    from hotloop.guards.commands import gate\n"),
 ])
 def test_a_forbidden_import_is_reported(tmp_path, module, line):
     root = _tree(tmp_path, {module: f"import torch\n{line}\n", "guards/gate.py": "import hotloop.trainer.loop\n"})
@@ -276,6 +310,14 @@ def test_the_layers_of_guards_are_its_folders_and_the_composition_modules():
     assert {"train", "gate", "bench", "inspect", "report", "nsys", "mutate", "learning", "main"} <= commands
     doc = ast.get_docstring(ast.parse((ROOT / "guards" / "__init__.py").read_text()))
     assert "guards/commands/" in doc and all(m.removeprefix("guards.") in doc for m in COMPOSITION)
+
+
+def test_the_probes_may_import_the_trainer_and_the_harness_library(tmp_path):
+    root = _tree(tmp_path, {"probes/bench.py": "from hotloop.trainer.config import Config\n"
+                                               "from hotloop.guards.guard import guard_steps\n"
+                                               "import hotloop.kernels.linear, hotloop.profiles.provenance\n",
+                            "guards/faults.py": "from hotloop.probes.bench_variants import tf32_matmuls\n"})
+    assert layer_violations(root) == []
 
 
 def test_the_commands_and_composition_modules_may_import_everything(tmp_path):
@@ -298,9 +340,9 @@ def test_a_bare_import_is_reported_in_code_and_tests(tmp_path):
 
 def test_a_bench_import_in_the_learner_step_is_reported(tmp_path):
     root = _tree(tmp_path, {"trainer/step.py": "from hotloop.trainer import flat_net\n",
-                            "trainer/flat_net.py": "def f():\n    from hotloop.trainer.bench_variants import Variant\n",
-                            "trainer/bench_variants.py": ""})
-    assert "trainer.bench_variants" in reached_from(root, "trainer.step")
+                            "trainer/flat_net.py": "def f():\n    from hotloop.probes.bench_variants import Variant\n",
+                            "probes/bench_variants.py": ""})
+    assert "probes.bench_variants" in reached_from(root, "trainer.step")
 
 
 def _shared_citations(root: Path) -> list[str]:
@@ -330,7 +372,7 @@ def test_a_citation_outside_the_repo_is_reported_outside_the_results(tmp_path):
 def test_the_imports_form_no_cycle():
     graph = import_graph(ROOT)
     assert "trainer.device_choice" in graph["trainer.resume"] and "trainer.resume" in graph["trainer.loop"]
-    assert "trainer.loop" in graph["trainer.bench_variants"]  # an import inside a function is an edge
+    assert "trainer.loop" in graph["probes.bench_variants"]  # an import inside a function is an edge
     assert import_cycles(ROOT) == []
 
 
@@ -370,8 +412,9 @@ def test_records_in_a_package_folder_are_reported(tmp_path):
     assert records_in_packages(root) == ["guards/notes.csv", "profiles/h200/README.md", "profiles/h200/device/run.sh"]
 
 
-def test_results_are_outside_every_package_and_not_shipped():
+def test_results_and_lab_are_outside_every_package_and_not_shipped():
     assert (ROOT / RESULTS).is_dir() and not (ROOT / RESULTS / "__init__.py").exists()
+    assert (ROOT / LAB).is_dir() and not set(OUTSIDE) & set(PACKAGES)
     assert results_shipped(ROOT) == []
 
 
@@ -396,6 +439,8 @@ packages = {packages}
      ["package hotloop.h200 is the folder results/h200, which holds or is in results/"]),
     ('["hotloop.guards"]', "", '"baseline_files/*.json", "../results/*.csv"',
      ["package data guards/../results/*.csv of hotloop.guards is not in PACKAGE_DATA"]),
+    ('["hotloop.guards", "hotloop.lab"]', '"hotloop.lab" = "lab"\n', '"baseline_files/*.json"',
+     ["package hotloop.lab is the folder lab, which holds or is in lab/"]),
 ])
 def test_a_pyproject_that_would_ship_results_is_reported(tmp_path, packages, extra_dir, data, reported):
     root = _tree(tmp_path, {"pyproject.toml": _PYPROJECT.format(packages=packages, extra_dir=extra_dir, data=data)})

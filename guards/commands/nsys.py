@@ -21,6 +21,7 @@ from pathlib import Path
 import pandas as pd
 
 from hotloop.profiles import nsys_cmd
+from hotloop.profiles.docs import doc_ref
 from hotloop.profiles.epoch_table import format_table, new_run_dir
 from hotloop.profiles.inspect_cmd import format_file, read_trace, step_records
 from hotloop.profiles.nsys_cmd import ProfileFailed, find_nsys, profile, range_gpu_time
@@ -36,7 +37,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "nsys", help="profile a command under Nsight Systems; print its guard counts and NVTX-range GPU time",
         usage="hotloop nsys [-h] [--out DIR] [--step-range NAME] [--domain NAME] -- CMD...",
         description="Run CMD under `nsys profile -t cuda,nvtx` (nsys from PATH, else the nsys bundled with Nsight "
-                    "Compute: docs/nsight.md), export the report to SQLite, print the whole-trace and "
+                    f"Compute: {doc_ref('nsight.md')}), export the report to SQLite, print the whole-trace and "
                     "per-step counts as `hotloop inspect` does and the GPU kernel time per NVTX range; write "
                     "report.sqlite, counts.json (the keys of `hotloop inspect --json`) and ranges.csv into --out.",
         epilog="exit codes: 0 ok, 1 the profiled command (or nsys) failed (whatever was recorded is still "

@@ -469,6 +469,8 @@ def test_the_cli_prints_the_score_both_ways(tmp_path, monkeypatch, capsys):
         {"mutant": "d", "verdict": SURVIVED, "judgement": SURVIVED, "ran": ALONE},
     ], columns=mutate.RESULT_COLUMNS)
     monkeypatch.setattr(mutate, "run_suite", lambda *a, **k: (0, table))
+    (tmp_path / "ci" / "mutants").mkdir(parents=True)
+    (tmp_path / "ci" / "mutants" / "mutants.toml").write_text("")  # the default manifest must exist
     assert mutate.main(["--root", str(tmp_path), "--out", str(tmp_path / "out"), "--min-score", "0.5"]) == 0
     printed = capsys.readouterr().out
     assert ("mutation score: 2/4 killed (50%): 1 by a count/criterion, 1 by timing (alone); timing not judged for 1 "
@@ -542,3 +544,30 @@ def test_a_patch_that_does_not_apply_is_exit_2_naming_it_before_anything_runs(tm
     assert not (tmp_path / "calls.txt").exists() and not (tmp_path / "out").exists()
     assert mutate.main(["--manifest", str(manifest), "--root", str(root), "--only", "fine", "--check"]) == 0
     assert mutate.main(["--manifest", str(manifest), "--root", str(root), "--only", "nosuch", "--check"]) == USAGE
+
+
+@needs_git
+def test_the_suite_finds_its_checkout_from_the_manifest_or_the_working_folder(tmp_path):
+    """Issue 40 item 6: from an installed wheel, `hotloop mutate --manifest PATH` runs any checkout's suite; the
+    checkout is the one holding the manifest unless --root says otherwise."""
+    repo = tmp_path / "repo"
+    (repo / "ci" / "mutants").mkdir(parents=True)
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    manifest = repo / "ci" / "mutants" / "mutants.toml"
+    manifest.write_text("")
+    elsewhere = tmp_path / "empty"
+    elsewhere.mkdir()
+    assert mutate.suite_paths(None, manifest, cwd=elsewhere) == (repo.resolve(), manifest.resolve())
+    assert mutate.suite_paths(None, None, cwd=repo / "ci") == (repo.resolve(), manifest.resolve())
+    assert mutate.suite_paths(elsewhere, manifest, cwd=repo) == (elsewhere.resolve(), manifest.resolve())
+    with pytest.raises(UsageError, match=r"no mutant manifest at .*empty/ci/mutants/mutants.toml.*--manifest PATH"):
+        mutate.suite_paths(None, None, cwd=elsewhere)
+    with pytest.raises(UsageError, match="no mutant manifest at .*nosuch.toml"):
+        mutate.suite_paths(None, repo / "nosuch.toml")
+
+
+def test_the_cli_without_a_manifest_is_exit_2_naming_it(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(mutate, "checkout_root", lambda start=".": Path(start).resolve())  # no git above tmp_path
+    assert mutate.main(["--check"]) == USAGE
+    assert "no mutant manifest at" in capsys.readouterr().err

@@ -16,7 +16,8 @@ import pytest
 import torch
 
 import hotloop.kernels.fused_adam as fa_mod
-from hotloop.kernels.fused_adam import FusedAdam, adam_reference, bench_inputs, bench_pairs, reference_params
+from hotloop.kernels.fused_adam import FusedAdam, adam_reference, reference_params
+from lab.kernel_bench_inputs import ADAM_SEED_SHAPES, adam_inputs
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = dict(rtol=2e-5, atol=2e-5)
@@ -204,19 +205,9 @@ def test_value_errors():
         reference_params(p, g, [(2, 3)])
 
 
-def test_bench_pairs_seed_scale_smoke():
-    inp = bench_inputs(DEVICE)
-    assert 240_000 <= inp["params_buf"].numel() <= 256_000 and len([s for s in inp["shapes"] if len(s) == 2]) == 10
-    pairs = bench_pairs(DEVICE)
-    assert [name for name, _, _ in pairs] == ["gradnorm_clip_adam_248k", "gradnorm_clip_adam_248k_vs_torch_fused"]
-    pairs[0][1]()                                                          # the kernel closure is shared
-    for _, _, reference in pairs:
-        reference()
-
-
 @pytest.mark.gpu
 def test_seed_scale_100_steps_gpu():
-    shapes = bench_inputs(DEVICE)["shapes"]
+    shapes = ADAM_SEED_SHAPES
     run = _Run(sum(math.prod(s) for s in shapes), weight_decay=0.01, tau=0.005, seed=11, shapes=shapes)
     for _ in range(100):
         run.step()
@@ -227,7 +218,7 @@ def test_seed_scale_100_steps_gpu():
 @pytest.mark.gpu
 def test_cuda_graph_replay_matches_eager_gpu():
     replays = 20
-    inp = bench_inputs("cuda")
+    inp = adam_inputs("cuda")
     n = inp["params_buf"].numel()
     gen = torch.Generator(device="cuda").manual_seed(0)
     grads = [torch.randn(n, device="cuda", generator=gen) * (0.01 + 0.01 * i) for i in range(replays)]

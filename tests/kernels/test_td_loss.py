@@ -6,8 +6,9 @@ On CPU the kernel runs under the Triton interpreter (tests/conftest.py); `gpu` t
 import pytest
 import torch
 
-from hotloop.kernels.td_loss import (METRIC_NAMES, TDLossOutputs, TDLossWorkspace, _num_programs, bench_inputs,
-                             fused_td_loss, td_loss_forward, td_loss_reference)
+from hotloop.kernels.td_loss import (METRIC_NAMES, TDLossOutputs, TDLossWorkspace, _num_programs, fused_td_loss,
+                                     td_loss_forward, td_loss_reference)
+from lab.kernel_bench_inputs import td_loss_inputs
 
 FIELDS = ("objective", "target", "td", "per_sample", "priorities", "metrics")
 SCALARS = dict(gamma=0.93, per_eps=1e-3, per_alpha=0.6)
@@ -204,7 +205,7 @@ def test_value_errors_for_buffers():
 
 @pytest.mark.gpu
 def test_seed_scale_matches_reference_on_gpu():
-    args = bench_inputs("cuda")
+    args = td_loss_inputs("cuda")
     q = args["q"]
     inp = {k: v.detach() for k, v in args.items() if isinstance(v, torch.Tensor)}
     kw = {k: v for k, v in args.items() if k not in inp}

@@ -215,7 +215,7 @@ def test_a_table_printed_in_chunks_is_the_whole_tables_text():
 
 def test_a_report_printed_in_chunks_is_the_whole_reports_text(tmp_path):
     from hotloop.profiles.inspect_cmd import count_trace, format_file, format_file_parts
-    from hotloop.profiles.trace_synth import write_trace
+    from lab.trace_synth import write_trace
 
     path = tmp_path / "synth.json"
     write_trace(path, 20_000)

@@ -196,7 +196,7 @@ def test_interpreter_has_no_ptx():
 @pytest.mark.gpu
 def test_gpu_variant_gemm_precisions_at_one_tile():
     """Same code, same tile: ieee has no MMA, tf32 has TF32 MMAs, Triton's tf32x3 about three times as many."""
-    from hotloop.kernels import precision_variants as pv
+    from lab import precision_variants as pv
 
     a = torch.randn(256, 128, device="cuda")
     b = torch.randn(128, 256, device="cuda")

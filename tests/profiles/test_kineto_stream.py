@@ -1,5 +1,5 @@
 """The streaming Kineto reader (hotloop.profiles.kineto_reader) and the synthetic trace generator
-(hotloop.profiles.trace_synth): no size cap, the same frames whatever the window/batch sizes, bounded memory for
+(lab.trace_synth): no size cap, the same frames whatever the window/batch sizes, bounded memory for
 iter_kineto, every malformed input of issue 22 a TraceReadError naming the file (each case failed on the
 pre-streaming reader: a RecursionError, a ValueError, a silent NaN, a BOM refused), and the generator's output
 read with the counts of a plain json.load-based reference."""
@@ -21,7 +21,7 @@ import hotloop.profiles.kineto_reader as kr
 from hotloop.profiles.kineto_reader import CATEGORY_KINDS, iter_kineto, read_kineto
 from hotloop.profiles.trace_counts import count_totals
 from hotloop.profiles.trace_schema import COLUMNS, TraceReadError, TraceReadWarning, event_frame
-from hotloop.profiles.trace_synth import write_trace
+from lab.trace_synth import write_trace
 
 TRACES = Path(__file__).parents[1] / "data" / "traces"
 KINETO_FILES = sorted(TRACES.glob("**/*.json.gz"))
@@ -252,12 +252,12 @@ def test_generated_trace_reads_as_the_json_load_reference_with_the_generators_co
 
 def test_generator_cli_writes_exactly_n_events_and_prints_its_summary(tmp_path):
     out = tmp_path / "cli.json.gz"
-    proc = subprocess.run([sys.executable, "-m", "hotloop.profiles.trace_synth", "--events", "1234", "--out",
+    proc = subprocess.run([sys.executable, "-m", "lab.trace_synth", "--events", "1234", "--out",
                            str(out)], capture_output=True, text=True, check=True)
     summary = json.loads(proc.stdout)
     with gzip.open(out, "rt") as f:
         doc = json.load(f)
     assert summary["events"] == len(doc["traceEvents"]) == 1234
-    bad = subprocess.run([sys.executable, "-m", "hotloop.profiles.trace_synth", "--events", "0", "--out",
+    bad = subprocess.run([sys.executable, "-m", "lab.trace_synth", "--events", "0", "--out",
                           str(out)], capture_output=True, text=True)
     assert bad.returncode == 2 and "events must be an int >= 1" in bad.stderr

@@ -13,7 +13,7 @@ from hotloop.guards.commands.inspect import add_parser as add_inspect_parser
 from hotloop.guards.commands.inspect import run as run_inspect
 from hotloop.profiles.inspect_cmd import count_trace
 from hotloop.profiles.rank_traces import find_rank_traces, rank_spread, rank_trace_name, write_rank_trace
-from hotloop.profiles.trace_synth import write_trace
+from lab.trace_synth import write_trace
 
 
 def inspect(*argv):

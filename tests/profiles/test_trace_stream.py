@@ -22,7 +22,7 @@ from hotloop.profiles.kineto_reader import iter_kineto
 from hotloop.profiles.trace_counts import count_per_step, count_totals
 from hotloop.profiles.trace_schema import event_frame
 from hotloop.profiles.trace_stream import count_frames
-from hotloop.profiles.trace_synth import write_trace
+from lab.trace_synth import write_trace
 
 TRACES = Path(__file__).parents[1] / "data" / "traces"
 ALL_TRACES = sorted(p.relative_to(TRACES).as_posix() for p in TRACES.glob("**/*") if p.suffix in (".gz", ".sqlite"))

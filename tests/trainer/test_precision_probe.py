@@ -1,11 +1,12 @@
-"""trainer/precision_probe.py: the learner's GEMMs judged by their numbers, not their kernel names.
+"""probes/precision_probe.py: the learner's GEMMs judged by their numbers, not their kernel names.
 
 CPU: the Triton interpreter computes every dot in fp32 whatever its input_precision, so the probe must say it cannot
 judge (NOT_MEASURED); with the interpreter's dot patched to do what Hopper's tensor cores do (a "tf32" dot drops
 the low 13 mantissa bits of each fp32 operand; "tf32x3" is Triton's split: the patch of
 tests/kernels/test_tf32_emulated.py, repeated here as a fixture), the step's forward must classify TF32-like and its
 backward FP32-accurate, while an IEEE forward in a kernel NAMED tf32 and a backward cut down to one TF32 dot FAIL.
-GPU (`gpu` marker, the H200): the same verdicts from the hardware itself.
+GPU (`gpu` marker, the H200): the same verdicts from the hardware itself. The mutants are the lab's
+(lab/precision_variants.py, lab/precision_bounds.py): not shipped, imported from the checkout.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ import torch
 
 from test_hot_learner import _setup as hot_setup
 
-from hotloop.kernels.precision_variants import variant_linear_backward_weight, variant_linear_forward
-from hotloop.trainer import precision_probe as pp
+from hotloop.probes import precision_probe as pp
+from lab.precision_bounds import variant_launchers
+from lab.precision_variants import variant_linear_backward_weight, variant_linear_forward
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -87,7 +89,7 @@ def test_ieee_forward_in_a_kernel_named_tf32_fails(hardware_tf32):
     weights as they are (no TF32-rounded copy): the probe sees FP32-like errors and the TF32-forward verdict FAILs.
     Swapped on the learner, as guards/faults.py swaps. (On the step's rounded operands an IEEE dot has TF32's
     errors: the instruction check below catches that one.)"""
-    from hotloop.kernels import precision_variants
+    from lab import precision_variants
 
     name = precision_variants._variant_tf32_gemm_kernel.__name__
     assert "tf32" in name
@@ -297,7 +299,7 @@ def test_the_step_without_its_rounding_fails_the_forward_verdict(hardware_tf32, 
 def test_one_tf32_dot_backward_fails_and_split_backward_passes(hardware_tf32):
     hot = _setup()
     batch = pp.replay_batch(hot)
-    cut = pp.probe_precision(hot, batch, launchers=pp.variant_launchers(hot, "tf32_backward"), label="tf32_backward")
+    cut = pp.probe_precision(hot, batch, launchers=variant_launchers(hot, "tf32_backward"), label="tf32_backward")
     errs = _errors(cut)
     for name in ("backward.dX.L2", "backward.dX.L1", "backward.dW.L2", "backward.dW.L1", "backward.dW.L0"):
         assert errs[name] > pp.FP32_BOUND, (name, errs[name])
@@ -307,7 +309,7 @@ def test_one_tf32_dot_backward_fails_and_split_backward_passes(hardware_tf32):
     assert pp.precision_verdict(cut)[0] == pp.FAIL
     # the step's own split-precision backward and Triton's tf32x3 split both stay within the bound
     for name in ("step", "tf32x3_backward"):
-        ok = pp.probe_precision(hot, batch, launchers=pp.variant_launchers(hot, name))
+        ok = pp.probe_precision(hot, batch, launchers=variant_launchers(hot, name))
         assert pp.backward_verdict(ok)[0] == pp.PASS, (name, _errors(ok))
         assert max(p.error for p in ok.phase("backward")) < 1e-6
 
@@ -374,21 +376,6 @@ def test_bad_batch_and_nets_are_refused():
         pp.probe_step(hot, torch.tensor([0, 10_000]))
     with pytest.raises(ValueError, match="nets"):
         pp.probe_step(hot, torch.tensor([0, 1]), nets=hot.params)
-    with pytest.raises(ValueError, match="configuration"):
-        pp.variant_launchers(hot, "bf16_forward")
-
-
-def test_cli_prints_each_configuration(capsys):
-    if torch.cuda.is_available():
-        pytest.skip("CPU smoke of the CLI; the GPU run is the lead's measurement")
-    rc = pp.main(["--preset", "seed-scale", "--set", "batch_size=32", "--set", "trunk_hidden=(24, 16)",
-                  "--set", "head_hidden=16", "--set", "obs_dim=12", "--set", "action_nvec=(3, 3)",
-                  "--set", "replay_capacity=128", "--steps", "1", "--device", "cpu",
-                  "--configs", "step,tf32_backward"])
-    out = capsys.readouterr().out
-    assert rc == 0
-    assert "== step: not measured" in out and "== tf32_backward: not measured" in out
-    assert "backward.dW.L0" in out and "FP32_BOUND 1e-05" in out
 
 
 @pytest.mark.gpu
@@ -399,9 +386,9 @@ def test_gpu_step_passes_and_mutants_fail():
     batch = pp.replay_batch(hot)
     step = pp.probe_precision(hot, batch)
     assert pp.precision_verdict(step)[0] == pp.PASS, "\n".join(pp.precision_verdict(step)[1])
-    ieee = pp.probe_precision(hot, batch, launchers=pp.variant_launchers(hot, "ieee_forward"))
+    ieee = pp.probe_precision(hot, batch, launchers=variant_launchers(hot, "ieee_forward"))
     assert pp.forward_verdict(ieee)[0] == pp.FAIL
-    cut = pp.probe_precision(hot, batch, launchers=pp.variant_launchers(hot, "tf32_backward"))
+    cut = pp.probe_precision(hot, batch, launchers=variant_launchers(hot, "tf32_backward"))
     assert pp.backward_verdict(cut)[0] == pp.FAIL
     ins = step.instructions
     assert ins["_fwd_online_tf32_gemm_kernel"][0]["tf32_mma"] > 0
@@ -415,7 +402,7 @@ def test_with_fixed_gains_the_probe_runs_the_steps_kernels_and_its_stand_ins():
     hot = _setup(spectral_norm=False)
     assert not hot.learns_gains
     batch = pp.replay_batch(hot)
-    for launchers in (None, pp.variant_launchers(hot, "tf32_backward")):
+    for launchers in (None, variant_launchers(hot, "tf32_backward")):
         t = pp.probe_step(hot, batch, launchers=launchers)
         gains = [s.views(t.grads)[2] for s in hot.layout.layers] + [hot.layout.out_views(t.grads)[2]]
         assert all(int(torch.count_nonzero(g)) == 0 for g in gains)

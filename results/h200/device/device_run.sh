@@ -16,7 +16,7 @@ done
 python3 -m pytest -q -p no:cacheprovider -m "not slow" -rs --junitxml="$out/junit.xml" > /tmp/r/pytest.log 2>&1
 echo "pytest rc=$?"; tail -n 30 /tmp/r/pytest.log
 wait
-python3 -m hotloop.profiles.kernel_bench --out /tmp/r/kernels.csv > /tmp/r/bench.log 2>&1; echo "bench rc=$?"
+python3 -m lab.kernel_bench --out /tmp/r/kernels.csv > /tmp/r/bench.log 2>&1; echo "bench rc=$?"
 cat /tmp/r/bench.log | tail -n 40
 for seed in 1 2; do tail -n 3 "/tmp/r/cartpole_cuda_seed$seed.log"; done
 (cd /tmp/r && tar czf "$out/results.tgz" .)

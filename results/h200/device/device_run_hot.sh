@@ -14,7 +14,7 @@
 #                (${CLEAN_ARGS}: optional extra gate arguments, shell words, e.g. --loop-census)
 #       census   hotloop gate --census-overhead on cartpole (1 epoch) and a 100-step seed-scale run: the censuses' cost
 #       ciclean  ci/gate.sh clean only (2 epochs)
-#       precision python -m hotloop.trainer.precision_probe on cartpole and seed-scale: the probe's errors per GEMM
+#       precision python -m lab.precision_bounds on cartpole and seed-scale: the probe's errors per GEMM
 #                product for the step, an IEEE forward and a one-TF32-dot backward (the bounds' evidence)
 #       mutate   hotloop mutate --self-baseline --jobs ${MUTATE_JOBS:-4}: the gate's mutation score on ci/mutants/
 #       gate     clean gate x5 repeats writing the H200 baseline, then one gate per injected fault (guards/faults.py)
@@ -24,7 +24,7 @@
 #       nsys     hotloop nsys around a short seed-scale training run, then the gate on the same configuration
 #                (its Kineto trace.json.gz): the Kineto-vs-Nsight cross-check's two traces (needs .nsyslibs)
 #       kgate    the gate on a 100-step seed-scale run, no baseline: its Kineto trace.json.gz (per-kernel times)
-#       probe    python -m hotloop.profiles.split_gemm_probe: the backward GEMMs by precision, split placement and layout
+#       probe    python -m lab.split_gemm_probe: the backward GEMMs by precision, split placement and layout
 #                (${PROBE_MODES}: a comma-separated subset of its modes, e.g. tf32x3,bf16x3,bf16x6,cat-tma,tf32;
 #                ${PROBE_GEMMS}: only the GEMMs whose name holds that text)
 #       floor    results/h200/experiments/step_floor.py: the step's design floor (bare GEMMs, no tail, no sampling),
@@ -74,6 +74,9 @@ rm -rf /tmp/site /tmp/site_*  # a warm machine keeps the last call's install, an
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/dev/null
 install_tree . /tmp/site
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 HOTLOOP_COMMIT=$commit
+# The lab code (lab/: probes and benches not shipped in the wheel) imports from the checkout root: the parts that run
+# it (precision, probe, floor) put the root after the installed hotloop; pytest finds it (pyproject's pythonpath).
+LABPATH=/tmp/site:$PWD
 echo "commit $commit date $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
 HL="python3 -m hotloop.guards.cli"  # unquoted below: `timeout` needs a program, not a shell function
 SEED_SMALL=(--preset seed-scale --device cuda --epochs 1 --set learner_steps_per_epoch=100 --no-progress)
@@ -133,8 +136,8 @@ for part in "$@"; do
       echo "pytest gpu/perf/smoke rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" /tmp/r/pytest_gpusuite.log | tail -n 25 ;;
     precision)
       for pre in cartpole seed-scale; do
-        timeout 240 python3 -m hotloop.trainer.precision_probe --preset $pre --steps 20 --csv /tmp/r/precision_$pre.csv \
-          > /tmp/r/precision_$pre.log 2>&1; echo "precision $pre rc=$?"; tail -n 30 /tmp/r/precision_$pre.log
+        PYTHONPATH=$LABPATH timeout 240 python3 -m lab.precision_bounds --preset $pre --steps 20 \
+          --csv /tmp/r/precision_$pre.csv > /tmp/r/precision_$pre.log 2>&1; echo "precision $pre rc=$?"; tail -n 30 /tmp/r/precision_$pre.log
       done ;;
     mutate)
       timeout ${MUTATE_TIMEOUT:-540} $HL mutate --self-baseline --jobs ${MUTATE_JOBS:-4} --out /tmp/r/mutate \
@@ -211,9 +214,9 @@ for f in sorted(glob.glob("/tmp/r/cpfast_*/epochs.csv")):
           "never" if k is None else f"{k['learner_steps']} steps {k['env_steps']} env {k['wall_s']:.1f} s")
 PY
       ;;
-    probe) timeout 300 python3 -m hotloop.profiles.split_gemm_probe --out /tmp/r ${PROBE_MODES:+--modes $PROBE_MODES} \
+    probe) PYTHONPATH=$LABPATH timeout 300 python3 -m lab.split_gemm_probe --out /tmp/r ${PROBE_MODES:+--modes $PROBE_MODES} \
              ${PROBE_GEMMS:+--gemms "$PROBE_GEMMS"} 2>&1 | tee /tmp/r/split_gemm_probe.md ;;
-    floor) timeout 400 python3 results/h200/experiments/step_floor.py /tmp/r/floor > /tmp/r/step_floor.log 2>&1
+    floor) PYTHONPATH=$LABPATH timeout 400 python3 results/h200/experiments/step_floor.py /tmp/r/floor > /tmp/r/step_floor.log 2>&1
            echo "floor rc=$?"; tail -n 60 /tmp/r/step_floor.log | cut -c1-200 ;;
     cpsweep) timeout 500 bash results/h200/device/cartpole_sweep_hot.sh /tmp/r/cpsweep 2>&1 | tee /tmp/r/cpsweep.txt ;;
     bench1) timeout 560 $HL bench --preset seed-scale --variants eager,graph,compiled-split,hotloop --out /tmp/r/bench1 \

@@ -10,7 +10,7 @@ import sys
 import pandas as pd
 import torch
 
-from hotloop.profiles.kernel_bench import time_graph
+from lab.kernel_bench import time_graph
 import hotloop.kernels.heads as H
 
 dev = torch.device("cuda")

@@ -12,7 +12,7 @@ import sys
 import pandas as pd
 import torch
 
-from hotloop.profiles.kernel_bench import time_graph
+from lab.kernel_bench import time_graph
 from hotloop.kernels.spectral_norm import SEED_SHAPES, SpectralNormTable, spectral_norm_
 
 dev = torch.device("cuda")

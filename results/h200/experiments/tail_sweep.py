@@ -3,7 +3,7 @@
 The launch shapes of the step's small kernels that were never swept, at seed scale, isolated: the fused TD loss
 (hotloop.kernels.td_loss _BLOCK_B, samples per program) and the grad-norm + clip + Adam pair (hotloop.kernels.fused_adam
 _BLOCK_NORM / _BLOCK_ADAM, elements per program). Each config's launch replayed 20 times in a CUDA graph, median of
-7 replays (hotloop.profiles.kernel_bench.time_graph); outputs checked against the committed config's. Usage:
+7 replays (lab.kernel_bench.time_graph); outputs checked against the committed config's. Usage:
 python tail_sweep.py OUT.csv (on a CUDA machine, hotloop importable)."""
 import statistics
 import sys
@@ -13,7 +13,7 @@ import torch
 
 import hotloop.kernels.fused_adam as FA
 import hotloop.kernels.td_loss as TD
-from hotloop.profiles.kernel_bench import time_graph
+from lab.kernel_bench import time_graph
 from hotloop.trainer.flat_net import FlatLayout
 
 dev = torch.device("cuda")

@@ -1,7 +1,8 @@
 """Kernel benchmark: each hotloop kernel vs its plain-torch reference at seed scale, timed with CUDA events.
 
-Usage: `python -m hotloop.profiles.kernel_bench [--out results/h200/kernels/kernel_bench.csv] [--reps 20] [--calls 50]`. Each module's
-`bench_pairs(device)` gives (name, kernel, reference) zero-argument closures. Every closure is timed two ways:
+Usage (from the checkout root; lab code, not shipped): `python -m lab.kernel_bench [--out
+results/h200/kernels/kernel_bench.csv] [--reps 20] [--calls 50]`. lab/kernel_bench_inputs.py's `PAIRS` give, per
+kernel module, (name, kernel, reference) zero-argument closures. Every closure is timed two ways:
 `eager` (`calls` back-to-back launches between two CUDA events: includes launch overhead) and `graph` (the same
 `calls` captured once in a CUDA graph and replayed: GPU time as the hot loop will see it; NaN when the closure
 cannot be captured). Each way is repeated `reps` times; the table reports p20/p50/p80 of microseconds per call.
@@ -13,7 +14,6 @@ table printed.
 from __future__ import annotations
 
 import argparse
-import importlib
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -21,8 +21,7 @@ import pandas as pd
 import torch
 
 from hotloop.profiles.provenance import commit_id
-
-MODULES = ("hotloop.kernels.segment_tree", "hotloop.kernels.spectral_norm", "hotloop.kernels.fused_adam", "hotloop.kernels.td_loss")
+from lab.kernel_bench_inputs import PAIRS
 
 
 def _time_eager(fn, calls: int, reps: int) -> list[float]:
@@ -68,8 +67,8 @@ def run(reps: int, calls: int) -> pd.DataFrame:
     commit = commit_id()
     date = datetime.now(timezone.utc).strftime("%Y-%m-%d")
     rows = []
-    for module in MODULES:
-        for name, kernel, reference in importlib.import_module(module).bench_pairs(device):
+    for pairs in PAIRS.values():
+        for name, kernel, reference in pairs(device):
             for provider, fn in (("hotloop", kernel), ("reference", reference)):
                 for _ in range(3):
                     fn()
@@ -82,13 +81,13 @@ def run(reps: int, calls: int) -> pd.DataFrame:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hotloop.profiles.kernel_bench", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m lab.kernel_bench", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="CSV path (a .md beside it gets the same table)")
     parser.add_argument("--reps", type=int, default=20, help="timed repetitions per provider and mode")
     parser.add_argument("--calls", type=int, default=50, help="calls per timed repetition")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
-        print("hotloop.profiles.kernel_bench: needs a CUDA GPU (torch.cuda.is_available() is False)")
+        print("lab.kernel_bench: needs a CUDA GPU (torch.cuda.is_available() is False)")
         return 2
     df = run(args.reps, args.calls)
     print(df.to_string(index=False, float_format=lambda v: f"{v:.2f}"))

@@ -1,11 +1,11 @@
-"""The split-GEMM probe's kernels (profiles/split_gemm_probe.py) against torch on the CPU interpreter, every mode and
+"""The split-GEMM probe's kernels (lab/split_gemm_probe.py) against torch on the CPU interpreter, every mode and
 both the stored and the split-K epilogue (atomic, or for cat-ws partials summed after), the TMA mode's partial
 tiles; and the TF32 split it feeds the pre-split modes."""
 
 import pytest
 import torch
 
-from hotloop.profiles.split_gemm_probe import MODES, PRESPLIT_MODES, _run, split_tf32
+from lab.split_gemm_probe import MODES, PRESPLIT_MODES, _run, split_tf32
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: the Triton interpreter (tests/conftest.py)
 
@@ -49,7 +49,7 @@ import json, sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from hotloop.profiles.split_gemm_probe import MODES, _probe_gemm_kernel as fn
+from lab.split_gemm_probe import MODES, _probe_gemm_kernel as fn
 sig = {n: "*fp32" for n in ("a_ptr", "a_lo_ptr", "b_ptr", "b_lo_ptr", "c_ptr")}
 sig.update({n: "i32" for n in ("M", "N", "K", "sam", "sak", "sbk", "sbn", "k_per_split")})
 out = {}

@@ -1,4 +1,4 @@
-"""The side-by-side tracer (trainer/learner_compare.py): the flat net mapped into the reference network computes the
+"""The side-by-side tracer (lab/learner_compare.py): the flat net mapped into the reference network computes the
 same Q-values, the first step of both learners on the same batch from the same parameters gives the same loss and
 priorities, and a config it cannot compare is refused. CPU: the hotloop kernels run in the Triton interpreter."""
 
@@ -7,7 +7,7 @@ import torch
 
 from hotloop.trainer.config import preset
 from hotloop.trainer.flat_net import FlatLayout, forward_reference
-from hotloop.trainer.learner_compare import COMPARE_COLUMNS, compare_learners, reference_weights
+from lab.learner_compare import COMPARE_COLUMNS, compare_learners, reference_weights
 from hotloop.trainer.network import BranchingDuelingQNet
 
 TINY = dict(device="cuda" if torch.cuda.is_available() else "cpu", num_envs=8, learning_starts=256, batch_size=32,

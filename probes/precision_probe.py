@@ -34,8 +34,8 @@ independent of K, so one band fits K = 4..8192. On L, Y_hat - Y is g times the p
 ReLU add at most 2^-24 |Y|); leaving the bias and the dead ReLU entries out keeps e an error of the PRODUCT (a
 large bias or many dead units would otherwise dilute it).
 
-Bounds (constants below; they MUST be re-justified from H200 measurements: `python -m
-hotloop.trainer.precision_probe --preset seed-scale` prints e for the step, an IEEE forward and a 1xTF32 backward):
+Bounds (constants below; they MUST be re-justified from H200 measurements: `python -m lab.precision_bounds --preset
+seed-scale`, lab code run from the checkout, prints e for the step, an IEEE forward and a 1xTF32 backward):
 - TF32 keeps 10 explicit mantissa bits: an fp32 operand read by a TF32 MMA is perturbed by up to 2^-11 = 4.9e-4
   relative (round to nearest, as cvt.rna.tf32.f32) or 2^-10 (truncation, what the tensor core does with fp32 data:
   tests/kernels/test_tf32_emulated.py), so a product of two such operands has e ~ 3e-4..1e-3. Measured on the H200
@@ -81,10 +81,9 @@ interpreter's dot). When they do not, the verdicts that depend on it say NOT_MEA
 
 from __future__ import annotations
 
-import argparse
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 import triton
@@ -646,91 +645,3 @@ def precision_verdict(result: ProbeResult) -> tuple[str, list[str]]:
         evidence += ["instructions (static counts in the compiled kernels, hotloop.profiles.kernel_evidence):",
                      *(f"  {x}" for x in summary_lines(ins))]
     return verdict, evidence
-
-
-# ------------------------------------------------------------------------------------------------------------------
-# CLI: the errors of the step, an IEEE forward and a 1xTF32 backward on one trained learner (to set the bounds)
-# ------------------------------------------------------------------------------------------------------------------
-
-def variant_launchers(learner, name: str) -> Launchers:
-    """The Launchers of a CLI configuration: "step" (the learner's own), "ieee_forward" (the forward's products as
-    FP32 FMAs: hotloop.kernels.precision_variants), "tf32_backward" (every input- and weight-gradient product as
-    ONE TF32 dot), "tf32x3_backward" (Triton's own tf32x3 split, one dot). The heads' forward and backward stay
-    the step's in every configuration (flat_forward and the step call hotloop.kernels.heads directly).
-    Raises ValueError for another name."""
-    from hotloop.kernels.precision_variants import (variant_linear_backward_input, variant_linear_backward_weight,
-                                                    variant_linear_forward)
-
-    own = Launchers.of(learner)
-    if name == "step":
-        return own
-    if name == "ieee_forward":  # on the parameters as they are (the step's forward reads them rounded to TF32)
-        return replace(own, forward=variant_linear_forward("ieee"), weights_copy=lambda src, dst: dst.copy_(src))
-    if name in ("tf32_backward", "tf32x3_backward"):
-        p = name.split("_")[0]
-        return replace(own, backward_input=variant_linear_backward_input(p),
-                       backward_weight=variant_linear_backward_weight(p))
-    raise ValueError(f"unknown configuration {name!r}; choose one of {CONFIGS}")
-
-
-CONFIGS = ("step", "ieee_forward", "tf32_backward", "tf32x3_backward")
-"""The CLI's configurations (`variant_launchers`)."""
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m hotloop.trainer.precision_probe [--preset seed-scale] [--set key=value ...] [--steps 20]
-    [--device cuda] [--configs step,ieee_forward,tf32_backward] [--csv PATH]`: builds a HotLearner over a replay of
-    random transitions (hotloop.trainer.bench_variants.fill_random), runs --steps learner steps (eager), samples one
-    batch of cfg.batch_size from the replay, and prints for each configuration every product's normwise error and
-    class, the verdicts, and the instruction counts; --csv writes all rows. Returns 0."""
-    from hotloop.trainer.bench_variants import env_shapes, fill_random
-    from hotloop.trainer.config import parse_override, preset
-    from hotloop.trainer.replay import PrioritizedReplay
-    from hotloop.trainer.step import HotLearner
-
-    ap = argparse.ArgumentParser(prog="python -m hotloop.trainer.precision_probe", description=__doc__.split("\n")[0])
-    ap.add_argument("--preset", default="seed-scale")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override (repeatable)")
-    ap.add_argument("--steps", type=int, default=20, help="learner steps before the probe (trained parameters)")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--configs", default="step,ieee_forward,tf32_backward")
-    ap.add_argument("--csv", default=None)
-    args = ap.parse_args(argv)
-    cfg = preset(args.preset, **dict(parse_override(s) for s in args.set))
-    device = torch.device(args.device)
-    obs_dim, nvec = env_shapes(cfg)
-    replay = PrioritizedReplay(cfg.replay_capacity, obs_dim, len(nvec), alpha=cfg.per_alpha, eps=cfg.per_eps,
-                               device=device, use_kernels=True)
-    torch.manual_seed(cfg.seed)
-    fill_random(replay, cfg, nvec)
-    learner = HotLearner(cfg, obs_dim, nvec, device, replay)
-    for _ in range(args.steps):
-        learner.step()
-    batch = replay_batch(learner)
-    tables = []
-    for name in args.configs.split(","):
-        result = probe_precision(learner, batch, launchers=variant_launchers(learner, name), label=name)
-        verdict, evidence = precision_verdict(result)
-        table = result.table().assign(config=name)
-        tables.append(table)
-        print(f"== {name}: {verdict}")
-        print(table[["name", "m", "n", "k", "error", "cls", "launcher"]].to_string(index=False,
-                                                                                 float_format="{:.3e}".format))
-        print("\n".join(evidence))
-        print()
-    from hotloop.kernels import precision_variants
-    from hotloop.profiles.kernel_evidence import kernel_summary, summary_lines
-
-    print("variant kernel (one tl.dot per step, 64 x 64 x 32 tiles; PRECISION in constexprs):")
-    print("\n".join(f"  {x}" for x in summary_lines(kernel_summary(
-        {"_variant_tf32_gemm_kernel": precision_variants._variant_tf32_gemm_kernel}))))
-    print(f"bounds: FP32_BOUND {FP32_BOUND:.0e}, TF32 band [{TF32_MIN:.0e}, {TF32_MAX:.0e}] (normwise)")
-    if args.csv:
-        import pandas as pd
-
-        pd.concat(tables).to_csv(args.csv, index=False)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,10 +1,10 @@
-"""The trace-reader benchmark (hotloop.profiles.trace_read_bench) end to end on a tiny trace: one fresh process
+"""The trace-reader benchmark (lab.trace_read_bench) end to end on a tiny trace: one fresh process
 per cell, peak RSS and CPU from that child's own rusage, the long-format CSV, and readers that cannot run given
 as rows that say why."""
 
 import csv
 
-from hotloop.profiles.trace_read_bench import COLUMNS, main
+from lab.trace_read_bench import COLUMNS, main
 
 
 def test_tiny_benchmark_writes_one_row_per_reader_with_a_reason_for_each_cell_not_run(tmp_path):
@@ -26,7 +26,7 @@ def test_tiny_benchmark_writes_one_row_per_reader_with_a_reason_for_each_cell_no
 
 
 def test_the_count_readers_on_an_existing_file_count_the_same_events_and_keep_the_file(tmp_path):
-    from hotloop.profiles.trace_synth import write_trace
+    from lab.trace_synth import write_trace
 
     trace = tmp_path / "given.json"
     summary = write_trace(trace, 5000)

@@ -1,10 +1,10 @@
 """Benchmark of Kineto trace readers: wall time, CPU time and peak RSS on synthetic traces of given sizes.
 
-`python -m hotloop.profiles.trace_read_bench --sizes-gb 0.5 1.6 5 --work-dir /tmp/trace_read_bench
+`python -m lab.trace_read_bench --sizes-gb 0.5 1.6 5 --work-dir /tmp/trace_read_bench
 --csv results/cpu/trace_read_bench/results.csv [--hta-python PYTHON] [--gzip-sizes-gb 0.5] [--keep-files]
 [--readers R ...] [--files TRACE ...]`
 
-For each size it writes a trace with `hotloop.profiles.trace_synth` (the event count chosen from the bytes per
+For each size it writes a trace with `lab.trace_synth` (the event count chosen from the bytes per
 event of a sample, so the JSON text is about that many GB, 1 GB = 1e9 bytes), then runs every reader on it, each
 in a fresh subprocess (`--child READER FILE`), one after the other; the parent takes the child's peak RSS and CPU
 time from `os.wait4` (the child's own rusage: ru_maxrss, ru_utime + ru_stime) and the read's wall time from the
@@ -166,7 +166,7 @@ def _run_child(python: str, reader: str, path: Path, limit: int) -> tuple[dict |
     def limit_memory():
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen([python, "-m", "hotloop.profiles.trace_read_bench", "--child", reader, str(path)],
+        proc = subprocess.Popen([python, "-m", "lab.trace_read_bench", "--child", reader, str(path)],
                                 stdout=out, stderr=err, text=True, preexec_fn=limit_memory, cwd=str(_ROOT))
         _, status, usage = os.wait4(proc.pid, 0)
         proc.returncode = os.waitstatus_to_exitcode(status)
@@ -202,7 +202,7 @@ def _existing(path: Path):
 
 
 def _bytes_per_event(work: Path) -> float:
-    from hotloop.profiles.trace_synth import write_trace
+    from lab.trace_synth import write_trace
     sample = work / "sample.json"
     s = write_trace(sample, 50_000)
     sample.unlink()
@@ -211,7 +211,7 @@ def _bytes_per_event(work: Path) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI (module docstring). Exit 0 when every cell ran or was skipped with a reason, 1 when a reader failed."""
-    p = argparse.ArgumentParser(prog="python -m hotloop.profiles.trace_read_bench",
+    p = argparse.ArgumentParser(prog="python -m lab.trace_read_bench",
                                 description=__doc__.split("\n")[0])
     p.add_argument("--child", nargs=2, metavar=("READER", "FILE"), help=argparse.SUPPRESS)
     p.add_argument("--sizes-gb", type=float, nargs="+", default=[0.5, 1.6, 5.0], help="JSON sizes, GB (1e9 bytes)")
@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.csv is None:
         p.error("--csv is required")
-    from hotloop.profiles.trace_synth import write_trace
+    from lab.trace_synth import write_trace
 
     args.work_dir.mkdir(parents=True, exist_ok=True)
     commit = _git("rev-parse", "--short", "HEAD")
