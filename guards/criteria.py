@@ -191,7 +191,7 @@ CRITERIA: tuple[Criterion, ...] = (
     Criterion("tf32_forward_only", "TF32 forward only", "fwd_gemms_not_tf32 + bwd_gemms_tf32", "==", "yes",
               "TF32 tensor cores where accuracy allows, FP32-accurate gradients", phases="gemms",
               aggregate="all steps", judge=PRECISION,
-              sees="the float64 precision probe of the step's GEMMs (`hotloop.probes.precision_probe`, below); the "
+              sees="the float64 precision probe of the step's GEMMs (`hotloop.guards.probes.precision_probe`, below); the "
                    "forward / backward GEMM kernels classed by name (`gemm_precision`) as evidence only",
               evidence="each product's normwise error and class, MMA instruction counts, the names (not judged)"),
     Criterion("ddqn_overlapped", "DDQN overlapped", "ddqn_overlap_ratio", ">", 0,

@@ -27,7 +27,7 @@ from hotloop.guards.fault_list import FAULTS, Fault
 from hotloop.kernels.linear import linear_forward
 from hotloop.kernels.spectral_norm import SpectralNormTable, spectral_norm_
 from hotloop.kernels.tf32_split import split_tf32
-from hotloop.probes.bench_variants import tf32_matmuls
+from hotloop.guards.probes.bench_variants import tf32_matmuls
 
 
 def check_request(name: str | None, update_baseline: bool = False, *, device: torch.device | str | None = None,

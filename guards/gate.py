@@ -542,13 +542,13 @@ def overhead_text(overhead: Mapping) -> str:
 
 
 def precision_evidence(trainer: Trainer) -> tuple[str, list[str]]:
-    """The precision probe's (verdict, evidence lines) for the trained learner (hotloop.probes.precision_probe: the
+    """The precision probe's (verdict, evidence lines) for the trained learner (hotloop.guards.probes.precision_probe: the
     step's own GEMM kernels on the run's parameters and a batch from its replay, against float64): PASS / FAIL /
     "not measured (...)". Only the hotloop learner's kernels are probed; for the reference learner the verdict is
     "not measured (the precision probe covers the hotloop learner's kernels)"."""
     if trainer.learner_kind != "hotloop":
         return "not measured (the precision probe covers the hotloop learner's kernels)", []
-    from hotloop.probes.precision_probe import precision_verdict, probe_precision, replay_batch
+    from hotloop.guards.probes.precision_probe import precision_verdict, probe_precision, replay_batch
 
     return precision_verdict(probe_precision(trainer.learner, replay_batch(trainer.learner)))
 

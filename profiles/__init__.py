@@ -7,7 +7,7 @@ telemetry, plots, durable_files (fsync of a run folder after an atomic replace),
 folder), input_files (every input file read: regular files only, whole reads capped), kernel_evidence (MMA
 instruction counts of compiled Triton kernels), `hotloop report`, provenance (commit and GPU of a result). The
 synthetic traces, the trace readers' benchmark, the kernel bench and the split-GEMM probe are lab code, in the
-checkout's lab/ (not shipped).
+checkout's results/lab/ (not shipped).
 
 Layer: above hotloop.kernels (kernel_evidence may import it); never
 imports hotloop.trainer or hotloop.guards (tests/test_layout.py). The committed results are in the checkout's

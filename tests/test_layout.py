@@ -1,8 +1,8 @@
 """The package layout a reader can see: one import name (`hotloop.*`, never a bare `trainer`/`kernels`/`guards`/
 `profiles`/`probes`), layers that import downward only (the rules of each package's `__init__` docstring), no import
 cycle, the probes and benches out of the learner step's imports, the committed results in results/ and the lab code
-in lab/ outside every package (no records in a package folder but its listed package data; nothing of results/ or
-lab/ shipped; no hotloop module imports lab), and no citation of the workshop folder outside the repo.
+in results/lab/ outside every package (no records in a package folder but its listed package data; nothing of results/ or
+results/lab/ shipped; no hotloop module imports lab), and no citation of the workshop folder outside the repo.
 
 Each check is a function over a source tree, run on this checkout and on a small tree with the forbidden edit
 written in, where it must report it."""
@@ -19,22 +19,27 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("kernels", "profiles", "trainer", "guards", "probes")
+PACKAGES = ("kernels", "profiles", "trainer", "guards")
 """The code folders, installed as hotloop.<folder>; the order is the layering of their library modules, lowest
-first (guards' composition modules and commands sit above probes: COMPOSITION, COMMANDS)."""
+first (guards' probes, composition modules and commands sit above its harness library: PROBES, COMPOSITION,
+COMMANDS)."""
 RESULTS = "results"
 """The committed results (records and the scripts that made them): a top-level folder, outside every package."""
-LAB = "lab"
-"""The lab code (probes, benches, experiment kernels run from a checkout, imported as `lab.*`): a top-level folder,
-outside every package, not shipped; it may import hotloop, and no hotloop module imports it."""
-OUTSIDE = (RESULTS, LAB)
-"""The top-level folders that no package holds or is in, and that the wheel does not ship."""
+LAB = "results/lab"
+"""The lab code (probes, benches, experiment kernels run from a checkout, imported as `lab.*` with results/ on the
+path): inside results/, outside every package, not shipped; it may import hotloop, and no hotloop module imports it."""
+OUTSIDE = (RESULTS,)
+"""The top-level folders that no package holds or is in, and that the wheel does not ship (the lab code with them)."""
 PACKAGE_DATA = ("guards/baseline_files/*.json", "docs/*.md")
 """The only files of a package folder that are not Python modules (pyproject.toml's package-data, as paths): the
 baselines, and docs/ (hotloop.docs, a data-only package: the output cites the installed docs, profiles/docs.py)."""
 ALLOWED = {"kernels": {"kernels"}, "profiles": {"profiles", "kernels"}, "trainer": {"trainer", "kernels", "profiles"},
-           "guards": {"guards", "profiles"}, "probes": {"probes", "kernels", "profiles", "trainer", "guards"}}
-"""Package -> the hotloop packages its modules may import (itself included)."""
+           "guards": {"guards", "profiles"}, "probes": {"kernels", "profiles", "trainer", "guards"}}
+"""Layer (a package, or PROBES' "probes") -> the hotloop packages its modules may import (itself included)."""
+PROBES = "guards.probes"
+"""The probes and benches, a folder (guards/probes/): the precision probe, the bench variants, `hotloop bench`'s
+library. They may import the trainer, the kernels, profiles and the harness library; the harness library, the
+trainer and the layers below import none of them; the composition modules and the commands may."""
 COMMANDS = "guards.commands"
 """The application layer, a folder (guards/commands/): the `hotloop` command, one module per subcommand. Its modules
 may import every package; nothing outside it imports it but SHIM (hotloop.guards' docstring)."""
@@ -105,6 +110,8 @@ def layer(module: str) -> str:
     its package ("guards": the harness library)."""
     if _in(module, COMMANDS):
         return "commands"
+    if _in(module, PROBES):
+        return "probes"
     return "composition" if module in COMPOSITION else "shim" if module == SHIM else module.split(".")[0]
 
 
@@ -116,7 +123,8 @@ def layer_violations(root: Path) -> list[str]:
     bad = []
     for module, path in _modules(root).items():
         kind = layer(module)
-        allowed = set(PACKAGES) if kind in ("commands", "composition") else ALLOWED[module.split(".")[0]]
+        allowed = (set(PACKAGES) if kind in ("commands", "composition")
+                   else ALLOWED["probes" if kind == "probes" else module.split(".")[0]])
         lines = {}  # one report per import statement
         for line, name in _imports(path):
             parts = name.split(".")
@@ -124,7 +132,8 @@ def layer_violations(root: Path) -> list[str]:
                 continue
             target = ".".join(parts[1:])
             if (parts[1] not in allowed or (_in(target, COMMANDS) and kind not in ("commands", "shim"))
-                    or (kind not in ("commands", "composition") and target in COMPOSITION)):
+                    or (kind not in ("commands", "composition") and target in COMPOSITION)
+                    or (kind == "guards" and _in(target, PROBES))):
                 lines.setdefault(line, f"{path.relative_to(root)}:{line}: {module} imports {name}")
         bad += lines.values()
     return bad
@@ -132,9 +141,9 @@ def layer_violations(root: Path) -> list[str]:
 
 def lab_imports(root: Path) -> list[str]:
     """'file:line imports X' for each import of the lab code (`lab`, `lab.*`) by a module of the packages: the
-    wheel does not ship lab/, so an installed hotloop that imported it would fail."""
+    wheel does not ship results/lab/, so an installed hotloop that imported it would fail."""
     return [f"{path.relative_to(root)}:{line} imports {name}" for path in _modules(root).values()
-            for line, name in _imports(path) if name.split(".")[0] == LAB]
+            for line, name in _imports(path) if name.split(".")[0] == LAB.rsplit("/", 1)[-1]]
 
 
 def reached_from(root: Path, start: str) -> set[str]:
@@ -221,7 +230,7 @@ def records_in_packages(root: Path) -> list[str]:
 
 
 def results_shipped(root: Path) -> list[str]:
-    """What would put results/ or lab/ (OUTSIDE) into the wheel or a package into them, read from
+    """What would put results/ or results/lab/ (OUTSIDE) into the wheel or a package into them, read from
     root/pyproject.toml: package discovery that is not an explicit list, a package whose folder is one of them,
     inside one or holding one, or package data (as paths) that is not PACKAGE_DATA."""
     setup = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
@@ -254,8 +263,8 @@ def test_layers_import_downward_only():
 def test_the_learner_step_does_not_reach_the_probes():
     reached = reached_from(ROOT, "trainer.step")
     assert "trainer.step" in reached and "kernels.linear" in reached  # the walk follows imports
-    assert {"probes.bench_variants", "probes.bench", "probes.precision_probe"} <= set(_modules(ROOT))
-    assert not {m for m in reached if _in(m, "probes")}
+    assert {"guards.probes.bench_variants", "guards.probes.bench", "guards.probes.precision_probe"} <= set(_modules(ROOT))
+    assert not {m for m in reached if _in(m, PROBES)}
 
 
 def test_no_module_of_the_packages_imports_the_lab_code():
@@ -265,10 +274,10 @@ def test_no_module_of_the_packages_imports_the_lab_code():
 
 
 def test_a_lab_import_is_reported(tmp_path):
-    root = _tree(tmp_path, {"probes/a.py": "def f():\n    from lab.precision_variants import variant_matmul\n",
-                            "kernels/b.py": "import lab\n", "lab/c.py": "from hotloop.kernels import linear\n"})
+    root = _tree(tmp_path, {"guards/probes/a.py": "def f():\n    from lab.precision_variants import variant_matmul\n",
+                            "kernels/b.py": "import lab\n", "results/lab/c.py": "from hotloop.kernels import linear\n"})
     assert lab_imports(root) == ["kernels/b.py:1 imports lab",
-                                 "probes/a.py:2 imports lab.precision_variants"]
+                                 "guards/probes/a.py:2 imports lab.precision_variants"]
 
 
 def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
@@ -291,10 +300,10 @@ def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
     ("profiles/report.py", "import hotloop.guards.commands.report"),
     ("guards/step_metrics.py", "from hotloop.guards import gate"),
     ("guards/baselines.py", "from hotloop.guards.run import run_training"),
-    ("trainer/loop.py", "from hotloop.probes.bench import run_bench"),
-    ("guards/guard.py", "import hotloop.probes.bench_variants"),
-    ("probes/bench.py", "from hotloop.guards.gate import run_gate"),
-    ("probes/precision_probe.py", "def f():\n    from hotloop.guards.commands import gate\n"),
+    ("trainer/loop.py", "from hotloop.guards.probes.bench import run_bench"),
+    ("guards/guard.py", "import hotloop.guards.probes.bench_variants"),
+    ("guards/probes/bench.py", "from hotloop.guards.gate import run_gate"),
+    ("guards/probes/precision_probe.py", "def f():\n    from hotloop.guards.commands import gate\n"),
 ])
 def test_a_forbidden_import_is_reported(tmp_path, module, line):
     root = _tree(tmp_path, {module: f"import torch\n{line}\n", "guards/gate.py": "import hotloop.trainer.loop\n"})
@@ -304,19 +313,20 @@ def test_a_forbidden_import_is_reported(tmp_path, module, line):
 
 def test_the_layers_of_guards_are_its_folders_and_the_composition_modules():
     modules = _modules(ROOT)
-    assert {layer(m) for m in modules if m.startswith("guards")} == {"guards", "composition", "commands", "shim"}
+    assert {layer(m) for m in modules if m.startswith("guards")} == {"guards", "probes", "composition", "commands",
+                                                                    "shim"}
     assert COMPOSITION <= set(modules) and SHIM in modules  # the known set names modules that exist
     commands = {m.removeprefix(COMMANDS + ".") for m in modules if _in(m, COMMANDS)}
     assert {"train", "gate", "bench", "inspect", "report", "nsys", "mutate", "learning", "main"} <= commands
     doc = ast.get_docstring(ast.parse((ROOT / "guards" / "__init__.py").read_text()))
-    assert "guards/commands/" in doc and all(m.removeprefix("guards.") in doc for m in COMPOSITION)
+    assert "guards/commands/" in doc and "guards/probes/" in doc and all(m.removeprefix("guards.") in doc for m in COMPOSITION)
 
 
 def test_the_probes_may_import_the_trainer_and_the_harness_library(tmp_path):
-    root = _tree(tmp_path, {"probes/bench.py": "from hotloop.trainer.config import Config\n"
+    root = _tree(tmp_path, {"guards/probes/bench.py": "from hotloop.trainer.config import Config\n"
                                                "from hotloop.guards.guard import guard_steps\n"
                                                "import hotloop.kernels.linear, hotloop.profiles.provenance\n",
-                            "guards/faults.py": "from hotloop.probes.bench_variants import tf32_matmuls\n"})
+                            "guards/faults.py": "from hotloop.guards.probes.bench_variants import tf32_matmuls\n"})
     assert layer_violations(root) == []
 
 
@@ -340,9 +350,9 @@ def test_a_bare_import_is_reported_in_code_and_tests(tmp_path):
 
 def test_a_bench_import_in_the_learner_step_is_reported(tmp_path):
     root = _tree(tmp_path, {"trainer/step.py": "from hotloop.trainer import flat_net\n",
-                            "trainer/flat_net.py": "def f():\n    from hotloop.probes.bench_variants import Variant\n",
-                            "probes/bench_variants.py": ""})
-    assert "probes.bench_variants" in reached_from(root, "trainer.step")
+                            "trainer/flat_net.py": "def f():\n    from hotloop.guards.probes.bench_variants import Variant\n",
+                            "guards/probes/bench_variants.py": ""})
+    assert "guards.probes.bench_variants" in reached_from(root, "trainer.step")
 
 
 def _shared_citations(root: Path) -> list[str]:
@@ -372,7 +382,7 @@ def test_a_citation_outside_the_repo_is_reported_outside_the_results(tmp_path):
 def test_the_imports_form_no_cycle():
     graph = import_graph(ROOT)
     assert "trainer.device_choice" in graph["trainer.resume"] and "trainer.resume" in graph["trainer.loop"]
-    assert "trainer.loop" in graph["probes.bench_variants"]  # an import inside a function is an edge
+    assert "trainer.loop" in graph["guards.probes.bench_variants"]  # an import inside a function is an edge
     assert import_cycles(ROOT) == []
 
 
@@ -439,8 +449,8 @@ packages = {packages}
      ["package hotloop.h200 is the folder results/h200, which holds or is in results/"]),
     ('["hotloop.guards"]', "", '"baseline_files/*.json", "../results/*.csv"',
      ["package data guards/../results/*.csv of hotloop.guards is not in PACKAGE_DATA"]),
-    ('["hotloop.guards", "hotloop.lab"]', '"hotloop.lab" = "lab"\n', '"baseline_files/*.json"',
-     ["package hotloop.lab is the folder lab, which holds or is in lab/"]),
+    ('["hotloop.guards", "hotloop.lab"]', '"hotloop.lab" = "results/lab"\n', '"baseline_files/*.json"',
+     ["package hotloop.lab is the folder results/lab, which holds or is in results/"]),
 ])
 def test_a_pyproject_that_would_ship_results_is_reported(tmp_path, packages, extra_dir, data, reported):
     root = _tree(tmp_path, {"pyproject.toml": _PYPROJECT.format(packages=packages, extra_dir=extra_dir, data=data)})

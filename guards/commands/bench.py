@@ -1,5 +1,5 @@
 """`hotloop bench`: time the loop iteration and the learner-step variants side by side in one process
-(hotloop.probes.bench.run_bench, imported only when it runs, as it needs torch); print and write bench.csv/.md."""
+(hotloop.guards.probes.bench.run_bench, imported only when it runs, as it needs torch); print and write bench.csv/.md."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from hotloop.trainer.config import PRESETS
 
 @dataclass(frozen=True)
 class BenchOptions:
-    """`hotloop bench`'s options past the config: the `variants` to time (names of hotloop.probes.bench.VARIANTS,
+    """`hotloop bench`'s options past the config: the `variants` to time (names of hotloop.guards.probes.bench.VARIANTS,
     expanded, in order), the timed `steps` and the untimed `warmup` steps per variant."""
 
     variants: tuple[str, ...]
@@ -42,7 +42,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     bench.add_argument("--seed", type=int, help="override the preset's seed")
     bench.add_argument("--device", help="cpu, cuda, cuda:N or auto (default: the preset's, auto)")
     bench.add_argument("--variants", default="all", metavar="NAMES",
-                       help="comma-separated variants (hotloop.probes.bench.VARIANTS): iteration (the whole loop "
+                       help="comma-separated variants (hotloop.guards.probes.bench.VARIANTS): iteration (the whole loop "
                             "iteration, always the first row), eager, graph-fp32, graph-tf32, compiled-split, "
                             "compiled-tf32, hotloop; or all, graph (= graph-fp32,graph-tf32), "
                             "compiled (= compiled-split,compiled-tf32) (default all)")
@@ -60,7 +60,7 @@ def prepare(args: argparse.Namespace) -> RunPlan[BenchOptions]:
     may exist unless it holds bench.csv or bench.md; default runs/<UTC timestamp>/). Checked in this order: the
     config, the bench options (`check_bench_args`), the device, env and memory
     (hotloop.guards.commands.checks.check_run), --out. Raises ValueError (exit 2) naming what is wrong."""
-    from hotloop.probes.bench import check_out_dir
+    from hotloop.guards.probes.bench import check_out_dir
     from hotloop.profiles.epoch_table import new_run_dir
 
     cfg = ConfigChoice.from_args(args).build()
@@ -78,9 +78,9 @@ def prepare(args: argparse.Namespace) -> RunPlan[BenchOptions]:
 
 
 def check_bench_args(args: argparse.Namespace) -> BenchOptions:
-    """The bench options of parsed `args`: --variants (expanded: hotloop.probes.bench.expand_variants), --steps >= 1,
+    """The bench options of parsed `args`: --variants (expanded: hotloop.guards.probes.bench.expand_variants), --steps >= 1,
     --warmup >= 0; ValueError naming the option (and, for a bad variant, the valid ones)."""
-    from hotloop.probes.bench import expand_variants
+    from hotloop.guards.probes.bench import expand_variants
 
     try:
         variants = expand_variants(args.variants)
@@ -94,7 +94,7 @@ def check_bench_args(args: argparse.Namespace) -> BenchOptions:
 def execute(plan: RunPlan[BenchOptions]) -> int:
     """Time the validated bench `plan`'s variants and write their table into its folder; returns 0 (exceptions:
     hotloop.guards.commands.main.main)."""
-    from hotloop.probes.bench import run_bench
+    from hotloop.guards.probes.bench import run_bench
     from hotloop.trainer.device_choice import resolve_device
 
     options = plan.options

@@ -1,4 +1,4 @@
-"""The gate's "tf32_forward_only" row is decided by the precision probe (hotloop.probes.precision_probe), never by
+"""The gate's "tf32_forward_only" row is decided by the precision probe (hotloop.guards.probes.precision_probe), never by
 kernel names: a probe FAIL fails the row although the names say TF32 forward / FP32 backward, a probe PASS passes
 it, and a probe that cannot measure (CPU interpreter) leaves it not measured; the names stay in the evidence."""
 

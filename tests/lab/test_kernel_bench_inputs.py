@@ -1,4 +1,4 @@
-"""lab/kernel_bench_inputs.py: the kernel bench's seed-scale inputs and (kernel, reference) pairs, built and run
+"""results/lab/kernel_bench_inputs.py: the kernel bench's seed-scale inputs and (kernel, reference) pairs, built and run
 once (CPU: the kernels under the Triton interpreter; the sum tree's 2^20 leaves make its pairs GPU-only)."""
 
 import pytest

@@ -1,4 +1,4 @@
-"""The side-by-side tracer (lab/learner_compare.py): the flat net mapped into the reference network computes the
+"""The side-by-side tracer (results/lab/learner_compare.py): the flat net mapped into the reference network computes the
 same Q-values, the first step of both learners on the same batch from the same parameters gives the same loss and
 priorities, and a config it cannot compare is refused. CPU: the hotloop kernels run in the Triton interpreter."""
 

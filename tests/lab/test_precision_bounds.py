@@ -1,4 +1,4 @@
-"""lab/precision_bounds.py: the precision probe's errors for the step and its lab variants, side by side (the CPU
+"""results/lab/precision_bounds.py: the precision probe's errors for the step and its lab variants, side by side (the CPU
 smoke of the CLI; the GPU run is the measurement the bounds are set from)."""
 
 from __future__ import annotations

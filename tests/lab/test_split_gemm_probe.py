@@ -1,4 +1,4 @@
-"""The split-GEMM probe's kernels (lab/split_gemm_probe.py) against torch on the CPU interpreter, every mode and
+"""The split-GEMM probe's kernels (results/lab/split_gemm_probe.py) against torch on the CPU interpreter, every mode and
 both the stored and the split-K epilogue (atomic, or for cat-ws partials summed after), the TMA mode's partial
 tiles; and the TF32 split it feeds the pre-split modes."""
 

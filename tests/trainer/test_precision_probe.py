@@ -1,4 +1,4 @@
-"""probes/precision_probe.py: the learner's GEMMs judged by their numbers, not their kernel names.
+"""guards/probes/precision_probe.py: the learner's GEMMs judged by their numbers, not their kernel names.
 
 CPU: the Triton interpreter computes every dot in fp32 whatever its input_precision, so the probe must say it cannot
 judge (NOT_MEASURED); with the interpreter's dot patched to do what Hopper's tensor cores do (a "tf32" dot drops
@@ -6,7 +6,7 @@ the low 13 mantissa bits of each fp32 operand; "tf32x3" is Triton's split: the p
 tests/kernels/test_tf32_emulated.py, repeated here as a fixture), the step's forward must classify TF32-like and its
 backward FP32-accurate, while an IEEE forward in a kernel NAMED tf32 and a backward cut down to one TF32 dot FAIL.
 GPU (`gpu` marker, the H200): the same verdicts from the hardware itself. The mutants are the lab's
-(lab/precision_variants.py, lab/precision_bounds.py): not shipped, imported from the checkout.
+(results/lab/precision_variants.py, results/lab/precision_bounds.py): not shipped, imported from the checkout.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch
 
 from test_hot_learner import _setup as hot_setup
 
-from hotloop.probes import precision_probe as pp
+from hotloop.guards.probes import precision_probe as pp
 from lab.precision_bounds import variant_launchers
 from lab.precision_variants import variant_linear_backward_weight, variant_linear_forward
 

@@ -74,9 +74,9 @@ rm -rf /tmp/site /tmp/site_*  # a warm machine keeps the last call's install, an
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/dev/null
 install_tree . /tmp/site
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 HOTLOOP_COMMIT=$commit
-# The lab code (lab/: probes and benches not shipped in the wheel) imports from the checkout root: the parts that run
+# The lab code (results/lab/: probes and benches not shipped in the wheel) imports from the checkout root: the parts that run
 # it (precision, probe, floor) put the root after the installed hotloop; pytest finds it (pyproject's pythonpath).
-LABPATH=/tmp/site:$PWD
+LABPATH=/tmp/site:$PWD/results
 echo "commit $commit date $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
 HL="python3 -m hotloop.guards.cli"  # unquoted below: `timeout` needs a program, not a shell function
 SEED_SMALL=(--preset seed-scale --device cuda --epochs 1 --set learner_steps_per_epoch=100 --no-progress)

@@ -5,7 +5,7 @@ import os, sys, time, torch, triton
 from contextlib import nullcontext
 import pandas as pd
 from hotloop.trainer.config import preset
-from hotloop.probes.bench_variants import build_hotloop_variant
+from hotloop.guards.probes.bench_variants import build_hotloop_variant
 from hotloop.trainer.step import HotLearner
 from hotloop.kernels.fused_adam import _grad_sumsq_kernel, _clip_adam_kernel, _BLOCK_ADAM, _MIN_GRID
 from hotloop.kernels.segment_tree import tree_update

@@ -11,7 +11,7 @@ import torch
 
 from hotloop.profiles.kineto_reader import read_kineto
 from hotloop.trainer.config import preset
-from hotloop.probes.bench_variants import build_hotloop_variant
+from hotloop.guards.probes.bench_variants import build_hotloop_variant
 from hotloop.trainer.step import HotLearner
 
 cfg = preset("seed-scale")

@@ -4,7 +4,7 @@ kept working against later code.
 
 The floor of the seed-scale step's design, measured inside the step (levers 2 and 4 of the 0.20 ms issue at their
 ceilings, and all of them together). Each variant is the learner's own step body captured as its own CUDA graph over
-the same buffers, timed interleaved (8 rounds x 60 replays, hotloop.probes.bench.time_steps), then 10 replays
+the same buffers, timed interleaved (8 rounds x 60 replays, hotloop.guards.probes.bench.time_steps), then 10 replays
 traced with Kineto for its per-kernel times:
   committed       the step as the trainer runs it
   no_tail         the tail gone: sum-tree update, grad-norm + clip + Adam + target update, spectral norm (lever 4's
@@ -40,10 +40,10 @@ import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 import hotloop.trainer.step as S
-from hotloop.probes.bench import time_steps
+from hotloop.guards.probes.bench import time_steps
 from hotloop.profiles.kineto_reader import read_kineto
 from lab.split_gemm_probe import CONFIGS, _probe_cat_tma_kernel, _run, _time_us
-from hotloop.probes.bench_variants import build_hotloop_variant
+from hotloop.guards.probes.bench_variants import build_hotloop_variant
 from hotloop.trainer.config import preset
 
 out_dir = sys.argv[1]

@@ -6,7 +6,7 @@ stream (`end`: after the backward, as committed; `loss`: after the loss, beside 
 the backward's last kernel, dX2 with dW1). Each variant is the learner's own step body (HotLearner._body, as
 `hotloop bench` builds it) captured as its own CUDA graph over the same buffers, the tree update moved by wrapping
 the functions the body calls. Timed interleaved: 8 rounds x 60 replays per variant, one event pair per replay
-(hotloop.probes.bench.time_steps), each graph from HotLearner.capture (the run of 2abfe9e had the same timing loop
+(hotloop.guards.probes.bench.time_steps), each graph from HotLearner.capture (the run of 2abfe9e had the same timing loop
 and one warm-up step plus capture inline).
 Usage: python tail_variants.py OUT.csv (on a CUDA machine, hotloop importable)."""
 import itertools
@@ -17,8 +17,8 @@ import torch
 
 import hotloop.kernels.fused_adam as FA
 import hotloop.trainer.step as S
-from hotloop.probes.bench_variants import build_hotloop_variant
-from hotloop.probes.bench import time_steps
+from hotloop.guards.probes.bench_variants import build_hotloop_variant
+from hotloop.guards.probes.bench import time_steps
 from hotloop.trainer.config import preset
 
 dev = torch.device("cuda")

@@ -4,7 +4,7 @@ Sweeps: the tree update's TOP levels (hierarchical top sums), the fused DDQN L1+
 import sys, torch, triton
 import pandas as pd
 from hotloop.trainer.config import preset
-from hotloop.probes.bench_variants import build_hotloop_variant
+from hotloop.guards.probes.bench_variants import build_hotloop_variant
 import hotloop.kernels.segment_tree as S
 import hotloop.kernels.linear_pair as P
 from hotloop.kernels.linear import linear_forward

@@ -15,7 +15,7 @@ from hotloop.kernels.segment_tree import _block, _check_nodes, _grid, _tree_samp
 from hotloop.kernels.segment_tree import tree_update
 from hotloop.kernels.td_loss import td_loss_forward
 from hotloop.trainer.config import preset
-from hotloop.probes.bench_variants import build_hotloop_variant
+from hotloop.guards.probes.bench_variants import build_hotloop_variant
 from hotloop.trainer.step import HotLearner
 
 cfg = preset("seed-scale")

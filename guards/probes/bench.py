@@ -3,10 +3,10 @@ device, plus a roofline floor.
 
 The headline row, "iteration", is the whole loop iteration, `Trainer.iterate(1)` of hotloop.trainer.loop (env
 step(s), replay insert, learner step, periodic readback publication / target update), built from the same Config
-on the same device (`hotloop.probes.bench_variants.build_iteration`); it leads the table whenever it is asked for
-(it is in the default "all"). The learner-step variants (probes/bench_variants.py: eager, graph-fp32, graph-tf32,
+on the same device (`hotloop.guards.probes.bench_variants.build_iteration`); it leads the table whenever it is asked for
+(it is in the default "all"). The learner-step variants (guards/probes/bench_variants.py: eager, graph-fp32, graph-tf32,
 compiled-split, compiled-tf32; and "hotloop", hotloop's own step, built by
-`hotloop.probes.bench_variants.build_hotloop_variant`) follow. Each is built, warmed up, and timed step by step
+`hotloop.guards.probes.bench_variants.build_hotloop_variant`) follow. Each is built, warmed up, and timed step by step
 (iteration by iteration) with CUDA events (host perf_counter on CPU); then 5 more steps run under
 `hotloop.guards.guard.guard_steps` for the kernels per step. One row per variant; a variant that raises gets a row of
 NaN numbers with the error in `note`, and the others still run. docs/h200_facts.md asks for exactly this: "hotloop's
@@ -21,7 +21,7 @@ ratio_to_hotloop (us_per_step_p50 / the "hotloop" row's; NaN without one), roofl
 at the config's shapes: the learner step's floor, the same value in every row; for the iteration row a floor too,
 as the iteration holds one learner step, but not a tight one: env steps and periodic work are not counted), steps
 (timed steps; 0 for a failed row), gpu, commit, date (UTC), note.
-Output style after lab/kernel_bench.py, Triton's tutorial benchmarks (`python/tutorials/05-layer-norm.py`) and
+Output style after results/lab/kernel_bench.py, Triton's tutorial benchmarks (`python/tutorials/05-layer-norm.py`) and
 Liger-Kernel's `benchmark/scripts/utils.py`.
 """
 
@@ -41,7 +41,7 @@ import pandas as pd
 import torch
 
 from hotloop.profiles.provenance import commit_id, device_name
-from hotloop.probes.bench_variants import (Variant, build_compiled, build_eager, build_graph,
+from hotloop.guards.probes.bench_variants import (Variant, build_compiled, build_eager, build_graph,
                                             build_hotloop_variant, build_iteration, env_shapes)
 from hotloop.trainer.config import Config
 
@@ -238,7 +238,7 @@ def _measure(name: str, spec: VariantSpec, cfg: Config, device: torch.device, st
     variant = spec.builder(cfg, device)
     if not isinstance(variant, Variant):
         raise TypeError(f"the builder of {name!r} returned {type(variant).__name__}, expected "
-                        f"hotloop.probes.bench_variants.Variant")
+                        f"hotloop.guards.probes.bench_variants.Variant")
     try:
         for _ in range(warmup):
             variant.step()

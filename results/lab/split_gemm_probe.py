@@ -23,7 +23,7 @@ without a transpose. cuBLAS (torch.mm, IEEE FP32 and TF32) is timed beside them.
 configs, GPU us per launch (30 launches replayed as one CUDA graph, median of 5 replays, CUDA events), and the max
 error relative to max |C| against float64. The first run (17a2d76, results/h200/notes/bench_notes.md) timed eager
 launches one by one, so its times include the host's launch latency; only its errors stand.
-Usage (GPU): python -m lab.split_gemm_probe --out DIR [--modes cat,tf32] [--gemms K-major]
+Usage (GPU): PYTHONPATH=results python -m lab.split_gemm_probe --out DIR [--modes cat,tf32] [--gemms K-major]
 (writes split_gemm_probe.csv, prints a table).
 """
 

@@ -1,7 +1,7 @@
 """Kernel benchmark: each hotloop kernel vs its plain-torch reference at seed scale, timed with CUDA events.
 
-Usage (from the checkout root; lab code, not shipped): `python -m lab.kernel_bench [--out
-results/h200/kernels/kernel_bench.csv] [--reps 20] [--calls 50]`. lab/kernel_bench_inputs.py's `PAIRS` give, per
+Usage (from the checkout root; lab code, not shipped): `PYTHONPATH=results python -m lab.kernel_bench [--out
+results/h200/kernels/kernel_bench.csv] [--reps 20] [--calls 50]`. results/lab/kernel_bench_inputs.py's `PAIRS` give, per
 kernel module, (name, kernel, reference) zero-argument closures. Every closure is timed two ways:
 `eager` (`calls` back-to-back launches between two CUDA events: includes launch overhead) and `graph` (the same
 `calls` captured once in a CUDA graph and replayed: GPU time as the hot loop will see it; NaN when the closure
@@ -81,7 +81,7 @@ def run(reps: int, calls: int) -> pd.DataFrame:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lab.kernel_bench", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="PYTHONPATH=results python -m lab.kernel_bench", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="CSV path (a .md beside it gets the same table)")
     parser.add_argument("--reps", type=int, default=20, help="timed repetitions per provider and mode")
     parser.add_argument("--calls", type=int, default=50, help="calls per timed repetition")

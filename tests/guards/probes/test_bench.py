@@ -1,4 +1,4 @@
-"""`hotloop bench` (probes/bench.py, the CLI subcommand): the roofline floor by hand, the table on the CPU (eager
+"""`hotloop bench` (guards/probes/bench.py, the CLI subcommand): the roofline floor by hand, the table on the CPU (eager
 and the loop iteration measured, captured variants skipped, the iteration row first), files written and never
 overwritten, bad input exits 2."""
 
@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from hotloop.guards.guard import guard_steps
-from hotloop.probes.bench import (BENCH_COLUMNS, VARIANTS, expand_variants, guard_summary, roofline_counts,
+from hotloop.guards.probes.bench import (BENCH_COLUMNS, VARIANTS, expand_variants, guard_summary, roofline_counts,
                            roofline_floor_us, run_bench)
-from hotloop.probes.bench_variants import build_eager
+from hotloop.guards.probes.bench_variants import build_eager
 from hotloop.guards.cli import main
 from hotloop.trainer.config import preset
 from hotloop.trainer.network import BranchingDuelingQNet
@@ -229,7 +229,7 @@ def test_run_bench_on_the_gpu_leads_with_the_captured_loop_iteration():
 
 
 def test_commit_id_prefers_the_environment(monkeypatch):
-    from hotloop.probes.bench import commit_id
+    from hotloop.guards.probes.bench import commit_id
 
     monkeypatch.setenv("HOTLOOP_COMMIT", "abc1234")
     assert commit_id() == "abc1234"

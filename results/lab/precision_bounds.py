@@ -1,10 +1,10 @@
 """The precision probe's bounds, measured: the normwise error of every GEMM of the learner step, of an IEEE forward
-and of a 1xTF32 backward on one trained learner, side by side (hotloop.probes.precision_probe's bounds FP32_BOUND,
+and of a 1xTF32 backward on one trained learner, side by side (hotloop.guards.probes.precision_probe's bounds FP32_BOUND,
 TF32_MIN, TF32_MAX must be re-justified from these numbers on the GPU).
 
-Lab code (lab/, not shipped in the wheel; run from the checkout root): `python -m lab.precision_bounds --preset
-seed-scale`. The variants are lab/precision_variants.py's drop-in launchers in a chosen `tl.dot` precision; the
-probe itself (hotloop.probes.precision_probe) is product code: the gate's "TF32 forward only" verdict.
+Lab code (results/lab/, not shipped in the wheel; run from the checkout root): `PYTHONPATH=results python -m lab.precision_bounds --preset
+seed-scale`. The variants are results/lab/precision_variants.py's drop-in launchers in a chosen `tl.dot` precision; the
+probe itself (hotloop.guards.probes.precision_probe) is product code: the gate's "TF32 forward only" verdict.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import replace
 
 import torch
 
-from hotloop.probes.precision_probe import (FP32_BOUND, TF32_MAX, TF32_MIN, Launchers, precision_verdict,
+from hotloop.guards.probes.precision_probe import (FP32_BOUND, TF32_MAX, TF32_MIN, Launchers, precision_verdict,
                                             probe_precision, replay_batch)
 from lab.precision_variants import (_variant_tf32_gemm_kernel, variant_linear_backward_input,
                                     variant_linear_backward_weight, variant_linear_forward)
@@ -44,17 +44,17 @@ CONFIGS = ("step", "ieee_forward", "tf32_backward", "tf32x3_backward")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m lab.precision_bounds [--preset seed-scale] [--set key=value ...] [--steps 20]
+    """`PYTHONPATH=results python -m lab.precision_bounds [--preset seed-scale] [--set key=value ...] [--steps 20]
     [--device cuda] [--configs step,ieee_forward,tf32_backward] [--csv PATH]`: builds a HotLearner over a replay of
-    random transitions (hotloop.probes.bench_variants.fill_random), runs --steps learner steps (eager), samples one
+    random transitions (hotloop.guards.probes.bench_variants.fill_random), runs --steps learner steps (eager), samples one
     batch of cfg.batch_size from the replay, and prints for each configuration every product's normwise error and
     class, the verdicts, and the instruction counts; --csv writes all rows. Returns 0."""
-    from hotloop.probes.bench_variants import env_shapes, fill_random
+    from hotloop.guards.probes.bench_variants import env_shapes, fill_random
     from hotloop.trainer.config import parse_override, preset
     from hotloop.trainer.replay import PrioritizedReplay
     from hotloop.trainer.step import HotLearner
 
-    ap = argparse.ArgumentParser(prog="python -m lab.precision_bounds", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="PYTHONPATH=results python -m lab.precision_bounds", description=__doc__.split("\n")[0])
     ap.add_argument("--preset", default="seed-scale")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override (repeatable)")
     ap.add_argument("--steps", type=int, default=20, help="learner steps before the probe (trained parameters)")

@@ -1,6 +1,6 @@
 """Synthetic torch.profiler (Kineto) Chrome-trace JSON of any size, for benchmarking and testing trace readers.
 
-`python -m lab.trace_synth --events N --out F.json[.gz] [--seed S]` writes a trace of exactly N
+`PYTHONPATH=results python -m lab.trace_synth --events N --out F.json[.gz] [--seed S]` writes a trace of exactly N
 `traceEvents` entries (gzip-compressed when F ends in .gz) and prints, as JSON, what it wrote (`SynthSummary`).
 
 What a file holds, modelled on the real traces of tests/data/traces/ (the HTA test traces and the H200 probe)
@@ -384,7 +384,7 @@ class _CountingText:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI: `--events N --out F.json[.gz] [--seed S]`; prints the SynthSummary as JSON; exit 0, 2 on bad args."""
-    p = argparse.ArgumentParser(prog="python -m lab.trace_synth", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="PYTHONPATH=results python -m lab.trace_synth", description=__doc__.split("\n")[0])
     p.add_argument("--events", type=int, required=True, help="number of traceEvents entries (>= 1)")
     p.add_argument("--out", required=True, help="output file; gzip-compressed when it ends in .gz")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")

@@ -1,4 +1,4 @@
-"""The kernel bench's inputs: for each kernel module it times (lab/kernel_bench.py), seed-scale inputs and
+"""The kernel bench's inputs: for each kernel module it times (results/lab/kernel_bench.py), seed-scale inputs and
 (name, kernel, reference) pairs of zero-argument closures, each call one launch of the kernel or one run of its
 plain-torch reference (hotloop.kernels keeps kernel, launcher and reference only).
 

@@ -1,5 +1,5 @@
 """lab: probes, benches and experiment kernels run from a checkout, not shipped in the wheel (pyproject.toml lists
-the hotloop packages only). Run them from the repository root (`python -m lab.kernel_bench`); the test suite
+the hotloop packages only). Run them from the repository root (`PYTHONPATH=results python -m lab.kernel_bench`); the test suite
 imports them through pytest's `pythonpath = ["."]`. They import `hotloop` as any user script does; no module of
 hotloop imports them (tests/test_layout.py).
 

@@ -1,6 +1,6 @@
 """Benchmark of Kineto trace readers: wall time, CPU time and peak RSS on synthetic traces of given sizes.
 
-`python -m lab.trace_read_bench --sizes-gb 0.5 1.6 5 --work-dir /tmp/trace_read_bench
+`PYTHONPATH=results python -m lab.trace_read_bench --sizes-gb 0.5 1.6 5 --work-dir /tmp/trace_read_bench
 --csv results/cpu/trace_read_bench/results.csv [--hta-python PYTHON] [--gzip-sizes-gb 0.5] [--keep-files]
 [--readers R ...] [--files TRACE ...]`
 
@@ -60,7 +60,7 @@ EXTERNAL = {"ijson_columns", "hta_json", "hta_ijson"}
 # issue 22, HTA's pandas frame of all fields more).
 _GUESS = {"json.load": 5.0, "read_kineto_pre_stream": 5.0, "hta_json": 8.0, "hta_ijson": 6.0, "ijson_columns": 1.0,
           "read_kineto": 1.0, "iter_kineto": 0.5, "inspect": 0.5, "inspect_in_memory": 1.0}
-_ROOT = Path(__file__).resolve().parents[1]
+_ROOT = Path(__file__).resolve().parents[2]  # the checkout (this file: results/lab/)
 
 
 # -- children -----------------------------------------------------------------------------------------------------
@@ -167,7 +167,7 @@ def _run_child(python: str, reader: str, path: Path, limit: int) -> tuple[dict |
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen([python, "-m", "lab.trace_read_bench", "--child", reader, str(path)],
-                                stdout=out, stderr=err, text=True, preexec_fn=limit_memory, cwd=str(_ROOT))
+                                stdout=out, stderr=err, text=True, preexec_fn=limit_memory, cwd=str(_ROOT / "results"))
         _, status, usage = os.wait4(proc.pid, 0)
         proc.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0)
@@ -211,7 +211,7 @@ def _bytes_per_event(work: Path) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI (module docstring). Exit 0 when every cell ran or was skipped with a reason, 1 when a reader failed."""
-    p = argparse.ArgumentParser(prog="python -m lab.trace_read_bench",
+    p = argparse.ArgumentParser(prog="PYTHONPATH=results python -m lab.trace_read_bench",
                                 description=__doc__.split("\n")[0])
     p.add_argument("--child", nargs=2, metavar=("READER", "FILE"), help=argparse.SUPPRESS)
     p.add_argument("--sizes-gb", type=float, nargs="+", default=[0.5, 1.6, 5.0], help="JSON sizes, GB (1e9 bytes)")

@@ -34,7 +34,7 @@ independent of K, so one band fits K = 4..8192. On L, Y_hat - Y is g times the p
 ReLU add at most 2^-24 |Y|); leaving the bias and the dead ReLU entries out keeps e an error of the PRODUCT (a
 large bias or many dead units would otherwise dilute it).
 
-Bounds (constants below; they MUST be re-justified from H200 measurements: `python -m lab.precision_bounds --preset
+Bounds (constants below; they MUST be re-justified from H200 measurements: `PYTHONPATH=results python -m lab.precision_bounds --preset
 seed-scale`, lab code run from the checkout, prints e for the step, an IEEE forward and a 1xTF32 backward):
 - TF32 keeps 10 explicit mantissa bits: an fp32 operand read by a TF32 MMA is perturbed by up to 2^-11 = 4.9e-4
   relative (round to nearest, as cvt.rna.tf32.f32) or 2^-10 (truncation, what the tensor core does with fp32 data:

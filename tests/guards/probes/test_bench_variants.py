@@ -1,4 +1,4 @@
-"""Learner-step variants of `hotloop bench` (probes/bench_variants.py): the eager step on the CPU, the fresh step's
+"""Learner-step variants of `hotloop bench` (guards/probes/bench_variants.py): the eager step on the CPU, the fresh step's
 math against `DQNLearner.update`, the TF32 switch, the loop-iteration variant on the CPU; capture and compile on the
 GPU (marked gpu)."""
 
@@ -9,7 +9,7 @@ import copy
 import pytest
 import torch
 
-from hotloop.probes.bench_variants import (BenchState, Variant, build_compiled, build_eager, build_graph,
+from hotloop.guards.probes.bench_variants import (BenchState, Variant, build_compiled, build_eager, build_graph,
                                             build_iteration, env_shapes, iteration_periods, tf32_matmuls)
 from hotloop.trainer.config import preset
 

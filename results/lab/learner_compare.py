@@ -23,7 +23,7 @@ matrix (trainer/flat_net.py) but learns it only with spectral norm on; the refer
 none, so `gain_dev` above 0 would itself be a difference of the two algorithms (it was, until the backward stopped
 writing gain gradients with spectral norm off: results/cpu/learning_causes/README.md, H1).
 
-Run it: `python -m lab.learner_compare --preset cartpole-fast --steps 20 [--resync] [--csv FILE]`
+Run it: `PYTHONPATH=results python -m lab.learner_compare --preset cartpole-fast --steps 20 [--resync] [--csv FILE]`
 (on a CPU machine, under TRITON_INTERPRET=1: about 3 s per step at cartpole-fast sizes, trunk 256-256).
 """
 
@@ -127,8 +127,8 @@ def compare_learners(cfg: Config, steps: int, resync: bool = False) -> pd.DataFr
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m lab.learner_compare`: print the table (and write --csv); exit 2 on bad input."""
-    p = argparse.ArgumentParser(prog="python -m lab.learner_compare", description=__doc__.split("\n")[0])
+    """`PYTHONPATH=results python -m lab.learner_compare`: print the table (and write --csv); exit 2 on bad input."""
+    p = argparse.ArgumentParser(prog="PYTHONPATH=results python -m lab.learner_compare", description=__doc__.split("\n")[0])
     p.add_argument("--preset", default="cartpole-fast")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--seed", type=int)

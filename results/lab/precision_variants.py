@@ -1,5 +1,5 @@
 """Drop-in launchers of the learner step's GEMMs in a chosen `tl.dot` precision: the mutants the precision probe
-(hotloop.probes.precision_probe) must tell apart from the step's kernels by their numbers, not their names.
+(hotloop.guards.probes.precision_probe) must tell apart from the step's kernels by their numbers, not their names.
 
 - `variant_matmul(a, b, precision)`: C = A @ B, fp32 in and out, ONE `tl.dot(input_precision=precision)` per
   reduction step ("tf32": one TF32 tensor-core MMA, operands truncated to 10 mantissa bits by the hardware;
