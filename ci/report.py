@@ -32,16 +32,30 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-GATE_EXIT = {0: "PASS", 1: "a criterion or regression failed", 2: "bad usage or input", 3: "hang (watchdog)",
-             70: "the gate crashed: internal error"}
+GATE_EXIT = {
+    0: "PASS",
+    1: "a criterion or regression failed",
+    2: "bad usage or input",
+    3: "hang (watchdog)",
+    70: "the gate crashed: internal error",
+}
 GATE_INTERNAL_ERROR = 70
 """`hotloop gate`'s exit code for an unexpected exception (hotloop.guards.commands.errors.INTERNAL_ERROR); traceback in
 gate/error.log."""
-PYTEST_EXIT = {0: "all selected tests passed", 1: "tests failed", 2: "interrupted", 3: "internal error",
-               4: "usage error", 5: "no tests selected"}
+PYTEST_EXIT = {
+    0: "all selected tests passed",
+    1: "tests failed",
+    2: "interrupted",
+    3: "internal error",
+    4: "usage error",
+    5: "no tests selected",
+}
 KNOWN_CRITERIA_COLUMNS = {"id", "criterion", "metric", "limit", "measured", "status", "verdict", "why"}
-STEP_TITLES = {"setup": "setup (pip install -e .[dev,gym], torch kept)", "pytest": "pytest -m \"smoke or perf\"",
-               "gate": "hotloop gate"}
+STEP_TITLES = {
+    "setup": "setup (pip install -e .[dev,gym], torch kept)",
+    "pytest": 'pytest -m "smoke or perf"',
+    "gate": "hotloop gate",
+}
 
 
 def _read(path: Path) -> str:
@@ -111,8 +125,10 @@ def pytest_result(run: Path, rc: int) -> str:
     counts = junit_counts(run / "junit.xml")
     text = PYTEST_EXIT.get(rc, f"exit {rc}")
     if counts:
-        text += (f": {counts['passed']} passed, {counts['failures']} failed, {counts['errors']} errors, "
-                 f"{counts['skipped']} skipped")
+        text += (
+            f": {counts['passed']} passed, {counts['failures']} failed, {counts['errors']} errors, "
+            f"{counts['skipped']} skipped"
+        )
     return text
 
 
@@ -139,8 +155,7 @@ def format_verdict_row(row: dict[str, str]) -> str:
     name += f" [{row['id']}]" if (row.get("id") or "").strip() and row.get("criterion") else ""
     parts = [f"measured {row['measured']}"] if (row.get("measured") or "").strip() else []
     parts += [f"limit {row['limit']}"] if (row.get("limit") or "").strip() else []
-    parts += [f"{k}={v}" for k, v in row.items()
-              if k and k not in KNOWN_CRITERIA_COLUMNS and (v or "").strip()]
+    parts += [f"{k}={v}" for k, v in row.items() if k and k not in KNOWN_CRITERIA_COLUMNS and (v or "").strip()]
     return f"FAIL {name}: {', '.join(parts)}" if parts else f"FAIL {name}"
 
 
@@ -192,24 +207,34 @@ def build(run: Path, gate_dir: Path, exit_code: int, info: list[tuple[str, str]]
             result = "ok" if rc == 0 else "failed: see setup.log"
         step_rows.append((STEP_TITLES[name], "-" if rc is None else str(rc), result))
         if value == "interrupted":
-            failing.append((f"{name} interrupted (ci/gate.sh was stopped)",
-                            [line.rstrip() for line in _lines(run / f"{name}.log") if line.strip()][-8:]))
+            failing.append(
+                (
+                    f"{name} interrupted (ci/gate.sh was stopped)",
+                    [line.rstrip() for line in _lines(run / f"{name}.log") if line.strip()][-8:],
+                )
+            )
         if rc in (None, 0):
             continue
         if name == "setup":
-            failing.append((f"setup (exit {rc})",
-                            [line.rstrip() for line in _lines(run / "setup.log") if line.strip()][-8:]))
+            failing.append(
+                (f"setup (exit {rc})", [line.rstrip() for line in _lines(run / "setup.log") if line.strip()][-8:])
+            )
         elif name == "pytest":
             failing.append((f"pytest (exit {rc}): {pytest_result(run, rc)}", pytest_failures(run, rc)))
         else:
             rows = verdict_rows(gate_dir)
             if rc != 1 or not rows:  # exit 1 with FAIL rows is explained by the rows themselves
-                failing.append((f"hotloop gate (exit {rc}): {gate_result(rc, gate_dir)}",
-                                gate_failure(run, rc, gate_dir)))
+                failing.append(
+                    (f"hotloop gate (exit {rc}): {gate_result(rc, gate_dir)}", gate_failure(run, rc, gate_dir))
+                )
     rows = verdict_rows(gate_dir)
     if rows:
-        failing.append(("criteria (verdict FAIL)",
-                        [format_verdict_row(r) + ("" if f == "criteria.csv" else f"  [{f}]") for f, r in rows]))
+        failing.append(
+            (
+                "criteria (verdict FAIL)",
+                [format_verdict_row(r) + ("" if f == "criteria.csv" else f"  [{f}]") for f, r in rows],
+            )
+        )
 
     if exit_code == 0 and failing:  # e.g. a FAIL row although the gate exited 0: never report a pass
         exit_code = 1
@@ -223,8 +248,7 @@ def build(run: Path, gate_dir: Path, exit_code: int, info: list[tuple[str, str]]
         for section, lines in failing:
             md += [f"**{section}**", "", "```", *lines, "```", ""]
     criteria, epochs = _read(gate_dir / "criteria.md").strip(), _read(gate_dir / "epochs.md").strip()
-    md += ["", "### Criteria (verdicts)", "", criteria or "_no criteria table: the gate did not finish (see "
-                                                           "gate.log)_"]
+    md += ["", "### Criteria (verdicts)", "", criteria or "_no criteria table: the gate did not finish (see gate.log)_"]
     md += ["", "### Per-epoch table", "", epochs or "_no per-epoch table: no epoch finished (see gate.log)_", ""]
     return "\n".join(md), failing, exit_code
 
@@ -242,8 +266,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--exit-code", type=int, required=True, help="the exit code ci/gate.sh decided")
     p.add_argument("--step-summary", type=Path, help="also append the markdown here ($GITHUB_STEP_SUMMARY)")
     p.add_argument("--info", action="append", default=[], metavar="KEY=VALUE", help="a row of the header table")
-    p.add_argument("--step", action="append", default=[], metavar="NAME=RC",
-                   help="setup/pytest/gate = exit code, or a word such as 'skipped'")
+    p.add_argument(
+        "--step",
+        action="append",
+        default=[],
+        metavar="NAME=RC",
+        help="setup/pytest/gate = exit code, or a word such as 'skipped'",
+    )
     args = p.parse_args(argv)
     try:
         info, steps = parse_kv(args.info, "info"), dict(parse_kv(args.step, "step"))
@@ -262,8 +291,11 @@ def main(argv: list[str] | None = None) -> int:
     out = sys.stdout
     out.write(f"\nci/gate.sh: summary written to {' and '.join(where)}\n")
     out.write(f"ci/gate.sh: run folder {run}\n")
-    out.write("ci/gate.sh: " + ", ".join(f"{k} {v if not v.lstrip('-').isdigit() else 'exit ' + v}"
-                                         for k, v in steps.items()) + "\n")
+    out.write(
+        "ci/gate.sh: "
+        + ", ".join(f"{k} {v if not v.lstrip('-').isdigit() else 'exit ' + v}" for k, v in steps.items())
+        + "\n"
+    )
     if os.environ.get("GITHUB_ACTIONS") == "true":
         for section, lines in failing:
             for line in lines:

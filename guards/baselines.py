@@ -129,7 +129,7 @@ REPORTED_ONLY = {
     "ddqn_overlap_ratio": "reported only: varies with the streams' scheduling; criterion 'DDQN overlapped' guards it",
     "dur_us": "reported only: the host's step time under the profiler is multimodal; epoch throughput guards it",
     "gpu_span_us": "reported only: it holds the GPU's waits for the host, multimodal across processes where the "
-                   "step is host-bound; gpu_busy_us and epoch throughput guard it",
+    "step is host-bound; gpu_busy_us and epoch throughput guard it",
     "memcpy_dtod_events": "reported only: the driver runs a graph's D2D copy as either; d2d_copies is compared",
     "memcpy_kernels": "reported only: the driver runs a graph's D2D copy as either; d2d_copies is compared",
 }
@@ -137,14 +137,20 @@ REPORTED_ONLY = {
 docstring says why)."""
 RETIRED = {
     "learner_kernels_grid1": "retired: 'no single-block kernels' judges kernels_grid1 over every phase (issue 35); "
-                             "re-record the baseline",
+    "re-record the baseline",
 }
 """Metrics the gate measured once and no longer does (a column renamed or dropped), each with the rule text
 `compare` prints: one of these in the baseline but not in the run is shown with verdict "-" (not a FAIL, as any
 other metric missing from the run is), so that a baseline recorded before the change still compares; the metric
 that took its place is "not in baseline" until the baseline is re-recorded."""
-THRESHOLDS = {"ddqn_kernel_us": "median:+10%", "epoch_overhead_s": "median:+25%", "evaluate_s": "median:+25%",
-              "checkpoint_s": "median:+25%", "best_policy_s": "median:+25%", "table_s": "median:+25%"}
+THRESHOLDS = {
+    "ddqn_kernel_us": "median:+10%",
+    "epoch_overhead_s": "median:+25%",
+    "evaluate_s": "median:+25%",
+    "checkpoint_s": "median:+25%",
+    "best_policy_s": "median:+25%",
+    "table_s": "median:+25%",
+}
 """Metrics whose default threshold is not `default_threshold`'s (module docstring, "Thresholds of their own")."""
 
 
@@ -163,11 +169,12 @@ def is_count(metric: str) -> bool:
     False for timings and ratios (names ending in TIMING_SUFFIXES, e.g. gpu_span_us, learner_steps_per_s, and the
     per-kernel timings, KERNEL_US_PREFIX + name)."""
     return not (metric.endswith(TIMING_SUFFIXES) or metric.startswith(KERNEL_US_PREFIX))
+
+
 MAD_TO_SIGMA = 1.4826
 STATISTICS = {"median": np.nanmedian, "mean": np.nanmean, "min": np.nanmin, "max": np.nanmax}
 SCHEMA = 1
-COMPARE_COLUMNS = ["metric", "kind", "statistic", "baseline", "run", "delta", "allowed", "spread", "rule",
-                   "verdict"]
+COMPARE_COLUMNS = ["metric", "kind", "statistic", "baseline", "run", "delta", "allowed", "spread", "rule", "verdict"]
 _THRESHOLD = re.compile(r"^(?P<stat>[a-z]+):(?P<sign>[+-]?)(?P<amount>(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?)(?P<pct>%?)$")
 
 
@@ -209,8 +216,10 @@ def parse_threshold(expr: str) -> Threshold:
     """
     m = _THRESHOLD.match(expr.strip()) if isinstance(expr, str) else None
     if not m or m["stat"] not in STATISTICS:
-        raise ValueError(f"threshold {expr!r}: expected STAT:[+|-]AMOUNT[%] with STAT one of {sorted(STATISTICS)} "
-                         "and AMOUNT a non-negative number, e.g. 'median:+5%' or 'min:+20'")
+        raise ValueError(
+            f"threshold {expr!r}: expected STAT:[+|-]AMOUNT[%] with STAT one of {sorted(STATISTICS)} "
+            "and AMOUNT a non-negative number, e.g. 'median:+5%' or 'min:+20'"
+        )
     return Threshold(m["stat"], -1 if m["sign"] == "-" else 1, float(m["amount"]), m["pct"] == "%")
 
 
@@ -277,8 +286,13 @@ best-policy file, table writes and the main thread's share of its checkpoint, ho
 each of those phases apart (EPOCH_PHASE_METRICS)."""
 EPOCH_BEST_OF = ("learner_steps_per_s", "gpu_ms_per_step")
 """The epoch metrics of the loop itself, judged by the run's best steady epoch (`compare_epochs`)."""
-EPOCH_FLOORS_S = {"epoch_overhead_s": 0.02, "evaluate_s": 0.01, "checkpoint_s": 0.005, "best_policy_s": 0.01,
-                  "table_s": 0.01}
+EPOCH_FLOORS_S = {
+    "epoch_overhead_s": 0.02,
+    "evaluate_s": 0.01,
+    "checkpoint_s": 0.005,
+    "best_policy_s": 0.01,
+    "table_s": 0.01,
+}
 """The least worsening each time outside the loop is allowed, in seconds (the median over the steady epochs, so one
 slow epoch does not move it). Clean H100 cartpole-fast epochs (results/h200/whole_run/epochs_fast_warm.csv):
 evaluate_s 46.1-46.5 ms, checkpoint_s 1.1-2.6 ms (24 ms once, at the last epoch's wait), table_s 5-15 ms growing
@@ -327,11 +341,15 @@ def epoch_metrics(table: pd.DataFrame) -> EpochMetrics:
         raise ValueError("epoch_metrics: the per-epoch table has no rows")
     steady = len(table) >= 2
     rows = table.iloc[1:] if steady else table
+
     def column(m: str) -> list[float]:
         if m == "epoch_overhead_s" and m not in rows.columns:
             return [t - w for t, w in zip(column("epoch_total_s"), column("wall_s"))]
-        return (pd.to_numeric(rows[m], errors="coerce").astype("float64").tolist() if m in rows.columns
-                else [math.nan] * len(rows))
+        return (
+            pd.to_numeric(rows[m], errors="coerce").astype("float64").tolist()
+            if m in rows.columns
+            else [math.nan] * len(rows)
+        )
 
     values = {m: column(m) for m in EPOCH_METRICS}
     return EpochMetrics(values, rows["epoch"].tolist(), steady)
@@ -359,20 +377,40 @@ def compare_epochs(table: pd.DataFrame | EpochMetrics, baseline: Baseline, *, k:
         if base is None or metric not in base:
             rows.append(_blank_row(name, NO_EPOCH_BASELINE))
             continue
-        row = _compare_one(name, run.get(metric), base[metric], parse_threshold(default_threshold(metric)), k,
-                           count=False, run_best=metric in EPOCH_BEST_OF)
+        row = _compare_one(
+            name,
+            run.get(metric),
+            base[metric],
+            parse_threshold(default_threshold(metric)),
+            k,
+            count=False,
+            run_best=metric in EPOCH_BEST_OF,
+        )
         row["rule"] = f"{EPOCH_THROUGHPUT}: {row['rule']}" if row["rule"] else EPOCH_THROUGHPUT
         unsteady = [side for side, m in (("run", run), ("baseline", base)) if not m.steady]
         if unsteady:
-            row.update(verdict="-", rule=f"{EPOCH_THROUGHPUT}: not compared: the {' and the '.join(unsteady)} "
-                                          f"had one epoch only, which compiles and captures (use >= 2 epochs)")
+            row.update(
+                verdict="-",
+                rule=f"{EPOCH_THROUGHPUT}: not compared: the {' and the '.join(unsteady)} "
+                f"had one epoch only, which compiles and captures (use >= 2 epochs)",
+            )
         rows.append(row)
     return pd.DataFrame(rows, columns=COMPARE_COLUMNS)
 
 
 def _blank_row(metric: str, rule: str) -> dict:
-    return dict(metric=metric, kind="timing", statistic="median", baseline=math.nan, run=math.nan, delta=math.nan,
-                allowed=math.nan, spread=math.nan, rule=rule, verdict="-")
+    return dict(
+        metric=metric,
+        kind="timing",
+        statistic="median",
+        baseline=math.nan,
+        run=math.nan,
+        delta=math.nan,
+        allowed=math.nan,
+        spread=math.nan,
+        rule=rule,
+        verdict="-",
+    )
 
 
 _UNKNOWN = object()  # config_mismatch: a field neither side nor the defaults give a value for
@@ -413,9 +451,11 @@ def check_baseline_target(path: str | Path) -> None:
                 check_not_held(folder)
             except RunFolderLocked as exc:
                 who = f"pid {exc.pid}" if exc.pid is not None else "a process whose pid could not be read"
-                raise ValueError(f"{path} cannot be written: it lies in the run folder {folder}, which another "
-                                 f"hotloop run holds ({who}); nothing in a live run's folder is overwritten: "
-                                 f"choose another path") from None
+                raise ValueError(
+                    f"{path} cannot be written: it lies in the run folder {folder}, which another "
+                    f"hotloop run holds ({who}); nothing in a live run's folder is overwritten: "
+                    f"choose another path"
+                ) from None
     try:
         mode = os.stat(target).st_mode
     except OSError:
@@ -430,13 +470,20 @@ def check_baseline_target(path: str | Path) -> None:
                 return  # an empty file: nothing to lose
         except InputFileError:
             pass
-        raise ValueError(f"{path} cannot be written: it exists and is not a hotloop baseline ({exc.problem}); "
-                         f"--update-baseline replaces only a baseline file: remove it first or choose another "
-                         f"path") from None
+        raise ValueError(
+            f"{path} cannot be written: it exists and is not a hotloop baseline ({exc.problem}); "
+            f"--update-baseline replaces only a baseline file: remove it first or choose another "
+            f"path"
+        ) from None
 
 
-def write_baseline(path: str | Path, metrics: Mapping[str, Sequence[float]], gpu: str = "",
-                   config: Mapping | None = None, epochs: EpochMetrics | None = None) -> Path:
+def write_baseline(
+    path: str | Path,
+    metrics: Mapping[str, Sequence[float]],
+    gpu: str = "",
+    config: Mapping | None = None,
+    epochs: EpochMetrics | None = None,
+) -> Path:
     """Write `metrics` ({metric: R repeat values}) as a baseline file (format in the module docstring), with the
     run's `config` (a JSON-ready Config.to_dict()) and its per-epoch throughput `epochs` (`epoch_metrics` of its
     per-epoch table) when given, creating parent folders and replacing any previous baseline; returns the path.
@@ -455,9 +502,11 @@ def write_baseline(path: str | Path, metrics: Mapping[str, Sequence[float]], gpu
     head = {"schema": SCHEMA, "gpu": gpu} | ({"config": dict(config)} if config is not None else {})
     tail = {}
     if epochs is not None:
-        tail["epoch_metrics"] = {"steady": bool(getattr(epochs, "steady", True)),
-                                 "epochs": [int(e) for e in getattr(epochs, "epochs", [])],
-                                 "metrics": _metric_entries(epochs, lambda m: False)}
+        tail["epoch_metrics"] = {
+            "steady": bool(getattr(epochs, "steady", True)),
+            "epochs": [int(e) for e in getattr(epochs, "epochs", [])],
+            "metrics": _metric_entries(epochs, lambda m: False),
+        }
     write_text_atomic(target, json.dumps(head | {"metrics": doc} | tail, indent=2) + "\n")
     return path
 
@@ -473,9 +522,12 @@ def _metric_entries(metrics: Mapping[str, Sequence[float]], counts) -> dict:
             raise ValueError(f"write_baseline: metric {name!r} has a non-numeric value in {values!r}") from None
         if not x:
             raise ValueError(f"write_baseline: metric {name!r} has no values")
-        doc[name] = {"kind": "count" if counts(name) else "timing", "values": [_null(v) for v in x],
-                     "median": _null(_stat(np.nanmedian, x)),
-                     "spread": _null(mad_spread(x))}
+        doc[name] = {
+            "kind": "count" if counts(name) else "timing",
+            "values": [_null(v) for v in x],
+            "median": _null(_stat(np.nanmedian, x)),
+            "spread": _null(mad_spread(x)),
+        }
     return doc
 
 
@@ -492,16 +544,20 @@ def load_baseline(path: str | Path) -> Baseline:
         doc = json.loads(read_input_bytes(path, "baseline", MAX_BASELINE_BYTES).decode("utf-8"))
     except InputFileError as exc:
         if exc.missing:
-            raise BaselineError(path, "no such baseline file; write one with `hotloop gate --update-baseline`") \
-                from None
+            raise BaselineError(
+                path, "no such baseline file; write one with `hotloop gate --update-baseline`"
+            ) from None
         raise BaselineError(path, exc.problem) from None
     except OSError as exc:
         raise BaselineError(path, f"cannot read: {exc.strerror or exc}") from None
     except json.JSONDecodeError as exc:
         raise BaselineError(path, f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
     except RecursionError:
-        raise BaselineError(path, "nested too deep to read (JSON arrays/objects nested beyond the parser's limit; "
-                                  "a baseline is at most four levels deep)") from None
+        raise BaselineError(
+            path,
+            "nested too deep to read (JSON arrays/objects nested beyond the parser's limit; "
+            "a baseline is at most four levels deep)",
+        ) from None
     except ValueError as exc:  # UnicodeDecodeError, a number beyond the int digit limit
         raise BaselineError(path, f"cannot read: {exc}") from None
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA or not isinstance(doc.get("metrics"), dict):
@@ -513,12 +569,19 @@ def load_baseline(path: str | Path) -> Baseline:
     epochs = None
     if "epoch_metrics" in doc:
         ep = doc["epoch_metrics"]
-        if not (isinstance(ep, dict) and isinstance(ep.get("metrics"), dict) and type(ep.get("steady")) is bool
-                and isinstance(ep.get("epochs", []), list) and all(type(e) is int for e in ep.get("epochs", []))):
-            raise BaselineError(path, '"epoch_metrics" must be an object {"steady": true|false, "epochs": [epoch '
-                                      'numbers], "metrics": {metric: {"values": [...]}}}')
-        epochs = EpochMetrics(_read_metrics(path, ep["metrics"], "epoch metric"), ep.get("epochs", []),
-                              ep["steady"])
+        if not (
+            isinstance(ep, dict)
+            and isinstance(ep.get("metrics"), dict)
+            and type(ep.get("steady")) is bool
+            and isinstance(ep.get("epochs", []), list)
+            and all(type(e) is int for e in ep.get("epochs", []))
+        ):
+            raise BaselineError(
+                path,
+                '"epoch_metrics" must be an object {"steady": true|false, "epochs": [epoch '
+                'numbers], "metrics": {metric: {"values": [...]}}}',
+            )
+        epochs = EpochMetrics(_read_metrics(path, ep["metrics"], "epoch metric"), ep.get("epochs", []), ep["steady"])
     return Baseline(str(doc.get("gpu", "")), metrics, config, epochs)
 
 
@@ -527,9 +590,8 @@ def _read_metrics(path: str | Path, entries: Mapping, what: str) -> dict[str, li
     metrics = {}
     for name, entry in entries.items():
         values = entry.get("values") if isinstance(entry, dict) else None
-        if not (isinstance(values, list) and values
-                and all(v is None or type(v) in (int, float) for v in values)):
-            raise BaselineError(path, f"{what} {name!r}: \"values\" must be a non-empty list of numbers or nulls")
+        if not (isinstance(values, list) and values and all(v is None or type(v) in (int, float) for v in values)):
+            raise BaselineError(path, f'{what} {name!r}: "values" must be a non-empty list of numbers or nulls')
         try:
             metrics[name] = [math.nan if v is None else float(v) for v in values]
         except OverflowError:
@@ -537,8 +599,13 @@ def _read_metrics(path: str | Path, entries: Mapping, what: str) -> dict[str, li
     return metrics
 
 
-def compare(run_metrics: Mapping[str, Sequence[float]], baseline: Baseline, *,
-            thresholds: Mapping[str, str] | None = None, k: float = 3.0) -> pd.DataFrame:
+def compare(
+    run_metrics: Mapping[str, Sequence[float]],
+    baseline: Baseline,
+    *,
+    thresholds: Mapping[str, str] | None = None,
+    k: float = 3.0,
+) -> pd.DataFrame:
     """Compare a run ({metric: R repeat values}) with `baseline`; one row per metric of either, sorted by name.
 
     Columns (COMPARE_COLUMNS): metric; kind ("count" when `is_count`, else "timing"); statistic; baseline and run
@@ -551,8 +618,10 @@ def compare(run_metrics: Mapping[str, Sequence[float]], baseline: Baseline, *,
     `thresholds`: {metric: expression} overriding `default_threshold`; parsed before comparing (ValueError);
     REPORTED_ONLY metrics get no verdict whatever their threshold.
     """
-    rules = {m: parse_threshold((thresholds or {}).get(m, default_threshold(m)))
-             for m in set(run_metrics) | set(baseline.metrics)}
+    rules = {
+        m: parse_threshold((thresholds or {}).get(m, default_threshold(m)))
+        for m in set(run_metrics) | set(baseline.metrics)
+    }
     rows = []
     for metric in sorted(rules):
         rows.append(_compare_one(metric, run_metrics.get(metric), baseline.metrics.get(metric), rules[metric], k))
@@ -567,17 +636,36 @@ def best_of(values: Sequence[float], rule: Threshold) -> float:
     return _stat(np.nanmin if rule.sign > 0 else np.nanmax, values)
 
 
-def _compare_one(metric: str, run: Sequence[float] | None, base: Sequence[float] | None, rule: Threshold,
-                 k: float, count: bool | None = None, run_best: bool = False) -> dict:
+def _compare_one(
+    metric: str,
+    run: Sequence[float] | None,
+    base: Sequence[float] | None,
+    rule: Threshold,
+    k: float,
+    count: bool | None = None,
+    run_best: bool = False,
+) -> dict:
     count = is_count(metric) if count is None else count
-    row = dict(metric=metric, kind="count" if count else "timing", statistic="median" if count else rule.statistic,
-               baseline=math.nan, run=math.nan, delta=math.nan, allowed=0.0 if count else math.nan,
-               spread=mad_spread(base) if base else math.nan, rule="", verdict="-")
+    row = dict(
+        metric=metric,
+        kind="count" if count else "timing",
+        statistic="median" if count else rule.statistic,
+        baseline=math.nan,
+        run=math.nan,
+        delta=math.nan,
+        allowed=0.0 if count else math.nan,
+        spread=mad_spread(base) if base else math.nan,
+        rule="",
+        verdict="-",
+    )
     if base is None or not run:
         if base is not None and run is None and metric in RETIRED:
             return {**row, "baseline": _stat(np.nanmedian, base), "rule": RETIRED[metric]}
-        return {**row, "rule": "not in baseline" if base is None else "missing from run",
-                "verdict": "-" if base is None else "FAIL"}
+        return {
+            **row,
+            "rule": "not in baseline" if base is None else "missing from run",
+            "verdict": "-" if base is None else "FAIL",
+        }
     stat = STATISTICS[row["statistic"]]
     b = _stat(stat, base)
     if count and metric in REPORTED_ONLY:
@@ -585,21 +673,41 @@ def _compare_one(metric: str, run: Sequence[float] | None, base: Sequence[float]
         return {**row, "baseline": b, "run": r, "delta": r - b, "verdict": "-", "rule": REPORTED_ONLY[metric]}
     if count:
         worst = max(run, key=lambda v: abs(v - b) if not math.isnan(v) else math.inf)
-        return {**row, "baseline": b, "run": worst, "delta": worst - b, "rule": "exact",
-                "verdict": "-" if math.isnan(b) else ("PASS" if worst == b else "FAIL")}
+        return {
+            **row,
+            "baseline": b,
+            "run": worst,
+            "delta": worst - b,
+            "rule": "exact",
+            "verdict": "-" if math.isnan(b) else ("PASS" if worst == b else "FAIL"),
+        }
     best = run_best and metric not in REPORTED_ONLY
     r = best_of(run, rule) if best else _stat(stat, run)
     if metric in REPORTED_ONLY:  # no verdict on the value; a run that cannot measure it still FAILs
         missing = math.isnan(r) and not math.isnan(b)
-        return {**row, "baseline": b, "run": r, "delta": r - b, "verdict": "FAIL" if missing else "-",
-                "rule": REPORTED_ONLY[metric] + ("; not measured in the run" if missing else "")}
+        return {
+            **row,
+            "baseline": b,
+            "run": r,
+            "delta": r - b,
+            "verdict": "FAIL" if missing else "-",
+            "rule": REPORTED_ONLY[metric] + ("; not measured in the run" if missing else ""),
+        }
     epoch_floor = EPOCH_FLOORS_S.get(metric.removeprefix(EPOCH_PREFIX), 0.0) if metric.startswith(EPOCH_PREFIX) else 0.0
-    floor, unit = ((KERNEL_FLOOR_US, "us") if metric.startswith(KERNEL_US_PREFIX)
-                   else (epoch_floor, "s") if epoch_floor else (0.0, ""))
+    floor, unit = (
+        (KERNEL_FLOOR_US, "us")
+        if metric.startswith(KERNEL_US_PREFIX)
+        else (epoch_floor, "s")
+        if epoch_floor
+        else (0.0, "")
+    )
     allowed = max(rule.allowed(b), k * row["spread"], floor) if not math.isnan(b) else math.nan
     sign = "-" if rule.sign < 0 else "+"
-    text = (f"{rule.statistic}:{sign}{rule.amount:g}{'%' if rule.percent else ''} or {k:g} x MAD spread"
-            + (f" or {floor:g} {unit}" if floor else "") + (f"; run: best of {len(run)}" if best else ""))
+    text = (
+        f"{rule.statistic}:{sign}{rule.amount:g}{'%' if rule.percent else ''} or {k:g} x MAD spread"
+        + (f" or {floor:g} {unit}" if floor else "")
+        + (f"; run: best of {len(run)}" if best else "")
+    )
     verdict = "-" if math.isnan(b) else ("FAIL" if math.isnan(r) or rule.sign * (r - b) > allowed else "PASS")
     return {**row, "baseline": b, "run": r, "delta": r - b, "allowed": allowed, "rule": text, "verdict": verdict}
 

@@ -43,7 +43,13 @@ AGGREGATES = ("worst step", "all steps", "median over steps")
 """How a row's per-step values become its measured value: the worst step (for phases "every": the worst of the
 steps and the window's "outside steps" bucket), a yes/no over all steps, the median over the undamaged steps."""
 COUNT, PRECISION, OVERLAP, LOOP_CENSUS, WATCHDOG, PYTEST = (
-    "window count", "precision probe", "overlap median", "loop sync census", "hang watchdog", "pytest")
+    "window count",
+    "precision probe",
+    "overlap median",
+    "loop sync census",
+    "hang watchdog",
+    "pytest",
+)
 JUDGES = (COUNT, PRECISION, OVERLAP, LOOP_CENSUS, WATCHDOG, PYTEST)
 """The functions that judge a row (`Criterion.judge`): COUNT, the guarded window's worst step of its trace column and
 hook column (hotloop.guards.guard.evaluate); PRECISION, the float64 precision probe of the step's GEMMs
@@ -52,8 +58,12 @@ ratio over the undamaged steps (hotloop.guards.guard); LOOP_CENSUS, the sync cen
 (hotloop.guards.gate.judge_loop_syncs); WATCHDOG, the hang watchdog of epoch 1 (hotloop.guards.gate.judge_hang);
 PYTEST, `pytest -m smoke` (not run by the gate)."""
 _ID = re.compile(r"^[a-z][a-z0-9_]*$")
-SCOPE_TEXT = {"every": "`every` phase + outside steps", "gemms": "`gemms`: forward, ddqn_forward / backward",
-              "ddqn": "`ddqn`: ddqn_forward vs forward", "env": "`env`: env_step"}
+SCOPE_TEXT = {
+    "every": "`every` phase + outside steps",
+    "gemms": "`gemms`: forward, ddqn_forward / backward",
+    "ddqn": "`ddqn`: ddqn_forward vs forward",
+    "env": "`env`: env_step",
+}
 """The phases cell of docs/criteria.md for a scope name whose phases need saying (others: the name in backticks)."""
 
 
@@ -117,7 +127,7 @@ class Criterion:
 
     @property
     def label(self) -> str:
-        """"title [id]": how a table shows the row."""
+        """ "title [id]": how a table shows the row."""
         return f"{self.title} [{self.id}]"
 
     @property
@@ -132,7 +142,7 @@ class Criterion:
 
     @property
     def limit_text(self) -> str:
-        """"<comparison> <limit>", or "none (reported)" for a REPORT row."""
+        """ "<comparison> <limit>", or "none (reported)" for a REPORT row."""
         return "none (reported)" if self.comparison == REPORT else f"{self.comparison} {self.limit}"
 
     def check(self, measured: float | str) -> bool:
@@ -149,84 +159,177 @@ READBACK_ALLOWANCE = (("readback_publish", READBACK_QUERIES_PER_PUBLISH),)
 """The loop's legitimate completion queries: READBACK_QUERIES_PER_PUBLISH per run of the readback_publish phase (every
 `log_interval` iterations)."""
 CRITERIA: tuple[Criterion, ...] = (
-    Criterion("no_stream_sync", "no stream sync", "stream_sync_calls", "==", 0,
-              "a host read-back stalls the host on the GPU every step", hook_column="stream_sync_hook_hits",
-              sees="Kineto `cuda_runtime`/`cuda_driver` calls `cudaStreamSynchronize`, `cuStreamSynchronize`; hooks "
-                   "`torch.cuda.Stream.synchronize`, `Tensor.item/.cpu/.tolist/.numpy/__bool__` on CUDA tensors",
-              evidence="hook call sites (api at file:line in phase xN), trace API names in their phase or outside "
-                       "steps"),
-    Criterion("no_event_sync", "no event sync", "event_sync_calls", "==", 0,
-              "each blocks the host until the GPU drains (sync-debug mode misses two of them); a host polling until "
-              "the GPU is done waits the same, with no sync call",
-              hook_column="event_sync_hook_hits", query_column="polling_queries",
-              query_hook_column="polling_query_hook_hits", query_allowance=READBACK_ALLOWANCE,
-              sees="calls `cudaEventSynchronize`, `cudaDeviceSynchronize`, `cuEventSynchronize`, `cuCtxSynchronize`, "
-                   "blocking `cudaMemcpy*`/`cuMemcpy*`, non_blocking copies to pageable memory (Kineto `Memcpy ... "
-                   "Pageable` not followed by a sync); hooks `torch.cuda.synchronize`, `torch.accelerator."
-                   "synchronize`, `torch.cuda.Event.synchronize`; plus polling queries: completion queries (calls "
-                   "`cudaEventQuery`, `cudaStreamQuery`, `cuEventQuery`, `cuStreamQuery` on the loop's thread "
-                   "outside torch ops; hooks `torch.cuda.Event.query`, `torch.cuda.Stream.query`) beyond the "
-                   "allowance, allowed completion queries: 1 per readback_publish (`READBACK_QUERIES_PER_PUBLISH`; "
-                   "every `log_interval` iterations: see \"Polling waits\")",
-              evidence="as above, and the queries' call sites (`polling` or `allowed`, how many not ready), the counts "
-                       "against the allowance, the host time in queries per step"),
-    Criterion("no_d2d_weight_sync", "no D2D weight sync", "learner_d2d_copies", "==", 0,
-              "weights are views of one flat buffer; a copy wastes bandwidth and launches", phases="learner",
-              sees="`gpu_memcpy` events of kind DtoD + kernels named `memcpy*` (a D2D copy captured in a graph); "
-                   "Nsight `CUPTI_ACTIVITY_KIND_MEMCPY` copyKind 8",
-              evidence="copy names in their phase"),
-    Criterion("spectral_norm_fused", "spectral norm fused", "spectral_norm_launches", "<=", 1,
-              "one fused launch normalizes every weight matrix", phases="spectral_norm",
-              sees="kernels of phase `spectral_norm` (by kernel name in a replay, else the enclosing range)",
-              evidence="kernel names"),
-    Criterion("no_single_block_kernels", "no single-block kernels", "kernels_grid1", "==", 0,
-              "a one-block kernel leaves 131 of 132 SMs idle", phases="every",
-              sees="kernels with `args.grid` == [1,1,1] (a `memcpy*` copy kernel excluded); Nsight gridX,Y,Z",
-              evidence="kernel names in their phase or outside steps"),
-    Criterion("memsets_only_where_needed", "memsets only where needed", "learner_memsets", "<=", 1,
-              "accumulators are initialized inside the kernels that use them", phases="learner",
-              sees="`gpu_memset` events + kernels named `*fill*` (`zero_()` is a FillFunctor kernel); Nsight "
-                   "`CUPTI_ACTIVITY_KIND_MEMSET`",
-              evidence="memset / fill kernel names in their phase"),
-    Criterion("tf32_forward_only", "TF32 forward only", "fwd_gemms_not_tf32 + bwd_gemms_tf32", "==", "yes",
-              "TF32 tensor cores where accuracy allows, FP32-accurate gradients", phases="gemms",
-              aggregate="all steps", judge=PRECISION,
-              sees="the float64 precision probe of the step's GEMMs (`hotloop.guards.probes.precision_probe`, below); the "
-                   "forward / backward GEMM kernels classed by name (`gemm_precision`) as evidence only",
-              evidence="each product's normwise error and class, MMA instruction counts, the names (not judged)"),
-    Criterion("ddqn_overlapped", "DDQN overlapped", "ddqn_overlap_ratio", ">", 0,
-              "the second stream hides the Double-DQN forward", phases="ddqn", aggregate="median over steps",
-              judge=OVERLAP,
-              sees="intervals of `ddqn_forward` kernels overlapping `forward` kernels on another stream",
-              evidence="the two phases' kernels per stream; the damaged steps' timing note"),
-    Criterion("env_kernels_per_env_step", "env kernels per env step", "env_kernels_per_env_step", "<=", 3,
-              "the fused actor runs a vectorized env step in at most 3 launches (act, tree insert, commit); every "
-              "extra launch is paid on every env step", phases="env",
-              sees="kernels of the env phases in the step (copy kernels excluded) / `PhaseRoles.env_steps_per_update` "
-                   "(the gate: `cfg.env_steps_per_update`)",
-              evidence="kernel names in their phase; `env_steps_per_update`; `env_kernels_grid1` over the window"),
-    Criterion("no_loop_sync", "no sync in the epochs' loop", None, "==", 0,
-              "a sync or a polling wait every N iterations stalls the loop though the guarded window may hold none",
-              phases=(), aggregate="all steps", query_allowance=READBACK_ALLOWANCE, judge=LOOP_CENSUS,
-              sees="on by default (`hotloop gate --no-loop-census` turns it off): `hotloop.guards.loop_syncs."
-                   "LoopSyncCensus`: the sync hooks and torch's sync debug warnings (\"called a synchronizing CUDA "
-                   "operation\") over `Trainer.iterate` of every epoch after the first, from the epoch's start to its "
-                   "readback phase, outside the guarded window (CUDA only; counted: pageable non_blocking `copy_`/"
-                   "`to`/`cuda` calls made from Python, and polling queries: the hooked `Event.query` / "
-                   "`Stream.query` calls beyond the allowance per iteration and phase, allowed completion queries: 1 "
-                   "per readback_publish; not seen: such copies made inside C++, `torch.Event`/`torch.Stream` syncs "
-                   "and queries, queries made from C++; guards/loop_syncs.py)",
-              evidence="call sites (api or `sync debug warning` at file:line xN, `polling:` api at file:line in phase "
-                       "xN) and the iterations they ran in with their period (\"every 300 iterations (iterations 300, "
-                       "600, 900 of epochs 2-3)\")",
-              measured_by="hotloop.guards.loop_syncs.LoopSyncCensus over the gate's epochs"),
-    Criterion("no_hang", "epoch 1 without hang", None, "==", "yes",
-              "a hang must fail fast with all stacks, not time out CI", phases=(), aggregate="all steps",
-              judge=WATCHDOG, sees="`hotloop.guards.watchdog.HangWatchdog` around every epoch",
-              measured_by="hotloop.guards.watchdog.HangWatchdog"),
-    Criterion("smoke_suite", "smoke suite", None, "==", "pass", "every part works end to end", phases=(),
-              aggregate="all steps", judge=PYTEST, sees="`pytest -m smoke` (not run by the gate)",
-              measured_by="pytest -m smoke (not run by the gate)"),
+    Criterion(
+        "no_stream_sync",
+        "no stream sync",
+        "stream_sync_calls",
+        "==",
+        0,
+        "a host read-back stalls the host on the GPU every step",
+        hook_column="stream_sync_hook_hits",
+        sees="Kineto `cuda_runtime`/`cuda_driver` calls `cudaStreamSynchronize`, `cuStreamSynchronize`; hooks "
+        "`torch.cuda.Stream.synchronize`, `Tensor.item/.cpu/.tolist/.numpy/__bool__` on CUDA tensors",
+        evidence="hook call sites (api at file:line in phase xN), trace API names in their phase or outside steps",
+    ),
+    Criterion(
+        "no_event_sync",
+        "no event sync",
+        "event_sync_calls",
+        "==",
+        0,
+        "each blocks the host until the GPU drains (sync-debug mode misses two of them); a host polling until "
+        "the GPU is done waits the same, with no sync call",
+        hook_column="event_sync_hook_hits",
+        query_column="polling_queries",
+        query_hook_column="polling_query_hook_hits",
+        query_allowance=READBACK_ALLOWANCE,
+        sees="calls `cudaEventSynchronize`, `cudaDeviceSynchronize`, `cuEventSynchronize`, `cuCtxSynchronize`, "
+        "blocking `cudaMemcpy*`/`cuMemcpy*`, non_blocking copies to pageable memory (Kineto `Memcpy ... "
+        "Pageable` not followed by a sync); hooks `torch.cuda.synchronize`, `torch.accelerator."
+        "synchronize`, `torch.cuda.Event.synchronize`; plus polling queries: completion queries (calls "
+        "`cudaEventQuery`, `cudaStreamQuery`, `cuEventQuery`, `cuStreamQuery` on the loop's thread "
+        "outside torch ops; hooks `torch.cuda.Event.query`, `torch.cuda.Stream.query`) beyond the "
+        "allowance, allowed completion queries: 1 per readback_publish (`READBACK_QUERIES_PER_PUBLISH`; "
+        'every `log_interval` iterations: see "Polling waits")',
+        evidence="as above, and the queries' call sites (`polling` or `allowed`, how many not ready), the counts "
+        "against the allowance, the host time in queries per step",
+    ),
+    Criterion(
+        "no_d2d_weight_sync",
+        "no D2D weight sync",
+        "learner_d2d_copies",
+        "==",
+        0,
+        "weights are views of one flat buffer; a copy wastes bandwidth and launches",
+        phases="learner",
+        sees="`gpu_memcpy` events of kind DtoD + kernels named `memcpy*` (a D2D copy captured in a graph); "
+        "Nsight `CUPTI_ACTIVITY_KIND_MEMCPY` copyKind 8",
+        evidence="copy names in their phase",
+    ),
+    Criterion(
+        "spectral_norm_fused",
+        "spectral norm fused",
+        "spectral_norm_launches",
+        "<=",
+        1,
+        "one fused launch normalizes every weight matrix",
+        phases="spectral_norm",
+        sees="kernels of phase `spectral_norm` (by kernel name in a replay, else the enclosing range)",
+        evidence="kernel names",
+    ),
+    Criterion(
+        "no_single_block_kernels",
+        "no single-block kernels",
+        "kernels_grid1",
+        "==",
+        0,
+        "a one-block kernel leaves 131 of 132 SMs idle",
+        phases="every",
+        sees="kernels with `args.grid` == [1,1,1] (a `memcpy*` copy kernel excluded); Nsight gridX,Y,Z",
+        evidence="kernel names in their phase or outside steps",
+    ),
+    Criterion(
+        "memsets_only_where_needed",
+        "memsets only where needed",
+        "learner_memsets",
+        "<=",
+        1,
+        "accumulators are initialized inside the kernels that use them",
+        phases="learner",
+        sees="`gpu_memset` events + kernels named `*fill*` (`zero_()` is a FillFunctor kernel); Nsight "
+        "`CUPTI_ACTIVITY_KIND_MEMSET`",
+        evidence="memset / fill kernel names in their phase",
+    ),
+    Criterion(
+        "tf32_forward_only",
+        "TF32 forward only",
+        "fwd_gemms_not_tf32 + bwd_gemms_tf32",
+        "==",
+        "yes",
+        "TF32 tensor cores where accuracy allows, FP32-accurate gradients",
+        phases="gemms",
+        aggregate="all steps",
+        judge=PRECISION,
+        sees="the float64 precision probe of the step's GEMMs (`hotloop.guards.probes.precision_probe`, below); the "
+        "forward / backward GEMM kernels classed by name (`gemm_precision`) as evidence only",
+        evidence="each product's normwise error and class, MMA instruction counts, the names (not judged)",
+    ),
+    Criterion(
+        "ddqn_overlapped",
+        "DDQN overlapped",
+        "ddqn_overlap_ratio",
+        ">",
+        0,
+        "the second stream hides the Double-DQN forward",
+        phases="ddqn",
+        aggregate="median over steps",
+        judge=OVERLAP,
+        sees="intervals of `ddqn_forward` kernels overlapping `forward` kernels on another stream",
+        evidence="the two phases' kernels per stream; the damaged steps' timing note",
+    ),
+    Criterion(
+        "env_kernels_per_env_step",
+        "env kernels per env step",
+        "env_kernels_per_env_step",
+        "<=",
+        3,
+        "the fused actor runs a vectorized env step in at most 3 launches (act, tree insert, commit); every "
+        "extra launch is paid on every env step",
+        phases="env",
+        sees="kernels of the env phases in the step (copy kernels excluded) / `PhaseRoles.env_steps_per_update` "
+        "(the gate: `cfg.env_steps_per_update`)",
+        evidence="kernel names in their phase; `env_steps_per_update`; `env_kernels_grid1` over the window",
+    ),
+    Criterion(
+        "no_loop_sync",
+        "no sync in the epochs' loop",
+        None,
+        "==",
+        0,
+        "a sync or a polling wait every N iterations stalls the loop though the guarded window may hold none",
+        phases=(),
+        aggregate="all steps",
+        query_allowance=READBACK_ALLOWANCE,
+        judge=LOOP_CENSUS,
+        sees="on by default (`hotloop gate --no-loop-census` turns it off): `hotloop.guards.loop_syncs."
+        "LoopSyncCensus`: the sync hooks and torch's sync debug warnings (\"called a synchronizing CUDA "
+        "operation\") over `Trainer.iterate` of every epoch after the first, from the epoch's start to its "
+        "readback phase, outside the guarded window (CUDA only; counted: pageable non_blocking `copy_`/"
+        "`to`/`cuda` calls made from Python, and polling queries: the hooked `Event.query` / "
+        "`Stream.query` calls beyond the allowance per iteration and phase, allowed completion queries: 1 "
+        "per readback_publish; not seen: such copies made inside C++, `torch.Event`/`torch.Stream` syncs "
+        "and queries, queries made from C++; guards/loop_syncs.py)",
+        evidence="call sites (api or `sync debug warning` at file:line xN, `polling:` api at file:line in phase "
+        'xN) and the iterations they ran in with their period ("every 300 iterations (iterations 300, '
+        '600, 900 of epochs 2-3)")',
+        measured_by="hotloop.guards.loop_syncs.LoopSyncCensus over the gate's epochs",
+    ),
+    Criterion(
+        "no_hang",
+        "epoch 1 without hang",
+        None,
+        "==",
+        "yes",
+        "a hang must fail fast with all stacks, not time out CI",
+        phases=(),
+        aggregate="all steps",
+        judge=WATCHDOG,
+        sees="`hotloop.guards.watchdog.HangWatchdog` around every epoch",
+        measured_by="hotloop.guards.watchdog.HangWatchdog",
+    ),
+    Criterion(
+        "smoke_suite",
+        "smoke suite",
+        None,
+        "==",
+        "pass",
+        "every part works end to end",
+        phases=(),
+        aggregate="all steps",
+        judge=PYTEST,
+        sees="`pytest -m smoke` (not run by the gate)",
+        measured_by="pytest -m smoke (not run by the gate)",
+    ),
 )
 """The registry: every criterion, in the order the tables show them."""
 _BY_ID = {c.id: c for c in CRITERIA}
@@ -259,7 +362,7 @@ def id_of(text: str, criteria: tuple[Criterion, ...] = CRITERIA) -> str:
 
 
 def label(text: str, criteria: tuple[Criterion, ...] = CRITERIA) -> str:
-    """"title [id]" for a criterion id, `text` unchanged for anything else (a timing row, "hang")."""
+    """ "title [id]" for a criterion id, `text` unchanged for anything else (a timing row, "hang")."""
     return next((c.label for c in criteria if c.id == text), text)
 
 
@@ -274,8 +377,7 @@ def query_allowance(criteria: tuple[Criterion, ...] = CRITERIA) -> dict[str, int
     return out
 
 
-def verdict_table(measurements: dict[str, float | str],
-                  criteria: tuple[Criterion, ...] = CRITERIA) -> pd.DataFrame:
+def verdict_table(measurements: dict[str, float | str], criteria: tuple[Criterion, ...] = CRITERIA) -> pd.DataFrame:
     """Verdicts of all `criteria` for the `measurements` given (criterion id -> measured value).
 
     Returns a DataFrame with columns id, criterion (the title), metric, limit, measured, status ("measured",
@@ -291,8 +393,18 @@ def verdict_table(measurements: dict[str, float | str],
         report = c.comparison == REPORT
         status = ("reported" if report else "measured") if has else "not yet measured"
         verdict = ("PASS" if c.check(value) else "FAIL") if has and not report else "-"
-        rows.append(dict(id=c.id, criterion=c.title, metric=c.metric, limit=c.limit_text, measured=value, status=status,
-                         verdict=verdict, why=c.why))
+        rows.append(
+            dict(
+                id=c.id,
+                criterion=c.title,
+                metric=c.metric,
+                limit=c.limit_text,
+                measured=value,
+                status=status,
+                verdict=verdict,
+                why=c.why,
+            )
+        )
     return pd.DataFrame(rows)
 
 
@@ -303,14 +415,24 @@ TABLE_COLUMNS = ["id", "criterion", "metric", "limit", "phases", "judged by"]
 def criteria_frame(criteria: tuple[Criterion, ...] = CRITERIA) -> pd.DataFrame:
     """One row per entry of `criteria`: id, criterion (the title), metric, limit, phases (the scope name or phase
     names; "-" for a row measured outside the window), judged by (`measured_by` when set, else `judge`)."""
-    rows = [dict(id=c.id, criterion=c.title, metric=c.metric or "-", limit=c.limit_text,
-                 phases="-" if c.measured_by else ", ".join(c.phases) if isinstance(c.phases, tuple) else c.phases,
-                 **{"judged by": c.measured_by or c.judge}) for c in criteria]
+    rows = [
+        dict(
+            id=c.id,
+            criterion=c.title,
+            metric=c.metric or "-",
+            limit=c.limit_text,
+            phases="-" if c.measured_by else ", ".join(c.phases) if isinstance(c.phases, tuple) else c.phases,
+            **{"judged by": c.measured_by or c.judge},
+        )
+        for c in criteria
+    ]
     return pd.DataFrame(rows, columns=TABLE_COLUMNS)
 
 
-MARKDOWN_HEADER = ("| id | criterion | metric (per step) | phases | aggregate | limit | source of truth (trace field / "
-                   "hook) | evidence | why |")
+MARKDOWN_HEADER = (
+    "| id | criterion | metric (per step) | phases | aggregate | limit | source of truth (trace field / "
+    "hook) | evidence | why |"
+)
 
 
 def markdown_table(criteria: tuple[Criterion, ...] = CRITERIA) -> str:
@@ -319,10 +441,21 @@ def markdown_table(criteria: tuple[Criterion, ...] = CRITERIA) -> str:
     window), limit, `sees`, `evidence` ("-" for none), why. `hotloop criteria --markdown` prints it."""
     lines = [MARKDOWN_HEADER, "|" + "---|" * MARKDOWN_HEADER.count(" | ") + "---|"]
     for c in criteria:
-        metric = " / ".join(" + ".join(f"`{x}`" for x in side.split(" + ")) for side in c.metric.split(" / ")) \
-            if c.metric and c.query_column else (
-                f"`{c.column}` / `{c.hook_column}`" if c.hook_column else f"`{c.column}`" if c.column else "-")
-        cells = [f"`{c.id}`", c.title, metric, c.phases_text, "-" if c.measured_by else c.aggregate, c.limit_text,
-                 c.sees or "-", c.evidence or "-", c.why]
+        metric = (
+            " / ".join(" + ".join(f"`{x}`" for x in side.split(" + ")) for side in c.metric.split(" / "))
+            if c.metric and c.query_column
+            else (f"`{c.column}` / `{c.hook_column}`" if c.hook_column else f"`{c.column}`" if c.column else "-")
+        )
+        cells = [
+            f"`{c.id}`",
+            c.title,
+            metric,
+            c.phases_text,
+            "-" if c.measured_by else c.aggregate,
+            c.limit_text,
+            c.sees or "-",
+            c.evidence or "-",
+            c.why,
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

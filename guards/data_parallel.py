@@ -24,6 +24,7 @@ from hotloop.profiles.rank_traces import rank_trace_name, write_rank_trace
 from hotloop.trainer.distributed import RankInfo, init_from_env, rank_info
 from hotloop.trainer.loop import Trainer
 
+
 def check_nproc(nproc: object, device: torch.device) -> int:
     """--nproc: an int >= 1 and, on a CUDA device, at most the GPUs this host has (one GPU per process); returns it.
     ValueError naming --nproc otherwise."""
@@ -37,8 +38,18 @@ def check_nproc(nproc: object, device: torch.device) -> int:
 def torchrun_command(nproc: int, train_args: list[str]) -> list[str]:
     """The torchrun command line that runs `hotloop train <train_args>` on `nproc` ranks of this host (standalone
     rendezvous on a free port; only rank 0's console output shown)."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-            "--local-ranks-filter=0", "-m", "hotloop.guards.cli", "train", *train_args]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "--local-ranks-filter=0",
+        "-m",
+        "hotloop.guards.cli",
+        "train",
+        *train_args,
+    ]
 
 
 def launch(nproc: int, train_args: list[str]) -> int:
@@ -64,6 +75,7 @@ def rank_trace_hook(folder: Path, steps: int, info: RankInfo) -> Callable[[Train
     (Trainer.iterate, CPU and CUDA activity) and write them as folder/trace_rank<R>.json.gz with this rank in the
     trace's metadata (hotloop.profiles.rank_traces.write_rank_trace); returns the file, or None when steps is 0.
     Every rank must run it with the same `steps` (each iteration holds the gradient all-reduce)."""
+
     def hook(trainer: Trainer) -> Path | None:
         if steps == 0:
             return None
@@ -75,4 +87,5 @@ def rank_trace_hook(folder: Path, steps: int, info: RankInfo) -> Callable[[Train
             if trainer.device.type == "cuda":
                 torch.cuda.synchronize(trainer.device)
         return write_rank_trace(prof, folder / rank_trace_name(info.rank), info.rank, info.world_size, info.backend)
+
     return hook

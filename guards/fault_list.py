@@ -25,18 +25,25 @@ class Fault:
         criterion(self.criterion)  # ValueError naming an unknown id
 
 
-FAULTS: dict[str, Fault] = {f.name: f for f in (
-    Fault("item", "no_stream_sync", "loss.item() after every step", False),
-    Fault("event_sync", "no_event_sync", "record an event and Event.synchronize() after every step", False),
-    Fault("device_sync", "no_event_sync", "torch.cuda.synchronize() after every step", False),
-    Fault("pageable_copy", "no_event_sync", "a non_blocking copy of the parameters into pageable host memory", False),
-    Fault("d2d_copy", "no_d2d_weight_sync", "a device-to-device copy of the parameters every step", False),
-    Fault("grid1", "no_single_block_kernels", "a one-element add (a grid (1,1,1) kernel) every step", False),
-    Fault("sn_split", "spectral_norm_fused", "spectral norm launched once per weight matrix", True),
-    Fault("ddqn_serial", "ddqn_overlapped", "the Double-DQN forward on the main stream, after the online one", True),
-    Fault("fwd_fp32", "tf32_forward_only", "the online forward's GEMMs in IEEE FP32 (cuBLAS, TF32 off)", True),
-    Fault("bwd_tf32", "tf32_forward_only", "the backward's input-gradient GEMMs in TF32 (cuBLAS)", True),
-)}
+FAULTS: dict[str, Fault] = {
+    f.name: f
+    for f in (
+        Fault("item", "no_stream_sync", "loss.item() after every step", False),
+        Fault("event_sync", "no_event_sync", "record an event and Event.synchronize() after every step", False),
+        Fault("device_sync", "no_event_sync", "torch.cuda.synchronize() after every step", False),
+        Fault(
+            "pageable_copy", "no_event_sync", "a non_blocking copy of the parameters into pageable host memory", False
+        ),
+        Fault("d2d_copy", "no_d2d_weight_sync", "a device-to-device copy of the parameters every step", False),
+        Fault("grid1", "no_single_block_kernels", "a one-element add (a grid (1,1,1) kernel) every step", False),
+        Fault("sn_split", "spectral_norm_fused", "spectral norm launched once per weight matrix", True),
+        Fault(
+            "ddqn_serial", "ddqn_overlapped", "the Double-DQN forward on the main stream, after the online one", True
+        ),
+        Fault("fwd_fp32", "tf32_forward_only", "the online forward's GEMMs in IEEE FP32 (cuBLAS, TF32 off)", True),
+        Fault("bwd_tf32", "tf32_forward_only", "the backward's input-gradient GEMMs in TF32 (cuBLAS)", True),
+    )
+}
 """Fault name -> Fault, in the order `hotloop gate --help` lists them."""
 
 

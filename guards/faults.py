@@ -24,14 +24,20 @@ from collections.abc import Callable
 import torch
 
 from hotloop.guards.fault_list import FAULTS, Fault
+from hotloop.guards.probes.bench_variants import tf32_matmuls
 from hotloop.kernels.linear import linear_forward
 from hotloop.kernels.spectral_norm import SpectralNormTable, spectral_norm_
 from hotloop.kernels.tf32_split import split_tf32
-from hotloop.guards.probes.bench_variants import tf32_matmuls
 
 
-def check_request(name: str | None, update_baseline: bool = False, *, device: torch.device | str | None = None,
-                  learner: str | None = None, spectral_norm: bool | None = None) -> None:
+def check_request(
+    name: str | None,
+    update_baseline: bool = False,
+    *,
+    device: torch.device | str | None = None,
+    learner: str | None = None,
+    spectral_norm: bool | None = None,
+) -> None:
     """Raise ValueError for a fault `name` that is not in FAULTS, or any fault with update_baseline (a faulty run
     must never become a baseline). None (no fault) passes.
 
@@ -47,14 +53,20 @@ def check_request(name: str | None, update_baseline: bool = False, *, device: to
     if name is None:
         return
     if device is not None and torch.device(device).type != "cuda":
-        raise ValueError(f"--inject {name}: the faults are GPU regressions and need a CUDA device, this run is on "
-                         f"{device} (pass --device cuda on a machine with a GPU)")
+        raise ValueError(
+            f"--inject {name}: the faults are GPU regressions and need a CUDA device, this run is on "
+            f"{device} (pass --device cuda on a machine with a GPU)"
+        )
     if learner is not None and FAULTS[name].hot_only and learner != "hotloop":
-        raise ValueError(f"--inject {name}: the fault changes the hotloop learner; this run uses the {learner!r} "
-                         f"learner (set learner=hotloop or leave it auto on CUDA)")
+        raise ValueError(
+            f"--inject {name}: the fault changes the hotloop learner; this run uses the {learner!r} "
+            f"learner (set learner=hotloop or leave it auto on CUDA)"
+        )
     if spectral_norm is False and name == "sn_split":
-        raise ValueError("--inject sn_split: this run has spectral norm off, so its step launches no spectral norm "
-                         "to split (--set spectral_norm=true, or the seed-scale preset)")
+        raise ValueError(
+            "--inject sn_split: this run has spectral norm off, so its step launches no spectral norm "
+            "to split (--set spectral_norm=true, or the seed-scale preset)"
+        )
 
 
 def inject(trainer, name: str) -> Fault:
@@ -68,8 +80,9 @@ def inject(trainer, name: str) -> Fault:
     fault = FAULTS[name]
     hot = trainer.learner_kind == "hotloop"
     if fault.hot_only and not hot:
-        raise ValueError(f"fault {name!r} changes the hotloop learner; this trainer uses the "
-                         f"{trainer.learner_kind!r} learner")
+        raise ValueError(
+            f"fault {name!r} changes the hotloop learner; this trainer uses the {trainer.learner_kind!r} learner"
+        )
     if trainer.device.type != "cuda":
         raise ValueError(f"fault {name!r} needs a CUDA trainer (got {trainer.device})")
     if fault.hot_only:
@@ -90,15 +103,20 @@ def inject(trainer, name: str) -> Fault:
 
 def _wrapper_fault(name: str, trainer) -> Callable[[], object]:
     device = trainer.device
-    params = trainer.learner.params if trainer.learner_kind == "hotloop" else \
-        next(trainer.learner.online.parameters()).detach()
+    params = (
+        trainer.learner.params
+        if trainer.learner_kind == "hotloop"
+        else next(trainer.learner.online.parameters()).detach()
+    )
     if name == "item":
         return lambda: params.sum().item()
     if name == "event_sync":
+
         def event_sync() -> None:
             event = torch.cuda.Event()
             event.record()
             event.synchronize()
+
         return event_sync
     if name == "device_sync":
         return lambda: torch.cuda.synchronize(device)
@@ -119,13 +137,45 @@ def _scaled(t: torch.Tensor, g: torch.Tensor, gain_group: int) -> torch.Tensor:
 
 
 def _fwd_fp32(learner) -> None:
-    def forward(x, w, b, g, y, gain_group, relu, *, rows=None, nets=1, p_zstride=0, x_zstride=0, ddqn=False,
-                yt=None, x_tf32=False, w_tf32=False, out_tf32=False):
+    def forward(
+        x,
+        w,
+        b,
+        g,
+        y,
+        gain_group,
+        relu,
+        *,
+        rows=None,
+        nets=1,
+        p_zstride=0,
+        x_zstride=0,
+        ddqn=False,
+        yt=None,
+        x_tf32=False,
+        w_tf32=False,
+        out_tf32=False,
+    ):
         if nets != 1:  # the Double-DQN forward keeps its kernels
-            return linear_forward(x, w, b, g, y, gain_group, relu, rows=rows, nets=nets, p_zstride=p_zstride,
-                                  x_zstride=x_zstride, ddqn=ddqn, yt=yt, x_tf32=x_tf32, w_tf32=w_tf32,
-                                  out_tf32=out_tf32)
-        inp = x.index_select(0, rows) if rows is not None else x[:y.shape[0]]
+            return linear_forward(
+                x,
+                w,
+                b,
+                g,
+                y,
+                gain_group,
+                relu,
+                rows=rows,
+                nets=nets,
+                p_zstride=p_zstride,
+                x_zstride=x_zstride,
+                ddqn=ddqn,
+                yt=yt,
+                x_tf32=x_tf32,
+                w_tf32=w_tf32,
+                out_tf32=out_tf32,
+            )
+        inp = x.index_select(0, rows) if rows is not None else x[: y.shape[0]]
         with tf32_matmuls(False):
             torch.mm(inp, w.t(), out=y)
         y.copy_(_scaled(y, g, gain_group) + b)
@@ -167,8 +217,10 @@ def _sn_split(learner) -> None:
     rows = [r for r, _ in table.shapes]
     cols = [c for _, c in table.shapes]
     us, vs = learner.sn_u.split(rows), learner.sn_v.split(cols)
-    tables = [SpectralNormTable.from_shapes([shape], learner.device, [offset])
-              for shape, offset in zip(table.shapes, table.offsets)]
+    tables = [
+        SpectralNormTable.from_shapes([shape], learner.device, [offset])
+        for shape, offset in zip(table.shapes, table.offsets)
+    ]
     iters = learner.cfg.sn_power_iterations
 
     def per_matrix() -> None:
@@ -190,4 +242,8 @@ def _eager(learner) -> None:
 
 
 _LEARNER_FAULTS: dict[str, Callable[[object], None]] = {
-    "sn_split": _sn_split, "ddqn_serial": _ddqn_serial, "fwd_fp32": _fwd_fp32, "bwd_tf32": _bwd_tf32}
+    "sn_split": _sn_split,
+    "ddqn_serial": _ddqn_serial,
+    "fwd_fp32": _fwd_fp32,
+    "bwd_tf32": _bwd_tf32,
+}

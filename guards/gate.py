@@ -41,23 +41,32 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from hotloop.guards.baselines import (KERNEL_US_PREFIX, Baseline, baseline_path, compare, compare_epochs,
-                                     config_mismatch, epoch_metrics, load_baseline, write_baseline)
+from hotloop.guards.baselines import (
+    KERNEL_US_PREFIX,
+    Baseline,
+    baseline_path,
+    compare,
+    compare_epochs,
+    config_mismatch,
+    epoch_metrics,
+    load_baseline,
+    write_baseline,
+)
 from hotloop.guards.criteria import LOOP_CENSUS, PRECISION, WATCHDOG, judged_by, label
 from hotloop.guards.faults import check_request
 from hotloop.guards.faults import inject as inject_fault
 from hotloop.guards.guard import MIN_WINDOW_STEPS, GuardReport, default_window_steps, guard_window
 from hotloop.guards.loop_structure import CensusGroup, LoopStructureCensus, census_criteria
 from hotloop.guards.loop_syncs import LoopSyncCensus
+from hotloop.guards.run import run_training
 from hotloop.guards.step_metrics import PhaseRoles
 from hotloop.profiles.docs import doc_ref
 from hotloop.profiles.epoch_table import format_table, write_table
 from hotloop.profiles.provenance import device_name
-from hotloop.trainer.config import ENV_SHAPE_FIELDS, Config, env_shape_fields
 from hotloop.trainer import loop as loop_module
+from hotloop.trainer.config import ENV_SHAPE_FIELDS, Config, env_shape_fields
 from hotloop.trainer.device_choice import learner_kind, resolve_device
 from hotloop.trainer.loop import STEP_RANGE, Trainer, learner_phases, loop_periods
-from hotloop.guards.run import run_training
 from hotloop.trainer.step import PHASE_RULES
 
 TRACE_FILE = "trace.json.gz"
@@ -69,8 +78,9 @@ BASELINES_DIR = Path(str(resources.files("hotloop.guards") / "baseline_files"))
 guards/baseline_files/), wherever the command is started from."""
 
 
-def default_baseline(folder: str | Path | None = None, gpu_name: str | None = None,
-                     preset: str | None = None) -> Path | None:
+def default_baseline(
+    folder: str | Path | None = None, gpu_name: str | None = None, preset: str | None = None
+) -> Path | None:
     """The baseline file of `preset` (None: the default, cartpole) for `gpu_name` (default: the name of this
     machine's CUDA device 0) in `folder` (BASELINES_DIR when None): hotloop.guards.baselines.baseline_path,
     <gpu-name-slug>.json or <gpu-name-slug>--<preset>.json. None when no name is given and there is no CUDA. The
@@ -82,8 +92,10 @@ def default_baseline(folder: str | Path | None = None, gpu_name: str | None = No
     return baseline_path(gpu_name, BASELINES_DIR if folder is None else folder, preset)
 
 
-ONE_REPEAT_NOTE = ("a baseline of one repeat has no spread, so each timing is then held to +5% of one run; GPU "
-                   "timings vary by about that between runs: record with --repeats 5")
+ONE_REPEAT_NOTE = (
+    "a baseline of one repeat has no spread, so each timing is then held to +5% of one run; GPU "
+    "timings vary by about that between runs: record with --repeats 5"
+)
 """Printed under "baseline written" when the baseline holds one repeat (guards/baselines.py: the timing rule is
 median +5% or 3 x the repeats' MAD spread)."""
 
@@ -111,8 +123,9 @@ def step_identity(config: Mapping, gpu: str) -> dict:
     the ENV_SHAPE_FIELDS the env does not read dropped (hotloop.trainer.config.env_shape_fields), plus "gpu"."""
     ident = dict(config)
     if "device" in ident:
-        ident["device"] = resolve_device("auto").type if ident["device"] == "auto" else \
-            torch.device(ident["device"]).type
+        ident["device"] = (
+            resolve_device("auto").type if ident["device"] == "auto" else torch.device(ident["device"]).type
+        )
     if ident.get("learner") == "auto" and "device" in ident:
         ident["learner"] = "hotloop" if ident["device"] == "cuda" else "reference"
     for f in set(ENV_SHAPE_FIELDS) - set(env_shape_fields(ident.get("env"))):
@@ -128,9 +141,11 @@ def baseline_mismatch(baseline: Baseline, cfg: Config) -> list[str] | None:
     if baseline.config is None:
         return None
     run = run_config(cfg)
-    return config_mismatch(step_identity(baseline.config, baseline.gpu),
-                           step_identity(run, device_name(torch.device(run["device"]))),
-                           {**Config().to_dict(), "guard_window": LEGACY_WINDOW})
+    return config_mismatch(
+        step_identity(baseline.config, baseline.gpu),
+        step_identity(run, device_name(torch.device(run["device"]))),
+        {**Config().to_dict(), "guard_window": LEGACY_WINDOW},
+    )
 
 
 def window_size(cfg: Config, kind: str, steps: int | None = None) -> tuple[int, dict[str, int], str]:
@@ -143,17 +158,30 @@ def window_size(cfg: Config, kind: str, steps: int | None = None) -> tuple[int, 
     longest = max(periods, key=periods.get)
     if steps is None:
         k = default_window_steps(periods)
-        return k, periods, (f"K = max({MIN_WINDOW_STEPS}, longest period {periods[longest]} ({longest})) = {k}: "
-                            f"every periodic phase runs in the window")
+        return (
+            k,
+            periods,
+            (
+                f"K = max({MIN_WINDOW_STEPS}, longest period {periods[longest]} ({longest})) = {k}: "
+                f"every periodic phase runs in the window"
+            ),
+        )
     if steps < 1:
         raise ValueError(f"the window needs steps >= 1, got {steps}")
     late = [f"{p} (every {n})" for p, n in periods.items() if n > steps]
-    return steps, periods, (f"K = --guard-steps {steps}" + (f"; longer periods: {', '.join(late)} may be missing "
-                                                              f"from the window" if late else ""))
+    return (
+        steps,
+        periods,
+        (
+            f"K = --guard-steps {steps}"
+            + (f"; longer periods: {', '.join(late)} may be missing from the window" if late else "")
+        ),
+    )
 
 
-def guard_loop(trainer: Trainer, steps: int | None = None, warmup: int = 3,
-               trace_path: str | Path | None = None) -> GuardReport:
+def guard_loop(
+    trainer: Trainer, steps: int | None = None, warmup: int = 3, trace_path: str | Path | None = None
+) -> GuardReport:
     """Guard `steps` (default: `window_size`) consecutive iterations of `trainer`'s training loop: `warmup`
     unprofiled `trainer.iterate` iterations, then `trainer.iterate(K)` inside hotloop.guards.guard.guard_window, its
     step ranges the loop's own (STEP_RANGE), its periods the loop's (loop_periods), the learner's phases
@@ -166,12 +194,17 @@ def guard_loop(trainer: Trainer, steps: int | None = None, warmup: int = 3,
     k, periods, _ = window_size(trainer.cfg, kind, steps)
     hot = kind == "hotloop"
     trainer.iterate(warmup)
-    with guard_window(k, 0, step_range=STEP_RANGE, phases=PHASE_RULES if hot else None,
-                      rule_phases=learner_phases(kind) if hot else None,
-                      roles=PhaseRoles(learner=learner_phases(kind),
-                                       env_steps_per_update=trainer.cfg.env_steps_per_update),
-                      periods=periods, trace_path=trace_path,
-                      cuda=trainer.device.type == "cuda") as window:
+    with guard_window(
+        k,
+        0,
+        step_range=STEP_RANGE,
+        phases=PHASE_RULES if hot else None,
+        rule_phases=learner_phases(kind) if hot else None,
+        roles=PhaseRoles(learner=learner_phases(kind), env_steps_per_update=trainer.cfg.env_steps_per_update),
+        periods=periods,
+        trace_path=trace_path,
+        cuda=trainer.device.type == "cuda",
+    ) as window:
         trainer.iterate(k)
     report = window.report
     report.window["warmup"] = warmup  # loop iterations run unprofiled just before the window
@@ -231,8 +264,7 @@ def run_gate(cfg: Config, run_dir: Path, options: GateOptions) -> int:
     started = time.perf_counter()
     device = resolve_device(cfg.device)
     kind = learner_kind(cfg, device)
-    check_request(options.inject, options.update_baseline, device=device, learner=kind,
-                  spectral_norm=cfg.spectral_norm)
+    check_request(options.inject, options.update_baseline, device=device, learner=kind, spectral_norm=cfg.spectral_norm)
     k, _, why_k = window_size(cfg, kind, options.guard_steps)
 
     overhead: dict = {}
@@ -243,18 +275,27 @@ def run_gate(cfg: Config, run_dir: Path, options: GateOptions) -> int:
         if options.inject is not None:
             fault = inject_fault(trainer, options.inject)
             print(f"\ninjected fault {fault.name!r}: {fault.what}; expect FAIL of {label(fault.criterion)}")
-        reports = [guard_loop(trainer, k, options.guard_warmup,
-                              trace_path=run_dir / TRACE_FILE if r == 0 else None)
-                   for r in range(options.repeats)]
+        reports = [
+            guard_loop(trainer, k, options.guard_warmup, trace_path=run_dir / TRACE_FILE if r == 0 else None)
+            for r in range(options.repeats)
+        ]
         return reports, precision_evidence(trainer)  # after the guarded windows, never inside them
 
     census = LoopSyncCensus(cuda=device.type == "cuda", loop=loop_module) if options.loop_census else None
-    structure = (LoopStructureCensus(cuda=device.type == "cuda", step_range=STEP_RANGE) if options.structure_census
-                 else None)
+    structure = (
+        LoopStructureCensus(cuda=device.type == "cuda", step_range=STEP_RANGE) if options.structure_census else None
+    )
     group = CensusGroup([census, structure]) if census is not None or structure is not None else None
     watched: dict[str, bool] = {}
-    epochs, (reports, precision) = run_training(cfg, run_dir, options.epoch_limit_s, options.show_progress,
-                                                after_epochs=guard, loop_census=group, watched=watched)
+    epochs, (reports, precision) = run_training(
+        cfg,
+        run_dir,
+        options.epoch_limit_s,
+        options.show_progress,
+        after_epochs=guard,
+        loop_census=group,
+        watched=watched,
+    )
     report = reports[0]
     verdicts = report.verdicts.copy()
     for other in reports[1:]:
@@ -269,38 +310,57 @@ def run_gate(cfg: Config, run_dir: Path, options: GateOptions) -> int:
     write_table(verdicts, run_dir, "criteria")
     (run_dir / "criteria.json").write_text(json.dumps(verdicts.to_dict(orient="records"), indent=2) + "\n")
     write_table(report.coverage, run_dir, "coverage")
-    regressions = _baseline_step(reports, options.baseline, options.update_baseline, run_dir, run_config(cfg),
-                                 epochs)
+    regressions = _baseline_step(reports, options.baseline, options.update_baseline, run_dir, run_config(cfg), epochs)
     window_s = sum(r.window.get("window_s", 0.0) for r in reports)
     analysis_s = sum(r.window.get("analysis_s", 0.0) for r in reports)
     wall_s = time.perf_counter() - started
-    timing = {"wall_s": round(wall_s, 3), "profiling_s": round(window_s + analysis_s, 3),
-              "window_s": round(window_s, 3), "analysis_s": round(analysis_s, 3), "repeats": options.repeats,
-              "window_steps": k}
+    timing = {
+        "wall_s": round(wall_s, 3),
+        "profiling_s": round(window_s + analysis_s, 3),
+        "window_s": round(window_s, 3),
+        "analysis_s": round(analysis_s, 3),
+        "repeats": options.repeats,
+        "window_steps": k,
+    }
     structure_cost = structure.cost() if structure is not None and structure.epochs else {}
-    report.to_json(run_dir / "guard.json", extra={"gate": timing, "structure_census": {
-        **structure_cost, "census_overhead": overhead}})
+    report.to_json(
+        run_dir / "guard.json",
+        extra={"gate": timing, "structure_census": {**structure_cost, "census_overhead": overhead}},
+    )
     missing = report.window.get("missing", [])
     print("\nPer-epoch table\n" + format_table(epochs))
-    print(f"\nGuarded window: {k} loop iterations (Trainer.iterate, one 'step' range each) after "
-          f"{options.guard_warmup} warm-up, {options.repeats} repeat{'s' * (options.repeats != 1)}; {why_k}")
-    print("Phase coverage (phase: its period in iterations, the window steps it ran in, its kernels and syncs)\n"
-          + format_table(report.coverage)
-          + (f"\nnot in the window: {', '.join(missing)}: the criteria that apply to "
-             f"{'them' if len(missing) > 1 else 'it'} are not measured" if missing else ""))
-    print(f"\nCriteria (hotloop criteria; {doc_ref('criteria.md')}), {k} guarded steps after the epochs\n"
-          + format_table(verdicts[["criterion", "id", "measured", "limit", "verdict", "status", "source",
-                                   "worst_step"]]))
+    print(
+        f"\nGuarded window: {k} loop iterations (Trainer.iterate, one 'step' range each) after "
+        f"{options.guard_warmup} warm-up, {options.repeats} repeat{'s' * (options.repeats != 1)}; {why_k}"
+    )
+    print(
+        "Phase coverage (phase: its period in iterations, the window steps it ran in, its kernels and syncs)\n"
+        + format_table(report.coverage)
+        + (
+            f"\nnot in the window: {', '.join(missing)}: the criteria that apply to "
+            f"{'them' if len(missing) > 1 else 'it'} are not measured"
+            if missing
+            else ""
+        )
+    )
+    print(
+        f"\nCriteria (hotloop criteria; {doc_ref('criteria.md')}), {k} guarded steps after the epochs\n"
+        + format_table(verdicts[["criterion", "id", "measured", "limit", "verdict", "status", "source", "worst_step"]])
+    )
     print(structure_text(verdicts, structure, structure_cost, k) + (f"\n{overhead_text(overhead)}" if overhead else ""))
     failed = verdicts[verdicts.verdict == "FAIL"]
-    print(f"\nrun folder: {run_dir} (its Kineto trace per step: hotloop inspect --step-range {STEP_RANGE} "
-          f"{run_dir / TRACE_FILE})")
+    print(
+        f"\nrun folder: {run_dir} (its Kineto trace per step: hotloop inspect --step-range {STEP_RANGE} "
+        f"{run_dir / TRACE_FILE})"
+    )
     share = (window_s + analysis_s) / wall_s if wall_s > 0 else float("nan")
     parts = {key: sum(r.window.get(f"{key}_s", 0.0) for r in reports) for key in ("stop", "export", "read", "judge")}
-    print(f"gate wall time {wall_s:.1f} s, of which profiling {window_s + analysis_s:.1f} s ({share:.1%}): the "
-          f"guarded window {window_s:.1f} s + trace analysis {analysis_s:.1f} s (profiler stop {parts['stop']:.1f}, "
-          f"export {parts['export']:.1f}, "
-          f"read {parts['read']:.1f}, judge {parts['judge']:.1f}; {report.window.get('events', 0)} events)")
+    print(
+        f"gate wall time {wall_s:.1f} s, of which profiling {window_s + analysis_s:.1f} s ({share:.1%}): the "
+        f"guarded window {window_s:.1f} s + trace analysis {analysis_s:.1f} s (profiler stop {parts['stop']:.1f}, "
+        f"export {parts['export']:.1f}, "
+        f"read {parts['read']:.1f}, judge {parts['judge']:.1f}; {report.window.get('events', 0)} events)"
+    )
     if len(failed) or len(regressions):
         for _, row in failed.iterrows():
             print(f"FAIL {row.criterion} [{row.id}]: measured {row.measured} (limit {row.limit}); {row.evidence}")
@@ -310,13 +370,17 @@ def run_gate(cfg: Config, run_dir: Path, options: GateOptions) -> int:
     counts = verdicts.status.value_counts()
     measured, reported = int(counts.get("measured", 0)), int(counts.get("reported", 0))
     na = int(verdicts.status.str.startswith("not applicable").sum())  # CPU: the sync rows (hotloop.guards.guard)
-    print(f"PASS ({measured} measured, {reported} reported, {len(verdicts) - measured - reported - na} not measured"
-          + (f", {na} not applicable (no CUDA)" if na else "") + ")")
+    print(
+        f"PASS ({measured} measured, {reported} reported, {len(verdicts) - measured - reported - na} not measured"
+        + (f", {na} not applicable (no CUDA)" if na else "")
+        + ")"
+    )
     return 0
 
 
-def _baseline_step(reports: list[GuardReport], baseline: Path | None, update: bool, run_dir: Path,
-                   config: dict, epochs: pd.DataFrame) -> pd.DataFrame:
+def _baseline_step(
+    reports: list[GuardReport], baseline: Path | None, update: bool, run_dir: Path, config: dict, epochs: pd.DataFrame
+) -> pd.DataFrame:
     """Write (with `config`, a `run_config`, and the steady-state epoch throughput of the per-epoch table `epochs`:
     hotloop.guards.baselines.epoch_metrics) or compare the baseline; returns the failing comparison rows (empty when
     none or no baseline). The comparison covers the guarded window's per-step medians and the epochs' learner
@@ -334,10 +398,18 @@ def _baseline_step(reports: list[GuardReport], baseline: Path | None, update: bo
     metrics = {m: [r.medians.get(m, float("nan")) for r in reports] for m in names}
     note = "; ".join(f"repeat {i + 1}: {r.timing_note}" for i, r in enumerate(reports) if r.timing_note)
     if update:
-        write_baseline(baseline, metrics, gpu=device_name(torch.device(config["device"])), config=config,
-                       epochs=epoch_metrics(epochs))
-        print(f"\nbaseline written: {baseline} ({len(reports)} repeats, {len(metrics)} metrics)"
-              + (f"\nnote: {note}" if note else "") + (f"\nnote: {ONE_REPEAT_NOTE}" if len(reports) == 1 else ""))
+        write_baseline(
+            baseline,
+            metrics,
+            gpu=device_name(torch.device(config["device"])),
+            config=config,
+            epochs=epoch_metrics(epochs),
+        )
+        print(
+            f"\nbaseline written: {baseline} ({len(reports)} repeats, {len(metrics)} metrics)"
+            + (f"\nnote: {note}" if note else "")
+            + (f"\nnote: {ONE_REPEAT_NOTE}" if len(reports) == 1 else "")
+        )
         return pd.DataFrame()
     loaded = load_baseline(baseline)
     table = compare(metrics, loaded)
@@ -346,18 +418,26 @@ def _baseline_step(reports: list[GuardReport], baseline: Path | None, update: bo
     table.loc[timing, "note"] = note
     if all(_every_step_damaged(r) for r in reports):
         lost = timing & table["run"].isna() & table["verdict"].eq("FAIL")
-        table.loc[lost, ["verdict", "rule"]] = ["-", "not compared: the timing of every guarded step was left out "
-                                                     "(trace anomalies, see note)"]
+        table.loc[lost, ["verdict", "rule"]] = [
+            "-",
+            "not compared: the timing of every guarded step was left out (trace anomalies, see note)",
+        ]
     table = pd.concat([table, compare_epochs(epochs, loaded).assign(note="")], ignore_index=True)
     write_table(table, run_dir, "baseline")
     kernel = table["metric"].str.startswith(KERNEL_US_PREFIX)
     failing = table["verdict"].eq("FAIL")
     compared = int((kernel & table["verdict"].isin(["PASS", "FAIL"])).sum())
-    per_kernel = (f"{compared} compared, {int((kernel & failing).sum())} FAIL (shown above; every row in "
-                  f"baseline.csv)" if compared else "none compared: the baseline holds none (re-record it with "
-                  "--update-baseline)")
-    print(f"\nBaseline comparison ({baseline})\n" + format_table(table[~kernel | failing].drop(columns="note"))
-          + f"\nper-kernel timings ({KERNEL_US_PREFIX}*): {per_kernel}" + (f"\nnote: {note}" if note else ""))
+    per_kernel = (
+        f"{compared} compared, {int((kernel & failing).sum())} FAIL (shown above; every row in baseline.csv)"
+        if compared
+        else "none compared: the baseline holds none (re-record it with --update-baseline)"
+    )
+    print(
+        f"\nBaseline comparison ({baseline})\n"
+        + format_table(table[~kernel | failing].drop(columns="note"))
+        + f"\nper-kernel timings ({KERNEL_US_PREFIX}*): {per_kernel}"
+        + (f"\nnote: {note}" if note else "")
+    )
     return table[table.verdict == "FAIL"]
 
 
@@ -388,12 +468,21 @@ def judge_hang(verdicts: pd.DataFrame, watched: Mapping[str, bool]) -> None:
     if alive is None:
         verdicts.loc[row, cells] = ["", "-", f"not measured ({HANG_PERIOD} did not run under the watchdog)", "", ""]
     elif alive:
-        verdicts.loc[row, cells] = ["yes", "PASS", "measured", "watchdog",
-                                    f"{HANG_PERIOD} finished under the hang watchdog, alive from its start to its end"]
+        verdicts.loc[row, cells] = [
+            "yes",
+            "PASS",
+            "measured",
+            "watchdog",
+            f"{HANG_PERIOD} finished under the hang watchdog, alive from its start to its end",
+        ]
     else:
-        verdicts.loc[row, cells] = ["no", "FAIL", "measured", "watchdog",
-                                    f"the hang watchdog was not alive for the whole of {HANG_PERIOD}: a hang there "
-                                    f"would not have been stopped"]
+        verdicts.loc[row, cells] = [
+            "no",
+            "FAIL",
+            "measured",
+            "watchdog",
+            f"the hang watchdog was not alive for the whole of {HANG_PERIOD}: a hang there would not have been stopped",
+        ]
 
 
 LOOP_CENSUS_OFF = "not measured (off: hotloop gate --no-loop-census)"
@@ -411,7 +500,12 @@ def judge_loop_syncs(verdicts: pd.DataFrame, census: LoopSyncCensus | None) -> N
         return
     verdicts["measured"] = verdicts["measured"].astype(object)  # counts beside "yes"/"no" (a str column refuses)
     verdicts.loc[row, ["measured", "verdict", "status", "source", "evidence"]] = [
-        measured, "PASS" if measured == 0 else "FAIL", "measured", "census", text]
+        measured,
+        "PASS" if measured == 0 else "FAIL",
+        "measured",
+        "census",
+        text,
+    ]
 
 
 STRUCTURE_FILE = "structure_census"
@@ -422,8 +516,9 @@ CENSUS_COLUMN = "census"
 """The criteria table's column holding the structure census's word on the rows it judges ("" on the others)."""
 
 
-def judge_loop_structure(verdicts: pd.DataFrame, census: LoopStructureCensus | None, window_steps: int,
-                         learner: tuple[str, ...] | None) -> pd.DataFrame | None:
+def judge_loop_structure(
+    verdicts: pd.DataFrame, census: LoopStructureCensus | None, window_steps: int, learner: tuple[str, ...] | None
+) -> pd.DataFrame | None:
     """Let the structure census judge the window's D2D, memset and single-block rows of `verdicts` (in place; the
     rows whose columns hotloop.guards.loop_structure.KIND_COLUMNS names) and return its streams
     (LoopStructureCensus.new_work; None when there is no census or it watched no epoch).
@@ -457,9 +552,14 @@ def judge_loop_structure(verdicts: pd.DataFrame, census: LoopStructureCensus | N
             continue
         old_source, old_evidence = verdicts.loc[row, "source"].iloc[0], verdicts.loc[row, "evidence"].iloc[0]
         verdicts.loc[row, ["measured", "verdict", "status", "source", "evidence", CENSUS_COLUMN]] = [
-            total, "FAIL", "measured", "+".join(s for s in (old_source, "census") if s),
+            total,
+            "FAIL",
+            "measured",
+            "+".join(s for s in (old_source, "census") if s),
             f"census of {census.span_text()}, not in the {window_steps}-iteration window: {text}"
-            + (f"; window: {old_evidence}" if old_evidence else ""), f"FAIL: {text}"]
+            + (f"; window: {old_evidence}" if old_evidence else ""),
+            f"FAIL: {text}",
+        ]
     return census.new_work(window_steps, learner) if census.epochs else None
 
 
@@ -468,15 +568,21 @@ def structure_text(verdicts: pd.DataFrame, census: LoopStructureCensus | None, c
     if census is None:
         return f"\nStructure census: {STRUCTURE_CENSUS_OFF}"
     span = f"the loop of {census.span_text()}" if census.epochs else "the loop of the epochs after the first"
-    head = (f"\nStructure census (D2D copies, memsets / fills, grid (1,1,1) launches per iteration in {span}, beyond "
-            f"the {window_steps}-iteration window; {doc_ref('criteria.md')})")
-    lines = [f"  {c.title}: {verdicts.loc[verdicts['id'].eq(c.id), CENSUS_COLUMN].iloc[0]}"
-             for c in census_criteria().values()]
+    head = (
+        f"\nStructure census (D2D copies, memsets / fills, grid (1,1,1) launches per iteration in {span}, beyond "
+        f"the {window_steps}-iteration window; {doc_ref('criteria.md')})"
+    )
+    lines = [
+        f"  {c.title}: {verdicts.loc[verdicts['id'].eq(c.id), CENSUS_COLUMN].iloc[0]}"
+        for c in census_criteria().values()
+    ]
     if cost:
-        lines.append(f"  cost: {cost['ops']} ATen ops, {cost['launches']} Triton launches, {cost['ranges']} phase "
-                     f"ranges seen over {cost['span_s']:.2f} s of loop; estimated {cost['estimated_s'] * 1e3:.1f} ms "
-                     f"({cost['estimated_ratio']:.2%}) at {cost['range_ns']:.0f} ns per range, {cost['op_ns']:.0f} ns "
-                     f"per op on this host (measured on the device: hotloop gate --census-overhead)")
+        lines.append(
+            f"  cost: {cost['ops']} ATen ops, {cost['launches']} Triton launches, {cost['ranges']} phase "
+            f"ranges seen over {cost['span_s']:.2f} s of loop; estimated {cost['estimated_s'] * 1e3:.1f} ms "
+            f"({cost['estimated_ratio']:.2%}) at {cost['range_ns']:.0f} ns per range, {cost['op_ns']:.0f} ns "
+            f"per op on this host (measured on the device: hotloop gate --census-overhead)"
+        )
     return "\n".join([head, *lines])
 
 
@@ -513,7 +619,7 @@ def census_overhead(trainer: Trainer, steps: int, pairs: int = 5) -> dict:
     groups = {m: censuses(m) for m in modes}
     times: dict[str, list[float]] = {m: [] for m in modes}
     for p in range(-1, pairs):  # p = -1: one unmeasured run per mode
-        for mode in (modes if p % 2 == 0 else modes[::-1]):
+        for mode in modes if p % 2 == 0 else modes[::-1]:
             group = groups[mode]
             sync()
             start = time.perf_counter()
@@ -528,17 +634,23 @@ def census_overhead(trainer: Trainer, steps: int, pairs: int = 5) -> dict:
             if p >= 0:
                 times[mode].append((time.perf_counter() - start) / steps * 1e6)
     med = {m: float(pd.Series(v).median()) for m, v in times.items()}
-    return {"steps": steps, "pairs": pairs, "us_per_iteration": {m: round(v, 2) for m, v in med.items()},
-            "overhead_ratio": {m: round(med[m] / med["none"] - 1, 4) for m in modes if m != "none"}}
+    return {
+        "steps": steps,
+        "pairs": pairs,
+        "us_per_iteration": {m: round(v, 2) for m, v in med.items()},
+        "overhead_ratio": {m: round(med[m] / med["none"] - 1, 4) for m in modes if m != "none"},
+    }
 
 
 def overhead_text(overhead: Mapping) -> str:
     """One line: the census overhead per loop iteration (`census_overhead`)."""
     us, ratio = overhead["us_per_iteration"], overhead["overhead_ratio"]
-    return (f"Census overhead (hotloop gate --census-overhead: {overhead['pairs']} x {overhead['steps']} iterations "
-            f"per mode after the epochs, device-synchronized, medians): no census {us['none']:.1f} us/iteration; "
-            f"structure census {us['structure']:.1f} us ({ratio['structure']:+.1%}); both censuses (sync + "
-            f"structure, as the gate's epochs run) {us['both']:.1f} us ({ratio['both']:+.1%})")
+    return (
+        f"Census overhead (hotloop gate --census-overhead: {overhead['pairs']} x {overhead['steps']} iterations "
+        f"per mode after the epochs, device-synchronized, medians): no census {us['none']:.1f} us/iteration; "
+        f"structure census {us['structure']:.1f} us ({ratio['structure']:+.1%}); both censuses (sync + "
+        f"structure, as the gate's epochs run) {us['both']:.1f} us ({ratio['both']:+.1%})"
+    )
 
 
 def precision_evidence(trainer: Trainer) -> tuple[str, list[str]]:
@@ -565,6 +677,11 @@ def judge_precision(verdicts: pd.DataFrame, verdict: str, lines: list[str]) -> N
     evidence = "; ".join([*lines, f"names (not judged): {named or '-'}{': ' + names if names else ''}"])
     if verdict in ("PASS", "FAIL"):
         verdicts.loc[row, ["measured", "verdict", "status", "source", "evidence"]] = [
-            "yes" if verdict == "PASS" else "no", verdict, "measured", "probe", evidence]
+            "yes" if verdict == "PASS" else "no",
+            verdict,
+            "measured",
+            "probe",
+            evidence,
+        ]
     else:
         verdicts.loc[row, ["measured", "verdict", "status", "source", "evidence"]] = ["", "-", verdict, "", evidence]

@@ -95,10 +95,29 @@ import pandas as pd
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from hotloop.guards.criteria import (COUNT, CRITERIA, OVERLAP, PRECISION, REPORT, Criterion, query_allowance,
-                                     verdict_table)
-from hotloop.guards.step_metrics import (HIT_MARK, OUTSIDE_LABEL, PER_ENV_STEP, QUERY_MARK, WINDOW_RANGE, PhaseRoles,
-                                         PhaseRule, StepMetrics, phase_coverage, polling_flags, step_metrics)
+from hotloop.guards.criteria import (
+    COUNT,
+    CRITERIA,
+    OVERLAP,
+    PRECISION,
+    REPORT,
+    Criterion,
+    query_allowance,
+    verdict_table,
+)
+from hotloop.guards.step_metrics import (
+    HIT_MARK,
+    OUTSIDE_LABEL,
+    PER_ENV_STEP,
+    QUERY_MARK,
+    WINDOW_RANGE,
+    PhaseRoles,
+    PhaseRule,
+    StepMetrics,
+    phase_coverage,
+    polling_flags,
+    step_metrics,
+)
 from hotloop.guards.sync_hooks import SyncHooks, spin_spans
 from hotloop.profiles.kineto_reader import read_kineto
 
@@ -116,8 +135,21 @@ NOT_APPLICABLE = "not applicable (no CUDA)"
 """Status of a sync row (a row with a hook column) on a run without CUDA whose hooks saw no sync: a host sync waits
 for a device, so on the CPU there is none to find and a count of 0 is no verdict (verdict "-", never PASS). A hook
 hit there (a CUDA API called from a CPU run) is still measured and FAILs."""
-VERDICT_COLUMNS = ["id", "criterion", "measured", "limit", "verdict", "status", "source", "worst_step", "total",
-                   "phases", "evidence", "metric", "why"]
+VERDICT_COLUMNS = [
+    "id",
+    "criterion",
+    "measured",
+    "limit",
+    "verdict",
+    "status",
+    "source",
+    "worst_step",
+    "total",
+    "phases",
+    "evidence",
+    "metric",
+    "why",
+]
 """The verdict table's columns: id (the criterion's id), criterion (its title, for display), ..."""
 MIN_WINDOW_STEPS = 20
 """The smallest default window (`default_window_steps`)."""
@@ -184,13 +216,25 @@ class GuardReport:
         """Write {"cuda", "verdicts", "per_step", "medians", "hits", "gemms", "anomalies", "timing_note", "window",
         "coverage", "outside", "queries"} (tables as lists of records, NaN as null) and the `extra` keys to `path`;
         returns it as a Path."""
+
         def records(df: pd.DataFrame) -> list[dict]:
             return json.loads(df.to_json(orient="records"))
-        doc = {"cuda": self.cuda, "verdicts": records(self.verdicts), "per_step": records(self.per_step),
-               "medians": json.loads(pd.Series(self.medians, dtype="float64").to_json()),
-               "hits": records(self.hits), "gemms": records(self.gemms), "anomalies": self.anomalies,
-               "timing_note": self.timing_note, "window": self.window, "coverage": records(self.coverage),
-               "outside": self.outside, "queries": records(self.queries), **(extra or {})}
+
+        doc = {
+            "cuda": self.cuda,
+            "verdicts": records(self.verdicts),
+            "per_step": records(self.per_step),
+            "medians": json.loads(pd.Series(self.medians, dtype="float64").to_json()),
+            "hits": records(self.hits),
+            "gemms": records(self.gemms),
+            "anomalies": self.anomalies,
+            "timing_note": self.timing_note,
+            "window": self.window,
+            "coverage": records(self.coverage),
+            "outside": self.outside,
+            "queries": records(self.queries),
+            **(extra or {}),
+        }
         path = Path(path)
         path.write_text(json.dumps(doc, indent=2, default=str) + "\n")
         return path
@@ -198,7 +242,8 @@ class GuardReport:
     def __str__(self) -> str:
         """The verdict table: title, id, measured, limit, verdict, status, source."""
         return self.verdicts[["criterion", "id", "measured", "limit", "verdict", "status", "source"]].to_string(
-            index=False)
+            index=False
+        )
 
 
 class _MarkedHooks(SyncHooks):
@@ -258,11 +303,20 @@ class GuardWindow:
     Raises ValueError for steps < 1 or warmup < 0.
     """
 
-    def __init__(self, steps: int, warmup: int = 0, *, step_range: str = "step",
-                 phases: Mapping[PhaseRule, str] | None = None, rule_phases: tuple[str, ...] | None = None,
-                 roles: PhaseRoles = PhaseRoles(), gemm_registry: Mapping[str, str] | None = None,
-                 periods: Mapping[str, int] | None = None, trace_path: str | Path | None = None,
-                 cuda: bool | None = None) -> None:
+    def __init__(
+        self,
+        steps: int,
+        warmup: int = 0,
+        *,
+        step_range: str = "step",
+        phases: Mapping[PhaseRule, str] | None = None,
+        rule_phases: tuple[str, ...] | None = None,
+        roles: PhaseRoles = PhaseRoles(),
+        gemm_registry: Mapping[str, str] | None = None,
+        periods: Mapping[str, int] | None = None,
+        trace_path: str | Path | None = None,
+        cuda: bool | None = None,
+    ) -> None:
         if steps < 1 or warmup < 0:
             raise ValueError(f"need steps >= 1 and warmup >= 0, got steps={steps}, warmup={warmup}")
         self.steps, self.warmup, self.step_range = steps, warmup, step_range
@@ -271,7 +325,7 @@ class GuardWindow:
         self.trace_path = trace_path
         self.cuda = torch.cuda.is_available() if cuda is None else cuda
         self._report: GuardReport | None = None
-        self._calls = 0          # window.step() calls so far
+        self._calls = 0  # window.step() calls so far
         self._entered = False
         self._profiling = False  # between _start and _stop
         self._started = False
@@ -315,11 +369,15 @@ class GuardWindow:
         if exc_type is not None:
             return False
         if not self._started:
-            raise RuntimeError(f"guard_window(warmup={self.warmup}): the window never started; with warmup > 0 "
-                               f"call window.step() around each step ({self.warmup} + {self.steps} times)")
+            raise RuntimeError(
+                f"guard_window(warmup={self.warmup}): the window never started; with warmup > 0 "
+                f"call window.step() around each step ({self.warmup} + {self.steps} times)"
+            )
         if self._calls and self._calls - self.warmup < self.steps:
-            raise RuntimeError(f"guard_window: {max(0, self._calls - self.warmup)} of {self.steps} guarded steps "
-                               f"ran ({self._calls} window.step() calls, warmup {self.warmup})")
+            raise RuntimeError(
+                f"guard_window: {max(0, self._calls - self.warmup)} of {self.steps} guarded steps "
+                f"ran ({self._calls} window.step() calls, warmup {self.warmup})"
+            )
         self._report = self._analyse()
         return False
 
@@ -371,14 +429,25 @@ class GuardWindow:
             t1 = time.perf_counter()
             events = read_kineto(raw)
             t2 = time.perf_counter()
-            metrics = step_metrics(events, step_range_name=self.step_range, phases=self.phases,
-                                   roles=self.roles, gemm_registry=self.gemm_registry, rule_phases=self.rule_phases)
+            metrics = step_metrics(
+                events,
+                step_range_name=self.step_range,
+                phases=self.phases,
+                roles=self.roles,
+                gemm_registry=self.gemm_registry,
+                rule_phases=self.rule_phases,
+            )
         n = len(metrics.per_step)
         if n != self.steps:
-            form = ("window.step() opens them: does the loop open its own" if self._calls else
-                    "the guarded code must open exactly that many: does it open more, or nest its own")
-            raise RuntimeError(f"the trace holds {n} {self.step_range!r} ranges for {self.steps} guarded steps; "
-                               f"{form} {self.step_range!r} ranges? pass another step_range")
+            form = (
+                "window.step() opens them: does the loop open its own"
+                if self._calls
+                else "the guarded code must open exactly that many: does it open more, or nest its own"
+            )
+            raise RuntimeError(
+                f"the trace holds {n} {self.step_range!r} ranges for {self.steps} guarded steps; "
+                f"{form} {self.step_range!r} ranges? pass another step_range"
+            )
         hits = attribute_hits(self._hooks.frame(), metrics.markers)
         queries = attribute_queries(self._hooks.query_frame(), metrics.query_markers)
         per_step, queries = with_query_counts(with_hook_counts(metrics.per_step, hits), queries, metrics)
@@ -386,16 +455,37 @@ class GuardWindow:
         verdicts = evaluate(metrics, hits, self.cuda, self.roles, periods=self.periods, queries=queries)
         coverage = phase_coverage(metrics, hits, self.periods, self.steps, queries)
         missing = [p for p in self.periods if p not in set(metrics.phase_steps["phase"])]
-        window = {"steps": self.steps, "warmup": self.warmup, "step_range": self.step_range,
-                  "form": "window.step()" if self._calls else "own step ranges", "periods": self.periods,
-                  "longest_period": max(self.periods.values(), default=None), "missing": missing,
-                  "window_s": round(self._window_s, 6),
-                  "analysis_s": round(self._stop_s + time.perf_counter() - t0, 6), "stop_s": round(self._stop_s, 6),
-                  "export_s": round(t1 - t0, 6), "read_s": round(t2 - t1, 6),
-                  "judge_s": round(time.perf_counter() - t2, 6), "events": len(events),
-                  "queries": query_summary(per_step, metrics, queries, self.cuda)}
-        return GuardReport(verdicts, per_step, medians, hits, metrics.gemms, self.cuda, metrics.anomalies,
-                           metrics.timing_note, coverage, window, outside_counts(metrics, hits, queries), queries)
+        window = {
+            "steps": self.steps,
+            "warmup": self.warmup,
+            "step_range": self.step_range,
+            "form": "window.step()" if self._calls else "own step ranges",
+            "periods": self.periods,
+            "longest_period": max(self.periods.values(), default=None),
+            "missing": missing,
+            "window_s": round(self._window_s, 6),
+            "analysis_s": round(self._stop_s + time.perf_counter() - t0, 6),
+            "stop_s": round(self._stop_s, 6),
+            "export_s": round(t1 - t0, 6),
+            "read_s": round(t2 - t1, 6),
+            "judge_s": round(time.perf_counter() - t2, 6),
+            "events": len(events),
+            "queries": query_summary(per_step, metrics, queries, self.cuda),
+        }
+        return GuardReport(
+            verdicts,
+            per_step,
+            medians,
+            hits,
+            metrics.gemms,
+            self.cuda,
+            metrics.anomalies,
+            metrics.timing_note,
+            coverage,
+            window,
+            outside_counts(metrics, hits, queries),
+            queries,
+        )
 
 
 def _keep(raw: Path, path: Path) -> None:
@@ -414,11 +504,20 @@ def guard_window(steps: int, warmup: int = 0, **kwargs) -> GuardWindow:
     return GuardWindow(steps, warmup, **kwargs)
 
 
-def guard_steps(step_fn: Callable[[], object], steps: int = 20, warmup: int = 3, *,
-                phases: Mapping[PhaseRule, str] | None = None, roles: PhaseRoles = PhaseRoles(),
-                gemm_registry: Mapping[str, str] | None = None, step_range: str = "step",
-                trace_path: str | Path | None = None, cuda: bool | None = None,
-                periods: Mapping[str, int] | None = None, rule_phases: tuple[str, ...] | None = None) -> GuardReport:
+def guard_steps(
+    step_fn: Callable[[], object],
+    steps: int = 20,
+    warmup: int = 3,
+    *,
+    phases: Mapping[PhaseRule, str] | None = None,
+    roles: PhaseRoles = PhaseRoles(),
+    gemm_registry: Mapping[str, str] | None = None,
+    step_range: str = "step",
+    trace_path: str | Path | None = None,
+    cuda: bool | None = None,
+    periods: Mapping[str, int] | None = None,
+    rule_phases: tuple[str, ...] | None = None,
+) -> GuardReport:
     """Run `step_fn()` `warmup` times, then `steps` times profiled and hooked, and judge the criteria (a
     `guard_window` with `window.step()` around each call).
 
@@ -430,9 +529,18 @@ def guard_steps(step_fn: Callable[[], object], steps: int = 20, warmup: int = 3,
     Raises ValueError for steps < 1 or warmup < 0, RuntimeError if the trace does not hold exactly `steps` step
     ranges (e.g. `step_fn` opened its own `step_range` ranges); exceptions of `step_fn` propagate (hooks restored).
     """
-    with guard_window(steps, warmup, phases=phases, roles=roles, gemm_registry=gemm_registry,
-                      step_range=step_range, trace_path=trace_path, cuda=cuda, periods=periods,
-                      rule_phases=rule_phases) as window:
+    with guard_window(
+        steps,
+        warmup,
+        phases=phases,
+        roles=roles,
+        gemm_registry=gemm_registry,
+        step_range=step_range,
+        trace_path=trace_path,
+        cuda=cuda,
+        periods=periods,
+        rule_phases=rule_phases,
+    ) as window:
         for _ in range(warmup + steps):
             with window.step():
                 step_fn()
@@ -475,22 +583,33 @@ def _placed_queries(queries: pd.DataFrame | None) -> pd.DataFrame:
     """`queries` (a SyncHooks.query_frame(), placed or not) with phase, outside and path columns; an empty frame
     with the query columns when None."""
     if queries is None:
-        queries = pd.DataFrame({"step": pd.Series(dtype="Int64"), "api": pd.Series(dtype=object),
-                                "site": pd.Series(dtype=object), "function": pd.Series(dtype=object),
-                                "thread": pd.Series(dtype=object), "ready": pd.Series(dtype=bool),
-                                "start_s": pd.Series(dtype="float64"), "dur_s": pd.Series(dtype="float64"),
-                                "phases": pd.Series(dtype=object)})
+        queries = pd.DataFrame(
+            {
+                "step": pd.Series(dtype="Int64"),
+                "api": pd.Series(dtype=object),
+                "site": pd.Series(dtype=object),
+                "function": pd.Series(dtype=object),
+                "thread": pd.Series(dtype=object),
+                "ready": pd.Series(dtype=bool),
+                "start_s": pd.Series(dtype="float64"),
+                "dur_s": pd.Series(dtype="float64"),
+                "phases": pd.Series(dtype=object),
+            }
+        )
     out = _placed(queries)
     if "path" not in out:
         out = out.copy()
         own = out["phases"] if "phases" in out else pd.Series([()] * len(out), index=out.index, dtype=object)
-        out["path"] = pd.Series([tuple(p) if isinstance(p, tuple) else () for p in own], index=out.index,
-                                dtype=object)
+        out["path"] = pd.Series([tuple(p) if isinstance(p, tuple) else () for p in own], index=out.index, dtype=object)
     return out
 
 
-def with_query_counts(per_step: pd.DataFrame, queries: pd.DataFrame | None, metrics: StepMetrics,
-                      allowance: Mapping[str, int] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+def with_query_counts(
+    per_step: pd.DataFrame,
+    queries: pd.DataFrame | None,
+    metrics: StepMetrics,
+    allowance: Mapping[str, int] | None = None,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(a copy of `per_step` plus the QUERY_HOOK_COLUMNS, the queries plus polling (bool) and wait_us (float)) from
     the hooked completion queries `queries` (`attribute_queries`; None: none), each judged by
     hotloop.guards.step_metrics.polling_flags against `allowance` (default hotloop.guards.criteria.query_allowance())
@@ -510,8 +629,13 @@ def with_query_counts(per_step: pd.DataFrame, queries: pd.DataFrame | None, metr
     return out, q
 
 
-def query_summary(per_step: pd.DataFrame, metrics: StepMetrics, queries: pd.DataFrame | None, cuda: bool,
-                  allowance: Mapping[str, int] | None = None) -> dict:
+def query_summary(
+    per_step: pd.DataFrame,
+    metrics: StepMetrics,
+    queries: pd.DataFrame | None,
+    cuda: bool,
+    allowance: Mapping[str, int] | None = None,
+) -> dict:
     """The window's completion queries, steps and outside-steps bucket together: {"trace": the counted trace queries
     (hotloop.guards.step_metrics.QUERY_COLUMNS; None without CUDA), "hook": the hooked ones, "polling_trace",
     "polling_hook": those beyond the allowance, "allowed": what the allowance grants over the window (per-run
@@ -530,12 +654,16 @@ def query_summary(per_step: pd.DataFrame, metrics: StepMetrics, queries: pd.Data
         return float(per_step[col].sum() + out.get(col, 0.0)) if cuda and col in per_step else None
 
     host = trace("query_host_us")
-    return {"trace": None if trace("completion_queries") is None else int(trace("completion_queries")),
-            "hook": len(q),
-            "polling_trace": None if trace("polling_queries") is None else int(trace("polling_queries")),
-            "polling_hook": int(q["polling"].sum()) if "polling" in q else 0, "allowed": allowed,
-            "allowance": allowance, "query_host_us_per_step": None if host is None else round(host / steps, 3),
-            "query_wait_us_per_step": round(float(q["wait_us"].sum()) / steps, 3) if "wait_us" in q else 0.0}
+    return {
+        "trace": None if trace("completion_queries") is None else int(trace("completion_queries")),
+        "hook": len(q),
+        "polling_trace": None if trace("polling_queries") is None else int(trace("polling_queries")),
+        "polling_hook": int(q["polling"].sum()) if "polling" in q else 0,
+        "allowed": allowed,
+        "allowance": allowance,
+        "query_host_us_per_step": None if host is None else round(host / steps, 3),
+        "query_wait_us_per_step": round(float(q["wait_us"].sum()) / steps, 3) if "wait_us" in q else 0.0,
+    }
 
 
 def _placed(hits: pd.DataFrame) -> pd.DataFrame:
@@ -558,8 +686,7 @@ def with_hook_counts(per_step: pd.DataFrame, hits: pd.DataFrame) -> pd.DataFrame
     return out
 
 
-def outside_counts(metrics: StepMetrics, hits: pd.DataFrame,
-                   queries: pd.DataFrame | None = None) -> dict[str, float]:
+def outside_counts(metrics: StepMetrics, hits: pd.DataFrame, queries: pd.DataFrame | None = None) -> dict[str, float]:
     """The outside-steps bucket: `metrics.outside` plus, per HOOK_COLUMNS column, the hits outside every step, and
     the hooked queries outside every step (completion_query_hook_hits, polling_query_hook_hits: all of them are
     polling there, query_wait_us)."""
@@ -579,9 +706,16 @@ def _not_in_window(names: list[str]) -> str:
     return f"not measured (phase{'s' * (len(names) > 1)} {', '.join(names)} not in window)"
 
 
-def evaluate(metrics: StepMetrics, hits: pd.DataFrame, cuda: bool, roles: PhaseRoles = PhaseRoles(), *,
-             periods: Mapping[str, int] | None = None,
-             criteria: tuple[Criterion, ...] = CRITERIA, queries: pd.DataFrame | None = None) -> pd.DataFrame:
+def evaluate(
+    metrics: StepMetrics,
+    hits: pd.DataFrame,
+    cuda: bool,
+    roles: PhaseRoles = PhaseRoles(),
+    *,
+    periods: Mapping[str, int] | None = None,
+    criteria: tuple[Criterion, ...] = CRITERIA,
+    queries: pd.DataFrame | None = None,
+) -> pd.DataFrame:
     """The verdict table (GuardReport.verdicts, columns VERDICT_COLUMNS) from step metrics, the hook hits
     (`SyncHooks.frame()`, steps numbered as metrics.per_step; with phase and outside columns when placed by
     `attribute_hits`; hits with no step are outside steps) and whether the trace has a CUDA side.
@@ -613,8 +747,13 @@ def evaluate(metrics: StepMetrics, hits: pd.DataFrame, cuda: bool, roles: PhaseR
             continue
         scope = roles.scope(c.phases)
         every = c.phases == "every"
-        judged[c.id] = ("every phase + outside steps" if every else
-                          ", ".join(scope) if scope is not None else "every phase of a step")
+        judged[c.id] = (
+            "every phase + outside steps"
+            if every
+            else ", ".join(scope)
+            if scope is not None
+            else "every phase of a step"
+        )
         lacking = [p for p in missing if scope is None or p in scope]
         absent = [] if scope is None or set(scope) & ran else list(scope)
         if c.judge in _JUDGES:
@@ -625,12 +764,14 @@ def evaluate(metrics: StepMetrics, hits: pd.DataFrame, cuda: bool, roles: PhaseR
             continue
         trace = (per_step[c.column] + (per_step[c.query_column] if c.query_column else 0)) if cuda else zeros
         hook = (per_step[c.hook_column] if c.hook_column else zeros) + (
-            per_step[c.query_hook_column] if c.query_hook_column else 0)
+            per_step[c.query_hook_column] if c.query_hook_column else 0
+        )
         values = [_number(v) for v in trace.combine(hook, max)]
         labels = [str(s) for s in per_step["step"]]
         out_trace = outside.get(c.column, 0) + (outside.get(c.query_column, 0) if c.query_column else 0)
         out_hook = (outside.get(c.hook_column, 0) if c.hook_column else 0) + (
-            outside.get(c.query_hook_column, 0) if c.query_hook_column else 0)
+            outside.get(c.query_hook_column, 0) if c.query_hook_column else 0
+        )
         if every:
             values.append(_number(max(out_trace if cuda else 0, out_hook)))
             labels.append(OUTSIDE_LABEL)
@@ -647,21 +788,29 @@ def evaluate(metrics: StepMetrics, hits: pd.DataFrame, cuda: bool, roles: PhaseR
         count = PER_ENV_STEP.get(c.column)  # a ratio row's total: the count it divides (an int, as the others)
         total[c.id] = int(per_step[count].sum()) if count and cuda else sum(values)
         ways = ["hook"] * bool(c.hook_column) + ["trace"] * cuda
-        seen = ["hook"] * bool(sum(hook) + (out_hook if every else 0)) + \
-            ["trace"] * bool(cuda and (sum(trace) + (out_trace if every else 0)))
+        seen = ["hook"] * bool(sum(hook) + (out_hook if every else 0)) + ["trace"] * bool(
+            cuda and (sum(trace) + (out_trace if every else 0))
+        )
         source[c.id] = _ways(seen or ways)
         rows = evidence.get(c.id, []) if cuda else []
         if c.hook_column:
             mine = hits[hits["criterion"].eq(c.id)]
-            place = pd.Series([(f" in {p}" if isinstance(p, str) and p else "") + (f" {OUTSIDE_LABEL}" if o else "")
-                               for p, o in zip(mine["phase"], mine["outside"])], index=mine.index, dtype=object)
+            place = pd.Series(
+                [
+                    (f" in {p}" if isinstance(p, str) and p else "") + (f" {OUTSIDE_LABEL}" if o else "")
+                    for p, o in zip(mine["phase"], mine["outside"])
+                ],
+                index=mine.index,
+                dtype=object,
+            )
             sites = mine.assign(place=place).groupby(["api", "site", "place"], sort=False).size()
-            rows = ([f"hook: {api} at {site}{where} x{n}" for (api, site, where), n in sites.items()]
-                    + [f"trace: {e}" for e in rows])
+            rows = [f"hook: {api} at {site}{where} x{n}" for (api, site, where), n in sites.items()] + [
+                f"trace: {e}" for e in rows
+            ]
         if c.query_column or c.query_hook_column:
             rows += _query_evidence(c, queries, per_step, metrics, cuda, periods)
         if fails and lacking:
-            rows = [*rows, f"also {_not_in_window(lacking)[len('not measured ('):-1]}"]
+            rows = [*rows, f"also {_not_in_window(lacking)[len('not measured (') : -1]}"]
         evidence[c.id] = rows
     table = verdict_table(measured, criteria)
     not_here = {c.id: f"not measured here: {c.measured_by}" for c in criteria if c.measured_by}
@@ -674,8 +823,14 @@ def evaluate(metrics: StepMetrics, hits: pd.DataFrame, cuda: bool, roles: PhaseR
     return table[VERDICT_COLUMNS]
 
 
-def _query_evidence(c: Criterion, queries: pd.DataFrame, per_step: pd.DataFrame, metrics: StepMetrics, cuda: bool,
-                    periods: Mapping[str, int] | None) -> list[str]:
+def _query_evidence(
+    c: Criterion,
+    queries: pd.DataFrame,
+    per_step: pd.DataFrame,
+    metrics: StepMetrics,
+    cuda: bool,
+    periods: Mapping[str, int] | None,
+) -> list[str]:
     """The completion-query lines of row `c`'s evidence ([] when the window made none): the hooked queries by call
     site and place, the polling ones first ("polling", with how many returned not ready), then one summary line:
     the counts (trace, hooks), what the row's allowance granted over the window (per run x the runs of its phases,
@@ -686,10 +841,19 @@ def _query_evidence(c: Criterion, queries: pd.DataFrame, per_step: pd.DataFrame,
     q = queries
     rows = []
     if len(q):
-        place = pd.Series([(f" in {p}" if isinstance(p, str) and p else "") + (f" {OUTSIDE_LABEL}" if o else "")
-                           for p, o in zip(q["phase"], q["outside"])], index=q.index, dtype=object)
-        g = q.assign(place=place, not_ready=~q["ready"].astype(bool)).groupby(
-            ["polling", "api", "site", "place"], sort=False)["not_ready"].agg(["size", "sum"])
+        place = pd.Series(
+            [
+                (f" in {p}" if isinstance(p, str) and p else "") + (f" {OUTSIDE_LABEL}" if o else "")
+                for p, o in zip(q["phase"], q["outside"])
+            ],
+            index=q.index,
+            dtype=object,
+        )
+        g = (
+            q.assign(place=place, not_ready=~q["ready"].astype(bool))
+            .groupby(["polling", "api", "site", "place"], sort=False)["not_ready"]
+            .agg(["size", "sum"])
+        )
         for (poll, api, site, where), (n, nr) in sorted(g.iterrows(), key=lambda kv: not kv[0][0]):
             rows.append(f"hook: {api} at {site}{where} x{n} {'polling' if poll else 'allowed'}, {nr} not ready")
     runs = metrics.phase_runs
@@ -702,10 +866,12 @@ def _query_evidence(c: Criterion, queries: pd.DataFrame, per_step: pd.DataFrame,
     def dash(v: object) -> object:
         return "-" if v is None else v
 
-    rows.append(f"completion queries {dash(s['trace'])} (trace) / {s['hook']} (hooks), allowed "
-                f"{s['allowed']} ({'; '.join(grants) or 'none'}), polling {dash(s['polling_trace'])} / "
-                f"{s['polling_hook']}; host time in queries {dash(s['query_host_us_per_step'])} us per step (trace), "
-                f"spin spans {s['query_wait_us_per_step']} us per step (hooks)")
+    rows.append(
+        f"completion queries {dash(s['trace'])} (trace) / {s['hook']} (hooks), allowed "
+        f"{s['allowed']} ({'; '.join(grants) or 'none'}), polling {dash(s['polling_trace'])} / "
+        f"{s['polling_hook']}; host time in queries {dash(s['query_host_us_per_step'])} us per step (trace), "
+        f"spin spans {s['query_wait_us_per_step']} us per step (hooks)"
+    )
     return rows
 
 

@@ -54,8 +54,9 @@ def parse_seeds(text: str) -> list[int]:
             else:
                 seeds.add(int(part))
         except ValueError:
-            raise ValueError(f"--seeds {text!r}: {part!r} is not a seed or a range LO-HI (e.g. 1-10 or 1,3,7)") \
-                from None
+            raise ValueError(
+                f"--seeds {text!r}: {part!r} is not a seed or a range LO-HI (e.g. 1-10 or 1,3,7)"
+            ) from None
     if not seeds or min(seeds) < 0:
         raise ValueError(f"--seeds {text!r}: give at least one seed, each >= 0")
     return sorted(seeds)
@@ -70,43 +71,63 @@ def plan_runs(args: argparse.Namespace, cuda: bool) -> list[LearningRun]:
     if bad or not learners:
         raise ValueError(f"--learners: {bad or learners} not in {list(LEARNERS)}")
     if "hotloop" in learners and (not cuda or (args.device or "auto").split(":")[0] not in ("auto", "cuda")):
-        raise ValueError("--learners hotloop needs a CUDA device (its Triton kernels run on the GPU); "
-                         + ("this machine has none" if not cuda else f"--device is {args.device}")
-                         + ": use --device cuda, or --learners reference")
+        raise ValueError(
+            "--learners hotloop needs a CUDA device (its Triton kernels run on the GPU); "
+            + ("this machine has none" if not cuda else f"--device is {args.device}")
+            + ": use --device cuda, or --learners reference"
+        )
     if args.jobs < 1 or not args.run_timeout > 0:
         raise ValueError(f"--jobs must be >= 1 and --run-timeout > 0, got {args.jobs}, {args.run_timeout}")
     if args.out.exists() and (not args.out.is_dir() or any(args.out.iterdir())):
         raise ValueError(f"--out {args.out} must be a new or empty folder")
     seeds = parse_seeds(args.seeds)
+
     # each learner's device as the table should name it: "auto" resolves to CUDA when present, as `train` does
     def named(device: str | None) -> str:
         return device if device not in (None, "auto") else ("cuda" if cuda else "cpu")
 
     devices = {"hotloop": named(args.device), "reference": named(args.reference_device)}
-    return [LearningRun(l, s, devices[l], args.out / "runs" / f"{l}_s{s}") for l in learners for s in seeds]
+    return [LearningRun(lr, s, devices[lr], args.out / "runs" / f"{lr}_s{s}") for lr in learners for s in seeds]
 
 
 def run_one(run: LearningRun, args: argparse.Namespace, threads: int | None) -> dict:
     """Train `run` in its own process; returns its learning_table row (status "ok", "exit N" or "timed out after
     T s"; the log is <run_dir>.log)."""
-    cmd = [sys.executable, "-m", "hotloop.guards.cli", "train", "--preset", args.preset, "--seed", str(run.seed),
-           "--device", run.device, "--set", f"learner={run.learner}", "--no-progress", "--out", str(run.run_dir)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "hotloop.guards.cli",
+        "train",
+        "--preset",
+        args.preset,
+        "--seed",
+        str(run.seed),
+        "--device",
+        run.device,
+        "--set",
+        f"learner={run.learner}",
+        "--no-progress",
+        "--out",
+        str(run.run_dir),
+    ]
     for text in args.overrides:
         cmd += ["--set", text]
     env = dict(os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {}))
     start = time.perf_counter()
     with open(f"{run.run_dir}.log", "w") as log:
         try:
-            code = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                  timeout=args.run_timeout).returncode
+            code = subprocess.run(
+                cmd, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=args.run_timeout
+            ).returncode
             status = "ok" if code == 0 else f"exit {code}"
         except subprocess.TimeoutExpired:
             status = f"timed out after {args.run_timeout:g} s"
     wall = time.perf_counter() - start
     table = run.run_dir / "epochs.csv"
     frame = pd.read_csv(table) if table.is_file() else pd.DataFrame()
-    return learning_row(frame, seed=run.seed, learner=run.learner, device=run.device, process_wall_s=wall,
-                        status=status)
+    return learning_row(
+        frame, seed=run.seed, learner=run.learner, device=run.device, process_wall_s=wall, status=status
+    )
 
 
 def run_report(runs: list[LearningRun], args: argparse.Namespace) -> tuple[pd.DataFrame, pd.DataFrame]:

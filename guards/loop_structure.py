@@ -83,8 +83,23 @@ RECENT_RANGES = 256
 reference learner enters about 8; an open range entered more than this many ranges ago is not seen."""
 """The iteration number of an event before the epoch's first step range."""
 EVENT_COLUMNS = ["epoch", "iteration", "in_step", "path", "kind", "what", "site"]
-STREAM_COLUMNS = ["criterion", "kind", "phase", "site", "what", "level", "occurrences", "epochs", "first", "period",
-                  "gaps", "judged", "held", "new", "why"]
+STREAM_COLUMNS = [
+    "criterion",
+    "kind",
+    "phase",
+    "site",
+    "what",
+    "level",
+    "occurrences",
+    "epochs",
+    "first",
+    "period",
+    "gaps",
+    "judged",
+    "held",
+    "new",
+    "why",
+]
 _ROOT = str(Path(__file__).resolve().parents[1]) + "/"
 _SKIP_DIRS = tuple(str(Path(m.__file__).parent) + "/" for m in (torch,)) + (str(Path(__file__).parent) + "/",)
 
@@ -100,20 +115,77 @@ def census_criteria(criteria: Sequence[Criterion] = CRITERIA) -> dict[str, Crite
 
 # --- classifying an ATen op ------------------------------------------------------------------------------------------
 
-_NO_KERNEL = frozenset({
-    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "detach", "detach_", "alias", "lift",
-    "lift_fresh", "_local_scalar_dense", "set_", "resize_", "resize_as_", "record_stream", "is_nonzero",
-    "is_same_size", "_has_compatible_shallow_copy_type", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset",
-    "size", "stride", "numel", "dim", "is_contiguous", "is_pinned", "_unsafe_view", "_reshape_alias", "as_strided",
-    "_make_dep_token", "_pin_memory", "_nested_tensor_size"})
+_NO_KERNEL = frozenset(
+    {
+        "empty",
+        "empty_like",
+        "empty_strided",
+        "new_empty",
+        "new_empty_strided",
+        "detach",
+        "detach_",
+        "alias",
+        "lift",
+        "lift_fresh",
+        "_local_scalar_dense",
+        "set_",
+        "resize_",
+        "resize_as_",
+        "record_stream",
+        "is_nonzero",
+        "is_same_size",
+        "_has_compatible_shallow_copy_type",
+        "sym_size",
+        "sym_stride",
+        "sym_numel",
+        "sym_storage_offset",
+        "size",
+        "stride",
+        "numel",
+        "dim",
+        "is_contiguous",
+        "is_pinned",
+        "_unsafe_view",
+        "_reshape_alias",
+        "as_strided",
+        "_make_dep_token",
+        "_pin_memory",
+        "_nested_tensor_size",
+    }
+)
 """ATen ops that launch no kernel (besides views: OpOverload.is_view). `_local_scalar_dense` (.item()) is a copy to
 the host and a sync: the sync census's."""
-_COPIES = {"copy_": (1, 0), "_copy_from": (0, 1), "clone": (0, None), "_to_copy": (0, None),
-           "lift_fresh_copy": (0, None), "copy": (1, None)}
+_COPIES = {
+    "copy_": (1, 0),
+    "_copy_from": (0, 1),
+    "clone": (0, None),
+    "_to_copy": (0, None),
+    "lift_fresh_copy": (0, None),
+    "copy": (1, None),
+}
 """Copy ops -> (source argument, destination argument; None: the output)."""
-_FILLS = frozenset({"fill", "fill_", "zero_", "zero", "zeros", "zeros_like", "new_zeros", "ones", "ones_like",
-                    "new_ones", "full", "full_like", "new_full", "scalar_tensor", "masked_fill", "masked_fill_",
-                    "index_fill", "index_fill_"})
+_FILLS = frozenset(
+    {
+        "fill",
+        "fill_",
+        "zero_",
+        "zero",
+        "zeros",
+        "zeros_like",
+        "new_zeros",
+        "ones",
+        "ones_like",
+        "new_ones",
+        "full",
+        "full_like",
+        "new_full",
+        "scalar_tensor",
+        "masked_fill",
+        "masked_fill_",
+        "index_fill",
+        "index_fill_",
+    }
+)
 """Ops whose kernel is a fill (FillFunctor, masked_fill / index_fill kernels: names the window counts as *fill*)."""
 _NONE, _COPY, _FILL, _OTHER = 0, 1, 2, 3
 _CATEGORY: dict[object, int] = {}
@@ -136,7 +208,7 @@ def _category(func) -> int:
 
 
 def _op_name(func) -> str:
-    """"clone" for aten.clone.default (the overload packet's name without its namespace)."""
+    """ "clone" for aten.clone.default (the overload packet's name without its namespace)."""
     name = getattr(func, "_opname", None)
     return name if isinstance(name, str) else str(func).split(".")[-2 if str(func).count(".") >= 2 else -1]
 
@@ -189,9 +261,15 @@ def classify_op(func, args: tuple, kwargs: Mapping, out: object, device_type: st
             return [(D2D, f"aten.{name} ({dst.numel() * dst.element_size()} bytes)")]
         n = dst.numel()
         return [(GRID1, f"aten.{name} (copy kernel, {n} elements)")] if n <= ONE_BLOCK_ELEMENTS else []
-    on_device = [t for t in (*_tensors(args), *_tensors(kwargs.values()),
-                             *_tensors(out if isinstance(out, (list, tuple)) else (out,)))
-                 if t.device.type == device_type]
+    on_device = [
+        t
+        for t in (
+            *_tensors(args),
+            *_tensors(kwargs.values()),
+            *_tensors(out if isinstance(out, (list, tuple)) else (out,)),
+        )
+        if t.device.type == device_type
+    ]
     if not on_device:
         return []
     largest = max(t.numel() for t in on_device)
@@ -212,7 +290,7 @@ def classify_triton(name: str, grid: Sequence[int]) -> list[tuple[str, str]]:
 
 
 def _site() -> str:
-    """"file:line in function" of the innermost frame outside torch, triton and hotloop.guards (paths relative to the
+    """ "file:line in function" of the innermost frame outside torch, triton and hotloop.guards (paths relative to the
     checkout for its own files)."""
     frame = sys._getframe(2)
     while frame is not None:
@@ -224,6 +302,7 @@ def _site() -> str:
 
 
 # --- the hooks ------------------------------------------------------------------------------------------------------
+
 
 class _Mode(TorchDispatchMode):
     """Counts every ATen op while active and records the structural ones (classify_op)."""
@@ -277,8 +356,9 @@ def _launch_grid(fn, grid, args: tuple, kwargs: Mapping) -> tuple[int, ...] | No
             import inspect
 
             target = getattr(fn, "fn", fn)
-            bound = inspect.signature(target).bind_partial(*args, **{k: v for k, v in kwargs.items()
-                                                                     if k in inspect.signature(target).parameters})
+            bound = inspect.signature(target).bind_partial(
+                *args, **{k: v for k, v in kwargs.items() if k in inspect.signature(target).parameters}
+            )
             bound.apply_defaults()
             grid = grid({**bound.arguments, **kwargs})
         except Exception:  # a grid function that needs what the autotuner adds: unknown, never a crash
@@ -345,6 +425,7 @@ class _Hooks:
 
 
 # --- the census -----------------------------------------------------------------------------------------------------
+
 
 @dataclass
 class LoopStructureCensus:
@@ -450,14 +531,15 @@ class LoopStructureCensus:
         return new_work(self.frame(), self.iterations, window_steps, learner)
 
     def span_text(self) -> str:
-        """"epochs 2-3" / "epoch 2"."""
+        """ "epochs 2-3" / "epoch 2"."""
         if not self.epochs:
             return "no epoch"
         many = len(self.epochs) > 1
         return f"epoch{'s' * many} {self.epochs[0]}" + (f"-{self.epochs[-1]}" if many else "")
 
-    def judge(self, window_steps: int, learner: Sequence[str] | None,
-              criteria: Sequence[Criterion] = CRITERIA) -> dict[str, tuple[int | None, str]]:
+    def judge(
+        self, window_steps: int, learner: Sequence[str] | None, criteria: Sequence[Criterion] = CRITERIA
+    ) -> dict[str, tuple[int | None, str]]:
         """Criterion id -> (added, text) for each census criterion (`census_criteria`): added = the most new
         work (streams the window never held, `new_work`) one iteration holds, text = those streams ("<what> at
         <site> in <phase>: every N iterations (xM in epochs 2-3, first at epoch 2 iteration 199)"; "; "-joined) or
@@ -487,14 +569,23 @@ class LoopStructureCensus:
         with `calibrate` "range_ns", "op_ns" (this machine's extra cost of one wrapped range and of one op under the
         dispatch mode: `calibrate_costs`), "estimated_s" (ranges x range_ns + (ops + launches) x op_ns + record_s)
         and "estimated_ratio" (of span_s)}. The device's own view is `hotloop gate --census-overhead`."""
-        out: dict[str, float | int] = {"span_s": round(self.span_s, 4), "ops": self.ops, "launches": self.launches,
-                                       "ranges": self.ranges, "events": len(self.events),
-                                       "record_s": round(self.record_s, 6)}
+        out: dict[str, float | int] = {
+            "span_s": round(self.span_s, 4),
+            "ops": self.ops,
+            "launches": self.launches,
+            "ranges": self.ranges,
+            "events": len(self.events),
+            "record_s": round(self.record_s, 6),
+        }
         if calibrate:
             range_ns, op_ns = calibrate_costs()
             est = (self.ranges * range_ns + (self.ops + self.launches) * op_ns) * 1e-9 + self.record_s
-            out |= {"range_ns": round(range_ns, 1), "op_ns": round(op_ns, 1), "estimated_s": round(est, 6),
-                    "estimated_ratio": round(est / self.span_s, 6) if self.span_s > 0 else float("nan")}
+            out |= {
+                "range_ns": round(range_ns, 1),
+                "op_ns": round(op_ns, 1),
+                "estimated_s": round(est, 6),
+                "estimated_ratio": round(est / self.span_s, 6) if self.span_s > 0 else float("nan"),
+            }
         return out
 
 
@@ -529,14 +620,22 @@ def calibrate_costs(n: int = 2000, repeats: int = 5) -> tuple[float, float]:
             hooked_o.append(ops())
         finally:
             hooks.close()
-    return (max(0.0, statistics.median(hooked_r) - statistics.median(plain_r)),
-            max(0.0, statistics.median(hooked_o) - statistics.median(plain_o)))
+    return (
+        max(0.0, statistics.median(hooked_r) - statistics.median(plain_r)),
+        max(0.0, statistics.median(hooked_o) - statistics.median(plain_o)),
+    )
 
 
 # --- what the window never held -------------------------------------------------------------------------------------
 
-def new_work(events: pd.DataFrame, iterations: Mapping[int, int], window_steps: int,
-             learner: Sequence[str] | None, criteria: Sequence[Criterion] = CRITERIA) -> pd.DataFrame:
+
+def new_work(
+    events: pd.DataFrame,
+    iterations: Mapping[int, int],
+    window_steps: int,
+    learner: Sequence[str] | None,
+    criteria: Sequence[Criterion] = CRITERIA,
+) -> pd.DataFrame:
     """The streams of structural work in `events` (EVENT_COLUMNS, as `LoopStructureCensus.frame`) over the watched
     epochs' `iterations` ({epoch: loop iterations}), judged against a window of `window_steps` (K) consecutive
     iterations (module docstring: the rules). `learner`: the learner's phases (hotloop.trainer.loop.learner_phases;
@@ -570,66 +669,99 @@ def new_work(events: pd.DataFrame, iterations: Mapping[int, int], window_steps: 
         crit = rows_of[ev.kind].id
         key = (crit, ev.kind, phase, ev.site, ev.what)
         if ev.iteration < 0:
-            reasons[key] = ("before the epoch's first iteration: per-epoch setup outside the iterations (the "
-                            "iterate call's own, which the window's call also runs, or run_epoch's)")
+            reasons[key] = (
+                "before the epoch's first iteration: per-epoch setup outside the iterations (the "
+                "iterate call's own, which the window's call also runs, or run_epoch's)"
+            )
             unjudged[key][(ev.epoch, ev.iteration)] += 1
             continue
         if ev.kind in LEARNER_KINDS:
             in_scope = ev.in_step and (not path or wanted is None or bool(wanted.intersection(path)))
             if not in_scope:
-                reasons[key] = (f"{'outside steps' if not ev.in_step else 'phase ' + phase}: not the learner's "
-                                f"(the window judges {crit!r} over the learner's phases and a step's unphased code)")
+                reasons[key] = (
+                    f"{'outside steps' if not ev.in_step else 'phase ' + phase}: not the learner's "
+                    f"(the window judges {crit!r} over the learner's phases and a step's unphased code)"
+                )
                 unjudged[key][(ev.epoch, ev.iteration)] += 1
                 continue
         groups[key][(ev.epoch, ev.iteration)] += 1
     out = []
     for key, counts in unjudged.items():
-        out.append(_stream_row(key, 1, sorted(counts), counts, offset, iterations, judged=False, held=False,
-                               why=reasons[key]))
+        out.append(
+            _stream_row(key, 1, sorted(counts), counts, offset, iterations, judged=False, held=False, why=reasons[key])
+        )
     for key, counts in groups.items():
         for level in range(1, max(counts.values()) + 1):
             at = sorted(k for k, n in counts.items() if n >= level)
             held, why = _held([offset[e] + i for e, i in at], at, total, iterations, window_steps)
             out.append(_stream_row(key, level, at, counts, offset, iterations, judged=True, held=held, why=why))
     table = pd.DataFrame(out, columns=STREAM_COLUMNS)
-    return table.sort_values(["new", "criterion", "phase", "site"], ascending=[False, True, True, True],
-                             ignore_index=True)
+    return table.sort_values(
+        ["new", "criterion", "phase", "site"], ascending=[False, True, True, True], ignore_index=True
+    )
 
 
-def _held(where: list[int], at: list[tuple[int, int]], total: int, iterations: Mapping[int, int],
-          k: int) -> tuple[bool, str]:
+def _held(
+    where: list[int], at: list[tuple[int, int]], total: int, iterations: Mapping[int, int], k: int
+) -> tuple[bool, str]:
     """Whether a window of k iterations holds the stream occurring at global iterations `where` (sorted; `at` the
     same as (epoch, iteration)), and why."""
     if len(where) >= 2:
         stretches = [b - a - 1 for a, b in zip(where, where[1:])] + [total - 1 - where[-1]]
         if max(stretches) <= k - 1:
-            return True, (f"every {k} consecutive iterations hold it (longest stretch without: {max(stretches)}): "
-                          f"the window sees it at this rate")
+            return True, (
+                f"every {k} consecutive iterations hold it (longest stretch without: {max(stretches)}): "
+                f"the window sees it at this rate"
+            )
     per_epoch: dict[int, list[int]] = defaultdict(list)
     for e, i in at:
         per_epoch[e].append(i)
     sets = [tuple(per_epoch.get(e, ())) for e in sorted(iterations)]
     if sets and sets[0] and all(s == sets[0] for s in sets) and max(sets[0]) < k:
-        return True, (f"at iteration{'s' * (len(sets[0]) > 1)} {', '.join(map(str, sets[0]))} of every epoch, within "
-                      f"the first {k}: Trainer.iterate's own start, which the window's iterate({k}) call runs too")
+        return True, (
+            f"at iteration{'s' * (len(sets[0]) > 1)} {', '.join(map(str, sets[0]))} of every epoch, within "
+            f"the first {k}: Trainer.iterate's own start, which the window's iterate({k}) call runs too"
+        )
     return False, f"a window of {k} consecutive iterations can miss it"
 
 
-def _stream_row(key: tuple, level: int, at: list[tuple[int, int]], counts: Counter, offset: Mapping[int, int],
-                iterations: Mapping[int, int], *, judged: bool, held: bool, why: str) -> dict:
+def _stream_row(
+    key: tuple,
+    level: int,
+    at: list[tuple[int, int]],
+    counts: Counter,
+    offset: Mapping[int, int],
+    iterations: Mapping[int, int],
+    *,
+    judged: bool,
+    held: bool,
+    why: str,
+) -> dict:
     crit, kind, phase, site, what = key
     where = [offset.get(e, 0) + max(i, 0) for e, i in at]
     gaps = [b - a for a, b in zip(where, where[1:])]
     period = min(g for g, n in Counter(gaps).items() if n == max(Counter(gaps).values())) if gaps else pd.NA
     per_epoch = Counter(e for e, _ in at)
     first_e, first_i = at[0]
-    return dict(criterion=crit, kind=kind, phase=phase, site=site, what=what, level=level, occurrences=len(at),
-                epochs=" ".join(f"{e}:{per_epoch[e]}" for e in sorted(per_epoch)),
-                first=(f"epoch {first_e} before its first iteration" if first_i < 0
-                       else f"epoch {first_e} iteration {first_i}"),
-                period=period, gaps=(f"{min(gaps)}" if gaps and min(gaps) == max(gaps) else
-                                     f"{min(gaps)}-{max(gaps)}" if gaps else ""),
-                judged=judged, held=held, new=judged and not held, why=why)
+    return dict(
+        criterion=crit,
+        kind=kind,
+        phase=phase,
+        site=site,
+        what=what,
+        level=level,
+        occurrences=len(at),
+        epochs=" ".join(f"{e}:{per_epoch[e]}" for e in sorted(per_epoch)),
+        first=(
+            f"epoch {first_e} before its first iteration" if first_i < 0 else f"epoch {first_e} iteration {first_i}"
+        ),
+        period=period,
+        gaps=(f"{min(gaps)}" if gaps and min(gaps) == max(gaps) else f"{min(gaps)}-{max(gaps)}" if gaps else ""),
+        judged=judged,
+        held=held,
+        new=judged and not held,
+        why=why,
+    )
 
 
 def _worst_iteration(events: pd.DataFrame, streams: pd.DataFrame, iterations: Mapping[int, int]) -> int:
@@ -637,8 +769,12 @@ def _worst_iteration(events: pd.DataFrame, streams: pd.DataFrame, iterations: Ma
     (stream, level) that occurs there adds one."""
     per_iteration: Counter = Counter()
     for s in streams.itertuples():
-        mine = events[events["kind"].eq(s.kind) & events["site"].eq(s.site) & events["what"].eq(s.what)
-                      & events["iteration"].ge(0)]
+        mine = events[
+            events["kind"].eq(s.kind)
+            & events["site"].eq(s.site)
+            & events["what"].eq(s.what)
+            & events["iteration"].ge(0)
+        ]
         counts = Counter(zip(mine["epoch"], mine["iteration"], mine["path"].map(tuple), mine["in_step"]))
         for (e, i, path, in_step), n in counts.items():
             phase = path[-1] if path and in_step else (OUTSIDE if not in_step else NO_PHASE)
@@ -648,12 +784,17 @@ def _worst_iteration(events: pd.DataFrame, streams: pd.DataFrame, iterations: Ma
 
 
 def _describe(row) -> str:
-    """"<what> at <site> in <phase>: every N iterations (xM in epochs: 2:5 3:5; first at epoch 2 iteration 199)"."""
+    """ "<what> at <site> in <phase>: every N iterations (xM in epochs: 2:5 3:5; first at epoch 2 iteration 199)"."""
     level = f" (x{row.level} in one iteration)" if row.level > 1 else ""
-    every = (f"every {row.period} iterations" + (f" (gaps {row.gaps})" if "-" in str(row.gaps) else "")
-             if not pd.isna(row.period) else "once")
-    return (f"{row.what}{level} at {row.site} in {row.phase}: {every} (x{row.occurrences}, per epoch {row.epochs}; "
-            f"first at {row.first})")
+    every = (
+        f"every {row.period} iterations" + (f" (gaps {row.gaps})" if "-" in str(row.gaps) else "")
+        if not pd.isna(row.period)
+        else "once"
+    )
+    return (
+        f"{row.what}{level} at {row.site} in {row.phase}: {every} (x{row.occurrences}, per epoch {row.epochs}; "
+        f"first at {row.first})"
+    )
 
 
 class CensusGroup:

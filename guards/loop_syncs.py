@@ -43,10 +43,10 @@ Source of the warning text: c10/cuda/CUDAFunctions.cpp, `warn_or_error_on_sync`.
 from __future__ import annotations
 
 import warnings
-from typing import Any
 from collections import Counter, defaultdict
-from itertools import pairwise
 from dataclasses import dataclass, field
+from itertools import pairwise
+from typing import Any
 
 import pandas as pd
 import torch
@@ -112,8 +112,9 @@ class _PhaseTracker:
     in each iteration. Its cost: about 0.9 us per range on a CPU-only development container where a plain
     phase_range costs 1.1 us (3 ranges per iteration of the hotloop learner's loop: step, env_step, update)."""
 
-    def __init__(self, hooks: SyncHooks, original, step_name: str,
-                 counted: set[str] | frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self, hooks: SyncHooks, original, step_name: str, counted: set[str] | frozenset[str] = frozenset()
+    ) -> None:
         self.hooks, self.original, self.counted = hooks, original, frozenset(counted)
         self.step_name = step_name
         self.iteration = 0
@@ -134,16 +135,28 @@ def period_text(iterations: dict[int, list[int]]) -> str:
     if not its:
         return ""
     gaps = {b - a for v in its.values() for a, b in pairwise(v)}
-    how = ("every iteration" if gaps == {1} else f"every {gaps.pop()} iterations" if len(gaps) == 1
-           else "once per epoch" if not gaps else "irregular")
+    how = (
+        "every iteration"
+        if gaps == {1}
+        else f"every {gaps.pop()} iterations"
+        if len(gaps) == 1
+        else "once per epoch"
+        if not gaps
+        else "irregular"
+    )
     epochs = sorted(its)
 
     def listed(v: list[int]) -> str:
         return ", ".join(map(str, v[:6])) + (f", ... ({len(v)})" if len(v) > 6 else "")
 
     if all(its[e] == its[epochs[0]] for e in epochs):
-        span = f"epoch {epochs[0]}" if len(epochs) == 1 else f"epochs {epochs[0]}-{epochs[-1]}" if \
-            epochs == list(range(epochs[0], epochs[-1] + 1)) else "epochs " + ", ".join(map(str, epochs))
+        span = (
+            f"epoch {epochs[0]}"
+            if len(epochs) == 1
+            else f"epochs {epochs[0]}-{epochs[-1]}"
+            if epochs == list(range(epochs[0], epochs[-1] + 1))
+            else "epochs " + ", ".join(map(str, epochs))
+        )
         where = f"iteration{'s' * (len(its[epochs[0]]) > 1)} {listed(its[epochs[0]])} of {span}"
     else:
         where = "; ".join(f"epoch {e}: iterations {listed(its[e])}" for e in epochs)
@@ -217,8 +230,7 @@ class LoopSyncCensus:
             self._warnings.__exit__(None, None, None)
             raise
         loop_module = self.loop
-        self._tracker = _PhaseTracker(self._hooks, loop_module.phase_range, loop_module.STEP_RANGE,
-                                      set(self.allowance))
+        self._tracker = _PhaseTracker(self._hooks, loop_module.phase_range, loop_module.STEP_RANGE, set(self.allowance))
         loop_module.phase_range = self._tracker
         self.epochs.append(epoch)
 
@@ -246,15 +258,17 @@ class LoopSyncCensus:
         """Judge an epoch's hooked queries against the allowance per iteration and phase run (module docstring)."""
         if not len(q):
             return
-        runs = pd.DataFrame([(i, p, n) for (i, p), n in (tracker.runs.items() if tracker else ())],
-                            columns=["step", "phase", "runs"])
+        runs = pd.DataFrame(
+            [(i, p, n) for (i, p), n in (tracker.runs.items() if tracker else ())], columns=["step", "phase", "runs"]
+        )
         steps = q["step"].astype("Int64").fillna(-1)
         polling = polling_flags(steps, q["phases"], runs, self.allowance)
         spans = spin_spans(q)
         self.queries += len(q)
         self.allowed += int((~polling).sum())
-        for (api, site, step, phases), poll, span in zip(zip(q["api"], q["site"], q["step"], q["phases"]), polling,
-                                                          spans):
+        for (api, site, step, phases), poll, span in zip(
+            zip(q["api"], q["site"], q["step"], q["phases"]), polling, spans
+        ):
             if not poll:
                 continue
             key = f"{api} at {site}" + (f" in {phases[-1]}" if phases else "")
@@ -276,16 +290,25 @@ class LoopSyncCensus:
         if not self.cuda:
             return None, "not applicable (no CUDA)"
         if not self.epochs:
-            return None, ("not measured (no epoch after the first: the first compiles and captures; run "
-                          "--epochs 2 or more)")
+            return None, (
+                "not measured (no epoch after the first: the first compiles and captures; run --epochs 2 or more)"
+            )
         span = f"epoch{'s' * (len(self.epochs) > 1)} {self.epochs[0]}" + (
-            f"-{self.epochs[-1]}" if len(self.epochs) > 1 else "")
+            f"-{self.epochs[-1]}" if len(self.epochs) > 1 else ""
+        )
         queries = ""
         if self.queries:
             allowance = ", ".join(f"{n} per {p}" for p, n in self.allowance.items()) or "none"
-            queries = (f" (completion queries {self.queries}, {self.allowed} allowed: {allowance}"
-                       + (f"; {sum(self.polls.values())} polling, {self.poll_wait_s * 1e3:.3f} ms of host time in "
-                          f"their polling runs" if self.polls else "") + ")")
+            queries = (
+                f" (completion queries {self.queries}, {self.allowed} allowed: {allowance}"
+                + (
+                    f"; {sum(self.polls.values())} polling, {self.poll_wait_s * 1e3:.3f} ms of host time in "
+                    f"their polling runs"
+                    if self.polls
+                    else ""
+                )
+                + ")"
+            )
         if not self.sites and not self.polls:
             return 0, f"none in the loop of {span}" + queries
         found = [f"{s} x{n}" + self._when(s) for s, n in self.sites.most_common()]
@@ -295,4 +318,3 @@ class LoopSyncCensus:
     def _when(self, key: str) -> str:
         text = period_text(self.iterations.get(key, {}))
         return f", {text}" if text else ""
-

@@ -126,14 +126,30 @@ BASELINE_REPEATS = 5
 held to +5% of a single run: a one-repeat baseline failed the clean tree on the H200 (results/h200/mutation/
 README.md; then on the host step time dur_us, which is reported only since: guards/baselines.py)."""
 DEFAULT_MANIFEST = Path("ci") / "mutants" / "mutants.toml"
-PACKAGE_DIRS = {"kernels": "kernels", "profiles": "profiles", "trainer": "trainer", "guards": "guards",
-                "probes": "probes", "docs": "docs"}
+PACKAGE_DIRS = {
+    "kernels": "kernels",
+    "profiles": "profiles",
+    "trainer": "trainer",
+    "guards": "guards",
+    "probes": "probes",
+    "docs": "docs",
+}
 """hotloop.<key> -> folder of the checkout, when pyproject.toml does not say (its [tool.setuptools.package-dir])."""
 NOT_COPIED = {".git", "__pycache__", ".pytest_cache", "build", "dist", ".whl", ".nsyslibs", ".abtrees"}
 """Folder names left out of a copy made without git (build outputs, caches); also *.egg-info and the top-level
 runs/ (the run folders)."""
-RESULT_COLUMNS = ["mutant", "file", "expected criterion", "verdict", "judgement", "ran", "exit code",
-                  "failed criteria", "wall_s", "depends"]
+RESULT_COLUMNS = [
+    "mutant",
+    "file",
+    "expected criterion",
+    "verdict",
+    "judgement",
+    "ran",
+    "exit code",
+    "failed criteria",
+    "wall_s",
+    "depends",
+]
 _ID = re.compile(r"^[a-z0-9][a-z0-9_]*$")
 _KEYS = {"id", "patch", "file", "criterion", "what", "where", "period", "depends", "args", "exclusive"}
 _REQUIRED = ("id", "patch", "file", "criterion", "what")
@@ -213,11 +229,13 @@ class GpuLedger:
     def _overlapping(self, token: int) -> list[str]:
         _, start, end = self._runs[token]
         end = math.inf if end is None else end
-        return sorted(name for i, (name, s, e) in enumerate(self._runs)
-                      if i != token and s < end and (e is None or e > start))
+        return sorted(
+            name for i, (name, s, e) in enumerate(self._runs) if i != token and s < end and (e is None or e > start)
+        )
 
 
 # ---------------------------------------------------------------------------------------------------- manifest
+
 
 def load_manifest(path: str | Path) -> list[Mutant]:
     """The mutants of a manifest (TOML: [defaults] args = [...], then [[mutant]] tables; ci/mutants/mutants.toml's
@@ -249,10 +267,20 @@ def load_manifest(path: str | Path) -> list[Mutant]:
         if not bad:
             seen.add(entry["id"])
             crit = HANG if entry["criterion"] in HANG_IDS else entry["criterion"]
-            mutants.append(Mutant(entry["id"], path.parent / entry["patch"], entry["file"], crit, entry["what"],
-                                  tuple(entry.get("args", base_args)), entry.get("where", ""),
-                                  entry.get("period", ""), entry.get("depends", ""),
-                                  entry.get("exclusive", False)))
+            mutants.append(
+                Mutant(
+                    entry["id"],
+                    path.parent / entry["patch"],
+                    entry["file"],
+                    crit,
+                    entry["what"],
+                    tuple(entry.get("args", base_args)),
+                    entry.get("where", ""),
+                    entry.get("period", ""),
+                    entry.get("depends", ""),
+                    entry.get("exclusive", False),
+                )
+            )
     if problems:
         raise UsageError(f"{path}: " + "; ".join(problems))
     return mutants
@@ -294,6 +322,7 @@ def _str_list(x: object) -> bool:
 
 # ---------------------------------------------------------------------------------------------- copies, patches
 
+
 def checkout_root(start: str | Path = ".") -> Path:
     """The git top level above `start`, else `start` itself (resolved)."""
     start = Path(start).resolve()
@@ -321,9 +350,15 @@ def checkout_files(root: Path, leave_out: Sequence[Path] = ()) -> list[str]:
         for dirpath, dirnames, filenames in os.walk(root):
             here = Path(dirpath)
             rel = here.relative_to(root)
-            dirnames[:] = [d for d in dirnames if d not in NOT_COPIED and not d.endswith(".egg-info")
-                           and (rel / d).as_posix() != "runs" and not (here / d / "pyvenv.cfg").exists()
-                           and not _ignored((rel / d).as_posix(), ignored)]
+            dirnames[:] = [
+                d
+                for d in dirnames
+                if d not in NOT_COPIED
+                and not d.endswith(".egg-info")
+                and (rel / d).as_posix() != "runs"
+                and not (here / d / "pyvenv.cfg").exists()
+                and not _ignored((rel / d).as_posix(), ignored)
+            ]
             files += [(rel / f).as_posix() for f in filenames if not _ignored((rel / f).as_posix(), ignored)]
         files.sort()
     keep = []
@@ -356,12 +391,17 @@ def copy_summary(root: str | Path, dest: str | Path) -> str:
             count += 1
             size += os.lstat(os.path.join(dirpath, f)).st_size
     untracked = _git_files(root, "--others", "--exclude-standard")
-    how = ("the files git tracks, as the working tree has them" if untracked is not None else
-           "not a git checkout: every file but build outputs, virtual environments and .gitignore's patterns")
+    how = (
+        "the files git tracks, as the working tree has them"
+        if untracked is not None
+        else "not a git checkout: every file but build outputs, virtual environments and .gitignore's patterns"
+    )
     line = f"copied {count} files ({size / 1e6:.1f} MB) of {root} ({how})"
     if untracked:
-        line += (f"; {len(untracked)} untracked files not copied ({', '.join(untracked[:3])}"
-                 f"{', ...' if len(untracked) > 3 else ''}: git add them to include them)")
+        line += (
+            f"; {len(untracked)} untracked files not copied ({', '.join(untracked[:3])}"
+            f"{', ...' if len(untracked) > 3 else ''}: git add them to include them)"
+        )
     return line
 
 
@@ -413,8 +453,9 @@ def apply_patch(patch: Path, tree: Path, check: bool = False) -> str | None:
 
 def patched_files(patch: Path) -> list[str]:
     """The files a unified diff changes (its `+++ b/<path>` lines)."""
-    return [line[6:].split("\t")[0].strip() for line in Path(patch).read_text().splitlines()
-            if line.startswith("+++ b/")]
+    return [
+        line[6:].split("\t")[0].strip() for line in Path(patch).read_text().splitlines() if line.startswith("+++ b/")
+    ]
 
 
 def check_patches(mutants: Sequence[Mutant], tree: Path) -> list[str]:
@@ -433,6 +474,7 @@ def check_patches(mutants: Sequence[Mutant], tree: Path) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------------ import root
+
 
 def package_dirs(tree: Path) -> dict[str, str]:
     """{subpackage: folder} of hotloop in `tree`'s pyproject.toml ([tool.setuptools.package-dir] "hotloop.X" =
@@ -485,8 +527,7 @@ def verify_imports(tree: Path, site: Path, python: str = sys.executable) -> dict
     path}. Raises RuntimeError naming what resolves elsewhere (or the subprocess's error)."""
     tree = Path(tree).resolve()
     names = sorted(package_dirs(tree))
-    out = subprocess.run([python, "-c", _PROBE, *names], cwd=tree, env=gate_env(site), capture_output=True,
-                         text=True)
+    out = subprocess.run([python, "-c", _PROBE, *names], cwd=tree, env=gate_env(site), capture_output=True, text=True)
     if out.returncode != 0:
         raise RuntimeError(f"import check in {tree} failed: {out.stderr.strip().splitlines()[-1:]}")
     paths = json.loads(out.stdout.strip().splitlines()[-1])
@@ -505,6 +546,7 @@ def _under(path: Path, folder: Path) -> bool:
 
 
 # ------------------------------------------------------------------------------------------------------ verdicts
+
 
 def failed_rows(run_dir: Path) -> list[str]:
     """What FAILed in a gate run folder: the criteria.csv rows with verdict FAIL (criterion ids, table order; a
@@ -536,7 +578,7 @@ def is_timing_row(row: str) -> bool:
     and count regressions (kernels, kernels_grid1, d2d_copies, ...) are not."""
     if row in TIMING_CRITERIA:
         return True
-    return row.startswith("regression ") and not is_count(row[len("regression "):])
+    return row.startswith("regression ") and not is_count(row[len("regression ") :])
 
 
 def verdict(expected: str, returncode: int | None, failed: Sequence[str], alone: bool = True) -> str:
@@ -578,13 +620,22 @@ def judgement(expected: str, verdict_: str, failed: Sequence[str], alone: bool =
 
 # ---------------------------------------------------------------------------------------------------- running
 
+
 def gate_command(args: Sequence[str], run_dir: Path, python: str = sys.executable) -> list[str]:
     """The gate invocation of one run: python -m hotloop.guards.cli gate ARGS --out RUN_DIR."""
     return [python, "-m", "hotloop.guards.cli", "gate", *args, "--out", str(run_dir)]
 
 
-def run_gate_in(tree: Path, site: Path, args: Sequence[str], run_dir: Path, log: Path, timeout_s: float,
-                python: str = sys.executable, ledger: GpuLedger | None = None) -> GateRun:
+def run_gate_in(
+    tree: Path,
+    site: Path,
+    args: Sequence[str],
+    run_dir: Path,
+    log: Path,
+    timeout_s: float,
+    python: str = sys.executable,
+    ledger: GpuLedger | None = None,
+) -> GateRun:
     """Verify the copy's imports, then run the gate from `tree` (stdout + stderr to `log`) and read its run folder.
     With a `ledger`, the gate process's interval is recorded in it (named after the run folder) and the runs that
     overlapped it come back in GateRun.overlapped; without one the run counts as alone."""
@@ -599,8 +650,9 @@ def run_gate_in(tree: Path, site: Path, args: Sequence[str], run_dir: Path, log:
         with open(log, "w") as fh:
             fh.write(f"$ cd {tree} && PYTHONPATH={site} {shlex.join(cmd)}\n")
             fh.flush()
-            proc = subprocess.Popen(cmd, cwd=tree, env=gate_env(site), stdout=fh, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                cmd, cwd=tree, env=gate_env(site), stdout=fh, stderr=subprocess.STDOUT, start_new_session=True
+            )
             try:
                 rc = proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
@@ -620,16 +672,33 @@ def run_gate_in(tree: Path, site: Path, args: Sequence[str], run_dir: Path, log:
 
 def _result_row(m: Mutant, run: GateRun) -> dict:
     said = verdict(m.criterion, run.returncode, run.failed, run.alone)
-    return {"mutant": m.id, "file": m.file, "expected criterion": criterion_label(m.criterion), "verdict": said,
-            "judgement": judgement(m.criterion, said, run.failed, run.alone), "ran": ALONE if run.alone else PARALLEL,
-            "exit code": "" if run.returncode is None else run.returncode,
-            "failed criteria": ", ".join(run.failed), "wall_s": round(run.wall_s, 1), "depends": m.depends}
+    return {
+        "mutant": m.id,
+        "file": m.file,
+        "expected criterion": criterion_label(m.criterion),
+        "verdict": said,
+        "judgement": judgement(m.criterion, said, run.failed, run.alone),
+        "ran": ALONE if run.alone else PARALLEL,
+        "exit code": "" if run.returncode is None else run.returncode,
+        "failed criteria": ", ".join(run.failed),
+        "wall_s": round(run.wall_s, 1),
+        "depends": m.depends,
+    }
 
 
-def run_suite(manifest: Path, root: Path, out: Path, jobs: int = 3, only: Sequence[str] = (),
-              extra_args: Sequence[str] = (), timeout_s: float = 900.0, keep: bool = False,
-              check_only: bool = False, python: str = sys.executable,
-              self_baseline: bool = False) -> tuple[int, pd.DataFrame | None]:
+def run_suite(
+    manifest: Path,
+    root: Path,
+    out: Path,
+    jobs: int = 3,
+    only: Sequence[str] = (),
+    extra_args: Sequence[str] = (),
+    timeout_s: float = 900.0,
+    keep: bool = False,
+    check_only: bool = False,
+    python: str = sys.executable,
+    self_baseline: bool = False,
+) -> tuple[int, pd.DataFrame | None]:
     """Run the suite (module docstring); returns (exit code, the results table or None when nothing was scored).
 
     `self_baseline`: before each clean check, write a baseline of the clean tree (`gate ARGS --update-baseline
@@ -660,13 +729,17 @@ def run_suite(manifest: Path, root: Path, out: Path, jobs: int = 3, only: Sequen
         print(f"hotloop mutate: {copy_summary(root, clean)}; each mutant runs in a copy of it", flush=True)
         problems = check_patches(mutants, clean)
         if problems:
-            raise UsageError("patches that do not apply (fix or re-place them; nothing was run): "
-                             + "; ".join(problems))
+            raise UsageError(
+                "patches that do not apply (fix or re-place them; nothing was run): " + "; ".join(problems)
+            )
         print(f"hotloop mutate: {len(mutants)} mutants, every patch applies to {root}")
         if check_only:
             return 0, None
-        taken = [d.name for d in sorted((out / "runs").glob("*")) if d.is_dir() and any(d.iterdir())] \
-            if (out / "runs").is_dir() else []
+        taken = (
+            [d.name for d in sorted((out / "runs").glob("*")) if d.is_dir() and any(d.iterdir())]
+            if (out / "runs").is_dir()
+            else []
+        )
         if taken:
             raise UsageError(f"{out} already holds runs ({', '.join(taken)}): give a new --out")
         out.mkdir(parents=True, exist_ok=True)
@@ -679,25 +752,40 @@ def run_suite(manifest: Path, root: Path, out: Path, jobs: int = 3, only: Sequen
             runs = []
             if self_baseline:
                 own = out / "baselines" / f"{label}.json"
-                runs.append((f"{label}_baseline", (*args, "--update-baseline", "--repeats", str(BASELINE_REPEATS),
-                                                   "--baseline", str(own))))
+                runs.append(
+                    (
+                        f"{label}_baseline",
+                        (*args, "--update-baseline", "--repeats", str(BASELINE_REPEATS), "--baseline", str(own)),
+                    )
+                )
                 effective[args] = (*args, "--baseline", str(own))
             else:
                 effective[args] = args
             runs.append((label, effective[args]))
             for name, run_args in runs:
                 print(f"hotloop mutate: clean tree: gate {shlex.join(run_args)}", flush=True)
-                run = run_gate_in(clean, site, run_args, out / "runs" / name, out / "logs" / f"{name}.log",
-                                  timeout_s, python, ledger)
-                clean_rows.append({"run": name, "args": shlex.join(run_args), "exit code": run.returncode,
-                                   "failed criteria": ", ".join(run.failed), "wall_s": round(run.wall_s, 1)})
+                run = run_gate_in(
+                    clean, site, run_args, out / "runs" / name, out / "logs" / f"{name}.log", timeout_s, python, ledger
+                )
+                clean_rows.append(
+                    {
+                        "run": name,
+                        "args": shlex.join(run_args),
+                        "exit code": run.returncode,
+                        "failed criteria": ", ".join(run.failed),
+                        "wall_s": round(run.wall_s, 1),
+                    }
+                )
                 if run.returncode != 0:
                     break
         clean_table = pd.DataFrame(clean_rows)
         clean_table.to_csv(out / "clean.csv", index=False)
         if (clean_table["exit code"] != 0).any():
-            print("hotloop mutate: the clean tree does not pass the gate: no score (logs in "
-                  f"{out / 'logs'})\n" + clean_table.to_string(index=False), file=sys.stderr)
+            print(
+                "hotloop mutate: the clean tree does not pass the gate: no score (logs in "
+                f"{out / 'logs'})\n" + clean_table.to_string(index=False),
+                file=sys.stderr,
+            )
             return CLEAN_FAILED, None
 
         def one(m: Mutant) -> dict:
@@ -707,18 +795,32 @@ def run_suite(manifest: Path, root: Path, out: Path, jobs: int = 3, only: Sequen
             if err:  # checked above; a failure here is the runner's own problem
                 raise RuntimeError(f"{m.id}: {m.patch.name} stopped applying: {err}")
             args = effective[tuple(m.args) + tuple(extra_args)]
-            run = run_gate_in(tree, import_root(tree), args, out / "runs" / m.id, out / "logs" / f"{m.id}.log",
-                              timeout_s, python, ledger)
+            run = run_gate_in(
+                tree,
+                import_root(tree),
+                args,
+                out / "runs" / m.id,
+                out / "logs" / f"{m.id}.log",
+                timeout_s,
+                python,
+                ledger,
+            )
             if not keep:
                 shutil.rmtree(tree, ignore_errors=True)
                 shutil.rmtree(tree.with_name(tree.name + ".site"), ignore_errors=True)
             row = _result_row(m, run)
-            print(f"hotloop mutate: {m.id}: {row['verdict']} ({row['judgement']}; exit {row['exit code']}, "
-                  f"{row['wall_s']} s, ran {row['ran']})", flush=True)
+            print(
+                f"hotloop mutate: {m.id}: {row['verdict']} ({row['judgement']}; exit {row['exit code']}, "
+                f"{row['wall_s']} s, ran {row['ran']})",
+                flush=True,
+            )
             with lock:  # the tables so far, rewritten after each mutant: a suite stopped midway keeps its verdicts
                 rows[m.id] = row
-                write_results(pd.DataFrame([rows[k.id] for k in mutants if k.id in rows], columns=RESULT_COLUMNS),
-                              out, pending=len(mutants) - len(rows))
+                write_results(
+                    pd.DataFrame([rows[k.id] for k in mutants if k.id in rows], columns=RESULT_COLUMNS),
+                    out,
+                    pending=len(mutants) - len(rows),
+                )
             return row
 
         rows, lock = {}, threading.Lock()
@@ -726,8 +828,9 @@ def run_suite(manifest: Path, root: Path, out: Path, jobs: int = 3, only: Sequen
         shared = [m for m in mutants if not runs_alone(m)]
         timed = [m.id for m in alone if not m.exclusive]
         if timed:
-            print(f"hotloop mutate: {', '.join(timed)}: judged by a timing row, so run alone after the others",
-                  flush=True)
+            print(
+                f"hotloop mutate: {', '.join(timed)}: judged by a timing row, so run alone after the others", flush=True
+            )
         with ThreadPoolExecutor(max_workers=jobs) as pool:
             list(pool.map(one, shared))
         for m in alone:
@@ -760,18 +863,25 @@ def score_parts(table: pd.DataFrame) -> dict[str, int]:
     killed, total = score(table)
     how = table["judgement"] if "judgement" in table else table["verdict"].map({KILLED: BY_COUNT})
     ran = table["ran"] if "ran" in table else pd.Series([ALONE] * len(table), dtype=object)
-    return {"killed": killed, "total": total, "by count": int(how.eq(BY_COUNT).sum()),
-            "by timing": int(how.eq(BY_TIMING).sum()), "not judged": int(how.eq(NOT_JUDGED).sum()),
-            "parallel": int(ran.eq(PARALLEL).sum())}
+    return {
+        "killed": killed,
+        "total": total,
+        "by count": int(how.eq(BY_COUNT).sum()),
+        "by timing": int(how.eq(BY_TIMING).sum()),
+        "not judged": int(how.eq(NOT_JUDGED).sum()),
+        "parallel": int(ran.eq(PARALLEL).sum()),
+    }
 
 
 def score_line(table: pd.DataFrame) -> str:
-    """"mutation score: K/T killed (P%): A by a count/criterion, B by timing (alone); timing not judged for N
+    """ "mutation score: K/T killed (P%): A by a count/criterion, B by timing (alone); timing not judged for N
     parallel runs (of M run in parallel)" (`score_parts`)."""
     s = score_parts(table)
-    return (f"mutation score: {s['killed']}/{s['total']} killed ({100 * s['killed'] / max(s['total'], 1):.0f}%): "
-            f"{s['by count']} by a count/criterion, {s['by timing']} by timing (alone); timing not judged for "
-            f"{s['not judged']} parallel runs (of {s['parallel']} run in parallel)")
+    return (
+        f"mutation score: {s['killed']}/{s['total']} killed ({100 * s['killed'] / max(s['total'], 1):.0f}%): "
+        f"{s['by count']} by a count/criterion, {s['by timing']} by timing (alone); timing not judged for "
+        f"{s['not judged']} parallel runs (of {s['parallel']} run in parallel)"
+    )
 
 
 def write_results(table: pd.DataFrame, out: Path, pending: int = 0) -> list[Path]:
@@ -788,26 +898,56 @@ def write_results(table: pd.DataFrame, out: Path, pending: int = 0) -> list[Path
 
 # --------------------------------------------------------------------------------------------------------- CLI
 
+
 def add_mutate_args(p: argparse.ArgumentParser) -> None:
     """Add the options of `hotloop mutate` (and of `python -m hotloop.guards.mutate`) to the parser `p`."""
-    p.add_argument("--manifest", type=Path, help=f"the manifest (default <checkout>/{DEFAULT_MANIFEST}); from an "
-                                                 "installed hotloop, point it at any checkout's")
-    p.add_argument("--root", type=Path, help="the checkout to copy (default: the git top level of the folder of "
-                                             "--manifest when given, else of the current folder)")
-    p.add_argument("--out", type=Path, help="output folder: mutants.csv/.md, clean.csv, runs/<id>/, logs/<id>.log "
-                                            "(default runs/mutate-<UTC timestamp>/ under the checkout)")
-    p.add_argument("--jobs", type=int, default=3, metavar="N",
-                   help="mutants run at a time on the GPU (default 3); timing rows count only in a gate that ran "
-                        "alone: exclusive mutants and those expecting a timing criterion run alone after the "
-                        "others; --jobs 1 judges every run in full")
+    p.add_argument(
+        "--manifest",
+        type=Path,
+        help=f"the manifest (default <checkout>/{DEFAULT_MANIFEST}); from an "
+        "installed hotloop, point it at any checkout's",
+    )
+    p.add_argument(
+        "--root",
+        type=Path,
+        help="the checkout to copy (default: the git top level of the folder of "
+        "--manifest when given, else of the current folder)",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        help="output folder: mutants.csv/.md, clean.csv, runs/<id>/, logs/<id>.log "
+        "(default runs/mutate-<UTC timestamp>/ under the checkout)",
+    )
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=3,
+        metavar="N",
+        help="mutants run at a time on the GPU (default 3); timing rows count only in a gate that ran "
+        "alone: exclusive mutants and those expecting a timing criterion run alone after the "
+        "others; --jobs 1 judges every run in full",
+    )
     p.add_argument("--only", action="append", default=[], metavar="ID[,ID...]", help="run these mutants only")
-    p.add_argument("--gate-args", default="", metavar="ARGS",
-                   help="extra gate arguments for every run, the clean ones too (one shell-quoted string)")
-    p.add_argument("--timeout", type=float, default=900.0, metavar="SECONDS",
-                   help="a gate run longer than this is stopped and recorded as 'timed out' (default 900)")
-    p.add_argument("--self-baseline", action="store_true",
-                   help="write a baseline of the clean tree first (<out>/baselines/) and judge the clean check and "
-                        "the mutants against it, instead of the committed one")
+    p.add_argument(
+        "--gate-args",
+        default="",
+        metavar="ARGS",
+        help="extra gate arguments for every run, the clean ones too (one shell-quoted string)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=900.0,
+        metavar="SECONDS",
+        help="a gate run longer than this is stopped and recorded as 'timed out' (default 900)",
+    )
+    p.add_argument(
+        "--self-baseline",
+        action="store_true",
+        help="write a baseline of the clean tree first (<out>/baselines/) and judge the clean check and "
+        "the mutants against it, instead of the committed one",
+    )
     p.add_argument("--min-score", type=float, metavar="F", help="exit 1 when killed / total is below F (0..1)")
     p.add_argument("--check", action="store_true", help="only check the manifest and that every patch applies")
     p.add_argument("--list", action="store_true", help="print the manifest's mutants and exit")
@@ -828,8 +968,10 @@ def suite_paths(root: Path | None, manifest: Path | None, cwd: Path | None = Non
         root = checkout_root(cwd or ".")
     manifest = Path(manifest).resolve() if manifest is not None else root / DEFAULT_MANIFEST
     if not manifest.is_file():
-        raise UsageError(f"no mutant manifest at {manifest}: run from a hotloop checkout (its {DEFAULT_MANIFEST}) "
-                         f"or pass --manifest PATH (and --root CHECKOUT when the manifest lies outside it)")
+        raise UsageError(
+            f"no mutant manifest at {manifest}: run from a hotloop checkout (its {DEFAULT_MANIFEST}) "
+            f"or pass --manifest PATH (and --root CHECKOUT when the manifest lies outside it)"
+        )
     return root, manifest
 
 
@@ -840,9 +982,21 @@ def run_mutate(args: argparse.Namespace) -> int:
         only = [i for part in args.only for i in part.split(",") if i]
         if args.list:
             mutants = load_manifest(manifest)
-            print(pd.DataFrame([{"mutant": m.id, "file": m.file, "expected criterion": criterion_label(m.criterion),
-                                 "runs": ALONE if runs_alone(m) else PARALLEL, "depends": m.depends,
-                                 "what": m.what} for m in mutants]).to_string(index=False))
+            print(
+                pd.DataFrame(
+                    [
+                        {
+                            "mutant": m.id,
+                            "file": m.file,
+                            "expected criterion": criterion_label(m.criterion),
+                            "runs": ALONE if runs_alone(m) else PARALLEL,
+                            "depends": m.depends,
+                            "what": m.what,
+                        }
+                        for m in mutants
+                    ]
+                ).to_string(index=False)
+            )
             return 0
         if args.min_score is not None and not 0 <= args.min_score <= 1:
             raise UsageError(f"--min-score must be within 0..1, got {args.min_score}")
@@ -853,8 +1007,18 @@ def run_mutate(args: argparse.Namespace) -> int:
         if any(a.split("=")[0] in _RUNNER_OPTIONS for a in extra):
             raise UsageError(f"--gate-args may not hold {list(_RUNNER_OPTIONS)}")
         out = args.out or root / "runs" / time.strftime("mutate-%Y%m%dT%H%M%SZ", time.gmtime())
-        code, table = run_suite(manifest, root, out, args.jobs, only, extra, args.timeout, args.keep, args.check,
-                                self_baseline=args.self_baseline)
+        code, table = run_suite(
+            manifest,
+            root,
+            out,
+            args.jobs,
+            only,
+            extra,
+            args.timeout,
+            args.keep,
+            args.check,
+            self_baseline=args.self_baseline,
+        )
     except UsageError as exc:
         print(f"hotloop mutate: error: {exc}", file=sys.stderr)
         return USAGE

@@ -33,7 +33,6 @@ hotloop's own perf tests (tests/perf/) run the gate's criteria this way on the h
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-
 from typing import TYPE_CHECKING
 
 import pytest
@@ -104,18 +103,22 @@ def failing_rows(report: GuardReport, only: Iterable[str] | None = None) -> list
         if unknown:
             raise ValueError(f"not criteria ids of this report: {unknown}; known: {list(v['id'])}")
         v = v[v["id"].isin(only)]
-        rows = [f"{r.criterion} [{r.id}]: {r.status}" for r in v.itertuples()
-                if r.status not in ("measured", "reported")]
+        rows = [
+            f"{r.criterion} [{r.id}]: {r.status}" for r in v.itertuples() if r.status not in ("measured", "reported")
+        ]
     failed = v[v["verdict"].eq("FAIL")]
-    return rows + [f"{r.criterion} [{r.id}]: measured {r.measured} (limit {r.limit}); {r.evidence}"
-                   for r in failed.itertuples()]
+    return rows + [
+        f"{r.criterion} [{r.id}]: measured {r.measured} (limit {r.limit}); {r.evidence}" for r in failed.itertuples()
+    ]
 
 
 @pytest.fixture(scope="session")
 def assert_criteria() -> Callable[..., None]:
     """`assert_criteria(report, only=None)`: pytest.fail listing `failing_rows(report, only)` when any."""
+
     def check(report: GuardReport, only: Iterable[str] | None = None) -> None:
         rows = failing_rows(report, only)
         if rows:
             pytest.fail("criteria failed:\n" + "\n".join(rows) + f"\n\nverdicts:\n{report}", pytrace=False)
+
     return check

@@ -20,27 +20,36 @@ from hotloop.profiles.epoch_table import epoch_frame, write_table
 from hotloop.profiles.epoch_timer import EpochTimer
 from hotloop.profiles.plots import plot_epochs
 from hotloop.profiles.ranges import phase_range
-from hotloop.profiles.run_timeline import RunTimeline
 from hotloop.profiles.run_lock import acquire, remove_temp_files
+from hotloop.profiles.run_timeline import RunTimeline
 from hotloop.profiles.telemetry import NvmlTelemetry
 from hotloop.trainer.async_checkpoint import AsyncCheckpointer
 from hotloop.trainer.best_policy import BEST_FILE, improves, read_best, save_best
 from hotloop.trainer.config import Config
 from hotloop.trainer.loop import Trainer, resolve_device
-from hotloop.trainer.resume import (CHECKPOINT_FILE, ResumePoint, checkpoint_identity, read_resume_point,
-                                    record_config_change)
-
+from hotloop.trainer.resume import (
+    CHECKPOINT_FILE,
+    ResumePoint,
+    checkpoint_identity,
+    read_resume_point,
+    record_config_change,
+)
 
 SETUP_LIMIT_S = 300.0
 """Seconds the setup (imports, CUDA context, env/replay/network allocation) may take at least."""
 
 
-def run_training(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress: bool = True,
-                 after_epochs: Callable[[Trainer], object] | None = None,
-                 resume: bool | ResumePoint = False,
-                 loop_census: LoopSyncCensus | None = None,
-                 watched: dict[str, bool] | None = None,
-                 timeline: RunTimeline | None = None) -> tuple[pd.DataFrame, object]:
+def run_training(
+    cfg: Config,
+    run_dir: Path,
+    epoch_limit_s: float,
+    show_progress: bool = True,
+    after_epochs: Callable[[Trainer], object] | None = None,
+    resume: bool | ResumePoint = False,
+    loop_census: LoopSyncCensus | None = None,
+    watched: dict[str, bool] | None = None,
+    timeline: RunTimeline | None = None,
+) -> tuple[pd.DataFrame, object]:
     """Train `cfg.epochs` epochs; each epoch must finish within `epoch_limit_s` seconds (the setup within
     max(epoch_limit_s, SETUP_LIMIT_S)) or the process exits 3 with every thread's stack. If the watchdog's thread
     fails, the process exits 70 (hotloop.guards.watchdog: the run never goes on unguarded; the traceback in
@@ -102,8 +111,18 @@ def run_training(cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress
             console.print(f"hotloop: {run_dir}: took over the lock left by pid {lock.stale_pid} (no longer running)")
         for path in remove_temp_files(run_dir):
             console.print(f"hotloop: removed {path.name}, a temp file left by a killed write")
-        return _run_locked(console, cfg, run_dir, epoch_limit_s, show_progress, after_epochs, resume, loop_census,
-                           watched, timeline if timeline is not None else _started_timeline())
+        return _run_locked(
+            console,
+            cfg,
+            run_dir,
+            epoch_limit_s,
+            show_progress,
+            after_epochs,
+            resume,
+            loop_census,
+            watched,
+            timeline if timeline is not None else _started_timeline(),
+        )
 
 
 def _started_timeline() -> RunTimeline:
@@ -124,21 +143,33 @@ def _write_epochs(rows: list[dict], run_dir: Path, tl: RunTimeline, epoch: int, 
     except OSError as exc:  # the old table stays whole (atomic); so does the last checkpoint
         if (full := disk_full_cause(exc)) is None:
             raise
-        raise DiskFullError(f"disk full: {run_dir / 'epochs.csv'} could not be written with {what} "
-                            f"({full.strerror or full}); the table as it was and the last checkpoint are kept",
-                            full.errno) from exc
+        raise DiskFullError(
+            f"disk full: {run_dir / 'epochs.csv'} could not be written with {what} "
+            f"({full.strerror or full}); the table as it was and the last checkpoint are kept",
+            full.errno,
+        ) from exc
 
 
-def _run_locked(console: Console, cfg: Config, run_dir: Path, epoch_limit_s: float, show_progress: bool,
-                after_epochs: Callable[[Trainer], object] | None,
-                resume: bool | ResumePoint, census: LoopSyncCensus | None,
-                watched: dict[str, bool] | None, tl: RunTimeline) -> tuple[pd.DataFrame, object]:
+def _run_locked(
+    console: Console,
+    cfg: Config,
+    run_dir: Path,
+    epoch_limit_s: float,
+    show_progress: bool,
+    after_epochs: Callable[[Trainer], object] | None,
+    resume: bool | ResumePoint,
+    census: LoopSyncCensus | None,
+    watched: dict[str, bool] | None,
+    tl: RunTimeline,
+) -> tuple[pd.DataFrame, object]:
     """run_training's work, with run_dir's lock held."""
     if isinstance(resume, ResumePoint):
         point = resume
         if point.source is not None and checkpoint_identity(run_dir / CHECKPOINT_FILE) != point.source:
-            raise ValueError(f"{run_dir / CHECKPOINT_FILE} changed since it was read for this resume (another run "
-                             f"wrote it): resume again to continue from the checkpoint as it is now")
+            raise ValueError(
+                f"{run_dir / CHECKPOINT_FILE} changed since it was read for this resume (another run "
+                f"wrote it): resume again to continue from the checkpoint as it is now"
+            )
     else:
         point = read_resume_point(run_dir, cfg) if resume else None
     if point is not None:
@@ -146,19 +177,36 @@ def _run_locked(console: Console, cfg: Config, run_dir: Path, epoch_limit_s: flo
             console.print(f"hotloop: note: {note}")
         recorded = record_config_change(run_dir, point, cfg)  # before config.json takes the new config
         if recorded is not None:
-            console.print(f"hotloop: config changed at resume after epoch {point.epoch} (allowed): "
-                          + "; ".join(f"{k} {v['old']!r} -> {v['new']!r}" for k, v in point.config_changes.items())
-                          + f"; recorded in {recorded}")
+            console.print(
+                f"hotloop: config changed at resume after epoch {point.epoch} (allowed): "
+                + "; ".join(f"{k} {v['old']!r} -> {v['new']!r}" for k, v in point.config_changes.items())
+                + f"; recorded in {recorded}"
+            )
     cfg.save(run_dir / "config.json")
     rows: list[dict] = list(point.rows) if point is not None else []
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                        TimeElapsedColumn(), console=console, transient=True,
-                        disable=not show_progress or not sys.stderr.isatty())
-    with (HangWatchdog(epoch_limit_s, error_log=run_dir / "error.log") as watchdog, progress,
-          AsyncCheckpointer(run_dir / CHECKPOINT_FILE, cfg.checkpoint_interval, cfg.epochs, watchdog,
-                            note=lambda line: console.print(f"hotloop: {line}")) as checkpointer):
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+        disable=not show_progress or not sys.stderr.isatty(),
+    )
+    with (
+        HangWatchdog(epoch_limit_s, error_log=run_dir / "error.log") as watchdog,
+        progress,
+        AsyncCheckpointer(
+            run_dir / CHECKPOINT_FILE,
+            cfg.checkpoint_interval,
+            cfg.epochs,
+            watchdog,
+            note=lambda line: console.print(f"hotloop: {line}"),
+        ) as checkpointer,
+    ):
         task = progress.add_task("setup", total=cfg.learner_steps_per_epoch)
         watchdog.arm("setup", max(epoch_limit_s, SETUP_LIMIT_S))
+
         def on_phase(name: str) -> None:
             watchdog.phase(name)
             if name == "readback":  # the learner loop's last launch is queued: end of the timed GPU work
@@ -172,22 +220,27 @@ def _run_locked(console: Console, cfg: Config, run_dir: Path, epoch_limit_s: flo
                 torch.cuda.init()
                 torch.empty(1, device=device)  # the primary context is made by the first allocation
         with tl.span("build"):
-            trainer = Trainer(cfg, on_phase=on_phase,
-                              on_progress=lambda done, total: progress.update(task, completed=done))
+            trainer = Trainer(
+                cfg, on_phase=on_phase, on_progress=lambda done, total: progress.update(task, completed=done)
+            )
             if point is not None:
                 trainer.restore(point.tensors, point.meta)
         if trainer.epochs_done < cfg.epochs:  # the snapshot buffers now, not in the epoch of the first checkpoint
             with tl.span("checkpoint_buffers"):
                 checkpointer.reserve(trainer.checkpoint_state()[0])
         timer, telemetry = EpochTimer(trainer.device), NvmlTelemetry(trainer.device)
-        console.print(f"hotloop: env={cfg.env} device={trainer.device} epochs={cfg.epochs} "
-                      f"learner_steps_per_epoch={cfg.learner_steps_per_epoch} run_dir={run_dir}"
-                      + (f" (resumed after epoch {trainer.epochs_done})" if point is not None else ""))
+        console.print(
+            f"hotloop: env={cfg.env} device={trainer.device} epochs={cfg.epochs} "
+            f"learner_steps_per_epoch={cfg.learner_steps_per_epoch} run_dir={run_dir}"
+            + (f" (resumed after epoch {trainer.epochs_done})" if point is not None else "")
+        )
         best = read_best(run_dir / BEST_FILE) if point is not None else None  # a new run starts with no best
         if best is not None and best["epoch"] > trainer.epochs_done:  # from an epoch after the checkpoint: re-run
-            console.print(f"hotloop: note: {run_dir / BEST_FILE} holds epoch {best['epoch']}, after the checkpoint's "
-                          f"epoch {trainer.epochs_done}: that epoch is trained again, so the file is not counted as "
-                          f"the best (it is replaced at the next improvement)")
+            console.print(
+                f"hotloop: note: {run_dir / BEST_FILE} holds epoch {best['epoch']}, after the checkpoint's "
+                f"epoch {trainer.epochs_done}: that epoch is trained again, so the file is not counted as "
+                f"the best (it is replaced at the next improvement)"
+            )
             best = None
         best_epoch, best_return = (best["epoch"], best["eval_return"]) if best else (None, None)
         for epoch in range(trainer.epochs_done + 1, cfg.epochs + 1):
@@ -216,9 +269,17 @@ def _run_locked(console: Console, cfg: Config, run_dir: Path, epoch_limit_s: flo
                     save_best(run_dir / BEST_FILE, trainer, epoch, stats.eval_return)
                 watchdog.disarm()
                 best_epoch, best_return = epoch, stats.eval_return
-            rows.append({**stats.as_row(), "gpu_ms_per_step": gpu_ms, "kernels_per_step": math.nan,
-                         "syncs_per_step": math.nan, **telemetry.sample(),
-                         "best_epoch": math.nan if best_epoch is None else best_epoch, **tl.epoch_columns(epoch)})
+            rows.append(
+                {
+                    **stats.as_row(),
+                    "gpu_ms_per_step": gpu_ms,
+                    "kernels_per_step": math.nan,
+                    "syncs_per_step": math.nan,
+                    **telemetry.sample(),
+                    "best_epoch": math.nan if best_epoch is None else best_epoch,
+                    **tl.epoch_columns(epoch),
+                }
+            )
             _write_epochs(rows, run_dir, tl, epoch, f"epoch {epoch}'s row")
             watchdog.arm(f"checkpoint {epoch}")  # a snapshot handed to the background writer (the last: written)
             with tl.span("checkpoint", epoch):
@@ -226,18 +287,19 @@ def _run_locked(console: Console, cfg: Config, run_dir: Path, epoch_limit_s: flo
             watchdog.disarm()
             rows[-1].update(tl.epoch_columns(epoch))  # with the checkpoint's share: on disk with the next table
             warm = trainer.warmup_s - warm_before
-            console.print(f"epoch {epoch}: {stats.wall_s:.1f} s"
-                          + (f" (of which {warm:.1f} s compiling kernels and capturing graphs)" if warm else "")
-                          + f", {stats.learner_steps_per_s:.0f} learner steps/s, "
-                          f"loss {stats.loss:.4g}, mean_return_100 {stats.mean_return_100:.1f}, "
-                          f"eval_return {stats.eval_return:.1f}, "
-                          f"epsilon {stats.epsilon:.3f}")
+            console.print(
+                f"epoch {epoch}: {stats.wall_s:.1f} s"
+                + (f" (of which {warm:.1f} s compiling kernels and capturing graphs)" if warm else "")
+                + f", {stats.learner_steps_per_s:.0f} learner steps/s, "
+                f"loss {stats.loss:.4g}, mean_return_100 {stats.mean_return_100:.1f}, "
+                f"eval_return {stats.eval_return:.1f}, "
+                f"epsilon {stats.epsilon:.3f}"
+            )
         with tl.span("checkpoint_wait"):
             checkpointer.close()  # waits for the last epoch's write (watchdog: "checkpoint writer"); frees the buffers
         for rec in checkpointer.records:
             if rec.written and rec.write_start is not None:
-                tl.add("checkpoint_write", rec.write_s, rec.epoch, start_s=rec.write_start - tl.origin,
-                       overlapped=True)
+                tl.add("checkpoint_write", rec.write_s, rec.epoch, start_s=rec.write_start - tl.origin, overlapped=True)
         if checkpointer.records:
             console.print(f"hotloop: {checkpointer.summary()}")
         if rows:

@@ -93,8 +93,16 @@ import pandas as pd
 from hotloop.guards.baselines import KERNEL_US_PREFIX, is_count
 from hotloop.guards.criteria import CRITERIA, OVERLAP, PRECISION, judged_by, query_allowance
 from hotloop.profiles.trace_anomalies import count_anomalies, valid_time
-from hotloop.profiles.trace_counts import (COUNT_COLUMNS, SYNC_COLUMNS, api_names, assign_steps,
-                                           choose_step_range_events, event_flags, step_anomalies, step_ranges)
+from hotloop.profiles.trace_counts import (
+    COUNT_COLUMNS,
+    SYNC_COLUMNS,
+    api_names,
+    assign_steps,
+    choose_step_range_events,
+    event_flags,
+    step_anomalies,
+    step_ranges,
+)
 
 TF32, FP32, GEMM = "tf32", "fp32", "gemm"
 PRECISIONS = (TF32, FP32, GEMM, "")
@@ -108,12 +116,32 @@ QUERY_COLUMNS = ("completion_queries", "polling_queries", "query_host_us")
 _GPU_KINDS = ("kernel", "memcpy", "memset")
 _API_KINDS = ("runtime", "driver")
 _LOW_PRECISION = re.compile(r"bf16|f16|fp16|half|int8|e4m3|e5m2|fp8")
-STEP_COLUMNS = ("stream_sync_calls", "event_sync_calls", "blocking_memcpy_calls", "pageable_async_copies",
-                "d2d_copies", "memsets", "spectral_norm_launches", "fwd_gemms", "fwd_gemms_not_tf32", "bwd_gemms",
-                "bwd_gemms_tf32", "gpu_kernel_us", "gpu_busy_us", "gpu_span_us", "ddqn_kernel_us",
-                "ddqn_overlap_us", "ddqn_overlap_ratio")
-SCOPED_COLUMNS = ("learner_d2d_copies", "learner_memsets", "env_kernels", "env_kernels_grid1",
-                  "env_kernels_per_env_step")
+STEP_COLUMNS = (
+    "stream_sync_calls",
+    "event_sync_calls",
+    "blocking_memcpy_calls",
+    "pageable_async_copies",
+    "d2d_copies",
+    "memsets",
+    "spectral_norm_launches",
+    "fwd_gemms",
+    "fwd_gemms_not_tf32",
+    "bwd_gemms",
+    "bwd_gemms_tf32",
+    "gpu_kernel_us",
+    "gpu_busy_us",
+    "gpu_span_us",
+    "ddqn_kernel_us",
+    "ddqn_overlap_us",
+    "ddqn_overlap_ratio",
+)
+SCOPED_COLUMNS = (
+    "learner_d2d_copies",
+    "learner_memsets",
+    "env_kernels",
+    "env_kernels_grid1",
+    "env_kernels_per_env_step",
+)
 """Per-step columns over the learner's (PhaseRoles.learner) or the env's (PhaseRoles.env) phases only: counts, and
 env_kernels_per_env_step (float), env_kernels divided by PhaseRoles.env_steps_per_update (`PER_ENV_STEP`)."""
 PER_ENV_STEP = {"env_kernels_per_env_step": "env_kernels"}
@@ -180,8 +208,14 @@ class PhaseRoles:
         online_forward); a tuple is taken as the phase names. Raises ValueError for another name."""
         if isinstance(name, tuple):
             return name
-        scopes = {"every": None, "learner": self.learner, "env": self.env, "spectral_norm": (self.spectral_norm,),
-                  "gemms": self.forward + self.backward, "ddqn": (self.ddqn_forward, self.online_forward)}
+        scopes = {
+            "every": None,
+            "learner": self.learner,
+            "env": self.env,
+            "spectral_norm": (self.spectral_norm,),
+            "gemms": self.forward + self.backward,
+            "ddqn": (self.ddqn_forward, self.online_forward),
+        }
         if name not in scopes:
             raise ValueError(f"unknown phase scope {name!r}; known: {sorted(scopes)} or a tuple of phase names")
         return scopes[name]
@@ -227,11 +261,14 @@ class StepMetrics:
     window: dict = field(default_factory=dict)
     phase_steps: pd.DataFrame = field(default_factory=lambda: pd.DataFrame({"step": [], "phase": []}))
     phase_counts: pd.DataFrame = field(
-        default_factory=lambda: pd.DataFrame({"phase": [], "outside": [], "kernels": [], "sync_calls": []}))
+        default_factory=lambda: pd.DataFrame({"phase": [], "outside": [], "kernels": [], "sync_calls": []})
+    )
     markers: pd.DataFrame = field(
-        default_factory=lambda: pd.DataFrame({"hit": [], "step": [], "outside": [], "phase": []}))
+        default_factory=lambda: pd.DataFrame({"hit": [], "step": [], "outside": [], "phase": []})
+    )
     query_markers: pd.DataFrame = field(
-        default_factory=lambda: pd.DataFrame({"hit": [], "step": [], "outside": [], "phase": [], "path": []}))
+        default_factory=lambda: pd.DataFrame({"hit": [], "step": [], "outside": [], "phase": [], "path": []})
+    )
     phase_runs: pd.DataFrame = field(default_factory=lambda: pd.DataFrame({"step": [], "phase": [], "runs": []}))
 
 
@@ -272,8 +309,12 @@ def gemm_precision(name: str, registry: Mapping[str, str] | None = None) -> str:
     return GEMM if is_gemm else ""
 
 
-def kernel_phases(df: pd.DataFrame, phases: Mapping[PhaseRule, str] | None = None,
-                  ignore: tuple[str, ...] = ("step",), rule_phases: tuple[str, ...] | None = None) -> pd.Series:
+def kernel_phases(
+    df: pd.DataFrame,
+    phases: Mapping[PhaseRule, str] | None = None,
+    ignore: tuple[str, ...] = ("step",),
+    rule_phases: tuple[str, ...] | None = None,
+) -> pd.Series:
     """Per event of `df` (same index, str): the phase of each GPU activity row (kernel, memcpy, memset), "" for
     other rows and for GPU rows in no phase (`event_phases`'s phase, GPU rows only).
 
@@ -300,8 +341,12 @@ def is_phase_range(df: pd.DataFrame, ignore: tuple[str, ...] = ("step",)) -> pd.
     return out
 
 
-def event_phases(df: pd.DataFrame, phases: Mapping[PhaseRule, str] | None = None,
-                 ignore: tuple[str, ...] = ("step",), rule_phases: tuple[str, ...] | None = None) -> pd.DataFrame:
+def event_phases(
+    df: pd.DataFrame,
+    phases: Mapping[PhaseRule, str] | None = None,
+    ignore: tuple[str, ...] = ("step",),
+    rule_phases: tuple[str, ...] | None = None,
+) -> pd.DataFrame:
     """Per event of `df` (same index): phase (str: its innermost phase range, "" for none) and path (tuple of str:
     its enclosing phase ranges, outermost first, ending with `phase`), by the rules of the module docstring, for
     CUDA calls (runtime, driver), HIT_MARK markers and GPU rows; other rows get "" and (). `phases`, `ignore`:
@@ -334,8 +379,11 @@ def event_phases(df: pd.DataFrame, phases: Mapping[PhaseRule, str] | None = None
     rule = pd.Series("", index=df.index[gpu], dtype=object)
     claimed = pd.Series(False, index=df.index[gpu])
     if phases:
-        eligible = (pd.Series(True, index=claimed.index) if rule_phases is None else
-                    pd.Series([bool(set(gp) & set(rule_phases)) for gp in gpu_path], index=claimed.index))
+        eligible = (
+            pd.Series(True, index=claimed.index)
+            if rule_phases is None
+            else pd.Series([bool(set(gp) & set(rule_phases)) for gp in gpu_path], index=claimed.index)
+        )
         sub = df[gpu]
         for r, name in phases.items():
             match = r(df).fillna(False).astype(bool)[gpu] if callable(r) else sub["name"].str.contains(_regex(r))
@@ -390,8 +438,7 @@ def _enclosing(targets: pd.DataFrame, ranges: pd.DataFrame) -> list[tuple[str, .
     threads = {key: g for key, g in r.groupby(["pid", "tid"], sort=False)}
     main = max(threads, key=lambda key: len(threads[key]))
     for key, t in targets.groupby(["pid", "tid"], sort=False):
-        g = threads.get(key, threads[main]).sort_values(["start_us", "end"], ascending=[True, False],
-                                                          kind="stable")
+        g = threads.get(key, threads[main]).sort_values(["start_us", "end"], ascending=[True, False], kind="stable")
         starts, stops, names = g["start_us"].to_numpy(), g["end"].to_numpy(), g["name"].to_numpy()
         times = t["start_us"].to_numpy("float64")
         stack: list[int] = []
@@ -417,11 +464,17 @@ def _regex(rule: str) -> re.Pattern:
         raise ValueError(f"phase rule {rule!r} is not a valid regex: {exc}") from None
 
 
-def step_metrics(df: pd.DataFrame, *, step_range_name: str | None = "step", domain: str | None = None,
-                 phases: Mapping[PhaseRule, str] | None = None, roles: PhaseRoles = PhaseRoles(),
-                 gemm_registry: Mapping[str, str] | None = None,
-                 rule_phases: tuple[str, ...] | None = None,
-                 allowance: Mapping[str, int] | None = None) -> StepMetrics:
+def step_metrics(
+    df: pd.DataFrame,
+    *,
+    step_range_name: str | None = "step",
+    domain: str | None = None,
+    phases: Mapping[PhaseRule, str] | None = None,
+    roles: PhaseRoles = PhaseRoles(),
+    gemm_registry: Mapping[str, str] | None = None,
+    rule_phases: tuple[str, ...] | None = None,
+    allowance: Mapping[str, int] | None = None,
+) -> StepMetrics:
     """Per-step metrics (module docstring) of trace `df` (`hotloop.profiles.trace_schema` schema).
 
     Steps: the ranges of `trace_counts.step_ranges(df, step_range_name, domain)` (ProfilerStep#N if no range has
@@ -436,8 +489,9 @@ def step_metrics(df: pd.DataFrame, *, step_range_name: str | None = "step", doma
     if step_range_name is None:
         timed = df[valid_time(df)]
         start, end = timed["start_us"].min(), (timed["start_us"] + timed["dur_us"]).max()
-        ranges = pd.DataFrame({"step": [0], "range_name": ["trace"], "start_us": [start], "dur_us": [end - start],
-                               "anomaly": [""]})
+        ranges = pd.DataFrame(
+            {"step": [0], "range_name": ["trace"], "start_us": [start], "dur_us": [end - start], "anomaly": [""]}
+        )
         steps = pd.Series(0, index=df.index, dtype="Int64")
     else:
         ranges = step_ranges(df, step_range_name, domain)
@@ -461,35 +515,74 @@ def step_metrics(df: pd.DataFrame, *, step_range_name: str | None = "step", doma
     per_step = ev[in_step].groupby(bucket[in_step]).sum().reindex(ranges["step"], fill_value=0)
     per_step = per_step.reset_index(drop=True)
     timed = kernel & valid_time(df)
-    per_step = pd.concat([ranges.drop(columns="anomaly"), per_step,
-                          _interval_metrics(df[timed], phase, steps, roles, ranges),
-                          step_anomalies(df, ranges, steps)], axis=1)
+    per_step = pd.concat(
+        [
+            ranges.drop(columns="anomaly"),
+            per_step,
+            _interval_metrics(df[timed], phase, steps, roles, ranges),
+            step_anomalies(df, ranges, steps),
+        ],
+        axis=1,
+    )
     for ratio, count in PER_ENV_STEP.items():  # divided per step (exact for integers), never summed as fractions
         per_step[ratio] = per_step[count].astype("float64") / roles.env_steps_per_update
-    known = ["step", "range_name", "start_us", "dur_us", *COUNT_COLUMNS, *SYNC_COLUMNS, *STEP_COLUMNS,
-             *SCOPED_COLUMNS, *QUERY_COLUMNS]
+    known = [
+        "step",
+        "range_name",
+        "start_us",
+        "dur_us",
+        *COUNT_COLUMNS,
+        *SYNC_COLUMNS,
+        *STEP_COLUMNS,
+        *SCOPED_COLUMNS,
+        *QUERY_COLUMNS,
+    ]
     counters = [c for c in ev.columns if c not in known]  # a counter `_event_metrics` alone adds, summed per step
     per_step = per_step[[*known, *counters, *ANOMALY_COLUMNS]]
     clean = per_step["anomaly"].eq("")
-    cols = [c for c in per_step.columns if c not in ("step", "range_name", "start_us", *ANOMALY_COLUMNS,
-                                                     *QUERY_COLUMNS)]
+    cols = [
+        c for c in per_step.columns if c not in ("step", "range_name", "start_us", *ANOMALY_COLUMNS, *QUERY_COLUMNS)
+    ]
     medians = {c: float(per_step[c][clean | is_count(c)].median()) if len(per_step) else float("nan") for c in cols}
     medians |= kernel_times(df, ev["kernels"].astype(bool) & valid_time(df), bucket, per_step["step"][clean])
     gemm = kernel & precision.ne("") & in_step
-    gemms = (pd.DataFrame({"phase": phase[gemm], "precision": precision[gemm], "name": df.loc[gemm, "name"]})
-             .value_counts(sort=False).rename("kernels").reset_index())
+    gemms = (
+        pd.DataFrame({"phase": phase[gemm], "precision": precision[gemm], "name": df.loc[gemm, "name"]})
+        .value_counts(sort=False)
+        .rename("kernels")
+        .reset_index()
+    )
     note = timing_note(per_step)
     in_window = bucket.notna()
     outside_ev = bucket.eq(OUTSIDE).fillna(False).astype(bool)
     outside = {c: float(ev.loc[outside_ev, c].sum()) for c in ev.columns if c != "gpu_kernel_us"}
-    evidence = _evidence(df[in_window], ev[in_window], phase[in_window], precision[in_window], roles,
-                         outside_ev[in_window], (query & ~in_op)[in_window], in_op[in_window])
+    evidence = _evidence(
+        df[in_window],
+        ev[in_window],
+        phase[in_window],
+        precision[in_window],
+        roles,
+        outside_ev[in_window],
+        (query & ~in_op)[in_window],
+        in_op[in_window],
+    )
     for c in judged_by(OVERLAP) if note else ():  # a timing row says which steps' timing was left out
         evidence[c.id].append(note)
-    return StepMetrics(per_step, medians, evidence, gemms, count_anomalies(df), note, outside, window,
-                       _phase_steps(df, phase, bucket, step_range_name),
-                       _phase_counts(ev, phase, bucket), _marker_frame(df, bucket, phase),
-                       _marker_frame(df, bucket, phase, QUERY_MARK, path), runs)
+    return StepMetrics(
+        per_step,
+        medians,
+        evidence,
+        gemms,
+        count_anomalies(df),
+        note,
+        outside,
+        window,
+        _phase_steps(df, phase, bucket, step_range_name),
+        _phase_counts(ev, phase, bucket),
+        _marker_frame(df, bucket, phase),
+        _marker_frame(df, bucket, phase, QUERY_MARK, path),
+        runs,
+    )
 
 
 def _queries(df: pd.DataFrame, step_range_name: str | None, domain: str | None) -> tuple[pd.Series, pd.Series]:
@@ -523,8 +616,7 @@ def _queries(df: pd.DataFrame, step_range_name: str | None, domain: str | None) 
     return query & ~in_op, api.isin(QUERY_CALLS) & in_op
 
 
-def polling_flags(steps: pd.Series, paths: pd.Series, runs: pd.DataFrame,
-                  allowance: Mapping[str, int]) -> np.ndarray:
+def polling_flags(steps: pd.Series, paths: pd.Series, runs: pd.DataFrame, allowance: Mapping[str, int]) -> np.ndarray:
     """Per completion query (rows in call order): whether it is a polling query, beyond the loop's own.
 
     `steps`: each query's step (an int; NA, None or OUTSIDE (< 0) outside every step); `paths`: the phase ranges
@@ -551,11 +643,20 @@ def polling_flags(steps: pd.Series, paths: pd.Series, runs: pd.DataFrame,
 
 def _phase_runs(df: pd.DataFrame, bucket: pd.Series, step_range_name: str | None) -> pd.DataFrame:
     """Per (step, phase): runs, the CPU phase ranges of that name starting in the step."""
-    rng = (is_phase_range(df, (step_range_name or "",)) & df["kind"].eq("user_annotation") & ~_markers(df)
-           & bucket.notna() & bucket.ge(0).fillna(False).astype(bool))
+    rng = (
+        is_phase_range(df, (step_range_name or "",))
+        & df["kind"].eq("user_annotation")
+        & ~_markers(df)
+        & bucket.notna()
+        & bucket.ge(0).fillna(False).astype(bool)
+    )
     frame = pd.DataFrame({"step": bucket[rng].astype("int64"), "phase": df.loc[rng, "name"].astype(str)})
-    return frame.groupby(["step", "phase"], as_index=False, sort=True).size().rename(columns={"size": "runs"}) \
+    return (
+        frame.groupby(["step", "phase"], as_index=False, sort=True)
+        .size()
+        .rename(columns={"size": "runs"})
         .astype({"step": "int64", "runs": "int64"})
+    )
 
 
 def _window(df: pd.DataFrame, ranges: pd.DataFrame, step_range_name: str | None) -> dict:
@@ -566,9 +667,11 @@ def _window(df: pd.DataFrame, ranges: pd.DataFrame, step_range_name: str | None)
         end = start + dur if np.isfinite(dur) and dur >= 0 else float(_trace_end(df))
         return {"start_us": start, "end_us": end, "source": "range"}
     if step_range_name is None:
-        return {"start_us": float(ranges["start_us"].iloc[0]), "end_us": float((ranges["start_us"]
-                                                                               + ranges["dur_us"]).iloc[0]),
-                "source": "trace"}
+        return {
+            "start_us": float(ranges["start_us"].iloc[0]),
+            "end_us": float((ranges["start_us"] + ranges["dur_us"]).iloc[0]),
+            "source": "trace",
+        }
     if ranges.empty:
         return {"start_us": float("nan"), "end_us": float("nan"), "source": "none"}
     ends = ranges["start_us"] + ranges["dur_us"]
@@ -621,8 +724,12 @@ def _phase_steps(df: pd.DataFrame, phase: pd.Series, bucket: pd.Series, step_ran
     in_step = bucket.notna() & bucket.ge(0)
     rng = is_phase_range(df, (step_range_name or "",)) & df["kind"].eq("user_annotation") & ~_markers(df)
     gpu = df["kind"].isin(_GPU_KINDS) & phase.ne("")
-    pairs = pd.concat([pd.DataFrame({"step": bucket[rng & in_step], "phase": df.loc[rng & in_step, "name"]}),
-                       pd.DataFrame({"step": bucket[gpu & in_step], "phase": phase[gpu & in_step]})])
+    pairs = pd.concat(
+        [
+            pd.DataFrame({"step": bucket[rng & in_step], "phase": df.loc[rng & in_step, "name"]}),
+            pd.DataFrame({"step": bucket[gpu & in_step], "phase": phase[gpu & in_step]}),
+        ]
+    )
     pairs = pairs.astype({"step": "int64", "phase": str}).drop_duplicates()
     return pairs.sort_values(["step", "phase"], kind="stable", ignore_index=True)
 
@@ -630,34 +737,48 @@ def _phase_steps(df: pd.DataFrame, phase: pd.Series, bucket: pd.Series, step_ran
 def _phase_counts(ev: pd.DataFrame, phase: pd.Series, bucket: pd.Series) -> pd.DataFrame:
     """Per (phase, outside) over the window's events: kernels, sync_calls, queries (completion_queries)."""
     w = bucket.notna()
-    frame = pd.DataFrame({"phase": phase[w].astype(str), "outside": bucket[w].eq(OUTSIDE).astype(bool),
-                          "kernels": ev.loc[w, "kernels"],
-                          "sync_calls": ev.loc[w, "stream_sync_calls"] + ev.loc[w, "event_sync_calls"],
-                          "queries": ev.loc[w, "completion_queries"]})
+    frame = pd.DataFrame(
+        {
+            "phase": phase[w].astype(str),
+            "outside": bucket[w].eq(OUTSIDE).astype(bool),
+            "kernels": ev.loc[w, "kernels"],
+            "sync_calls": ev.loc[w, "stream_sync_calls"] + ev.loc[w, "event_sync_calls"],
+            "queries": ev.loc[w, "completion_queries"],
+        }
+    )
     frame = frame[frame["kernels"].gt(0) | frame["sync_calls"].gt(0) | frame["queries"].gt(0)]
     cols = ["kernels", "sync_calls", "queries"]
-    return frame.groupby(["phase", "outside"], as_index=False, sort=True)[cols].sum() \
-        .astype({c: "int64" for c in cols})
+    return frame.groupby(["phase", "outside"], as_index=False, sort=True)[cols].sum().astype({c: "int64" for c in cols})
 
 
-def _marker_frame(df: pd.DataFrame, bucket: pd.Series, phase: pd.Series, prefix: str = HIT_MARK,
-                  path: pd.Series | None = None) -> pd.DataFrame:
+def _marker_frame(
+    df: pd.DataFrame, bucket: pd.Series, phase: pd.Series, prefix: str = HIT_MARK, path: pd.Series | None = None
+) -> pd.DataFrame:
     """The markers named `prefix` + n (HIT_MARK, or QUERY_MARK with `path`): hit, step (NA outside steps), outside,
     phase (and path, the enclosing phase ranges, when `path` is given)."""
     m = _markers(df, (prefix,))
     hit = df.loc[m, "name"].str.slice(len(prefix)).astype("int64")
     b = bucket[m]
-    out = pd.DataFrame({"hit": hit.to_numpy(), "step": b.where(b.ge(0)).astype("Int64").to_numpy(),
-                        "outside": b.eq(OUTSIDE).fillna(False).astype(bool).to_numpy(),
-                        "phase": phase[m].astype(str).to_numpy()})
+    out = pd.DataFrame(
+        {
+            "hit": hit.to_numpy(),
+            "step": b.where(b.ge(0)).astype("Int64").to_numpy(),
+            "outside": b.eq(OUTSIDE).fillna(False).astype(bool).to_numpy(),
+            "phase": phase[m].astype(str).to_numpy(),
+        }
+    )
     if path is not None:
         out["path"] = _object_series(list(path[m]), out.index)
     return out
 
 
-def phase_coverage(metrics: StepMetrics, hits: pd.DataFrame | None = None,
-                   periods: Mapping[str, int] | None = None, steps: int | None = None,
-                   queries: pd.DataFrame | None = None) -> pd.DataFrame:
+def phase_coverage(
+    metrics: StepMetrics,
+    hits: pd.DataFrame | None = None,
+    periods: Mapping[str, int] | None = None,
+    steps: int | None = None,
+    queries: pd.DataFrame | None = None,
+) -> pd.DataFrame:
     """The phase coverage table of a guarded window: one row per phase (the `periods` phases first, in their
     order, then the others that ran, by first step), then NO_PHASE (events in a step but in no phase range) and
     OUTSIDE_LABEL (events inside the window, outside every step), the last two only when they hold a kernel or a
@@ -675,8 +796,7 @@ def phase_coverage(metrics: StepMetrics, hits: pd.DataFrame | None = None,
     k = len(metrics.per_step) if steps is None else steps
     periods = dict(periods or {})
     ps = metrics.phase_steps
-    ran = (ps.groupby("phase")["step"].agg(["nunique", "min"]) if len(ps)
-           else pd.DataFrame(columns=["nunique", "min"]))
+    ran = ps.groupby("phase")["step"].agg(["nunique", "min"]) if len(ps) else pd.DataFrame(columns=["nunique", "min"])
     counts = metrics.phase_counts
     hits = hits if hits is not None else pd.DataFrame({"step": pd.Series(dtype="Int64")})
     h_phase = hits["phase"].astype(str) if "phase" in hits else pd.Series("", index=hits.index, dtype=str)
@@ -692,28 +812,58 @@ def phase_coverage(metrics: StepMetrics, hits: pd.DataFrame | None = None,
         c = counts[counts["phase"].eq(p)]
         n = int(ran.loc[p, "nunique"]) if p in ran.index else 0
         late = f" (period {periods[p]} > window {k})" if p in periods and periods[p] > k else ""
-        rows.append(dict(phase=p, period=periods.get(p, pd.NA), steps=n,
-                         first_step=int(ran.loc[p, "min"]) if n else pd.NA, kernels=int(c["kernels"].sum()),
-                         sync_calls=int(c["sync_calls"].sum()), sync_hook_hits=int(h_phase.eq(p).sum()),
-                         queries=int(c["queries"].sum()), query_hook_hits=int(q_phase.eq(p).sum()),
-                         status="ran" if n else "not in window" + late))
+        rows.append(
+            dict(
+                phase=p,
+                period=periods.get(p, pd.NA),
+                steps=n,
+                first_step=int(ran.loc[p, "min"]) if n else pd.NA,
+                kernels=int(c["kernels"].sum()),
+                sync_calls=int(c["sync_calls"].sum()),
+                sync_hook_hits=int(h_phase.eq(p).sum()),
+                queries=int(c["queries"].sum()),
+                query_hook_hits=int(q_phase.eq(p).sum()),
+                status="ran" if n else "not in window" + late,
+            )
+        )
     no_phase = counts[counts["phase"].eq("") & ~counts["outside"]]
     outside = counts[counts["outside"]]
     for label, c, nh, nq, status in (
-            (NO_PHASE, no_phase, int((h_phase.eq("") & ~h_out).sum()), int((q_phase.eq("") & ~q_out).sum()),
-             "in steps"),
-            (OUTSIDE_LABEL, outside, int(h_out.sum()), int(q_out.sum()), "outside steps")):
+        (NO_PHASE, no_phase, int((h_phase.eq("") & ~h_out).sum()), int((q_phase.eq("") & ~q_out).sum()), "in steps"),
+        (OUTSIDE_LABEL, outside, int(h_out.sum()), int(q_out.sum()), "outside steps"),
+    ):
         if c["kernels"].sum() or c["sync_calls"].sum() or c["queries"].sum() or nh or nq:
-            rows.append(dict(phase=label, period=pd.NA, steps=0, first_step=pd.NA, kernels=int(c["kernels"].sum()),
-                             sync_calls=int(c["sync_calls"].sum()), sync_hook_hits=nh,
-                             queries=int(c["queries"].sum()), query_hook_hits=nq, status=status))
-    cols = ["phase", "period", "steps", "first_step", "kernels", "sync_calls", "sync_hook_hits", "queries",
-            "query_hook_hits", "status"]
+            rows.append(
+                dict(
+                    phase=label,
+                    period=pd.NA,
+                    steps=0,
+                    first_step=pd.NA,
+                    kernels=int(c["kernels"].sum()),
+                    sync_calls=int(c["sync_calls"].sum()),
+                    sync_hook_hits=nh,
+                    queries=int(c["queries"].sum()),
+                    query_hook_hits=nq,
+                    status=status,
+                )
+            )
+    cols = [
+        "phase",
+        "period",
+        "steps",
+        "first_step",
+        "kernels",
+        "sync_calls",
+        "sync_hook_hits",
+        "queries",
+        "query_hook_hits",
+        "status",
+    ]
     return pd.DataFrame(rows, columns=cols).astype({"first_step": "Int64", "period": "Int64"})
 
 
 def timing_note(per_step: pd.DataFrame, max_steps: int = TIMING_NOTE_STEPS) -> str:
-    """"" when no step of `per_step` (a StepMetrics.per_step: columns step, anomaly) is damaged, else which steps'
+    """ "" when no step of `per_step` (a StepMetrics.per_step: columns step, anomaly) is damaged, else which steps'
     timing was left out of the medians and why: "timing of steps 3, 7 left out: kernel with ts 0, dur 0 (steps 3,
     7)", each distinct reason (a step's reasons joined by "; ") with its steps, groups joined by " | "; at most
     `max_steps` steps are named per list, the rest counted ("+N more"). Every step damaged: "timing of every step
@@ -727,8 +877,11 @@ def timing_note(per_step: pd.DataFrame, max_steps: int = TIMING_NOTE_STEPS) -> s
         more = len(steps) - max_steps
         return f"step{'s' * (len(steps) != 1)} {shown}" + (f" +{more} more" if more > 0 else "")
 
-    head = (f"timing of every step ({len(per_step)}) left out" if len(damaged) == len(per_step)
-            else f"timing of {named(damaged['step'])} left out")
+    head = (
+        f"timing of every step ({len(per_step)}) left out"
+        if len(damaged) == len(per_step)
+        else f"timing of {named(damaged['step'])} left out"
+    )
     by_reason = damaged.groupby("anomaly", sort=False)["step"]
     return head + ": " + " | ".join(f"{reason} ({named(steps)})" for reason, steps in by_reason)
 
@@ -744,8 +897,14 @@ def _in_scope(path: pd.Series, scope: tuple[str, ...] | None) -> pd.Series:
     return pd.Series(out, index=path.index)
 
 
-def _event_metrics(df: pd.DataFrame, phase: pd.Series, path: pd.Series, precision: pd.Series,
-                   roles: PhaseRoles, query: pd.Series | None = None) -> pd.DataFrame:
+def _event_metrics(
+    df: pd.DataFrame,
+    phase: pd.Series,
+    path: pd.Series,
+    precision: pd.Series,
+    roles: PhaseRoles,
+    query: pd.Series | None = None,
+) -> pd.DataFrame:
     """One row per event: the 0/1 (or us) contributions of that event to each summed per-step column. The one place
     a trace-count criterion's counter goes (Kineto and Nsight traces both arrive here in the trace schema): a
     column added here is summed per step, named in the per-step table and, when a criterion's column, judged and
@@ -765,8 +924,9 @@ def _event_metrics(df: pd.DataFrame, phase: pd.Series, path: pd.Series, precisio
     out["blocking_memcpy_calls"] = blocking.astype("int64")
     out["pageable_async_copies"] = _pageable_async_copies(df, api).astype("int64")
     out["stream_sync_calls"] = api.isin(STREAM_SYNC_APIS).astype("int64")
-    out["event_sync_calls"] = (api.isin(EVENT_SYNC_APIS).astype("int64") + out["blocking_memcpy_calls"]
-                               + out["pageable_async_copies"])
+    out["event_sync_calls"] = (
+        api.isin(EVENT_SYNC_APIS).astype("int64") + out["blocking_memcpy_calls"] + out["pageable_async_copies"]
+    )
     out["d2d_copies"] = out["memcpy_dtod_events"] + out["memcpy_kernels"]
     out["memsets"] = out["memset_events"] + out["fill_kernels"]
     out["spectral_norm_launches"] = (kernel & phase.eq(roles.spectral_norm)).astype("int64")
@@ -815,13 +975,15 @@ def _pageable_async_copies(df: pd.DataFrame, api: pd.Series) -> pd.Series:
     return pageable & df["correlation"].isin(corr).fillna(False).astype(bool)
 
 
-def _interval_metrics(kernels: pd.DataFrame, phase: pd.Series, steps: pd.Series, roles: PhaseRoles,
-                      ranges: pd.DataFrame) -> pd.DataFrame:
+def _interval_metrics(
+    kernels: pd.DataFrame, phase: pd.Series, steps: pd.Series, roles: PhaseRoles, ranges: pd.DataFrame
+) -> pd.DataFrame:
     """Per step (rows aligned with `ranges`): gpu_busy_us, gpu_span_us and the DDQN overlap columns, over the
     `kernels` given (the caller passes those with a valid time)."""
     rows = []
-    k = kernels.assign(end=kernels["start_us"] + kernels["dur_us"], phase=phase[kernels.index],
-                       step=steps[kernels.index])
+    k = kernels.assign(
+        end=kernels["start_us"] + kernels["dur_us"], phase=phase[kernels.index], step=steps[kernels.index]
+    )
     groups = dict(list(k.groupby("step")))
     for s in ranges["step"]:
         g = groups.get(s, k.iloc[:0])
@@ -833,12 +995,18 @@ def _interval_metrics(kernels: pd.DataFrame, phase: pd.Series, steps: pd.Series,
             ddqn_us += sum((e - b for b, e in mine), 0.0)
             overlap_us += _intersection_us(mine, _union(other["start_us"], other["end"]))
         both = len(ddqn) and len(online)
-        rows.append({"gpu_busy_us": sum((e - b for b, e in _union(g["start_us"], g["end"])), 0.0),
-                     "gpu_span_us": float(g["end"].max() - g["start_us"].min()) if len(g) else 0.0,
-                     "ddqn_kernel_us": ddqn_us, "ddqn_overlap_us": overlap_us,
-                     "ddqn_overlap_ratio": overlap_us / ddqn_us if both and ddqn_us > 0 else np.nan})
-    return pd.DataFrame(rows, columns=["gpu_busy_us", "gpu_span_us", "ddqn_kernel_us", "ddqn_overlap_us",
-                                       "ddqn_overlap_ratio"])
+        rows.append(
+            {
+                "gpu_busy_us": sum((e - b for b, e in _union(g["start_us"], g["end"])), 0.0),
+                "gpu_span_us": float(g["end"].max() - g["start_us"].min()) if len(g) else 0.0,
+                "ddqn_kernel_us": ddqn_us,
+                "ddqn_overlap_us": overlap_us,
+                "ddqn_overlap_ratio": overlap_us / ddqn_us if both and ddqn_us > 0 else np.nan,
+            }
+        )
+    return pd.DataFrame(
+        rows, columns=["gpu_busy_us", "gpu_span_us", "ddqn_kernel_us", "ddqn_overlap_us", "ddqn_overlap_ratio"]
+    )
 
 
 def _union(starts: pd.Series, ends: pd.Series) -> list[tuple[float, float]]:
@@ -865,30 +1033,50 @@ def _intersection_us(a: list[tuple[float, float]], b: list[tuple[float, float]])
     return total
 
 
-def _evidence(df: pd.DataFrame, ev: pd.DataFrame, phase: pd.Series, precision: pd.Series, roles: PhaseRoles,
-              outside: pd.Series, query: pd.Series | None = None,
-              in_op: pd.Series | None = None) -> dict[str, list[str]]:
+def _evidence(
+    df: pd.DataFrame,
+    ev: pd.DataFrame,
+    phase: pd.Series,
+    precision: pd.Series,
+    roles: PhaseRoles,
+    outside: pd.Series,
+    query: pd.Series | None = None,
+    in_op: pd.Series | None = None,
+) -> dict[str, list[str]]:
     """{criterion: ["<name>[ in <phase>][ (outside steps)] x<count>", ...]} over the window's events `df` (event
     metrics `ev`; `outside`: the events outside every step), for each CRITERIA row whose column is an event
     metric (a PER_ENV_STEP column: its count column's events, then "env_steps_per_update <n>" and
     "env_kernels_grid1 <count> over the window"), and the TF32 / DDQN rows. A row that judges polling queries
     (`query_column`) also names the counted completion queries (`query`) in their phase, "(polling xP)" when P of
     them are beyond the allowance, and the queries inside torch operators (`in_op`) as "not judged"."""
+
     def named(mask: pd.Series, label: pd.Series | None = None) -> list[str]:
         counts = (where if label is None else label)[mask].map(_short).value_counts(sort=True)
         return [f"{name} x{n}" for name, n in counts.items()]
 
     # astype(str) everywhere: with pandas 3's Arrow strings an empty object Series would be a null-typed array
     ph = phase.astype(str)
-    where = (df["name"].astype(str) + pd.Series(np.where(ph.ne(""), " in " + ph, ""), index=df.index).astype(str)
-             + pd.Series(np.where(outside, " " + OUTSIDE_LABEL, ""), index=df.index).astype(str))
+    where = (
+        df["name"].astype(str)
+        + pd.Series(np.where(ph.ne(""), " in " + ph, ""), index=df.index).astype(str)
+        + pd.Series(np.where(outside, " " + OUTSIDE_LABEL, ""), index=df.index).astype(str)
+    )
     fwd, bwd = ev["fwd_gemms"].eq(1), ev["bwd_gemms"].eq(1)
     bad = ev["fwd_gemms_not_tf32"].eq(1) | ev["bwd_gemms_tf32"].eq(1)
-    gemm_label = (pd.Series(np.where(bad, "FAIL ", ""), index=df.index).astype(str) + ph + ": "
-                  + precision.astype(str) + " " + df["name"].astype(str))
+    gemm_label = (
+        pd.Series(np.where(bad, "FAIL ", ""), index=df.index).astype(str)
+        + ph
+        + ": "
+        + precision.astype(str)
+        + " "
+        + df["name"].astype(str)
+    )
     ddqn = df["kind"].eq("kernel") & phase.isin([roles.ddqn_forward, roles.online_forward])
-    out = {c.id: named(ev[PER_ENV_STEP.get(c.column, c.column)].gt(0)) for c in CRITERIA
-           if PER_ENV_STEP.get(c.column, c.column) in ev.columns}
+    out = {
+        c.id: named(ev[PER_ENV_STEP.get(c.column, c.column)].gt(0))
+        for c in CRITERIA
+        if PER_ENV_STEP.get(c.column, c.column) in ev.columns
+    }
     n = roles.env_steps_per_update
     for c in CRITERIA:  # a per-env-step row also says its divisor and the env's grid (1,1,1) kernels
         if c.column in PER_ENV_STEP:
@@ -901,10 +1089,14 @@ def _evidence(df: pd.DataFrame, ev: pd.DataFrame, phase: pd.Series, precision: p
             polls = ev["polling_queries"].gt(0) if "polling_queries" in ev else pd.Series(False, index=df.index)
             counts = where[query].map(_short).value_counts(sort=True)
             polling = where[query & polls].map(_short).value_counts()
-            out[c.id] += [f"{name} x{n}" + (f" (polling x{polling[name]})" if name in polling else "")
-                            for name, n in counts.items()]
-            out[c.id] += [f"{name} inside a torch op x{n} (not judged)"
-                            for name, n in df.loc[in_op, "name"].map(_short).value_counts().items()]
+            out[c.id] += [
+                f"{name} x{n}" + (f" (polling x{polling[name]})" if name in polling else "")
+                for name, n in counts.items()
+            ]
+            out[c.id] += [
+                f"{name} inside a torch op x{n} (not judged)"
+                for name, n in df.loc[in_op, "name"].map(_short).value_counts().items()
+            ]
     for c in judged_by(PRECISION):  # the GEMMs by their name's class: evidence only (the probe decides)
         out[c.id] = named(bad, gemm_label) + named((fwd | bwd) & ~bad, gemm_label)
     for c in judged_by(OVERLAP):
@@ -913,4 +1105,4 @@ def _evidence(df: pd.DataFrame, ev: pd.DataFrame, phase: pd.Series, precision: p
 
 
 def _short(name: str, width: int = 120) -> str:
-    return name if len(name) <= width else name[:width - 3] + "..."
+    return name if len(name) <= width else name[: width - 3] + "..."

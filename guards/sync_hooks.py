@@ -88,8 +88,12 @@ def is_device_sync(tensor: object) -> bool:
 
 
 def _pageable_host(tensor: object) -> bool:
-    return (isinstance(tensor, torch.Tensor) and not tensor.is_cuda and tensor.device.type == "cpu"
-            and not tensor.is_pinned())
+    return (
+        isinstance(tensor, torch.Tensor)
+        and not tensor.is_cuda
+        and tensor.device.type == "cpu"
+        and not tensor.is_pinned()
+    )
 
 
 def is_pageable_async_copy(dst: object, src: object, non_blocking: object) -> bool:
@@ -97,8 +101,11 @@ def is_pageable_async_copy(dst: object, src: object, non_blocking: object) -> bo
     the driver makes synchronous (module docstring): True exactly when `non_blocking` is True (the bool; torch
     rejects any other value there), `dst` holds at least one element, one of the two is a tensor on a CUDA device
     and the other a CPU tensor that is not pinned. False for anything else, non-tensors included."""
-    return non_blocking is True and _nonempty(dst) and ((is_device_sync(src) and _pageable_host(dst))
-                                                         or (is_device_sync(dst) and _pageable_host(src)))
+    return (
+        non_blocking is True
+        and _nonempty(dst)
+        and ((is_device_sync(src) and _pageable_host(dst)) or (is_device_sync(dst) and _pageable_host(src)))
+    )
 
 
 def _nonempty(tensor: object) -> bool:
@@ -131,16 +138,24 @@ def _copy_counts(args: tuple, kwargs: dict) -> bool:
 
 
 def _to_counts(args: tuple, kwargs: dict) -> bool:  # host -> device only: a non_blocking .to(cpu) pins its output
-    return (_bool_arg(args, kwargs, "non_blocking") and _to_cuda(args, kwargs) and _nonempty(args[0])
-            and _pageable_host(args[0]))
+    return (
+        _bool_arg(args, kwargs, "non_blocking")
+        and _to_cuda(args, kwargs)
+        and _nonempty(args[0])
+        and _pageable_host(args[0])
+    )
 
 
 def _cuda_counts(args: tuple, kwargs: dict) -> bool:
     return _bool_arg(args, kwargs, "non_blocking") and _nonempty(args[0]) and _pageable_host(args[0])
 
 
-_TENSOR_RULES = {**{m: lambda args, kwargs: is_device_sync(args[0]) for m in TENSOR_READBACKS},
-                 "copy_": _copy_counts, "to": _to_counts, "cuda": _cuda_counts}
+_TENSOR_RULES = {
+    **{m: lambda args, kwargs: is_device_sync(args[0]) for m in TENSOR_READBACKS},
+    "copy_": _copy_counts,
+    "to": _to_counts,
+    "cuda": _cuda_counts,
+}
 
 
 def counts_as_sync(api: str, args: tuple, kwargs: dict) -> bool:
@@ -291,8 +306,19 @@ class SyncHooks:
             site, function = call_site()
             start = time.perf_counter()
             ready = original(*args, **kwargs)
-            self.queries.append(QueryHit(self.step, api, site, function, threading.current_thread().name,
-                                         bool(ready), start, time.perf_counter() - start, tuple(self.phases)))
+            self.queries.append(
+                QueryHit(
+                    self.step,
+                    api,
+                    site,
+                    function,
+                    threading.current_thread().name,
+                    bool(ready),
+                    start,
+                    time.perf_counter() - start,
+                    tuple(self.phases),
+                )
+            )
             return ready
 
         return hooked
@@ -306,9 +332,15 @@ def spin_spans(queries: pd.DataFrame) -> pd.Series:
     polling; no verdict is made on it."""
     out = pd.Series(0.0, index=queries.index, dtype="float64")
     last: dict[str, tuple] = {}  # thread -> (site, step, ready, run's first index)
-    for i, site, step, thread, ready, start, dur in zip(queries.index, queries["site"], queries["step"],
-                                                        queries["thread"], queries["ready"], queries["start_s"],
-                                                        queries["dur_s"]):
+    for i, site, step, thread, ready, start, dur in zip(
+        queries.index,
+        queries["site"],
+        queries["step"],
+        queries["thread"],
+        queries["ready"],
+        queries["start_s"],
+        queries["dur_s"],
+    ):
         step = None if pd.isna(step) else int(step)
         prev = last.get(thread)
         if prev is not None and prev[:2] == (site, step) and not prev[2]:
@@ -338,8 +370,10 @@ def call_site() -> tuple[str, str]:
     (("<unknown>", "") if none)."""
     frame = sys._getframe(2)
     while frame is not None:
-        if (not frame.f_code.co_filename.startswith(_INTERNAL_DIRS)
-                and frame.f_globals.get("__name__") not in _WARNING_MODULES):
+        if (
+            not frame.f_code.co_filename.startswith(_INTERNAL_DIRS)
+            and frame.f_globals.get("__name__") not in _WARNING_MODULES
+        ):
             return f"{frame.f_code.co_filename}:{frame.f_lineno}", frame.f_code.co_name
         frame = frame.f_back
     return "<unknown>", ""

@@ -42,9 +42,11 @@ def check_limit_s(limit_s: object, what: str = "limit_s") -> float:
     if not value > 0:
         raise ValueError(f"{what} must be > 0 seconds, got {limit_s!r}")
     if not value <= MAX_LIMIT_S:
-        raise ValueError(f"{what} must be at most {MAX_LIMIT_S:g} seconds (threading.TIMEOUT_MAX: the longest "
-                         f"wait this platform's threads accept; the hang watchdog could not wait longer), got "
-                         f"{limit_s!r}")
+        raise ValueError(
+            f"{what} must be at most {MAX_LIMIT_S:g} seconds (threading.TIMEOUT_MAX: the longest "
+            f"wait this platform's threads accept; the hang watchdog could not wait longer), got "
+            f"{limit_s!r}"
+        )
     return value
 
 
@@ -60,8 +62,13 @@ class HangWatchdog:
         failure (the exception the thread died of, None while it is fine).
     """
 
-    def __init__(self, limit_s: float, stream: TextIO | None = None, exit_code: int = HANG_EXIT_CODE,
-                 error_log: str | Path | None = None) -> None:
+    def __init__(
+        self,
+        limit_s: float,
+        stream: TextIO | None = None,
+        exit_code: int = HANG_EXIT_CODE,
+        error_log: str | Path | None = None,
+    ) -> None:
         self.limit_s = check_limit_s(limit_s, "HangWatchdog: limit_s")
         self.stream = stream or sys.stderr
         self.exit_code = exit_code
@@ -112,9 +119,13 @@ class HangWatchdog:
     def _check_alive(self, action: str) -> None:
         if self._thread.is_alive() and self.failure is None:
             return
-        why = (f"it died: {type(self.failure).__name__}: {self.failure}" if self.failure is not None else
-               "it is not running (use `with HangWatchdog(...) as watchdog:`)" if not self._thread.ident else
-               "its thread has ended")
+        why = (
+            f"it died: {type(self.failure).__name__}: {self.failure}"
+            if self.failure is not None
+            else "it is not running (use `with HangWatchdog(...) as watchdog:`)"
+            if not self._thread.ident
+            else "its thread has ended"
+        )
         raise RuntimeError(f"the hang watchdog cannot {action}: {why}; the run would go on unguarded")
 
     def phase(self, name: str) -> None:
@@ -136,8 +147,10 @@ class HangWatchdog:
     def _expire(self) -> None:
         s = self.stream
         try:
-            s.write(f"\nhotloop: HANG: {self._label} did not finish within {self._period_s:g} s; "
-                    f"last phase entered: {self.last_phase}. Stacks of all threads:\n")
+            s.write(
+                f"\nhotloop: HANG: {self._label} did not finish within {self._period_s:g} s; "
+                f"last phase entered: {self.last_phase}. Stacks of all threads:\n"
+            )
             s.flush()
             faulthandler.dump_traceback(file=s, all_threads=True)
             s.flush()
@@ -158,10 +171,13 @@ class HangWatchdog:
                 except OSError:
                     where = None
             during = f" during {self._label!r}" if self._label is not None else ""
-            self.stream.write(f"\nhotloop: internal error: the hang watchdog died{during}: {type(exc).__name__}: "
-                              f"{exc}; stopping the run (exit {WATCHDOG_DIED_EXIT_CODE}) rather than let it go on "
-                              f"unguarded (" + (f"full traceback in {where})\n" if where else "traceback follows)\n")
-                              + ("" if where else text))
+            self.stream.write(
+                f"\nhotloop: internal error: the hang watchdog died{during}: {type(exc).__name__}: "
+                f"{exc}; stopping the run (exit {WATCHDOG_DIED_EXIT_CODE}) rather than let it go on "
+                f"unguarded ("
+                + (f"full traceback in {where})\n" if where else "traceback follows)\n")
+                + ("" if where else text)
+            )
             self.stream.flush()
         finally:
             self._exit(WATCHDOG_DIED_EXIT_CODE)

@@ -20,10 +20,18 @@ def rounds_tf32_operands() -> bool:
     return not interpreting() or os.environ.get("HOTLOOP_INTERPRET_TF32", "0") == "1"
 
 
-def check_tensor(name: str, t: object, *, dtype: torch.dtype | tuple[torch.dtype, ...] | None = None,
-                 kind: str | None = None, ndim: int | None = None, shape: tuple[int | None, ...] | None = None,
-                 device: torch.device | str | None = None, contiguous: bool = True,
-                 triton: bool = True) -> torch.Tensor:
+def check_tensor(
+    name: str,
+    t: object,
+    *,
+    dtype: torch.dtype | tuple[torch.dtype, ...] | None = None,
+    kind: str | None = None,
+    ndim: int | None = None,
+    shape: tuple[int | None, ...] | None = None,
+    device: torch.device | str | None = None,
+    contiguous: bool = True,
+    triton: bool = True,
+) -> torch.Tensor:
     """Return `t` if it is a tensor matching every given constraint, else raise ValueError naming `name` and what
     was wrong (its type, dtype, shape, device or strides).
 
@@ -54,8 +62,10 @@ def check_tensor(name: str, t: object, *, dtype: torch.dtype | tuple[torch.dtype
     if contiguous and not t.is_contiguous():
         raise ValueError(f"{name} must be contiguous (strides {t.stride()})")
     if triton and not interpreting() and t.device.type != "cuda":
-        raise ValueError(f"{name} is on {t.device}: Triton kernels need CUDA tensors, or TRITON_INTERPRET=1 "
-                         f"to run on the CPU interpreter")
+        raise ValueError(
+            f"{name} is on {t.device}: Triton kernels need CUDA tensors, or TRITON_INTERPRET=1 "
+            f"to run on the CPU interpreter"
+        )
     return t
 
 

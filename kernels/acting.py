@@ -38,8 +38,19 @@ from hotloop.kernels.tf32_split import tf32_rna
 CARTPOLE_CONSTANTS = (9.8, 0.1, 0.1 + 1.0, 0.5, 0.1 * 0.5, 10.0, 0.02, 12 * 2 * math.pi / 360, 2.4, 2 * 0.05, 0.05)
 """gravity, pole mass, total mass, half length, pole mass x half length, force, tau, theta and x thresholds, the
 reset span and bound; as constexpr globals below (a Triton kernel reads no other module global)."""
-(_GRAVITY, _MASSPOLE, _TOTAL_MASS, _LENGTH, _POLEMASS_LENGTH, _FORCE_MAG, _TAU, _THETA_THRESHOLD, _X_THRESHOLD,
- RESET_SPAN, RESET_BOUND) = (tl.constexpr(c) for c in CARTPOLE_CONSTANTS)
+(
+    _GRAVITY,
+    _MASSPOLE,
+    _TOTAL_MASS,
+    _LENGTH,
+    _POLEMASS_LENGTH,
+    _FORCE_MAG,
+    _TAU,
+    _THETA_THRESHOLD,
+    _X_THRESHOLD,
+    RESET_SPAN,
+    RESET_BOUND,
+) = (tl.constexpr(c) for c in CARTPOLE_CONSTANTS)
 _INV_TOTAL_MASS = tl.constexpr(float(np.float32(1.0) / np.float32(CARTPOLE_CONSTANTS[2])))
 """1 / total mass as torch's CUDA division by a scalar computes it: in float32, on the host."""
 
@@ -119,16 +130,31 @@ def cartpole_dynamics(x, x_dot, theta, theta_dot, a0, TORCH_CUDA: tl.constexpr):
     xacc = _sub(temp, _div_total_mass(xacc, TORCH_CUDA), TORCH_CUDA)
     nx = _add(x, _mul(x_dot, _TAU, TORCH_CUDA), TORCH_CUDA)
     ntheta = _add(theta, _mul(theta_dot, _TAU, TORCH_CUDA), TORCH_CUDA)
-    terminated = (nx < -_X_THRESHOLD) | (nx > _X_THRESHOLD) | (ntheta < -_THETA_THRESHOLD) | \
-        (ntheta > _THETA_THRESHOLD)
-    nxt = (nx, _add(x_dot, _mul(xacc, _TAU, TORCH_CUDA), TORCH_CUDA), ntheta,
-           _add(theta_dot, _mul(thetaacc, _TAU, TORCH_CUDA), TORCH_CUDA))
+    terminated = (nx < -_X_THRESHOLD) | (nx > _X_THRESHOLD) | (ntheta < -_THETA_THRESHOLD) | (ntheta > _THETA_THRESHOLD)
+    nxt = (
+        nx,
+        _add(x_dot, _mul(xacc, _TAU, TORCH_CUDA), TORCH_CUDA),
+        ntheta,
+        _add(theta_dot, _mul(thetaacc, _TAU, TORCH_CUDA), TORCH_CUDA),
+    )
     return nxt, terminated
 
 
 @triton.jit
-def hidden_layers(w_ptr, table_ptr, num_layers, scratch_ptr, n, mask_n, N, MAXW,
-                  BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, ROUND: tl.constexpr):
+def hidden_layers(
+    w_ptr,
+    table_ptr,
+    num_layers,
+    scratch_ptr,
+    n,
+    mask_n,
+    N,
+    MAXW,
+    BLOCK_N: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    ROUND: tl.constexpr,
+):
     """The hidden layers of the table in turn: scratch[l % 2] = relu(g * (scratch[(l + 1) % 2] W^T) + b) for this
     program's rows (the input of layer 0 is in scratch[1]), as TF32 dots on operands rounded to TF32 first where
     ROUND (kernels/linear.py's forward; `rounds_tf32_operands`). Returns the index of the buffer holding the last."""
@@ -149,8 +175,9 @@ def hidden_layers(w_ptr, table_ptr, num_layers, scratch_ptr, n, mask_n, N, MAXW,
                 k = k0 + tl.arange(0, BLOCK_K)
                 mask_k = k < cols
                 x = tl.load(src + n[:, None] * MAXW + k[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0.0)
-                w = tl.load(w_ptr + w_off + r[None, :] * cols + k[:, None], mask=mask_k[:, None] & mask_r[None, :],
-                            other=0.0)
+                w = tl.load(
+                    w_ptr + w_off + r[None, :] * cols + k[:, None], mask=mask_k[:, None] & mask_r[None, :], other=0.0
+                )
                 if ROUND:
                     x = tf32_rna(x)
                     w = tf32_rna(w)
@@ -164,9 +191,24 @@ def hidden_layers(w_ptr, table_ptr, num_layers, scratch_ptr, n, mask_n, N, MAXW,
 
 
 @triton.jit
-def greedy_actions(w_ptr, out_w, out_b, out_g, h_ptr, n, mask_n, MAXW, H,
-                   D: tl.constexpr, A: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_J: tl.constexpr,
-                   BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, ROUND: tl.constexpr):
+def greedy_actions(
+    w_ptr,
+    out_w,
+    out_b,
+    out_g,
+    h_ptr,
+    n,
+    mask_n,
+    MAXW,
+    H,
+    D: tl.constexpr,
+    A: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_J: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    ROUND: tl.constexpr,
+):
     """argmax_a Q_d(s, a) per branch, (BLOCK_N, BLOCK_D) int64 (the first maximum, as torch.argmax), from the stacked
     hidden output h (rows n, stride MAXW) through the dueling heads (kernels/heads.py's `heads_reference`)."""
     j = tl.arange(0, BLOCK_J)
@@ -177,10 +219,14 @@ def greedy_actions(w_ptr, out_w, out_b, out_g, h_ptr, n, mask_n, MAXW, H,
         for k0 in range(0, H, BLOCK_K):
             k = k0 + tl.arange(0, BLOCK_K)
             mask_k = k < H
-            x = tl.load(h_ptr + n[:, None] * MAXW + blk * H + k[None, :], mask=mask_n[:, None] & mask_k[None, :],
-                        other=0.0)
-            w = tl.load(w_ptr + out_w + j[None, :] * H + k[:, None],
-                        mask=mask_k[:, None] & (mask_j & (grp == blk))[None, :], other=0.0)
+            x = tl.load(
+                h_ptr + n[:, None] * MAXW + blk * H + k[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0.0
+            )
+            w = tl.load(
+                w_ptr + out_w + j[None, :] * H + k[:, None],
+                mask=mask_k[:, None] & (mask_j & (grp == blk))[None, :],
+                other=0.0,
+            )
             if ROUND:
                 x = tf32_rna(x)
                 w = tf32_rna(w)
@@ -212,6 +258,7 @@ class ActingNet:
     head_hidden: H; branches: D; actions: A; numel: P (the buffer's length); max_width: the widest layer input or
     output (the scratch row length).
     """
+
     table: torch.Tensor
     out_w: int
     out_b: int
@@ -228,6 +275,14 @@ class ActingNet:
         numel, obs_dim); the table goes to `device`."""
         rows = [(x.w_offset, x.b_offset, x.g_offset, x.rows, x.cols, x.gain_group) for x in layout.layers]
         widths = [layout.obs_dim, *(x.rows for x in layout.layers)]
-        return cls(torch.tensor(rows, dtype=torch.int64, device=device), layout.out.w_offset, layout.out.b_offset,
-                   layout.out.g_offset, layout.head_hidden, layout.branches, layout.actions, layout.numel,
-                   max(widths))
+        return cls(
+            torch.tensor(rows, dtype=torch.int64, device=device),
+            layout.out.w_offset,
+            layout.out.b_offset,
+            layout.out.g_offset,
+            layout.head_hidden,
+            layout.branches,
+            layout.actions,
+            layout.numel,
+            max(widths),
+        )

@@ -39,11 +39,11 @@ import triton
 import triton.language as tl
 
 from hotloop.kernels._common import check_tensor, interpreting
-from hotloop.kernels.acting import (RESET_BOUND, RESET_SPAN, ActingNet, cartpole_dynamics, greedy_actions,
-                                     hidden_layers)
+from hotloop.kernels.acting import RESET_BOUND, RESET_SPAN, ActingNet, cartpole_dynamics, greedy_actions, hidden_layers
 
 ENV_CARTPOLE, ENV_SYNTHETIC = 0, 1
 """The env kinds the fused step simulates (the `ENV` constexpr)."""
+
 
 @triton.jit
 def _uniform(key, n, W: tl.constexpr, col):
@@ -61,23 +61,64 @@ def _cartpole_step(obs_ptr, n, mask_n, a0, key, W: tl.constexpr, D: tl.constexpr
     theta = tl.load(obs_ptr + n * 4 + 2, mask=mask_n, other=0.0)
     theta_dot = tl.load(obs_ptr + n * 4 + 3, mask=mask_n, other=0.0)
     nxt, terminated = cartpole_dynamics(x, x_dot, theta, theta_dot, a0, TORCH_CUDA)
-    fresh = (_uniform(key, n, W, 1 + D) * RESET_SPAN - RESET_BOUND,
-             _uniform(key, n, W, 2 + D) * RESET_SPAN - RESET_BOUND,
-             _uniform(key, n, W, 3 + D) * RESET_SPAN - RESET_BOUND,
-             _uniform(key, n, W, 4 + D) * RESET_SPAN - RESET_BOUND)
+    fresh = (
+        _uniform(key, n, W, 1 + D) * RESET_SPAN - RESET_BOUND,
+        _uniform(key, n, W, 2 + D) * RESET_SPAN - RESET_BOUND,
+        _uniform(key, n, W, 3 + D) * RESET_SPAN - RESET_BOUND,
+        _uniform(key, n, W, 4 + D) * RESET_SPAN - RESET_BOUND,
+    )
     return nxt, terminated, fresh
 
 
 @triton.jit
 def _actor_step_kernel(
-        t_ptr, pos_ptr, eps_ptr, seed, eps_start, eps_end, eps_decay,
-        w_ptr, table_ptr, num_layers, out_w, out_b, out_g, H, scratch_ptr, MAXW,
-        obs_ptr, state_ptr, elapsed_ptr, time_limit, start_ptr, a_ptr, b_ptr, c_ptr,
-        r_obs_ptr, r_action_ptr, r_reward_ptr, r_next_ptr, r_term_ptr, capacity,
-        running_ptr, ended_ptr, done_ptr,
-        N, OBS: tl.constexpr, D: tl.constexpr, A: tl.constexpr, W: tl.constexpr, ENV: tl.constexpr,
-        BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_J: tl.constexpr,
-        BLOCK_D: tl.constexpr, BLOCK_O: tl.constexpr, TORCH_CUDA: tl.constexpr):
+    t_ptr,
+    pos_ptr,
+    eps_ptr,
+    seed,
+    eps_start,
+    eps_end,
+    eps_decay,
+    w_ptr,
+    table_ptr,
+    num_layers,
+    out_w,
+    out_b,
+    out_g,
+    H,
+    scratch_ptr,
+    MAXW,
+    obs_ptr,
+    state_ptr,
+    elapsed_ptr,
+    time_limit,
+    start_ptr,
+    a_ptr,
+    b_ptr,
+    c_ptr,
+    r_obs_ptr,
+    r_action_ptr,
+    r_reward_ptr,
+    r_next_ptr,
+    r_term_ptr,
+    capacity,
+    running_ptr,
+    ended_ptr,
+    done_ptr,
+    N,
+    OBS: tl.constexpr,
+    D: tl.constexpr,
+    A: tl.constexpr,
+    W: tl.constexpr,
+    ENV: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_J: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_O: tl.constexpr,
+    TORCH_CUDA: tl.constexpr,
+):
     pid = tl.program_id(0)
     n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = n < N
@@ -99,10 +140,25 @@ def _actor_step_kernel(
     tl.debug_barrier()
 
     # acting: the net's greedy actions, then epsilon-greedy
-    last = hidden_layers(w_ptr, table_ptr, num_layers, scratch_ptr, n, mask_n, N, MAXW, BLOCK_N, BLOCK_R, BLOCK_K,
-                         True)
-    greedy = greedy_actions(w_ptr, out_w, out_b, out_g, scratch_ptr + last * N * MAXW, n, mask_n, MAXW, H, D, A,
-                            BLOCK_N, BLOCK_J, BLOCK_K, BLOCK_D, True)
+    last = hidden_layers(w_ptr, table_ptr, num_layers, scratch_ptr, n, mask_n, N, MAXW, BLOCK_N, BLOCK_R, BLOCK_K, True)
+    greedy = greedy_actions(
+        w_ptr,
+        out_w,
+        out_b,
+        out_g,
+        scratch_ptr + last * N * MAXW,
+        n,
+        mask_n,
+        MAXW,
+        H,
+        D,
+        A,
+        BLOCK_N,
+        BLOCK_J,
+        BLOCK_K,
+        BLOCK_D,
+        True,
+    )
     dcol = tl.arange(0, BLOCK_D)
     mask_d = dcol < D
     explore = _uniform(key, n, W, 0) < eps
@@ -126,8 +182,9 @@ def _actor_step_kernel(
     else:  # the synthetic recurrence (trainer/envs/synthetic.py): obs' = tanh(obs A + onehot(a) B + 0.1 noise)
         obs = tl.load(obs_ptr + n[:, None] * OBS + o[None, :], mask=m_no, other=0.0)
         tc = tl.arange(0, BLOCK_J)
-        cmat = tl.load(c_ptr + o[:, None] * (D * A) + tc[None, :], mask=mask_o[:, None] & (tc < D * A)[None, :],
-                       other=0.0)
+        cmat = tl.load(
+            c_ptr + o[:, None] * (D * A) + tc[None, :], mask=mask_o[:, None] & (tc < D * A)[None, :], other=0.0
+        )
         logits = tl.dot(obs, cmat, input_precision="ieee")
         reward = tl.zeros((BLOCK_N,), tl.float32)
         for d in tl.static_range(D):
@@ -150,8 +207,11 @@ def _actor_step_kernel(
             for d in tl.static_range(D):
                 a_d = tl.sum(tl.where((dcol == d)[None, :], action, 0), axis=1)
                 ok = (a_d >= 0) & (a_d < A)
-                z += tl.load(b_ptr + (d * A + a_d)[:, None] * OBS + oc[None, :], mask=(mask_n & ok)[:, None] &
-                             mask_c[None, :], other=0.0)
+                z += tl.load(
+                    b_ptr + (d * A + a_d)[:, None] * OBS + oc[None, :],
+                    mask=(mask_n & ok)[:, None] & mask_c[None, :],
+                    other=0.0,
+                )
             u1 = _uniform(key, n[:, None], W, 1 + D + oc[None, :])
             u2 = _uniform(key, n[:, None], W, 1 + D + OBS + oc[None, :])
             z += 0.1 * (tl.sqrt(-2.0 * tl.log(1.0 - u1)) * tl.cos(6.283185307179586 * u2))
@@ -171,8 +231,19 @@ def _actor_step_kernel(
 
 
 @triton.jit
-def _actor_commit_kernel(done_ptr, ended_ptr, ring_ptr, finished_ptr, t_ptr, pos_ptr, ticket_ptr, N, capacity,
-                         ring_capacity, BLOCK: tl.constexpr):
+def _actor_commit_kernel(
+    done_ptr,
+    ended_ptr,
+    ring_ptr,
+    finished_ptr,
+    t_ptr,
+    pos_ptr,
+    ticket_ptr,
+    N,
+    capacity,
+    ring_capacity,
+    BLOCK: tl.constexpr,
+):
     pid = tl.program_id(0)
     before = tl.zeros((BLOCK,), tl.int32)
     total = tl.zeros((BLOCK,), tl.int32)
@@ -210,6 +281,7 @@ class ActorBuffers:
     to the commit. ring (R + 1,) float64 and finished (0-dim int64): `EpisodeReturns`' ring (R = its capacity) and
     count. ticket: 0-dim int32, zero between steps. scratch: (2, N, max_width) float32.
     """
+
     t: torch.Tensor
     pos: torch.Tensor
     epsilon: torch.Tensor
@@ -260,14 +332,24 @@ def _check(net: ActingNet, weights: torch.Tensor, buf: ActorBuffers, env: int, t
     cap = check_tensor("replay_obs", buf.replay_obs, dtype=torch.float32, shape=(None, o), device=dev).shape[0]
     if n > cap:
         raise ValueError(f"the fused step writes each env's transition once: N = {n} envs > capacity {cap}")
-    for name, dtype, shape in (("t", torch.int64, ()), ("pos", torch.int64, ()), ("epsilon", torch.float32, ()),
-                               ("state", torch.float32, (n, o)), ("elapsed", torch.int64, (n,)),
-                               ("replay_action", torch.int64, (cap, d)), ("replay_reward", torch.float32, (cap,)),
-                               ("replay_next_obs", torch.float32, (cap, o)),
-                               ("replay_terminated", torch.float32, (cap,)), ("running", torch.float64, (n,)),
-                               ("ended", torch.float64, (n,)), ("done", torch.int32, (n,)),
-                               ("ring", torch.float64, (None,)), ("finished", torch.int64, ()),
-                               ("ticket", torch.int32, ()), ("scratch", torch.float32, (2, n, net.max_width))):
+    for name, dtype, shape in (
+        ("t", torch.int64, ()),
+        ("pos", torch.int64, ()),
+        ("epsilon", torch.float32, ()),
+        ("state", torch.float32, (n, o)),
+        ("elapsed", torch.int64, (n,)),
+        ("replay_action", torch.int64, (cap, d)),
+        ("replay_reward", torch.float32, (cap,)),
+        ("replay_next_obs", torch.float32, (cap, o)),
+        ("replay_terminated", torch.float32, (cap,)),
+        ("running", torch.float64, (n,)),
+        ("ended", torch.float64, (n,)),
+        ("done", torch.int32, (n,)),
+        ("ring", torch.float64, (None,)),
+        ("finished", torch.int64, ()),
+        ("ticket", torch.int32, ()),
+        ("scratch", torch.float32, (2, n, net.max_width)),
+    ):
         check_tensor(name, getattr(buf, name), dtype=dtype, shape=shape, device=dev)
     if env == ENV_SYNTHETIC:
         t = d * net.actions
@@ -276,9 +358,18 @@ def _check(net: ActingNet, weights: torch.Tensor, buf: ActorBuffers, env: int, t
     return n, o, d, cap
 
 
-def actor_step(net: ActingNet, weights: torch.Tensor, buf: ActorBuffers, seed: int, eps_start: float,
-               eps_end: float, eps_decay: float, env: int, time_limit: int,
-               tiles: tuple[int, int, int, int] | None = None) -> None:
+def actor_step(
+    net: ActingNet,
+    weights: torch.Tensor,
+    buf: ActorBuffers,
+    seed: int,
+    eps_start: float,
+    eps_end: float,
+    eps_decay: float,
+    env: int,
+    time_limit: int,
+    tiles: tuple[int, int, int, int] | None = None,
+) -> None:
     """The fused acting + env + replay-storage + returns part of one vectorized env step (`_actor_step_kernel`,
     max(2, ceil(N / BLOCK_N)) programs: never a single block, even for N <= BLOCK_N), reading t and pos.
 
@@ -306,14 +397,54 @@ def actor_step(net: ActingNet, weights: torch.Tensor, buf: ActorBuffers, seed: i
         raise ValueError(f"tiles must be three powers of two >= 16 and num_warps in 1, 2, 4, 8, got {tiles!r}")
     uniforms = 1 + d + (4 if env == ENV_CARTPOLE else 2 * o)
     _actor_step_kernel[(max(2, triton.cdiv(n, block_n)),)](
-        buf.t, buf.pos, buf.epsilon, seed, float(eps_start), float(eps_end), float(eps_decay),
-        weights, net.table, net.table.shape[0], net.out_w, net.out_b, net.out_g, net.head_hidden, buf.scratch,
-        net.max_width, buf.obs, buf.state, buf.elapsed, time_limit, buf.start, buf.env_a, buf.env_b, buf.env_c,
-        buf.replay_obs, buf.replay_action, buf.replay_reward, buf.replay_next_obs, buf.replay_terminated, cap,
-        buf.running, buf.ended, buf.done, n, OBS=o, D=d, A=net.actions, W=uniforms, ENV=env, BLOCK_N=block_n,
-        BLOCK_R=block_r, BLOCK_K=block_k, BLOCK_J=max(16, triton.next_power_of_2(1 + d * net.actions)),
-        BLOCK_D=triton.next_power_of_2(d), BLOCK_O=max(16, triton.next_power_of_2(o)),
-        TORCH_CUDA=not interpreting(), num_warps=warps)
+        buf.t,
+        buf.pos,
+        buf.epsilon,
+        seed,
+        float(eps_start),
+        float(eps_end),
+        float(eps_decay),
+        weights,
+        net.table,
+        net.table.shape[0],
+        net.out_w,
+        net.out_b,
+        net.out_g,
+        net.head_hidden,
+        buf.scratch,
+        net.max_width,
+        buf.obs,
+        buf.state,
+        buf.elapsed,
+        time_limit,
+        buf.start,
+        buf.env_a,
+        buf.env_b,
+        buf.env_c,
+        buf.replay_obs,
+        buf.replay_action,
+        buf.replay_reward,
+        buf.replay_next_obs,
+        buf.replay_terminated,
+        cap,
+        buf.running,
+        buf.ended,
+        buf.done,
+        n,
+        OBS=o,
+        D=d,
+        A=net.actions,
+        W=uniforms,
+        ENV=env,
+        BLOCK_N=block_n,
+        BLOCK_R=block_r,
+        BLOCK_K=block_k,
+        BLOCK_J=max(16, triton.next_power_of_2(1 + d * net.actions)),
+        BLOCK_D=triton.next_power_of_2(d),
+        BLOCK_O=max(16, triton.next_power_of_2(o)),
+        TORCH_CUDA=not interpreting(),
+        num_warps=warps,
+    )
 
 
 def actor_commit(buf: ActorBuffers) -> None:
@@ -322,12 +453,27 @@ def actor_commit(buf: ActorBuffers) -> None:
     Raises ValueError for a wrong buffer (as `actor_step`)."""
     n = check_tensor("done", buf.done, dtype=torch.int32, ndim=1).shape[0]
     dev = buf.done.device
-    for name, dtype, shape in (("ended", torch.float64, (n,)), ("ring", torch.float64, (None,)),
-                               ("finished", torch.int64, ()), ("t", torch.int64, ()), ("pos", torch.int64, ()),
-                               ("ticket", torch.int32, ())):
+    for name, dtype, shape in (
+        ("ended", torch.float64, (n,)),
+        ("ring", torch.float64, (None,)),
+        ("finished", torch.int64, ()),
+        ("t", torch.int64, ()),
+        ("pos", torch.int64, ()),
+        ("ticket", torch.int32, ()),
+    ):
         check_tensor(name, getattr(buf, name), dtype=dtype, shape=shape, device=dev)
     cap = buf.replay_reward.shape[0]
     block = 1024 if n > 2048 else max(16, triton.next_power_of_2(triton.cdiv(n, 2)))
     _actor_commit_kernel[(max(2, triton.cdiv(n, block)),)](
-        buf.done, buf.ended, buf.ring, buf.finished, buf.t, buf.pos, buf.ticket, n, cap, buf.ring.shape[0] - 1,
-        BLOCK=block)
+        buf.done,
+        buf.ended,
+        buf.ring,
+        buf.finished,
+        buf.t,
+        buf.pos,
+        buf.ticket,
+        n,
+        cap,
+        buf.ring.shape[0] - 1,
+        BLOCK=block,
+    )

@@ -21,11 +21,11 @@ import triton.language as tl
 
 from hotloop.kernels._common import check_tensor
 
-_BLOCK_NORM = 1024      # elements per program per grid-stride iteration of launch 1
-_BLOCK_ADAM = 1024      # elements per program of launch 2
-_MAX_PARTIALS = 1024    # cap on launch-1 programs = partial sums each launch-2 program reads
-_MIN_GRID = 2           # never launch a grid of one block, however small the buffer
-_MAX_PARAMS = 2 ** 30   # keeps int32 offsets (start + grid * BLOCK) from overflowing
+_BLOCK_NORM = 1024  # elements per program per grid-stride iteration of launch 1
+_BLOCK_ADAM = 1024  # elements per program of launch 2
+_MAX_PARTIALS = 1024  # cap on launch-1 programs = partial sums each launch-2 program reads
+_MIN_GRID = 2  # never launch a grid of one block, however small the buffer
+_MAX_PARAMS = 2**30  # keeps int32 offsets (start + grid * BLOCK) from overflowing
 
 
 @triton.jit
@@ -40,8 +40,18 @@ def _pow_int(base, e):
 
 
 @triton.jit
-def _grad_sumsq_kernel(grad_ptr, partials_ptr, step_ptr, lr_ptr, hyper_ptr, scalars_ptr, n, lr_decay_steps,
-                       LR_DECAYS: tl.constexpr, BLOCK: tl.constexpr):
+def _grad_sumsq_kernel(
+    grad_ptr,
+    partials_ptr,
+    step_ptr,
+    lr_ptr,
+    hyper_ptr,
+    scalars_ptr,
+    n,
+    lr_decay_steps,
+    LR_DECAYS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     pid = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     acc = tl.zeros([BLOCK], dtype=tl.float32)
@@ -54,7 +64,7 @@ def _grad_sumsq_kernel(grad_ptr, partials_ptr, step_ptr, lr_ptr, hyper_ptr, scal
         # Only this program touches `step` in this launch; launch 2 reads what it wrote.
         t = tl.load(step_ptr) + 1
         tl.store(step_ptr, t)
-        bias_correction1 = 1.0 - _pow_int(tl.load(hyper_ptr), t)       # float64, like torch's python floats
+        bias_correction1 = 1.0 - _pow_int(tl.load(hyper_ptr), t)  # float64, like torch's python floats
         bias_correction2 = 1.0 - _pow_int(tl.load(hyper_ptr + 1), t)
         lr = tl.load(lr_ptr).to(tl.float64)
         if LR_DECAYS:  # LinearLR's factor after t - 1 scheduler steps: 1 + (end - 1) * min(t - 1, T) / T
@@ -66,16 +76,39 @@ def _grad_sumsq_kernel(grad_ptr, partials_ptr, step_ptr, lr_ptr, hyper_ptr, scal
 
 
 @triton.jit
-def _clip_adam_kernel(param_ptr, grad_ptr, exp_avg_ptr, exp_avg_sq_ptr, target_ptr, partials_ptr, scalars_ptr,
-                      norm_ptr, step_ptr, target_every, n, num_partials, beta2, one_minus_beta1, one_minus_beta2, eps,
-                      weight_decay, max_norm, tau, HAS_WD: tl.constexpr, BETA1_SMALL: tl.constexpr, HAS_TARGET: tl.constexpr,
-                      TAU_SMALL: tl.constexpr, BLOCK: tl.constexpr, PBLOCK: tl.constexpr):
+def _clip_adam_kernel(
+    param_ptr,
+    grad_ptr,
+    exp_avg_ptr,
+    exp_avg_sq_ptr,
+    target_ptr,
+    partials_ptr,
+    scalars_ptr,
+    norm_ptr,
+    step_ptr,
+    target_every,
+    n,
+    num_partials,
+    beta2,
+    one_minus_beta1,
+    one_minus_beta2,
+    eps,
+    weight_decay,
+    max_norm,
+    tau,
+    HAS_WD: tl.constexpr,
+    BETA1_SMALL: tl.constexpr,
+    HAS_TARGET: tl.constexpr,
+    TAU_SMALL: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PBLOCK: tl.constexpr,
+):
     pid = tl.program_id(0)
     poffs = tl.arange(0, PBLOCK)
     partials = tl.load(partials_ptr + poffs, mask=poffs < num_partials, other=0.0)
-    norm = tl.sqrt_rn(tl.sum(partials, axis=0))              # identical in every program: same data, same order
+    norm = tl.sqrt_rn(tl.sum(partials, axis=0))  # identical in every program: same data, same order
     coef = tl.div_rn(max_norm, norm + 1e-6)
-    coef = tl.where(coef > 1.0, 1.0, coef)                   # clamp(max=1) keeps a NaN norm NaN, as torch does
+    coef = tl.where(coef > 1.0, 1.0, coef)  # clamp(max=1) keeps a NaN norm NaN, as torch does
     if pid == 0:
         tl.store(norm_ptr, norm)
     step_size = tl.load(scalars_ptr)
@@ -138,9 +171,18 @@ class FusedAdam:
     `LinearLR`.
     """
 
-    def __init__(self, num_params: int, device: torch.device | str, lr: float | torch.Tensor,
-                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
-                 max_grad_norm: float = 10.0, lr_end_factor: float = 1.0, lr_decay_steps: int = 0):
+    def __init__(
+        self,
+        num_params: int,
+        device: torch.device | str,
+        lr: float | torch.Tensor,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        max_grad_norm: float = 10.0,
+        lr_end_factor: float = 1.0,
+        lr_decay_steps: int = 0,
+    ):
         if not isinstance(num_params, int) or not 1 <= num_params <= _MAX_PARAMS:
             raise ValueError(f"num_params must be an int in [1, {_MAX_PARAMS}], got {num_params!r}")
         beta1, beta2 = (float(b) for b in betas)
@@ -176,8 +218,14 @@ class FusedAdam:
         self.partials = torch.empty(num_partials, dtype=torch.float32, device=self.device)
         self._scalars = torch.empty(2, dtype=torch.float32, device=self.device)  # step_size, sqrt(bias_corr2)
 
-    def step(self, params_buf: torch.Tensor, grad_buf: torch.Tensor, target_buf: torch.Tensor | None = None,
-             tau: float = 1.0, target_every: int = 1) -> torch.Tensor:
+    def step(
+        self,
+        params_buf: torch.Tensor,
+        grad_buf: torch.Tensor,
+        target_buf: torch.Tensor | None = None,
+        tau: float = 1.0,
+        target_every: int = 1,
+    ) -> torch.Tensor:
         """One clip + Adam step, in place on params_buf (and target_buf); grad_buf is only read (not clipped).
 
         params_buf, grad_buf, target_buf: (P,) float32 contiguous on the optimizer's device; target_buf, if given,
@@ -203,23 +251,51 @@ class FusedAdam:
         tau = float(tau) if target_buf is not None else 1.0
         num_partials = self.partials.numel()
         _grad_sumsq_kernel[(num_partials,)](
-            grad_buf, self.partials, self.step_count, self.lr, self._hyper64, self._scalars, self.num_params,
-            self.lr_decay_steps, LR_DECAYS=self.lr_decay_steps > 0, BLOCK=_BLOCK_NORM)
+            grad_buf,
+            self.partials,
+            self.step_count,
+            self.lr,
+            self._hyper64,
+            self._scalars,
+            self.num_params,
+            self.lr_decay_steps,
+            LR_DECAYS=self.lr_decay_steps > 0,
+            BLOCK=_BLOCK_NORM,
+        )
         beta1, beta2 = self.betas
         grid = (max(triton.cdiv(self.num_params, _BLOCK_ADAM), _MIN_GRID),)
         _clip_adam_kernel[grid](
-            params_buf, grad_buf, self.exp_avg, self.exp_avg_sq, params_buf if target_buf is None else target_buf,
-            self.partials, self._scalars, self.grad_norm, self.step_count, int(target_every), self.num_params,
-            num_partials, beta2, 1.0 - beta1,
-            1.0 - beta2, self.eps, self.weight_decay, self.max_grad_norm, tau,
-            HAS_WD=self.weight_decay != 0.0, BETA1_SMALL=1.0 - beta1 < 0.5, HAS_TARGET=target_buf is not None,
-            TAU_SMALL=tau < 0.5, BLOCK=_BLOCK_ADAM, PBLOCK=triton.next_power_of_2(num_partials))
+            params_buf,
+            grad_buf,
+            self.exp_avg,
+            self.exp_avg_sq,
+            params_buf if target_buf is None else target_buf,
+            self.partials,
+            self._scalars,
+            self.grad_norm,
+            self.step_count,
+            int(target_every),
+            self.num_params,
+            num_partials,
+            beta2,
+            1.0 - beta1,
+            1.0 - beta2,
+            self.eps,
+            self.weight_decay,
+            self.max_grad_norm,
+            tau,
+            HAS_WD=self.weight_decay != 0.0,
+            BETA1_SMALL=1.0 - beta1 < 0.5,
+            HAS_TARGET=target_buf is not None,
+            TAU_SMALL=tau < 0.5,
+            BLOCK=_BLOCK_ADAM,
+            PBLOCK=triton.next_power_of_2(num_partials),
+        )
         return self.grad_norm
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Copies of the device state: 'step' () int64, 'exp_avg' and 'exp_avg_sq' (P,) float32."""
-        return {"step": self.step_count.clone(), "exp_avg": self.exp_avg.clone(),
-                "exp_avg_sq": self.exp_avg_sq.clone()}
+        return {"step": self.step_count.clone(), "exp_avg": self.exp_avg.clone(), "exp_avg_sq": self.exp_avg_sq.clone()}
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         """Copy `state` (as from state_dict, any device) into the existing tensors, keeping their addresses so a
@@ -234,25 +310,33 @@ class FusedAdam:
         self.exp_avg_sq.copy_(state["exp_avg_sq"])
 
 
-def reference_params(params_buf: torch.Tensor, grad_buf: torch.Tensor,
-                     shapes: list[tuple[int, ...]]) -> list[torch.nn.Parameter]:
+def reference_params(
+    params_buf: torch.Tensor, grad_buf: torch.Tensor, shapes: list[tuple[int, ...]]
+) -> list[torch.nn.Parameter]:
     """Parameters aliasing consecutive slices of params_buf (P,) with `.grad` aliasing the same slices of grad_buf,
     in `shapes` order (their numels must sum to P; ValueError otherwise). Any dtype/device; nothing is copied."""
     sizes = [int(torch.Size(s).numel()) for s in shapes]
     if sum(sizes) != params_buf.numel() or grad_buf.shape != params_buf.shape:
-        raise ValueError(f"shapes {shapes} (total {sum(sizes)}) must tile params_buf {tuple(params_buf.shape)} and "
-                         f"grad_buf {tuple(grad_buf.shape)}")
+        raise ValueError(
+            f"shapes {shapes} (total {sum(sizes)}) must tile params_buf {tuple(params_buf.shape)} and "
+            f"grad_buf {tuple(grad_buf.shape)}"
+        )
     params, offset = [], 0
     for shape, size in zip(shapes, sizes):
-        p = torch.nn.Parameter(params_buf[offset:offset + size].view(shape))
-        p.grad = grad_buf[offset:offset + size].view(shape)
+        p = torch.nn.Parameter(params_buf[offset : offset + size].view(shape))
+        p.grad = grad_buf[offset : offset + size].view(shape)
         params.append(p)
         offset += size
     return params
 
 
-def adam_reference(optimizer: torch.optim.Adam, max_grad_norm: float, params_buf: torch.Tensor | None = None,
-                   target_buf: torch.Tensor | None = None, tau: float = 1.0) -> torch.Tensor:
+def adam_reference(
+    optimizer: torch.optim.Adam,
+    max_grad_norm: float,
+    params_buf: torch.Tensor | None = None,
+    target_buf: torch.Tensor | None = None,
+    tau: float = 1.0,
+) -> torch.Tensor:
     """Plain-torch reference step: clip_grad_norm_ over the optimizer's parameters (clipping their .grad in
     place), optimizer.step(), then target_buf.lerp_(params_buf, tau) when target_buf is given. The parameters
     should come from `reference_params`, so the flat buffers change in place. Returns the pre-clip total norm

@@ -37,10 +37,31 @@ heads' reduction tile (kernels/heads.py's _BLOCK_K), warps per program."""
 
 
 @triton.jit
-def _greedy_eval_kernel(w_ptr, table_ptr, num_layers, out_w, out_b, out_g, H, scratch_ptr, MAXW, obs_ptr, total_ptr,
-                        N, steps, D: tl.constexpr, A: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
-                        BLOCK_K: tl.constexpr, HEADS_BLOCK_K: tl.constexpr, BLOCK_J: tl.constexpr,
-                        BLOCK_D: tl.constexpr, ROUND: tl.constexpr, TORCH_CUDA: tl.constexpr):
+def _greedy_eval_kernel(
+    w_ptr,
+    table_ptr,
+    num_layers,
+    out_w,
+    out_b,
+    out_g,
+    H,
+    scratch_ptr,
+    MAXW,
+    obs_ptr,
+    total_ptr,
+    N,
+    steps,
+    D: tl.constexpr,
+    A: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    HEADS_BLOCK_K: tl.constexpr,
+    BLOCK_J: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    ROUND: tl.constexpr,
+    TORCH_CUDA: tl.constexpr,
+):
     pid = tl.program_id(0)
     n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = n < N
@@ -61,10 +82,27 @@ def _greedy_eval_kernel(w_ptr, table_ptr, num_layers, out_w, out_b, out_g, H, sc
         tl.store(inputs + 2, theta, mask=mask_n)
         tl.store(inputs + 3, theta_dot, mask=mask_n)
         tl.debug_barrier()
-        last = hidden_layers(w_ptr, table_ptr, num_layers, scratch_ptr, n, mask_n, N, MAXW, BLOCK_N, BLOCK_R,
-                             BLOCK_K, ROUND)
-        greedy = greedy_actions(w_ptr, out_w, out_b, out_g, scratch_ptr + last * N * MAXW, n, mask_n, MAXW, H, D, A,
-                                BLOCK_N, BLOCK_J, HEADS_BLOCK_K, BLOCK_D, ROUND)
+        last = hidden_layers(
+            w_ptr, table_ptr, num_layers, scratch_ptr, n, mask_n, N, MAXW, BLOCK_N, BLOCK_R, BLOCK_K, ROUND
+        )
+        greedy = greedy_actions(
+            w_ptr,
+            out_w,
+            out_b,
+            out_g,
+            scratch_ptr + last * N * MAXW,
+            n,
+            mask_n,
+            MAXW,
+            H,
+            D,
+            A,
+            BLOCK_N,
+            BLOCK_J,
+            HEADS_BLOCK_K,
+            BLOCK_D,
+            ROUND,
+        )
         a0 = tl.sum(tl.where((dcol == 0)[None, :], greedy, 0), axis=1)
         nxt, terminated = cartpole_dynamics(x, x_dot, theta, theta_dot, a0, TORCH_CUDA)
         total += running.to(tl.float64)  # reward 1 while the first episode runs, its last step included
@@ -78,8 +116,15 @@ def _greedy_eval_kernel(w_ptr, table_ptr, num_layers, out_w, out_b, out_g, H, sc
     tl.store(total_ptr + n, total, mask=mask_n)
 
 
-def greedy_eval(net: ActingNet, weights: torch.Tensor, obs: torch.Tensor, steps: int, total: torch.Tensor,
-                scratch: torch.Tensor, block_n: int = EVAL_BLOCK_N) -> torch.Tensor:
+def greedy_eval(
+    net: ActingNet,
+    weights: torch.Tensor,
+    obs: torch.Tensor,
+    steps: int,
+    total: torch.Tensor,
+    scratch: torch.Tensor,
+    block_n: int = EVAL_BLOCK_N,
+) -> torch.Tensor:
     """Each of N CartPole envs' first-episode return under the flat net's greedy policy, in one launch
     (`_greedy_eval_kernel`, max(2, ceil(N / block_n)) programs; module docstring).
 
@@ -107,13 +152,34 @@ def greedy_eval(net: ActingNet, weights: torch.Tensor, obs: torch.Tensor, steps:
         raise ValueError(f"net must be CartPole's: one branch of 2 actions, got {net.branches} x {net.actions}")
     check_tensor("total", total, dtype=torch.float64, shape=(n,), device=dev)
     check_tensor("scratch", scratch, dtype=torch.float32, shape=(2, n, net.max_width), device=dev)
-    if isinstance(steps, bool) or not isinstance(steps, int) or not 0 <= steps < 2 ** 31:
+    if isinstance(steps, bool) or not isinstance(steps, int) or not 0 <= steps < 2**31:
         raise ValueError(f"steps must be an int in [0, 2**31), got {steps!r}")
     if isinstance(block_n, bool) or not isinstance(block_n, int) or block_n < 16 or block_n & (block_n - 1):
         raise ValueError(f"block_n must be a power of two >= 16, got {block_n!r}")
     _greedy_eval_kernel[(max(2, triton.cdiv(n, block_n)),)](
-        weights, net.table, net.table.shape[0], net.out_w, net.out_b, net.out_g, net.head_hidden, scratch,
-        net.max_width, obs, total, n, steps, D=1, A=2, BLOCK_N=block_n, BLOCK_R=_BLOCK_R, BLOCK_K=_BLOCK_K,
-        HEADS_BLOCK_K=_HEADS_BLOCK_K, BLOCK_J=16, BLOCK_D=1, ROUND=rounds_tf32_operands(),
-        TORCH_CUDA=not interpreting(), num_warps=_WARPS)
+        weights,
+        net.table,
+        net.table.shape[0],
+        net.out_w,
+        net.out_b,
+        net.out_g,
+        net.head_hidden,
+        scratch,
+        net.max_width,
+        obs,
+        total,
+        n,
+        steps,
+        D=1,
+        A=2,
+        BLOCK_N=block_n,
+        BLOCK_R=_BLOCK_R,
+        BLOCK_K=_BLOCK_K,
+        HEADS_BLOCK_K=_HEADS_BLOCK_K,
+        BLOCK_J=16,
+        BLOCK_D=1,
+        ROUND=rounds_tf32_operands(),
+        TORCH_CUDA=not interpreting(),
+        num_warps=_WARPS,
+    )
     return total

@@ -38,9 +38,25 @@ BWD_PROGRAMS, BWD_BLOCK_M, BWD_WARPS = 264, 64, 4
 
 
 @triton.jit
-def _heads_fwd_body(h_ptr, w_ptr, b_ptr, g_ptr, q_ptr, M, H, h_zstride, p_zstride, q_zstride, D: tl.constexpr,
-                    A: tl.constexpr, ROUND_X: tl.constexpr, ROUND_W: tl.constexpr, BLOCK_M: tl.constexpr,
-                    BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr):
+def _heads_fwd_body(
+    h_ptr,
+    w_ptr,
+    b_ptr,
+    g_ptr,
+    q_ptr,
+    M,
+    H,
+    h_zstride,
+    p_zstride,
+    q_zstride,
+    D: tl.constexpr,
+    A: tl.constexpr,
+    ROUND_X: tl.constexpr,
+    ROUND_W: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_J: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     pid = tl.program_id(0)
     z = tl.program_id(1)
     offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -54,10 +70,16 @@ def _heads_fwd_body(h_ptr, w_ptr, b_ptr, g_ptr, q_ptr, M, H, h_zstride, p_zstrid
         for k0 in range(0, H, BLOCK_K):
             offs_k = k0 + tl.arange(0, BLOCK_K)
             mask_k = offs_k < H
-            x = tl.load(h_ptr + z * h_zstride + offs_m[:, None] * width + blk * H + offs_k[None, :],
-                        mask=mask_m[:, None] & mask_k[None, :], other=0.0)
-            w = tl.load(w_ptr + z * p_zstride + j[None, :] * H + offs_k[:, None],
-                        mask=mask_k[:, None] & (mask_j & (grp == blk))[None, :], other=0.0)
+            x = tl.load(
+                h_ptr + z * h_zstride + offs_m[:, None] * width + blk * H + offs_k[None, :],
+                mask=mask_m[:, None] & mask_k[None, :],
+                other=0.0,
+            )
+            w = tl.load(
+                w_ptr + z * p_zstride + j[None, :] * H + offs_k[:, None],
+                mask=mask_k[:, None] & (mask_j & (grp == blk))[None, :],
+                other=0.0,
+            )
             if ROUND_X:  # to the nearest TF32 value first, where nobody did before (kernels/linear.py's forward)
                 x = tf32_rna(x)
             if ROUND_W:
@@ -73,32 +95,119 @@ def _heads_fwd_body(h_ptr, w_ptr, b_ptr, g_ptr, q_ptr, M, H, h_zstride, p_zstrid
         mean_d = tl.sum(tl.where(sel[None, :], out, 0.0), axis=1) / A
         mean += tl.where(sel[None, :], mean_d[:, None], 0.0)
     q = value[:, None] + out - mean
-    tl.store(q_ptr + z * q_zstride + offs_m[:, None] * (D * A) + (j - 1)[None, :], q,
-             mask=mask_m[:, None] & (mask_j & (j >= 1))[None, :])
+    tl.store(
+        q_ptr + z * q_zstride + offs_m[:, None] * (D * A) + (j - 1)[None, :],
+        q,
+        mask=mask_m[:, None] & (mask_j & (j >= 1))[None, :],
+    )
 
 
 # the same body under two names, for phase attribution by kernel name (see kernels/linear.py)
 @triton.jit
-def _heads_online_tf32_kernel(h_ptr, w_ptr, b_ptr, g_ptr, q_ptr, M, H, h_zstride, p_zstride, q_zstride,
-                              D: tl.constexpr, A: tl.constexpr, ROUND_X: tl.constexpr, ROUND_W: tl.constexpr,
-                              BLOCK_M: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr):
-    _heads_fwd_body(h_ptr, w_ptr, b_ptr, g_ptr, q_ptr, M, H, h_zstride, p_zstride, q_zstride, D, A, ROUND_X, ROUND_W,
-                    BLOCK_M, BLOCK_J, BLOCK_K)
+def _heads_online_tf32_kernel(
+    h_ptr,
+    w_ptr,
+    b_ptr,
+    g_ptr,
+    q_ptr,
+    M,
+    H,
+    h_zstride,
+    p_zstride,
+    q_zstride,
+    D: tl.constexpr,
+    A: tl.constexpr,
+    ROUND_X: tl.constexpr,
+    ROUND_W: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_J: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    _heads_fwd_body(
+        h_ptr,
+        w_ptr,
+        b_ptr,
+        g_ptr,
+        q_ptr,
+        M,
+        H,
+        h_zstride,
+        p_zstride,
+        q_zstride,
+        D,
+        A,
+        ROUND_X,
+        ROUND_W,
+        BLOCK_M,
+        BLOCK_J,
+        BLOCK_K,
+    )
 
 
 @triton.jit
-def _heads_ddqn_tf32_kernel(h_ptr, w_ptr, b_ptr, g_ptr, q_ptr, M, H, h_zstride, p_zstride, q_zstride,
-                            D: tl.constexpr, A: tl.constexpr, ROUND_X: tl.constexpr, ROUND_W: tl.constexpr,
-                            BLOCK_M: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr):
-    _heads_fwd_body(h_ptr, w_ptr, b_ptr, g_ptr, q_ptr, M, H, h_zstride, p_zstride, q_zstride, D, A, ROUND_X, ROUND_W,
-                    BLOCK_M, BLOCK_J, BLOCK_K)
+def _heads_ddqn_tf32_kernel(
+    h_ptr,
+    w_ptr,
+    b_ptr,
+    g_ptr,
+    q_ptr,
+    M,
+    H,
+    h_zstride,
+    p_zstride,
+    q_zstride,
+    D: tl.constexpr,
+    A: tl.constexpr,
+    ROUND_X: tl.constexpr,
+    ROUND_W: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_J: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    _heads_fwd_body(
+        h_ptr,
+        w_ptr,
+        b_ptr,
+        g_ptr,
+        q_ptr,
+        M,
+        H,
+        h_zstride,
+        p_zstride,
+        q_zstride,
+        D,
+        A,
+        ROUND_X,
+        ROUND_W,
+        BLOCK_M,
+        BLOCK_J,
+        BLOCK_K,
+    )
 
 
 @triton.jit
-def _heads_bwd_fp32_kernel(h_ptr, dq_ptr, w_ptr, g_ptr, dh_ptr, dht_ptr, dbh_ptr, dw_ptr, db_ptr, dg_ptr, M, H,
-                           rows_per_program, D: tl.constexpr, A: tl.constexpr, LEARN_GAIN: tl.constexpr,
-                           BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_R: tl.constexpr,
-                           BLOCK_K: tl.constexpr):
+def _heads_bwd_fp32_kernel(
+    h_ptr,
+    dq_ptr,
+    w_ptr,
+    g_ptr,
+    dh_ptr,
+    dht_ptr,
+    dbh_ptr,
+    dw_ptr,
+    db_ptr,
+    dg_ptr,
+    M,
+    H,
+    rows_per_program,
+    D: tl.constexpr,
+    A: tl.constexpr,
+    LEARN_GAIN: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     # program (pid, blk): rows [pid * rows_per_program, +rows_per_program) of input block blk (0: value, 1 + d:
     # branch d). The block feeds R output rows of W_out (1 for the value, A for a branch): its products have R
     # terms, done as IEEE FP32 FMAs on CUDA cores (no MMA, no split). Its weight-gradient rows stay in registers
@@ -122,10 +231,14 @@ def _heads_bwd_fp32_kernel(h_ptr, dq_ptr, w_ptr, g_ptr, dh_ptr, dht_ptr, dbh_ptr
         offs_m = m0 + tl.arange(0, BLOCK_M)
         mask_m = offs_m < M
         # dQ -> d(block output): V gets the sum over every branch's Q; A_d(a) gets dQ_d(a) - mean_a' dQ_d(a')
-        dq_all = tl.load(dq_ptr + offs_m[:, None] * (D * A) + q[None, :],
-                         mask=mask_m[:, None] & (q < D * A)[None, :], other=0.0)
-        dq_blk = tl.load(dq_ptr + offs_m[:, None] * (D * A) + (j - 1)[None, :],
-                         mask=mask_m[:, None] & (live_r & (j >= 1))[None, :], other=0.0)
+        dq_all = tl.load(
+            dq_ptr + offs_m[:, None] * (D * A) + q[None, :], mask=mask_m[:, None] & (q < D * A)[None, :], other=0.0
+        )
+        dq_blk = tl.load(
+            dq_ptr + offs_m[:, None] * (D * A) + (j - 1)[None, :],
+            mask=mask_m[:, None] & (live_r & (j >= 1))[None, :],
+            other=0.0,
+        )
         dvalue = tl.where((r == 0)[None, :], tl.sum(dq_all, axis=1)[:, None], 0.0)
         dadv = dq_blk - tl.sum(dq_blk, axis=1)[:, None] / A
         dout = tl.where(mask_m[:, None] & live_r[None, :], tl.where(blk == 0, dvalue, dadv), 0.0)
@@ -143,8 +256,9 @@ def _heads_bwd_fp32_kernel(h_ptr, dq_ptr, w_ptr, g_ptr, dh_ptr, dht_ptr, dbh_ptr
         tl.store(dht_ptr + (blk * H + offs_k)[None, :] * M + offs_m[:, None], dh, mask=xmask)
         dbh += tl.sum(dh, axis=0)
         dbias += tl.sum(dout, axis=0)
-    tl.atomic_add(dw_ptr + j[:, None] * H + offs_k[None, :], gw * g, mask=live_r[:, None] & mask_k[None, :],
-                  sem="relaxed")
+    tl.atomic_add(
+        dw_ptr + j[:, None] * H + offs_k[None, :], gw * g, mask=live_r[:, None] & mask_k[None, :], sem="relaxed"
+    )
     if LEARN_GAIN:
         tl.atomic_add(dg_ptr + blk, tl.sum(tl.sum(w * gw, axis=1), axis=0), sem="relaxed")
     tl.atomic_add(db_ptr + j, dbias, mask=live_r, sem="relaxed")
@@ -158,9 +272,20 @@ def _sizes(w_out: torch.Tensor, branches: int) -> tuple[int, int, int]:
     return j, hidden, (j - 1) // branches
 
 
-def heads_forward(h: torch.Tensor, w_out: torch.Tensor, b_out: torch.Tensor, g_out: torch.Tensor, q: torch.Tensor,
-                  branches: int, *, nets: int = 1, p_zstride: int = 0, ddqn: bool = False, x_tf32: bool = False,
-                  w_tf32: bool = False) -> torch.Tensor:
+def heads_forward(
+    h: torch.Tensor,
+    w_out: torch.Tensor,
+    b_out: torch.Tensor,
+    g_out: torch.Tensor,
+    q: torch.Tensor,
+    branches: int,
+    *,
+    nets: int = 1,
+    p_zstride: int = 0,
+    ddqn: bool = False,
+    x_tf32: bool = False,
+    w_tf32: bool = False,
+) -> torch.Tensor:
     """Q of every branch from the stacked hidden features, in one launch (TF32 dots).
 
     h: (M, (1 + D) H) or (nets, M, (1 + D) H) float32 contiguous; w_out (1 + D A, H), b_out (1 + D A,),
@@ -184,16 +309,41 @@ def heads_forward(h: torch.Tensor, w_out: torch.Tensor, b_out: torch.Tensor, g_o
     check_tensor("q", q, dtype=torch.float32, shape=(*lead, m, branches * actions), device=dev)
     kernel = _heads_ddqn_tf32_kernel if ddqn else _heads_online_tf32_kernel
     kernel[(max(2, triton.cdiv(m, _BLOCK_M)), nets)](
-        h, w_out, b_out, g_out, q, m, hidden, m * (1 + branches) * hidden, p_zstride, m * branches * actions,
-        D=branches, A=actions, ROUND_X=rounds_tf32_operands() and not x_tf32,
-        ROUND_W=rounds_tf32_operands() and not w_tf32, BLOCK_M=_BLOCK_M,
-        BLOCK_J=max(16, triton.next_power_of_2(j)), BLOCK_K=_BLOCK_K, num_warps=4)
+        h,
+        w_out,
+        b_out,
+        g_out,
+        q,
+        m,
+        hidden,
+        m * (1 + branches) * hidden,
+        p_zstride,
+        m * branches * actions,
+        D=branches,
+        A=actions,
+        ROUND_X=rounds_tf32_operands() and not x_tf32,
+        ROUND_W=rounds_tf32_operands() and not w_tf32,
+        BLOCK_M=_BLOCK_M,
+        BLOCK_J=max(16, triton.next_power_of_2(j)),
+        BLOCK_K=_BLOCK_K,
+        num_warps=4,
+    )
     return q
 
 
-def heads_backward(h: torch.Tensor, dq: torch.Tensor, w_out: torch.Tensor, g_out: torch.Tensor, dh: torch.Tensor,
-                   dht: torch.Tensor, db_h: torch.Tensor, dw_out: torch.Tensor, db_out: torch.Tensor,
-                   dg_out: torch.Tensor | None, branches: int) -> torch.Tensor:
+def heads_backward(
+    h: torch.Tensor,
+    dq: torch.Tensor,
+    w_out: torch.Tensor,
+    g_out: torch.Tensor,
+    dh: torch.Tensor,
+    dht: torch.Tensor,
+    db_h: torch.Tensor,
+    dw_out: torch.Tensor,
+    db_out: torch.Tensor,
+    dg_out: torch.Tensor | None,
+    branches: int,
+) -> torch.Tensor:
     """Backward of `heads_forward` for one net: dh and dh^T (overwritten) and atomic accumulation of the hidden
     layers' bias gradient db_h and of dw_out, db_out, dg_out.
 
@@ -214,10 +364,16 @@ def heads_backward(h: torch.Tensor, dq: torch.Tensor, w_out: torch.Tensor, g_out
     m = h.shape[0]
     if m < 1:
         raise ValueError(f"h must have at least one row, got shape {tuple(h.shape)}")
-    for name, t, shape in (("h", h, (m, (1 + branches) * hidden)), ("dq", dq, (m, branches * actions)),
-                           ("g_out", g_out, (1 + branches,)), ("dh", dh, (m, (1 + branches) * hidden)),
-                           ("dht", dht, ((1 + branches) * hidden, m)), ("db_h", db_h, ((1 + branches) * hidden,)),
-                           ("dw_out", dw_out, (j, hidden)), ("db_out", db_out, (j,))):
+    for name, t, shape in (
+        ("h", h, (m, (1 + branches) * hidden)),
+        ("dq", dq, (m, branches * actions)),
+        ("g_out", g_out, (1 + branches,)),
+        ("dh", dh, (m, (1 + branches) * hidden)),
+        ("dht", dht, ((1 + branches) * hidden, m)),
+        ("db_h", db_h, ((1 + branches) * hidden,)),
+        ("dw_out", dw_out, (j, hidden)),
+        ("db_out", db_out, (j,)),
+    ):
         check_tensor(name, t, dtype=torch.float32, shape=shape, device=dev)
     if dg_out is not None:
         check_tensor("dg_out", dg_out, dtype=torch.float32, shape=(1 + branches,), device=dev)
@@ -227,15 +383,34 @@ def heads_backward(h: torch.Tensor, dq: torch.Tensor, w_out: torch.Tensor, g_out
     rows = triton.cdiv(triton.cdiv(m, groups), BWD_BLOCK_M) * BWD_BLOCK_M
     groups = max(triton.cdiv(m, rows), 2 if branches == 0 else 1)
     _heads_bwd_fp32_kernel[(groups, 1 + branches)](
-        h, dq, w_out, g_out, dh, dht, db_h, dw_out, db_out, dg_out if dg_out is not None else db_out, m, hidden, rows,
-        D=branches, A=actions, LEARN_GAIN=dg_out is not None,
-        BLOCK_M=BWD_BLOCK_M, BLOCK_Q=block_q, BLOCK_R=max(2, triton.next_power_of_2(actions)), BLOCK_K=block_k,
-        num_warps=BWD_WARPS)
+        h,
+        dq,
+        w_out,
+        g_out,
+        dh,
+        dht,
+        db_h,
+        dw_out,
+        db_out,
+        dg_out if dg_out is not None else db_out,
+        m,
+        hidden,
+        rows,
+        D=branches,
+        A=actions,
+        LEARN_GAIN=dg_out is not None,
+        BLOCK_M=BWD_BLOCK_M,
+        BLOCK_Q=block_q,
+        BLOCK_R=max(2, triton.next_power_of_2(actions)),
+        BLOCK_K=block_k,
+        num_warps=BWD_WARPS,
+    )
     return dh
 
 
-def heads_reference(h: torch.Tensor, w_out: torch.Tensor, b_out: torch.Tensor, g_out: torch.Tensor,
-                    branches: int) -> torch.Tensor:
+def heads_reference(
+    h: torch.Tensor, w_out: torch.Tensor, b_out: torch.Tensor, g_out: torch.Tensor, branches: int
+) -> torch.Tensor:
     """Plain-torch Q (M, D, A) in h's dtype: V = g_0 (h_0 @ w_v) + b_v, A_d = g_d (h_d @ W_d^T) + b_d, Q_d = V +
     A_d - mean_a A_d (h split into 1 + D blocks of H columns)."""
     j, hidden, actions = _sizes(w_out, branches)

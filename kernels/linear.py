@@ -60,10 +60,32 @@ _MIN_PROGRAMS = 132  # one program per SM of a 132-SM H100/H200 at least, where 
 
 
 @triton.jit
-def _fwd_body(x_ptr, idx_ptr, w_ptr, b_ptr, g_ptr, y_ptr, yt_ptr, M, N, K, stride_xm, x_zstride, p_zstride,
-              y_zstride, gain_group, GATHER: tl.constexpr, RELU: tl.constexpr, STORE_T: tl.constexpr,
-              ROUND_X: tl.constexpr, ROUND_W: tl.constexpr, ROUND_Y: tl.constexpr, BLOCK_M: tl.constexpr,
-              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _fwd_body(
+    x_ptr,
+    idx_ptr,
+    w_ptr,
+    b_ptr,
+    g_ptr,
+    y_ptr,
+    yt_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    x_zstride,
+    p_zstride,
+    y_zstride,
+    gain_group,
+    GATHER: tl.constexpr,
+    RELU: tl.constexpr,
+    STORE_T: tl.constexpr,
+    ROUND_X: tl.constexpr,
+    ROUND_W: tl.constexpr,
+    ROUND_Y: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     z = tl.program_id(2)
@@ -106,23 +128,113 @@ def _fwd_body(x_ptr, idx_ptr, w_ptr, b_ptr, g_ptr, y_ptr, yt_ptr, M, N, K, strid
 # Two thin kernels over one body: the same code under two names, because a graph replay carries no ranges and the
 # guards assign its kernels to the "forward" / "ddqn_forward" phases by name (trainer/step.py PHASE_RULES).
 @triton.jit
-def _fwd_online_tf32_gemm_kernel(x_ptr, idx_ptr, w_ptr, b_ptr, g_ptr, y_ptr, yt_ptr, M, N, K, stride_xm,
-                                 x_zstride, p_zstride, y_zstride, gain_group, GATHER: tl.constexpr,
-                                 RELU: tl.constexpr, STORE_T: tl.constexpr, ROUND_X: tl.constexpr,
-                                 ROUND_W: tl.constexpr, ROUND_Y: tl.constexpr, BLOCK_M: tl.constexpr,
-                                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    _fwd_body(x_ptr, idx_ptr, w_ptr, b_ptr, g_ptr, y_ptr, yt_ptr, M, N, K, stride_xm, x_zstride, p_zstride, y_zstride,
-              gain_group, GATHER, RELU, STORE_T, ROUND_X, ROUND_W, ROUND_Y, BLOCK_M, BLOCK_N, BLOCK_K)
+def _fwd_online_tf32_gemm_kernel(
+    x_ptr,
+    idx_ptr,
+    w_ptr,
+    b_ptr,
+    g_ptr,
+    y_ptr,
+    yt_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    x_zstride,
+    p_zstride,
+    y_zstride,
+    gain_group,
+    GATHER: tl.constexpr,
+    RELU: tl.constexpr,
+    STORE_T: tl.constexpr,
+    ROUND_X: tl.constexpr,
+    ROUND_W: tl.constexpr,
+    ROUND_Y: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    _fwd_body(
+        x_ptr,
+        idx_ptr,
+        w_ptr,
+        b_ptr,
+        g_ptr,
+        y_ptr,
+        yt_ptr,
+        M,
+        N,
+        K,
+        stride_xm,
+        x_zstride,
+        p_zstride,
+        y_zstride,
+        gain_group,
+        GATHER,
+        RELU,
+        STORE_T,
+        ROUND_X,
+        ROUND_W,
+        ROUND_Y,
+        BLOCK_M,
+        BLOCK_N,
+        BLOCK_K,
+    )
 
 
 @triton.jit
-def _fwd_ddqn_tf32_gemm_kernel(x_ptr, idx_ptr, w_ptr, b_ptr, g_ptr, y_ptr, yt_ptr, M, N, K, stride_xm,
-                               x_zstride, p_zstride, y_zstride, gain_group, GATHER: tl.constexpr,
-                               RELU: tl.constexpr, STORE_T: tl.constexpr, ROUND_X: tl.constexpr,
-                               ROUND_W: tl.constexpr, ROUND_Y: tl.constexpr, BLOCK_M: tl.constexpr,
-                               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    _fwd_body(x_ptr, idx_ptr, w_ptr, b_ptr, g_ptr, y_ptr, yt_ptr, M, N, K, stride_xm, x_zstride, p_zstride, y_zstride,
-              gain_group, GATHER, RELU, STORE_T, ROUND_X, ROUND_W, ROUND_Y, BLOCK_M, BLOCK_N, BLOCK_K)
+def _fwd_ddqn_tf32_gemm_kernel(
+    x_ptr,
+    idx_ptr,
+    w_ptr,
+    b_ptr,
+    g_ptr,
+    y_ptr,
+    yt_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    x_zstride,
+    p_zstride,
+    y_zstride,
+    gain_group,
+    GATHER: tl.constexpr,
+    RELU: tl.constexpr,
+    STORE_T: tl.constexpr,
+    ROUND_X: tl.constexpr,
+    ROUND_W: tl.constexpr,
+    ROUND_Y: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    _fwd_body(
+        x_ptr,
+        idx_ptr,
+        w_ptr,
+        b_ptr,
+        g_ptr,
+        y_ptr,
+        yt_ptr,
+        M,
+        N,
+        K,
+        stride_xm,
+        x_zstride,
+        p_zstride,
+        y_zstride,
+        gain_group,
+        GATHER,
+        RELU,
+        STORE_T,
+        ROUND_X,
+        ROUND_W,
+        ROUND_Y,
+        BLOCK_M,
+        BLOCK_N,
+        BLOCK_K,
+    )
 
 
 @triton.jit
@@ -137,10 +249,32 @@ def _dot_3xtf32(a, b_hi, b_lo, acc):
 
 
 @triton.jit
-def _bwd_dx_fp32split_gemm_kernel(dy_ptr, wt_ptr, x_ptr, dx_ptr, dxt_ptr, db_ptr, x0t_ptr, w0_ptr, g0_ptr, dw0_ptr,
-                                  dg0_ptr, M, N, K, K0, gain0, STORE_DX: tl.constexpr, FUSE_DW: tl.constexpr,
-                                  LEARN_GAIN0: tl.constexpr, GROUPS_PER_TILE: tl.constexpr, BLOCK_M: tl.constexpr,
-                                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_J: tl.constexpr):
+def _bwd_dx_fp32split_gemm_kernel(
+    dy_ptr,
+    wt_ptr,
+    x_ptr,
+    dx_ptr,
+    dxt_ptr,
+    db_ptr,
+    x0t_ptr,
+    w0_ptr,
+    g0_ptr,
+    dw0_ptr,
+    dg0_ptr,
+    M,
+    N,
+    K,
+    K0,
+    gain0,
+    STORE_DX: tl.constexpr,
+    FUSE_DW: tl.constexpr,
+    LEARN_GAIN0: tl.constexpr,
+    GROUPS_PER_TILE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_J: tl.constexpr,
+):
     # both operands K-major (the reduction axis n contiguous): dy (M, N) rows, and W^T (2, K, N) rows read as (N, K)
     pid_m = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -154,8 +288,7 @@ def _bwd_dx_fp32split_gemm_kernel(dy_ptr, wt_ptr, x_ptr, dx_ptr, dxt_ptr, db_ptr
     for n0 in range(0, N, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mask_n = offs_n < N
-        dy = tl.load(dy_ptr + offs_m[:, None] * N + offs_n[None, :], mask=mask_m[:, None] & mask_n[None, :],
-                     other=0.0)
+        dy = tl.load(dy_ptr + offs_m[:, None] * N + offs_n[None, :], mask=mask_m[:, None] & mask_n[None, :], other=0.0)
         wmask = mask_n[:, None] & mask_k[None, :]
         wt_hi = tl.load(wt_ptr + offs_k[None, :] * N + offs_n[:, None], mask=wmask, other=0.0)
         wt_lo = tl.load(wt_ptr + K * N + offs_k[None, :] * N + offs_n[:, None], mask=wmask, other=0.0)
@@ -177,12 +310,10 @@ def _bwd_dx_fp32split_gemm_kernel(dy_ptr, wt_ptr, x_ptr, dx_ptr, dxt_ptr, db_ptr
         part = _dot_3xtf32(tl.trans(dz), x0_hi, x0_lo, tl.zeros((BLOCK_K, BLOCK_J), dtype=tl.float32))
         wmask = mask_k[:, None] & mask_j[None, :]
         g0 = tl.load(g0_ptr + offs_k // gain0, mask=mask_k, other=0.0)
-        tl.atomic_add(dw0_ptr + offs_k[:, None] * K0 + offs_j[None, :], part * g0[:, None], mask=wmask,
-                      sem="relaxed")
+        tl.atomic_add(dw0_ptr + offs_k[:, None] * K0 + offs_j[None, :], part * g0[:, None], mask=wmask, sem="relaxed")
         if LEARN_GAIN0:
             w0 = tl.load(w0_ptr + offs_k[:, None] * K0 + offs_j[None, :], mask=wmask, other=0.0)
-            _gain_grad(dg0_ptr, tl.sum(w0 * part, axis=1), offs_k, mask_k, pid_k * BLOCK_K, K, gain0,
-                       GROUPS_PER_TILE)
+            _gain_grad(dg0_ptr, tl.sum(w0 * part, axis=1), offs_k, mask_k, pid_k * BLOCK_K, K, gain0, GROUPS_PER_TILE)
     else:
         tl.store(dxt_ptr + offs_k[None, :] * M + offs_m[:, None], dz, mask=mask)
 
@@ -199,14 +330,30 @@ def _gain_grad(dg_ptr, r, offs, mask, first_row, rows, gain_group, GROUPS_PER_TI
         first = first_row // gain_group
         last = (rows - 1) // gain_group
         for j in tl.static_range(GROUPS_PER_TILE):
-            tl.atomic_add(dg_ptr + first + j, tl.sum(tl.where(grp == first + j, r, 0.0)), mask=first + j <= last,
-                          sem="relaxed")
+            tl.atomic_add(
+                dg_ptr + first + j, tl.sum(tl.where(grp == first + j, r, 0.0)), mask=first + j <= last, sem="relaxed"
+            )
 
 
 @triton.jit
-def _bwd_dw_fp32split_gemm_kernel(dyt_ptr, xt_ptr, w_ptr, g_ptr, dw_ptr, dg_ptr, M, N, K, gain_group, rows_per_split,
-                                  LEARN_GAIN: tl.constexpr, GROUPS_PER_TILE: tl.constexpr, BLOCK_M: tl.constexpr,
-                                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _bwd_dw_fp32split_gemm_kernel(
+    dyt_ptr,
+    xt_ptr,
+    w_ptr,
+    g_ptr,
+    dw_ptr,
+    dg_ptr,
+    M,
+    N,
+    K,
+    gain_group,
+    rows_per_split,
+    LEARN_GAIN: tl.constexpr,
+    GROUPS_PER_TILE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     # both operands K-major (the reduction axis m contiguous): dY^T (N, M) rows and X^T (2, K, M) rows read as (M, K)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -220,8 +367,9 @@ def _bwd_dw_fp32split_gemm_kernel(dyt_ptr, xt_ptr, w_ptr, g_ptr, dw_ptr, dg_ptr,
     for m0 in range(m_start, m_start + rows_per_split, BLOCK_M):
         offs_m = m0 + tl.arange(0, BLOCK_M)
         mask_m = offs_m < M
-        dyt = tl.load(dyt_ptr + offs_n[:, None] * M + offs_m[None, :], mask=mask_n[:, None] & mask_m[None, :],
-                      other=0.0)
+        dyt = tl.load(
+            dyt_ptr + offs_n[:, None] * M + offs_m[None, :], mask=mask_n[:, None] & mask_m[None, :], other=0.0
+        )
         xmask = mask_m[:, None] & mask_k[None, :]
         x_hi = tl.load(xt_ptr + offs_k[None, :] * M + offs_m[:, None], mask=xmask, other=0.0)
         x_lo = tl.load(xt_ptr + K * M + offs_k[None, :] * M + offs_m[:, None], mask=xmask, other=0.0)
@@ -264,11 +412,25 @@ def _block(n: int, cap: int) -> int:
     return max(16, min(cap, triton.next_power_of_2(n)))
 
 
-def linear_forward(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, g: torch.Tensor, y: torch.Tensor,
-                   gain_group: int, relu: bool, *, rows: torch.Tensor | None = None, nets: int = 1,
-                   p_zstride: int = 0, x_zstride: int = 0, ddqn: bool = False,
-                   yt: torch.Tensor | None = None, x_tf32: bool = False, w_tf32: bool = False,
-                   out_tf32: bool = False) -> torch.Tensor:
+def linear_forward(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    b: torch.Tensor,
+    g: torch.Tensor,
+    y: torch.Tensor,
+    gain_group: int,
+    relu: bool,
+    *,
+    rows: torch.Tensor | None = None,
+    nets: int = 1,
+    p_zstride: int = 0,
+    x_zstride: int = 0,
+    ddqn: bool = False,
+    yt: torch.Tensor | None = None,
+    x_tf32: bool = False,
+    w_tf32: bool = False,
+    out_tf32: bool = False,
+) -> torch.Tensor:
     """y[z] = act(g[z][n // gain_group] * (x[z] @ w[z]^T) + b[z]) for z < nets, in one launch (TF32 tensor cores).
 
     Args:
@@ -301,8 +463,7 @@ def linear_forward(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, g: torch.T
     dev = w.device
     check_tensor("x", x, dtype=torch.float32, ndim=2, device=dev, contiguous=False)
     if x.shape[1] != k or x.stride(1) != 1:
-        raise ValueError(f"x must be (R, {k}) with unit column stride, got shape {tuple(x.shape)} "
-                         f"stride {x.stride()}")
+        raise ValueError(f"x must be (R, {k}) with unit column stride, got shape {tuple(x.shape)} stride {x.stride()}")
     check_tensor("b", b, dtype=torch.float32, shape=(n,), device=dev)
     if gain_group < 1:
         raise ValueError(f"gain_group must be >= 1, got {gain_group}")
@@ -335,11 +496,34 @@ def linear_forward(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, g: torch.T
     grid = (max(grid_m, 1 if triton.cdiv(n, block_n) * nets > 1 else 2), triton.cdiv(n, block_n), nets)
     kernel = _fwd_ddqn_tf32_gemm_kernel if ddqn else _fwd_online_tf32_gemm_kernel
     rnd = rounds_tf32_operands()
-    kernel[grid](x, rows if rows is not None else x, w, b, g, y, yt if yt is not None else y, m, n, k, x.stride(0),
-                 x_zstride, p_zstride, m * n, gain_group, GATHER=rows is not None, RELU=relu, STORE_T=yt is not None,
-                 ROUND_X=rnd and not x_tf32, ROUND_W=rnd and not w_tf32, ROUND_Y=rnd and out_tf32, BLOCK_M=block_m,
-                 BLOCK_N=block_n, BLOCK_K=_block(k, 32),
-                 num_warps=8 if yt is not None else 4, num_stages=3)
+    kernel[grid](
+        x,
+        rows if rows is not None else x,
+        w,
+        b,
+        g,
+        y,
+        yt if yt is not None else y,
+        m,
+        n,
+        k,
+        x.stride(0),
+        x_zstride,
+        p_zstride,
+        m * n,
+        gain_group,
+        GATHER=rows is not None,
+        RELU=relu,
+        STORE_T=yt is not None,
+        ROUND_X=rnd and not x_tf32,
+        ROUND_W=rnd and not w_tf32,
+        ROUND_Y=rnd and out_tf32,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_K=_block(k, 32),
+        num_warps=8 if yt is not None else 4,
+        num_stages=3,
+    )
     return y
 
 
@@ -347,9 +531,16 @@ MAX_FUSED_K0 = 128
 """Widest input of the layer below whose weight gradient `linear_backward_input` can fuse (one tile of it)."""
 
 
-def linear_backward_input(dy: torch.Tensor, wt: torch.Tensor, x: torch.Tensor, dxt: torch.Tensor | None,
-                          db: torch.Tensor, dx: torch.Tensor | None = None, *,
-                          weight_grad_below: tuple | None = None) -> torch.Tensor | None:
+def linear_backward_input(
+    dy: torch.Tensor,
+    wt: torch.Tensor,
+    x: torch.Tensor,
+    dxt: torch.Tensor | None,
+    db: torch.Tensor,
+    dx: torch.Tensor | None = None,
+    *,
+    weight_grad_below: tuple | None = None,
+) -> torch.Tensor | None:
     """The previous layer's pre-activation gradient dz = (dy @ wt^T) masked to where x > 0, written as dz^T (and dz),
     and its bias gradient db += sum_m dz (split-precision FP32 tensor-core GEMM, both operands K-major).
 
@@ -393,17 +584,36 @@ def linear_backward_input(dy: torch.Tensor, wt: torch.Tensor, x: torch.Tensor, d
     fused = _fused_weight_args(weight_grad_below, k, m, block_k, dev, db)
     grid = (max(triton.cdiv(m, block_m), 2), triton.cdiv(k, block_k))
     out = dxt if dxt is not None else x  # placeholder pointer when nothing of dz^T is stored
-    _bwd_dx_fp32split_gemm_kernel[grid](dy, wt, x, dx if dx is not None else out, out, db, *fused["ptrs"], m, n, k,
-                                        fused["k0"], fused["gain"], STORE_DX=dx is not None,
-                                        FUSE_DW=weight_grad_below is not None, LEARN_GAIN0=fused["learn_gain"],
-                                        GROUPS_PER_TILE=fused["groups"],
-                                        BLOCK_M=block_m, BLOCK_N=_block(n, 32), BLOCK_K=block_k,
-                                        BLOCK_J=fused["block_j"], num_warps=8, num_stages=3)
+    _bwd_dx_fp32split_gemm_kernel[grid](
+        dy,
+        wt,
+        x,
+        dx if dx is not None else out,
+        out,
+        db,
+        *fused["ptrs"],
+        m,
+        n,
+        k,
+        fused["k0"],
+        fused["gain"],
+        STORE_DX=dx is not None,
+        FUSE_DW=weight_grad_below is not None,
+        LEARN_GAIN0=fused["learn_gain"],
+        GROUPS_PER_TILE=fused["groups"],
+        BLOCK_M=block_m,
+        BLOCK_N=_block(n, 32),
+        BLOCK_K=block_k,
+        BLOCK_J=fused["block_j"],
+        num_warps=8,
+        num_stages=3,
+    )
     return dxt
 
 
-def _fused_weight_args(below: tuple | None, k: int, m: int, block_k: int, dev: torch.device,
-                       placeholder: torch.Tensor) -> dict:
+def _fused_weight_args(
+    below: tuple | None, k: int, m: int, block_k: int, dev: torch.device, placeholder: torch.Tensor
+) -> dict:
     """Checked kernel arguments of `linear_backward_input`'s weight_grad_below (placeholders when None)."""
     if below is None:  # never dereferenced (FUSE_DW = False): any float32 tensor
         return dict(ptrs=(placeholder,) * 5, k0=1, gain=1, groups=0, block_j=16, learn_gain=False)
@@ -421,8 +631,14 @@ def _fused_weight_args(below: tuple | None, k: int, m: int, block_k: int, dev: t
         check_tensor(name, t, dtype=torch.float32, shape=shape, device=dev)
     if dg0 is not None:
         check_tensor("dg0", dg0, dtype=torch.float32, shape=(groups,), device=dev)
-    return dict(ptrs=(x0t, w0, g0, dw0, dg0 if dg0 is not None else dw0), k0=k0, gain=gain0,
-                groups=_groups_per_tile(block_k, gain0), block_j=_block(k0, MAX_FUSED_K0), learn_gain=dg0 is not None)
+    return dict(
+        ptrs=(x0t, w0, g0, dw0, dg0 if dg0 is not None else dw0),
+        k0=k0,
+        gain=gain0,
+        groups=_groups_per_tile(block_k, gain0),
+        block_j=_block(k0, MAX_FUSED_K0),
+        learn_gain=dg0 is not None,
+    )
 
 
 def _groups_per_tile(block: int, gain_group: int) -> int:
@@ -432,8 +648,15 @@ def _groups_per_tile(block: int, gain_group: int) -> int:
     return per_tile if per_tile <= 8 else 0
 
 
-def linear_backward_weight(dyt: torch.Tensor, xt: torch.Tensor, w: torch.Tensor, g: torch.Tensor, dw: torch.Tensor,
-                           dg: torch.Tensor | None, gain_group: int) -> None:
+def linear_backward_weight(
+    dyt: torch.Tensor,
+    xt: torch.Tensor,
+    w: torch.Tensor,
+    g: torch.Tensor,
+    dw: torch.Tensor,
+    dg: torch.Tensor | None,
+    gain_group: int,
+) -> None:
     """Accumulate (atomic adds) dw += g * dy^T x and dg[j] += sum over group j's rows of sum(w * dy^T x), from
     dY^T and X^T (both operands K-major: the batch axis contiguous).
 
@@ -468,10 +691,26 @@ def linear_backward_weight(dyt: torch.Tensor, xt: torch.Tensor, w: torch.Tensor,
     rows_per_split = triton.cdiv(triton.cdiv(m, splits), block_m) * block_m
     splits = max(triton.cdiv(m, rows_per_split), 2 if tiles == 1 else 1)  # an idle split rather than one program
     grid = (triton.cdiv(n, block_n), triton.cdiv(k, block_k), splits)
-    _bwd_dw_fp32split_gemm_kernel[grid](dyt, xt, w, g, dw, dg if dg is not None else dw, m, n, k, gain_group,
-                                        rows_per_split, LEARN_GAIN=dg is not None,
-                                        GROUPS_PER_TILE=_groups_per_tile(block_n, gain_group),
-                                        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=8, num_stages=3)
+    _bwd_dw_fp32split_gemm_kernel[grid](
+        dyt,
+        xt,
+        w,
+        g,
+        dw,
+        dg if dg is not None else dw,
+        m,
+        n,
+        k,
+        gain_group,
+        rows_per_split,
+        LEARN_GAIN=dg is not None,
+        GROUPS_PER_TILE=_groups_per_tile(block_n, gain_group),
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        num_warps=8,
+        num_stages=3,
+    )
 
 
 class WeightTranspose:
@@ -498,8 +737,11 @@ class WeightTranspose:
         rows, self.dst_offsets, pos, tiles, self.src_numel = [], [], 0, 0, 0
         for entry in entries:
             w_off, g_off, n, k, gain_group = entry
-            if any(isinstance(v, bool) or not isinstance(v, int) for v in entry) or min(n, k, gain_group) < 1 \
-                    or min(w_off, g_off) < 0:
+            if (
+                any(isinstance(v, bool) or not isinstance(v, int) for v in entry)
+                or min(n, k, gain_group) < 1
+                or min(w_off, g_off) < 0
+            ):
                 raise ValueError(f"WeightTranspose: bad entry {tuple(entry)} (ints; offsets >= 0, sizes >= 1)")
             rows.append((w_off, g_off, n, k, gain_group, pos, tiles))
             self.src_numel = max(self.src_numel, w_off + n * k, g_off + -(-n // gain_group))
@@ -511,7 +753,7 @@ class WeightTranspose:
 
     def views(self, dst: torch.Tensor) -> list[torch.Tensor]:
         """The (2, K, N) split transposed matrices inside `dst` (numel floats; [0] hi, [1] lo), in entry order."""
-        return [dst[o:o + 2 * n * k].view(2, k, n) for o, (n, k) in zip(self.dst_offsets, self.shapes)]
+        return [dst[o : o + 2 * n * k].view(2, k, n) for o, (n, k) in zip(self.dst_offsets, self.shapes)]
 
     def __call__(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """One launch of max(2, tiles) programs; src: the (P,) float32 parameter buffer, dst: (numel,) float32.
@@ -520,12 +762,14 @@ class WeightTranspose:
         if src.shape[0] < self.src_numel:
             raise ValueError(f"src has {src.shape[0]} floats, the table reads up to {self.src_numel}")
         check_tensor("dst", dst, dtype=torch.float32, shape=(self.numel,), device=self.table.device)
-        _bwd_weight_transpose_kernel[(max(2, self.tiles),)](src, dst, self.table, ENTRIES=len(self.dst_offsets),
-                                                            BLOCK=self.BLOCK)
+        _bwd_weight_transpose_kernel[(max(2, self.tiles),)](
+            src, dst, self.table, ENTRIES=len(self.dst_offsets), BLOCK=self.BLOCK
+        )
 
 
-def linear_reference(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, g: torch.Tensor, gain_group: int,
-                     relu: bool) -> torch.Tensor:
+def linear_reference(
+    x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, g: torch.Tensor, gain_group: int, relu: bool
+) -> torch.Tensor:
     """Plain-torch y = act(g[n // gain_group] * (x @ w^T) + b) in x's dtype (use float64 for a reference)."""
     scale = g.repeat_interleave(gain_group)[: w.shape[0]]
     y = (x @ w.T) * scale + b

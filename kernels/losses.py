@@ -11,9 +11,14 @@ import torch
 import torch.nn.functional as F
 
 
-def double_dqn_target(reward: torch.Tensor, terminated: torch.Tensor, gamma: float,
-                      next_q_online: list[torch.Tensor], next_q_target: list[torch.Tensor],
-                      target_max: float = 0.0) -> torch.Tensor:
+def double_dqn_target(
+    reward: torch.Tensor,
+    terminated: torch.Tensor,
+    gamma: float,
+    next_q_online: list[torch.Tensor],
+    next_q_target: list[torch.Tensor],
+    target_max: float = 0.0,
+) -> torch.Tensor:
     """Double DQN target with the branching "mean" operator, optionally clipped from above.
 
     y = min(r + gamma * (1 - terminated) * mean_d Q_d^target(s', argmax_a Q_d^online(s', a)), target_max)
@@ -31,8 +36,7 @@ def double_dqn_target(reward: torch.Tensor, terminated: torch.Tensor, gamma: flo
         target_max: the clip, > 0; 0 (the default) = no clip.
     Returns: (B,) float32 targets, detached.
     """
-    picks = [qt.gather(1, qo.argmax(dim=1, keepdim=True)).squeeze(1)
-             for qo, qt in zip(next_q_online, next_q_target)]
+    picks = [qt.gather(1, qo.argmax(dim=1, keepdim=True)).squeeze(1) for qo, qt in zip(next_q_online, next_q_target)]
     bootstrap = torch.stack(picks, dim=1).mean(dim=1)
     y = reward + gamma * (1.0 - terminated.to(reward.dtype)) * bootstrap
     return (y.clamp(max=target_max) if target_max > 0 else y).detach()
@@ -40,7 +44,7 @@ def double_dqn_target(reward: torch.Tensor, terminated: torch.Tensor, gamma: flo
 
 def chosen_q(q: list[torch.Tensor], action: torch.Tensor) -> torch.Tensor:
     """Q_d(s, a_d) for each branch: q is one (B, n_d) per branch, action (B, D) int64 -> (B, D)."""
-    return torch.stack([qd.gather(1, action[:, d:d + 1]).squeeze(1) for d, qd in enumerate(q)], dim=1)
+    return torch.stack([qd.gather(1, action[:, d : d + 1]).squeeze(1) for d, qd in enumerate(q)], dim=1)
 
 
 def td_loss(td: torch.Tensor, weights: torch.Tensor, kind: str = "huber", delta: float = 1.0) -> torch.Tensor:

@@ -45,8 +45,9 @@ def annealed_beta(counter_ptr, beta_start, beta_end, anneal_steps):
 
 
 @triton.jit
-def _batch_uniforms_kernel(counter_ptr, out_ptr, beta_ptr, seed, n, beta_start, beta_end, anneal_steps,
-                           BLOCK: tl.constexpr):
+def _batch_uniforms_kernel(
+    counter_ptr, out_ptr, beta_ptr, seed, n, beta_start, beta_end, anneal_steps, BLOCK: tl.constexpr
+):
     pid = tl.program_id(0)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     tl.store(out_ptr + offs, counter_uniforms(counter_ptr, seed, offs), mask=offs < n)
@@ -55,9 +56,23 @@ def _batch_uniforms_kernel(counter_ptr, out_ptr, beta_ptr, seed, n, beta_start, 
 
 
 @triton.jit
-def _gather_transitions_kernel(idx_ptr, action_src, reward_src, term_src, obs_src, action_out, reward_out, term_out,
-                               obs_t_out, n, obs_dim, D: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr,
-                               BLOCK_O: tl.constexpr):
+def _gather_transitions_kernel(
+    idx_ptr,
+    action_src,
+    reward_src,
+    term_src,
+    obs_src,
+    action_out,
+    reward_out,
+    term_out,
+    obs_t_out,
+    n,
+    obs_dim,
+    D: tl.constexpr,
+    BLOCK: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_O: tl.constexpr,
+):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     rows = tl.load(idx_ptr + offs, mask=mask, other=0)
@@ -76,8 +91,15 @@ def _gather_transitions_kernel(idx_ptr, action_src, reward_src, term_src, obs_sr
         tl.store(obs_t_out + obs_dim * n + o[None, :] * n + offs[:, None], lo, mask=mo)
 
 
-def batch_uniforms(counter: torch.Tensor, out: torch.Tensor, beta: torch.Tensor, seed: int, beta_start: float,
-                   beta_end: float, anneal_steps: int) -> None:
+def batch_uniforms(
+    counter: torch.Tensor,
+    out: torch.Tensor,
+    beta: torch.Tensor,
+    seed: int,
+    beta_start: float,
+    beta_end: float,
+    anneal_steps: int,
+) -> None:
     """Fill out (B,) float32 with Philox uniforms in [0, 1) keyed by (seed + counter, i), and beta (0-dim float32)
     with beta_start + (beta_end - beta_start) * min(1, counter / anneal_steps); one launch of max(2, ceil(B / 1024))
     programs.
@@ -94,7 +116,8 @@ def batch_uniforms(counter: torch.Tensor, out: torch.Tensor, beta: torch.Tensor,
     _check_anneal_steps(anneal_steps)
     n = out.shape[0]
     _batch_uniforms_kernel[(max(2, triton.cdiv(n, _BLOCK)),)](
-        counter, out, beta, seed, n, float(beta_start), float(beta_end), float(anneal_steps), BLOCK=_BLOCK)
+        counter, out, beta, seed, n, float(beta_start), float(beta_end), float(anneal_steps), BLOCK=_BLOCK
+    )
 
 
 def _check_seed(seed) -> None:
@@ -116,6 +139,7 @@ class CounterUniforms:
     counter: 0-dim int64 device tensor (read on the device only); seed: python int >= 0.
     Raises ValueError (from `check`) for a wrong counter or seed.
     """
+
     counter: torch.Tensor
     seed: int
 
@@ -134,6 +158,7 @@ class AnnealedBeta:
     counter: 0-dim int64 device tensor; start, end: python floats; anneal_steps: a number > 0.
     Raises ValueError (from `check`) for a wrong counter or anneal_steps.
     """
+
     counter: torch.Tensor
     start: float
     end: float
@@ -145,9 +170,17 @@ class AnnealedBeta:
         _check_anneal_steps(self.anneal_steps)
 
 
-def gather_transitions(idx: torch.Tensor, action_src: torch.Tensor, reward_src: torch.Tensor,
-                       term_src: torch.Tensor, obs_src: torch.Tensor, action_out: torch.Tensor,
-                       reward_out: torch.Tensor, term_out: torch.Tensor, obs_t_out: torch.Tensor) -> None:
+def gather_transitions(
+    idx: torch.Tensor,
+    action_src: torch.Tensor,
+    reward_src: torch.Tensor,
+    term_src: torch.Tensor,
+    obs_src: torch.Tensor,
+    action_out: torch.Tensor,
+    reward_out: torch.Tensor,
+    term_out: torch.Tensor,
+    obs_t_out: torch.Tensor,
+) -> None:
     """action_out[b] = action_src[idx[b]] (B, D) int64; reward_out, term_out (B,) float32 likewise; obs_t_out[:, :, b]
     = split_tf32(obs_src[idx[b]]) ((2, obs_dim, B) float32: the observations transposed and split into TF32 parts
     [hi, lo], kernels/tf32_split.py); one launch of max(2, ceil(B / 64)) programs.
@@ -161,19 +194,34 @@ def gather_transitions(idx: torch.Tensor, action_src: torch.Tensor, reward_src: 
     check_tensor("action_src", action_src, dtype=torch.int64, ndim=2, device=dev)
     cap, branches = action_src.shape
     obs_dim = check_tensor("obs_src", obs_src, dtype=torch.float32, ndim=2, device=dev).shape[1]
-    for name, t, dtype, shape in (("reward_src", reward_src, torch.float32, (cap,)),
-                                  ("term_src", term_src, torch.float32, (cap,)),
-                                  ("obs_src", obs_src, torch.float32, (cap, None)),
-                                  ("action_out", action_out, torch.int64, (n, branches)),
-                                  ("reward_out", reward_out, torch.float32, (n,)),
-                                  ("term_out", term_out, torch.float32, (n,)),
-                                  ("obs_t_out", obs_t_out, torch.float32, (2, obs_dim, n))):
+    for name, t, dtype, shape in (
+        ("reward_src", reward_src, torch.float32, (cap,)),
+        ("term_src", term_src, torch.float32, (cap,)),
+        ("obs_src", obs_src, torch.float32, (cap, None)),
+        ("action_out", action_out, torch.int64, (n, branches)),
+        ("reward_out", reward_out, torch.float32, (n,)),
+        ("term_out", term_out, torch.float32, (n,)),
+        ("obs_t_out", obs_t_out, torch.float32, (2, obs_dim, n)),
+    ):
         check_tensor(name, t, dtype=dtype, shape=shape, device=dev)
     block = 64  # 128 programs for a batch of 8192: the observations are most of the bytes
     _gather_transitions_kernel[(max(2, triton.cdiv(n, block)),)](
-        idx, action_src, reward_src, term_src, obs_src, action_out, reward_out, term_out, obs_t_out, n,
-        obs_dim, D=branches, BLOCK=block, BLOCK_D=triton.next_power_of_2(branches),
-        BLOCK_O=min(32, max(16, triton.next_power_of_2(obs_dim))))
+        idx,
+        action_src,
+        reward_src,
+        term_src,
+        obs_src,
+        action_out,
+        reward_out,
+        term_out,
+        obs_t_out,
+        n,
+        obs_dim,
+        D=branches,
+        BLOCK=block,
+        BLOCK_D=triton.next_power_of_2(branches),
+        BLOCK_O=min(32, max(16, triton.next_power_of_2(obs_dim))),
+    )
 
 
 def uniforms_reference(step: int, beta_start: float, beta_end: float, anneal_steps: int) -> float:

@@ -47,8 +47,14 @@ import triton.language as tl
 
 from hotloop.kernels._common import check_tensor, interpreting
 from hotloop.kernels.replay_batch import AnnealedBeta, CounterUniforms, annealed_beta, counter_uniforms
-from hotloop.kernels.sum_tree import (MIN_WEIGHT, PRIORITY_FLOOR, check_floor, importance_weights, positive_min,
-                                      stratified_indices)
+from hotloop.kernels.sum_tree import (
+    MIN_WEIGHT,
+    PRIORITY_FLOOR,
+    check_floor,
+    importance_weights,
+    positive_min,
+    stratified_indices,
+)
 
 TOP_LEVELS = 7  # tree levels 0..6 (nodes 1..127) get block-reduced atomic adds in the update kernel
 REBUILD_LEVELS = 10  # levels per rebuild launch: one program reduces a tile of 2^10 nodes
@@ -90,9 +96,24 @@ def _device_or_int(name: str, value: object, device: torch.device, minimum: int)
 
 
 @triton.jit
-def _tree_update_kernel(nodes_ptr, idx_ptr, val_ptr, n, capacity, start_ptr, start_val, first,
-                        max_ptr, bad_ptr, floor, DEPTH: tl.constexpr, INSERT: tl.constexpr,
-                        START_ON_DEVICE: tl.constexpr, TOP: tl.constexpr, BLOCK: tl.constexpr):
+def _tree_update_kernel(
+    nodes_ptr,
+    idx_ptr,
+    val_ptr,
+    n,
+    capacity,
+    start_ptr,
+    start_val,
+    first,
+    max_ptr,
+    bad_ptr,
+    floor,
+    DEPTH: tl.constexpr,
+    INSERT: tl.constexpr,
+    START_ON_DEVICE: tl.constexpr,
+    TOP: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     pid = tl.program_id(0)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     live = offs < n
@@ -110,8 +131,9 @@ def _tree_update_kernel(nodes_ptr, idx_ptr, val_ptr, n, capacity, start_ptr, sta
         raw = tl.load(val_ptr + offs, mask=live, other=0.0)
         good = (raw >= 0.0) & (raw <= 3.4028234663852886e38)  # excludes NaN, +-inf and negatives
         block_max = tl.max(tl.where(good & live, raw, 0.0), 0)
-        tl.atomic_max(max_ptr.to(tl.pointer_type(tl.int32), bitcast=True), block_max.to(tl.int32, bitcast=True),
-                      sem="relaxed")
+        tl.atomic_max(
+            max_ptr.to(tl.pointer_type(tl.int32), bitcast=True), block_max.to(tl.int32, bitcast=True), sem="relaxed"
+        )
         bad = live & ~good
         n_err = tl.sum(((bad & ok) | (live & ~ok)).to(tl.int64), 0)  # sanitized values + skipped indices
         tl.atomic_add(bad_ptr, n_err, mask=n_err > 0, sem="relaxed")
@@ -125,8 +147,12 @@ def _tree_update_kernel(nodes_ptr, idx_ptr, val_ptr, n, capacity, start_ptr, sta
             value = tl.where(bad, repl, raw)
     value = tl.where(value < floor, floor, value)  # the floor (after the sanitize rule): no written leaf below it
     leaf = slot + (1 << DEPTH)
-    old = tl.atomic_xchg((nodes_ptr + leaf).to(tl.pointer_type(tl.int32), bitcast=True),
-                         value.to(tl.int32, bitcast=True), mask=ok, sem="relaxed")
+    old = tl.atomic_xchg(
+        (nodes_ptr + leaf).to(tl.pointer_type(tl.int32), bitcast=True),
+        value.to(tl.int32, bitcast=True),
+        mask=ok,
+        sem="relaxed",
+    )
     delta = tl.where(ok, value - old.to(tl.float32, bitcast=True), 0.0)
     node = leaf
     # levels DEPTH-1 .. TOP: the deltas of elements that share a node within a window of BLOCK nodes (from the
@@ -139,8 +165,9 @@ def _tree_update_kernel(nodes_ptr, idx_ptr, val_ptr, n, capacity, start_ptr, sta
         window = lowest >> (level + 1)  # the block's smallest node on this level (the shift keeps the order)
         local = node - window
         near = ok & (local < BLOCK)
-        sums = tl.sum(tl.where(near[:, None] & (local[:, None] == tl.arange(0, BLOCK)[None, :]), delta[:, None], 0.0),
-                      0)
+        sums = tl.sum(
+            tl.where(near[:, None] & (local[:, None] == tl.arange(0, BLOCK)[None, :]), delta[:, None], 0.0), 0
+        )
         tl.atomic_add(nodes_ptr + window + tl.arange(0, BLOCK), sums, mask=sums != 0.0, sem="relaxed")
         tl.atomic_add(nodes_ptr + node, delta, mask=ok & ~near, sem="relaxed")
     if TOP > 0:  # levels TOP-1 .. 0: one add per program and node hit, of the block's summed deltas
@@ -154,10 +181,27 @@ def _tree_update_kernel(nodes_ptr, idx_ptr, val_ptr, n, capacity, start_ptr, sta
 
 
 @triton.jit
-def _tree_sample_kernel(nodes_ptr, u_ptr, counter_ptr, seed, idx_out_ptr, p_out_ptr, partial_ptr, batch, batch_f,
-                        capacity, size_ptr, size_val, n_sample_progs, DEPTH: tl.constexpr, GLOBAL: tl.constexpr,
-                        SIZE_ON_DEVICE: tl.constexpr, PHILOX: tl.constexpr, BLOCK: tl.constexpr,
-                        LEAF_BLOCK: tl.constexpr):
+def _tree_sample_kernel(
+    nodes_ptr,
+    u_ptr,
+    counter_ptr,
+    seed,
+    idx_out_ptr,
+    p_out_ptr,
+    partial_ptr,
+    batch,
+    batch_f,
+    capacity,
+    size_ptr,
+    size_val,
+    n_sample_progs,
+    DEPTH: tl.constexpr,
+    GLOBAL: tl.constexpr,
+    SIZE_ON_DEVICE: tl.constexpr,
+    PHILOX: tl.constexpr,
+    BLOCK: tl.constexpr,
+    LEAF_BLOCK: tl.constexpr,
+):
     pid = tl.program_id(0)
     if pid < n_sample_progs:
         offs = pid * BLOCK + tl.arange(0, BLOCK)
@@ -203,9 +247,21 @@ def _tree_sample_kernel(nodes_ptr, u_ptr, counter_ptr, seed, idx_out_ptr, p_out_
 
 
 @triton.jit
-def _tree_weights_kernel(w_ptr, partial_ptr, n_partials, beta_ptr, counter_ptr, beta_start, beta_end, anneal_steps,
-                         batch, ANNEAL: tl.constexpr, BLOCK: tl.constexpr, PBLOCK: tl.constexpr,
-                         MIN_W: tl.constexpr):
+def _tree_weights_kernel(
+    w_ptr,
+    partial_ptr,
+    n_partials,
+    beta_ptr,
+    counter_ptr,
+    beta_start,
+    beta_end,
+    anneal_steps,
+    batch,
+    ANNEAL: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PBLOCK: tl.constexpr,
+    MIN_W: tl.constexpr,
+):
     pid = tl.program_id(0)
     lo = tl.full([PBLOCK], float("inf"), tl.float32)
     for s in range(0, n_partials, PBLOCK):  # every program reduces the (few) partials redundantly
@@ -244,8 +300,15 @@ def _tree_rebuild_kernel(nodes_ptr, in_start, n_sub, LEVELS: tl.constexpr):
         tl.store(nodes_ptr + out_start + sub * x.shape[0] + loc, x, mask=(loc % n_writers) == writer)
 
 
-def tree_update(nodes: torch.Tensor, indices: torch.Tensor, values: torch.Tensor, capacity: int,
-                max_value: torch.Tensor, bad_count: torch.Tensor, floor: float = PRIORITY_FLOOR) -> None:
+def tree_update(
+    nodes: torch.Tensor,
+    indices: torch.Tensor,
+    values: torch.Tensor,
+    capacity: int,
+    max_value: torch.Tensor,
+    bad_count: torch.Tensor,
+    floor: float = PRIORITY_FLOOR,
+) -> None:
     """Set leaf priorities in place and propagate the changes to every ancestor, in one launch.
 
     Args:
@@ -280,21 +343,71 @@ def tree_update(nodes: torch.Tensor, indices: torch.Tensor, values: torch.Tensor
         return
     block = _block()
     _tree_update_kernel[(_grid(n, block),)](
-        nodes, indices, values, n, capacity, nodes, 0, 0, max_value, bad_count, floor,
-        DEPTH=depth, INSERT=False, START_ON_DEVICE=False, TOP=min(TOP_LEVELS, depth), BLOCK=block, num_warps=1)
+        nodes,
+        indices,
+        values,
+        n,
+        capacity,
+        nodes,
+        0,
+        0,
+        max_value,
+        bad_count,
+        floor,
+        DEPTH=depth,
+        INSERT=False,
+        START_ON_DEVICE=False,
+        TOP=min(TOP_LEVELS, depth),
+        BLOCK=block,
+        num_warps=1,
+    )
 
 
 @triton.jit
-def _tree_insert_kernel(nodes_ptr, n, capacity, start_ptr, start_val, first, max_ptr, floor, DEPTH: tl.constexpr,
-                        START_ON_DEVICE: tl.constexpr, TOP: tl.constexpr, BLOCK: tl.constexpr):
+def _tree_insert_kernel(
+    nodes_ptr,
+    n,
+    capacity,
+    start_ptr,
+    start_val,
+    first,
+    max_ptr,
+    floor,
+    DEPTH: tl.constexpr,
+    START_ON_DEVICE: tl.constexpr,
+    TOP: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     """The update kernel's insert path under its own name: the actor's tree insert (kernels/actor_step.py) is told
     apart from the learner's priority update by kernel name in a trace (the gate's phase attribution)."""
-    _tree_update_kernel(nodes_ptr, nodes_ptr, nodes_ptr, n, capacity, start_ptr, start_val, first, max_ptr, max_ptr,
-                        floor, DEPTH, True, START_ON_DEVICE, TOP, BLOCK)
+    _tree_update_kernel(
+        nodes_ptr,
+        nodes_ptr,
+        nodes_ptr,
+        n,
+        capacity,
+        start_ptr,
+        start_val,
+        first,
+        max_ptr,
+        max_ptr,
+        floor,
+        DEPTH,
+        True,
+        START_ON_DEVICE,
+        TOP,
+        BLOCK,
+    )
 
 
-def tree_insert(nodes: torch.Tensor, start_pos: torch.Tensor | int, count: int, capacity: int,
-                max_value: torch.Tensor, floor: float = PRIORITY_FLOOR) -> None:
+def tree_insert(
+    nodes: torch.Tensor,
+    start_pos: torch.Tensor | int,
+    count: int,
+    capacity: int,
+    max_value: torch.Tensor,
+    floor: float = PRIORITY_FLOOR,
+) -> None:
     """Give `count` new ring slots the current max priority (read on the device), in one launch.
 
     As `PrioritizedReplay.add`: the slots are (start_pos + i) % capacity for i in [0, count); when count >
@@ -322,13 +435,33 @@ def tree_insert(nodes: torch.Tensor, start_pos: torch.Tensor | int, count: int, 
         return
     block = _block()
     _tree_insert_kernel[(_grid(kept, block),)](
-        nodes, kept, capacity, nodes if start_t is None else start_t, start_v, count - kept, max_value, floor,
-        DEPTH=depth, START_ON_DEVICE=start_t is not None, TOP=min(TOP_LEVELS, depth), BLOCK=block, num_warps=1)
+        nodes,
+        kept,
+        capacity,
+        nodes if start_t is None else start_t,
+        start_v,
+        count - kept,
+        max_value,
+        floor,
+        DEPTH=depth,
+        START_ON_DEVICE=start_t is not None,
+        TOP=min(TOP_LEVELS, depth),
+        BLOCK=block,
+        num_warps=1,
+    )
 
 
-def tree_sample(nodes: torch.Tensor, capacity: int, size: torch.Tensor | int, batch_size: int,
-                uniforms: torch.Tensor | CounterUniforms, beta: torch.Tensor | AnnealedBeta, out_indices: torch.Tensor,
-                out_weights: torch.Tensor, weight_norm: str = "batch") -> None:
+def tree_sample(
+    nodes: torch.Tensor,
+    capacity: int,
+    size: torch.Tensor | int,
+    batch_size: int,
+    uniforms: torch.Tensor | CounterUniforms,
+    beta: torch.Tensor | AnnealedBeta,
+    out_indices: torch.Tensor,
+    out_weights: torch.Tensor,
+    weight_norm: str = "batch",
+) -> None:
     """Stratified proportional sampling with importance weights, as `PrioritizedReplay.sample` (two launches).
 
     Sample k's mass is (k + u_k) * (root / B) (the stored root, as the reference), and its leaf is found by the
@@ -386,15 +519,43 @@ def tree_sample(nodes: torch.Tensor, capacity: int, size: torch.Tensor | int, ba
     n_partials = n_leaf if weight_norm == "global" else n_sample
     partials = torch.empty(n_partials, dtype=torch.float32, device=nodes.device)
     _tree_sample_kernel[(n_sample + n_leaf,)](
-        nodes, nodes if philox else uniforms, uniforms.counter if philox else out_indices,
-        uniforms.seed if philox else 0, out_indices, out_weights, partials, batch_size, float(batch_size), capacity,
-        nodes if size_t is None else size_t, size_v, n_sample, DEPTH=depth, GLOBAL=weight_norm == "global",
-        SIZE_ON_DEVICE=size_t is not None, PHILOX=philox, BLOCK=block, LEAF_BLOCK=leaf_block, num_warps=1)
+        nodes,
+        nodes if philox else uniforms,
+        uniforms.counter if philox else out_indices,
+        uniforms.seed if philox else 0,
+        out_indices,
+        out_weights,
+        partials,
+        batch_size,
+        float(batch_size),
+        capacity,
+        nodes if size_t is None else size_t,
+        size_v,
+        n_sample,
+        DEPTH=depth,
+        GLOBAL=weight_norm == "global",
+        SIZE_ON_DEVICE=size_t is not None,
+        PHILOX=philox,
+        BLOCK=block,
+        LEAF_BLOCK=leaf_block,
+        num_warps=1,
+    )
     _tree_weights_kernel[(_grid(batch_size, block),)](
-        out_weights, partials, n_partials, nodes if anneal else beta, beta.counter if anneal else out_indices,
-        float(beta.start) if anneal else 0.0, float(beta.end) if anneal else 0.0,
-        float(beta.anneal_steps) if anneal else 1.0, batch_size, ANNEAL=anneal, BLOCK=block, PBLOCK=256,
-        MIN_W=MIN_WEIGHT, num_warps=1)
+        out_weights,
+        partials,
+        n_partials,
+        nodes if anneal else beta,
+        beta.counter if anneal else out_indices,
+        float(beta.start) if anneal else 0.0,
+        float(beta.end) if anneal else 0.0,
+        float(beta.anneal_steps) if anneal else 1.0,
+        batch_size,
+        ANNEAL=anneal,
+        BLOCK=block,
+        PBLOCK=256,
+        MIN_W=MIN_WEIGHT,
+        num_warps=1,
+    )
 
 
 def tree_rebuild(nodes: torch.Tensor) -> None:
@@ -419,13 +580,15 @@ def tree_rebuild(nodes: torch.Tensor) -> None:
     while level > 0:
         levels = min(REBUILD_LEVELS, level)
         n_sub = 1 << (level - levels)
-        _tree_rebuild_kernel[(max(n_sub, 2),)](nodes, 1 << level, n_sub, LEVELS=levels,
-                                               num_warps=4 if levels >= 8 else 1)
+        _tree_rebuild_kernel[(max(n_sub, 2),)](
+            nodes, 1 << level, n_sub, LEVELS=levels, num_warps=4 if levels >= 8 else 1
+        )
         level -= levels
 
 
-def sample_reference(tree, size: int, uniforms: torch.Tensor, beta: float,
-                     weight_norm: str = "batch") -> tuple[torch.Tensor, torch.Tensor]:
+def sample_reference(
+    tree, size: int, uniforms: torch.Tensor, beta: float, weight_norm: str = "batch"
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Plain-torch reference of `tree_sample`: the index and weight lines of `PrioritizedReplay.sample`, with the
     uniforms given instead of drawn (`hotloop.kernels.sum_tree.stratified_indices`, `positive_min`,
     `importance_weights`). `tree` is a `hotloop.kernels.sum_tree.SumTree`, size an int in [1, capacity], uniforms

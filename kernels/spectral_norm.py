@@ -47,8 +47,18 @@ from hotloop.kernels._common import check_tensor
 # Weight shapes (out_features, in_features) of trainer/network.py's BranchingDuelingQNet at seed scale:
 # obs_dim 64, trunk_hidden (512, 256), head_hidden 80, action_nvec (4, 4, 4); module order trunk, value head,
 # branch hidden layers, branch outputs.
-SEED_SHAPES: tuple[tuple[int, int], ...] = ((512, 64), (256, 512), (80, 256), (1, 80), (80, 256), (80, 256),
-                                            (80, 256), (4, 80), (4, 80), (4, 80))
+SEED_SHAPES: tuple[tuple[int, int], ...] = (
+    (512, 64),
+    (256, 512),
+    (80, 256),
+    (1, 80),
+    (80, 256),
+    (80, 256),
+    (80, 256),
+    (4, 80),
+    (4, 80),
+    (4, 80),
+)
 
 
 @triton.jit
@@ -59,16 +69,44 @@ def _slab_sum(base, n_slabs, cols, offs_c, BLOCK_S: tl.constexpr, BLOCK_C: tl.co
     cmask = offs_c < cols
     for s0 in range(0, n_slabs, BLOCK_S):
         s = s0 + offs_s
-        acc += tl.load(base + s[:, None] * cols + offs_c[None, :], mask=(s[:, None] < n_slabs) & cmask[None, :],
-                       other=0.0, volatile=True)
+        acc += tl.load(
+            base + s[:, None] * cols + offs_c[None, :],
+            mask=(s[:, None] < n_slabs) & cmask[None, :],
+            other=0.0,
+            volatile=True,
+        )
     return tl.sum(acc, axis=0)
 
 
 @triton.jit
-def _spectral_norm_kernel(w_ptr, u_ptr, v_ptr, sigma_ptr, slab_mat_ptr, w_off_ptr, rows_ptr, cols_ptr, u_off_ptr,
-                          v_off_ptr, p_off_ptr, slab0_ptr, n_slabs_ptr, part_ptr, nrm_ptr, cnt_ptr, done_ptr,
-                          ticket_ptr, n_iter, n_mats, total_slabs, part_numel, eps,
-                          BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr):
+def _spectral_norm_kernel(
+    w_ptr,
+    u_ptr,
+    v_ptr,
+    sigma_ptr,
+    slab_mat_ptr,
+    w_off_ptr,
+    rows_ptr,
+    cols_ptr,
+    u_off_ptr,
+    v_off_ptr,
+    p_off_ptr,
+    slab0_ptr,
+    n_slabs_ptr,
+    part_ptr,
+    nrm_ptr,
+    cnt_ptr,
+    done_ptr,
+    ticket_ptr,
+    n_iter,
+    n_mats,
+    total_slabs,
+    part_numel,
+    eps,
+    BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
     ticket = tl.atomic_add(ticket_ptr, 1)
     tl.atomic_xchg(ticket_ptr, 0, mask=ticket == (n_iter + 1) * total_slabs - 1)  # last ticket: reset for next call
     stage = ticket // total_slabs
@@ -122,8 +160,9 @@ def _spectral_norm_kernel(w_ptr, u_ptr, v_ptr, sigma_ptr, slab_mat_ptr, w_off_pt
                 vc = _slab_sum(prev_part, n_slabs, cols, offs_c, BLOCK_S, BLOCK_C) / dy / dz
             else:
                 vc = tl.load(v_base + offs_c, mask=cmask, other=0.0)
-            w = tl.load(w_base + offs_r[:, None] * cols + offs_c[None, :], mask=rmask[:, None] & cmask[None, :],
-                        other=0.0)
+            w = tl.load(
+                w_base + offs_r[:, None] * cols + offs_c[None, :], mask=rmask[:, None] & cmask[None, :], other=0.0
+            )
             y += tl.sum(w * vc[None, :], axis=1)
         # the last power stage leaves the unnormalized u (= y) in u; its finalize task divides by dy
         tl.store(u_base + offs_r, y, mask=offs_r < tl.where(stage == n_iter - 1, rows, 0))
@@ -132,8 +171,9 @@ def _spectral_norm_kernel(w_ptr, u_ptr, v_ptr, sigma_ptr, slab_mat_ptr, w_off_pt
         for c0 in range(0, cols, BLOCK_C):
             offs_c = c0 + offs_c0
             cmask = offs_c < cols
-            w = tl.load(w_base + offs_r[:, None] * cols + offs_c[None, :], mask=rmask[:, None] & cmask[None, :],
-                        other=0.0)
+            w = tl.load(
+                w_base + offs_r[:, None] * cols + offs_c[None, :], mask=rmask[:, None] & cmask[None, :], other=0.0
+            )
             tl.store(part + offs_c, tl.sum(w * y[:, None], axis=0), mask=cmask)
         tl.debug_barrier()
         tl.atomic_add(cnt_ptr + cur * n_mats + m, 1, sem="release")
@@ -202,8 +242,7 @@ class SpectralNormTable:
     ticket: torch.Tensor
 
     @classmethod
-    def from_shapes(cls, shapes, device, offsets=None, min_slabs: int = 66,
-                    tile: int = 8192) -> "SpectralNormTable":
+    def from_shapes(cls, shapes, device, offsets=None, min_slabs: int = 66, tile: int = 8192) -> "SpectralNormTable":
         """Build the table for matrices of `shapes` [(rows, cols), ...] (row-major, torch Linear weight layout)
         starting at element `offsets` of params_buf (default: packed back to back from 0), on `device`.
 
@@ -218,15 +257,18 @@ class SpectralNormTable:
         mismatch between shapes and offsets, min_slabs < 1 or a bad tile.
         """
         if min_slabs < 1 or tile < 16 or tile & (tile - 1):
-            raise ValueError(f"SpectralNormTable: need min_slabs >= 1 and tile a power of two >= 16, got "
-                             f"min_slabs={min_slabs}, tile={tile}")
+            raise ValueError(
+                f"SpectralNormTable: need min_slabs >= 1 and tile a power of two >= 16, got "
+                f"min_slabs={min_slabs}, tile={tile}"
+            )
         device = torch.device(device)
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         shapes = tuple((int(r), int(c)) for r, c in shapes)
         if not shapes or any(r < 1 or c < 1 for r, c in shapes):
-            raise ValueError(f"SpectralNormTable: shapes must be a non-empty list of positive (rows, cols), "
-                             f"got {shapes}")
+            raise ValueError(
+                f"SpectralNormTable: shapes must be a non-empty list of positive (rows, cols), got {shapes}"
+            )
         sizes = [r * c for r, c in shapes]
         if offsets is None:
             offsets = tuple(sum(sizes[:i]) for i in range(len(sizes)))
@@ -256,23 +298,40 @@ class SpectralNormTable:
 
         m = len(shapes)
         return cls(
-            shapes=shapes, offsets=offsets, device=device, total_rows=sum(r for r, _ in shapes),
-            total_cols=sum(c for _, c in shapes), required_numel=max(o + n for o, n in zip(offsets, sizes)),
-            n_slabs=sum(counts), part_numel=sum(part_sizes), block_rows=block_rows, block_cols=block_cols,
-            block_slabs=block_slabs, w_offsets=i64(offsets), rows=i64([r for r, _ in shapes]),
-            cols=i64([c for _, c in shapes]), u_offsets=i64(starts([r for r, _ in shapes])),
-            v_offsets=i64(starts([c for _, c in shapes])), part_offsets=i64(starts(part_sizes)),
-            slab_start=i64(starts(counts)), slab_count=i64(counts),
-            slab_matrix=torch.tensor([i for i, n in enumerate(counts) for _ in range(n)], dtype=torch.int32,
-                                     device=device),
-            sigma=zeros(m, torch.float32), partials=zeros(2 * sum(part_sizes), torch.float32),
-            slab_norms=zeros(2 * sum(counts), torch.float32), counters=zeros(2 * m, torch.int32),
-            done=zeros(m, torch.int32), ticket=zeros(1, torch.int32))
+            shapes=shapes,
+            offsets=offsets,
+            device=device,
+            total_rows=sum(r for r, _ in shapes),
+            total_cols=sum(c for _, c in shapes),
+            required_numel=max(o + n for o, n in zip(offsets, sizes)),
+            n_slabs=sum(counts),
+            part_numel=sum(part_sizes),
+            block_rows=block_rows,
+            block_cols=block_cols,
+            block_slabs=block_slabs,
+            w_offsets=i64(offsets),
+            rows=i64([r for r, _ in shapes]),
+            cols=i64([c for _, c in shapes]),
+            u_offsets=i64(starts([r for r, _ in shapes])),
+            v_offsets=i64(starts([c for _, c in shapes])),
+            part_offsets=i64(starts(part_sizes)),
+            slab_start=i64(starts(counts)),
+            slab_count=i64(counts),
+            slab_matrix=torch.tensor(
+                [i for i, n in enumerate(counts) for _ in range(n)], dtype=torch.int32, device=device
+            ),
+            sigma=zeros(m, torch.float32),
+            partials=zeros(2 * sum(part_sizes), torch.float32),
+            slab_norms=zeros(2 * sum(counts), torch.float32),
+            counters=zeros(2 * m, torch.int32),
+            done=zeros(m, torch.int32),
+            ticket=zeros(1, torch.int32),
+        )
 
     def views(self, params_buf: torch.Tensor, u: torch.Tensor, v: torch.Tensor):
         """Split into per-matrix views: ([W_i (rows_i, cols_i)], [u_i (rows_i,)], [v_i (cols_i,)]) sharing storage
         with params_buf (1-D), u (total_rows,) and v (total_cols,)."""
-        mats = [params_buf[o:o + r * c].view(r, c) for (r, c), o in zip(self.shapes, self.offsets)]
+        mats = [params_buf[o : o + r * c].view(r, c) for (r, c), o in zip(self.shapes, self.offsets)]
         return mats, list(u.split([r for r, _ in self.shapes])), list(v.split([c for _, c in self.shapes]))
 
     def new_vectors(self, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -285,8 +344,14 @@ class SpectralNormTable:
         return u, v
 
 
-def spectral_norm_(params_buf: torch.Tensor, table: SpectralNormTable, u: torch.Tensor, v: torch.Tensor,
-                   n_power_iterations: int = 1, eps: float = 1e-12) -> torch.Tensor:
+def spectral_norm_(
+    params_buf: torch.Tensor,
+    table: SpectralNormTable,
+    u: torch.Tensor,
+    v: torch.Tensor,
+    n_power_iterations: int = 1,
+    eps: float = 1e-12,
+) -> torch.Tensor:
     """Spectral-normalize every matrix of `table` in place in `params_buf`; one kernel launch.
 
     params_buf: 1-D fp32 (>= table.required_numel), u: (table.total_rows,) fp32, v: (table.total_cols,) fp32, all
@@ -313,10 +378,33 @@ def spectral_norm_(params_buf: torch.Tensor, table: SpectralNormTable, u: torch.
     n_iter = int(n_power_iterations)
     grid = ((n_iter + 1) * table.n_slabs,)
     _spectral_norm_kernel[grid](
-        params_buf, u, v, table.sigma, table.slab_matrix, table.w_offsets, table.rows, table.cols, table.u_offsets,
-        table.v_offsets, table.part_offsets, table.slab_start, table.slab_count, table.partials, table.slab_norms,
-        table.counters, table.done, table.ticket, n_iter, len(table.shapes), table.n_slabs, table.part_numel,
-        float(eps), BLOCK_R=table.block_rows, BLOCK_C=table.block_cols, BLOCK_S=table.block_slabs)
+        params_buf,
+        u,
+        v,
+        table.sigma,
+        table.slab_matrix,
+        table.w_offsets,
+        table.rows,
+        table.cols,
+        table.u_offsets,
+        table.v_offsets,
+        table.part_offsets,
+        table.slab_start,
+        table.slab_count,
+        table.partials,
+        table.slab_norms,
+        table.counters,
+        table.done,
+        table.ticket,
+        n_iter,
+        len(table.shapes),
+        table.n_slabs,
+        table.part_numel,
+        float(eps),
+        BLOCK_R=table.block_rows,
+        BLOCK_C=table.block_cols,
+        BLOCK_S=table.block_slabs,
+    )
     return table.sigma
 
 

@@ -38,20 +38,48 @@ from hotloop.kernels.losses import chosen_q, cql_term, double_dqn_target, td_los
 METRIC_NAMES = ("objective", "td_loss", "td_abs_mean", "q_mean", "cql")
 """Slots of the `metrics` (5,) tensor, in order."""
 
-_NUM_SLOTS = 8    # partial-row width (power of two >= 4 partial sums)
-_BLOCK_B = 32     # samples per program
-_BLOCK_P = 128    # partial rows summed per step by the last program
+_NUM_SLOTS = 8  # partial-row width (power of two >= 4 partial sums)
+_BLOCK_B = 32  # samples per program
+_BLOCK_P = 128  # partial rows summed per step by the last program
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
 
 
 @triton.jit
-def _td_loss_kernel(q_ptr, qno_ptr, qnt_ptr, action_ptr, reward_ptr, term_ptr, weight_ptr,
-                    target_ptr, td_ptr, per_sample_ptr, prio_ptr, grad_ptr, metrics_ptr, objective_ptr,
-                    partials_ptr, counter_ptr,
-                    B, num_actions, num_programs, gamma, huber_delta, cql_weight, per_eps, per_alpha, inv_bd,
-                    y_max, NUM_BRANCHES: tl.constexpr, HUBER: tl.constexpr, USE_CQL: tl.constexpr,
-                    BLOCK_B: tl.constexpr, BLOCK_A: tl.constexpr, NUM_SLOTS: tl.constexpr,
-                    BLOCK_P: tl.constexpr):
+def _td_loss_kernel(
+    q_ptr,
+    qno_ptr,
+    qnt_ptr,
+    action_ptr,
+    reward_ptr,
+    term_ptr,
+    weight_ptr,
+    target_ptr,
+    td_ptr,
+    per_sample_ptr,
+    prio_ptr,
+    grad_ptr,
+    metrics_ptr,
+    objective_ptr,
+    partials_ptr,
+    counter_ptr,
+    B,
+    num_actions,
+    num_programs,
+    gamma,
+    huber_delta,
+    cql_weight,
+    per_eps,
+    per_alpha,
+    inv_bd,
+    y_max,
+    NUM_BRANCHES: tl.constexpr,
+    HUBER: tl.constexpr,
+    USE_CQL: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    BLOCK_A: tl.constexpr,
+    NUM_SLOTS: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+):
     pid = tl.program_id(0)
     rows = pid * BLOCK_B + tl.arange(0, BLOCK_B)
     cols = tl.arange(0, BLOCK_A)
@@ -117,8 +145,7 @@ def _td_loss_kernel(q_ptr, qno_ptr, qnt_ptr, action_ptr, reward_ptr, term_ptr, w
     p1 = tl.sum(tl.where(row_ok, abs_sum, 0.0), axis=0)
     p2 = tl.sum(tl.where(row_ok, q_sum, 0.0), axis=0)
     p3 = tl.sum(tl.where(row_ok, cql_sum, 0.0), axis=0)
-    part = tl.where(slots == 0, p0, tl.where(slots == 1, p1, tl.where(slots == 2, p2,
-                                                                     tl.where(slots == 3, p3, 0.0))))
+    part = tl.where(slots == 0, p0, tl.where(slots == 1, p1, tl.where(slots == 2, p2, tl.where(slots == 3, p3, 0.0))))
     tl.store(partials_ptr + pid * NUM_SLOTS + slots, part)
     tl.debug_barrier()
     ticket = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu")
@@ -126,16 +153,23 @@ def _td_loss_kernel(q_ptr, qno_ptr, qnt_ptr, action_ptr, reward_ptr, term_ptr, w
         acc = tl.zeros([BLOCK_P, NUM_SLOTS], dtype=tl.float32)
         for start in range(0, num_programs, BLOCK_P):
             prow = start + tl.arange(0, BLOCK_P)
-            acc += tl.load(partials_ptr + prow[:, None] * NUM_SLOTS + slots[None, :],
-                           mask=(prow < num_programs)[:, None], other=0.0, cache_modifier=".cg")
+            acc += tl.load(
+                partials_ptr + prow[:, None] * NUM_SLOTS + slots[None, :],
+                mask=(prow < num_programs)[:, None],
+                other=0.0,
+                cache_modifier=".cg",
+            )
         tot = tl.sum(acc, axis=0) * inv_bd
         loss = tl.sum(tl.where(slots == 0, tot, 0.0), axis=0)
         td_abs_mean = tl.sum(tl.where(slots == 1, tot, 0.0), axis=0)
         q_mean = tl.sum(tl.where(slots == 2, tot, 0.0), axis=0)
         cql = tl.sum(tl.where(slots == 3, tot, 0.0), axis=0)
         objective = loss + cql_weight * cql
-        metric = tl.where(slots == 0, objective, tl.where(slots == 1, loss, tl.where(
-            slots == 2, td_abs_mean, tl.where(slots == 3, q_mean, cql))))
+        metric = tl.where(
+            slots == 0,
+            objective,
+            tl.where(slots == 1, loss, tl.where(slots == 2, td_abs_mean, tl.where(slots == 3, q_mean, cql))),
+        )
         tl.store(metrics_ptr + slots, metric, mask=slots < 5)
         tl.store(objective_ptr, objective)
         tl.atomic_xchg(counter_ptr, 0, sem="acq_rel", scope="gpu")
@@ -168,10 +202,19 @@ class TDLossOutputs(NamedTuple):
     @staticmethod
     def empty(batch: int, branches: int, actions: int, device: torch.device | str) -> TDLossOutputs:
         """Uninitialized float32 output buffers for a (batch, branches, actions) problem on `device`."""
+
         def new(*shape: int) -> torch.Tensor:
             return torch.empty(shape, dtype=torch.float32, device=device)
-        return TDLossOutputs(new(), new(batch), new(batch, branches), new(batch), new(batch), new(len(METRIC_NAMES)),
-                             new(batch, branches, actions))
+
+        return TDLossOutputs(
+            new(),
+            new(batch),
+            new(batch, branches),
+            new(batch),
+            new(batch),
+            new(len(METRIC_NAMES)),
+            new(batch, branches, actions),
+        )
 
 
 class TDLossWorkspace(NamedTuple):
@@ -190,8 +233,10 @@ class TDLossWorkspace(NamedTuple):
     @staticmethod
     def create(batch: int, device: torch.device | str) -> TDLossWorkspace:
         """A workspace for batch size `batch` on `device` (the counter zeroed here, once)."""
-        return TDLossWorkspace(torch.empty(_num_programs(batch), _NUM_SLOTS, dtype=torch.float32, device=device),
-                               torch.zeros(1, dtype=torch.int32, device=device))
+        return TDLossWorkspace(
+            torch.empty(_num_programs(batch), _NUM_SLOTS, dtype=torch.float32, device=device),
+            torch.zeros(1, dtype=torch.int32, device=device),
+        )
 
 
 def _num_programs(batch: int) -> int:
@@ -204,34 +249,58 @@ def _default_workspace(batch: int, device: torch.device) -> TDLossWorkspace:
     counter = _COUNTERS.get(device)
     if counter is None:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise ValueError("fused_td_loss: no counter cached for this device during CUDA-graph capture; call it "
-                             "once before capturing (warm-up) or pass workspace=TDLossWorkspace.create(...)")
+            raise ValueError(
+                "fused_td_loss: no counter cached for this device during CUDA-graph capture; call it "
+                "once before capturing (warm-up) or pass workspace=TDLossWorkspace.create(...)"
+            )
         counter = _COUNTERS[device] = torch.zeros(1, dtype=torch.int32, device=device)
     partials = torch.empty(_num_programs(batch), _NUM_SLOTS, dtype=torch.float32, device=device)
     return TDLossWorkspace(partials, counter)
 
 
-def _check_scalars(gamma: float, kind: str, huber_delta: float, cql_weight: float, per_eps: float,
-                   per_alpha: float, target_max: float = 0.0) -> None:
+def _check_scalars(
+    gamma: float,
+    kind: str,
+    huber_delta: float,
+    cql_weight: float,
+    per_eps: float,
+    per_alpha: float,
+    target_max: float = 0.0,
+) -> None:
     """Raise ValueError naming the first hyper-parameter that is not a finite real number in its range."""
     if kind not in ("huber", "mse"):
         raise ValueError(f"kind must be 'huber' or 'mse', got {kind!r}")
-    checks = (("gamma", gamma, lambda v: 0.0 <= v <= 1.0, "in [0, 1]"),
-              ("huber_delta", huber_delta, lambda v: v > 0.0, "> 0"),
-              ("cql_weight", cql_weight, lambda v: v >= 0.0, ">= 0"),
-              ("per_eps", per_eps, lambda v: v > 0.0, "> 0"),
-              ("per_alpha", per_alpha, lambda v: v >= 0.0, ">= 0"),
-              ("target_max", target_max, lambda v: v >= 0.0, ">= 0 (0: no clip)"))
+    checks = (
+        ("gamma", gamma, lambda v: 0.0 <= v <= 1.0, "in [0, 1]"),
+        ("huber_delta", huber_delta, lambda v: v > 0.0, "> 0"),
+        ("cql_weight", cql_weight, lambda v: v >= 0.0, ">= 0"),
+        ("per_eps", per_eps, lambda v: v > 0.0, "> 0"),
+        ("per_alpha", per_alpha, lambda v: v >= 0.0, ">= 0"),
+        ("target_max", target_max, lambda v: v >= 0.0, ">= 0 (0: no clip)"),
+    )
     for name, value, ok, what in checks:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not ok(value):
             raise ValueError(f"{name} must be a finite number {what}, got {value!r}")
 
 
-def td_loss_forward(q: torch.Tensor, q_next_online: torch.Tensor, q_next_target: torch.Tensor, action: torch.Tensor,
-                    reward: torch.Tensor, terminated: torch.Tensor, weights: torch.Tensor, gamma: float,
-                    kind: str = "huber", huber_delta: float = 1.0, cql_weight: float = 0.0, per_eps: float = 1e-6,
-                    per_alpha: float = 0.6, out: TDLossOutputs | None = None,
-                    workspace: TDLossWorkspace | None = None, target_max: float = 0.0) -> TDLossOutputs:
+def td_loss_forward(
+    q: torch.Tensor,
+    q_next_online: torch.Tensor,
+    q_next_target: torch.Tensor,
+    action: torch.Tensor,
+    reward: torch.Tensor,
+    terminated: torch.Tensor,
+    weights: torch.Tensor,
+    gamma: float,
+    kind: str = "huber",
+    huber_delta: float = 1.0,
+    cql_weight: float = 0.0,
+    per_eps: float = 1e-6,
+    per_alpha: float = 0.6,
+    out: TDLossOutputs | None = None,
+    workspace: TDLossWorkspace | None = None,
+    target_max: float = 0.0,
+) -> TDLossOutputs:
     """Launch the fused TD-loss kernel once (no autograd; `fused_td_loss` is the differentiable entry point).
 
     Args:
@@ -257,16 +326,27 @@ def td_loss_forward(q: torch.Tensor, q_next_online: torch.Tensor, q_next_target:
     if batch < 1 or branches < 1 or actions < 1:
         raise ValueError(f"q must have B, D, A >= 1, got shape {tuple(q.shape)}")
     device = q.device
-    inputs = {"q_next_online": (q_next_online, torch.float32, (batch, branches, actions)),
-              "q_next_target": (q_next_target, torch.float32, (batch, branches, actions)),
-              "action": (action, torch.int64, (batch, branches)), "reward": (reward, torch.float32, (batch,)),
-              "terminated": (terminated, torch.float32, (batch,)), "weights": (weights, torch.float32, (batch,))}
+    inputs = {
+        "q_next_online": (q_next_online, torch.float32, (batch, branches, actions)),
+        "q_next_target": (q_next_target, torch.float32, (batch, branches, actions)),
+        "action": (action, torch.int64, (batch, branches)),
+        "reward": (reward, torch.float32, (batch,)),
+        "terminated": (terminated, torch.float32, (batch,)),
+        "weights": (weights, torch.float32, (batch,)),
+    }
     if out is None:
         out = TDLossOutputs.empty(batch, branches, actions, device)
     if workspace is None:
         workspace = _default_workspace(batch, device)
-    shapes = {"objective": (), "target": (batch,), "td": (batch, branches), "per_sample": (batch,),
-              "priorities": (batch,), "metrics": (len(METRIC_NAMES),), "grad": (batch, branches, actions)}
+    shapes = {
+        "objective": (),
+        "target": (batch,),
+        "td": (batch, branches),
+        "per_sample": (batch,),
+        "priorities": (batch,),
+        "metrics": (len(METRIC_NAMES),),
+        "grad": (batch, branches, actions),
+    }
     inputs.update({f"out.{name}": (t, torch.float32, shapes[name]) for name, t in out._asdict().items()})
     inputs["workspace.partials"] = (workspace.partials, torch.float32, (_num_programs(batch), _NUM_SLOTS))
     inputs["workspace.counter"] = (workspace.counter, torch.int32, (1,))
@@ -277,13 +357,41 @@ def td_loss_forward(q: torch.Tensor, q_next_online: torch.Tensor, q_next_target:
     num_programs = _num_programs(batch)
     block_a = triton.next_power_of_2(actions)
     _td_loss_kernel[(num_programs,)](
-        q, q_next_online, q_next_target, action, reward, terminated, weights,
-        out.target, out.td, out.per_sample, out.priorities, out.grad, out.metrics, out.objective,
-        workspace.partials, workspace.counter,
-        batch, actions, num_programs, float(gamma), float(huber_delta), float(cql_weight), float(per_eps),
-        float(per_alpha), 1.0 / (batch * branches), float(target_max) if target_max > 0 else math.inf,
-        NUM_BRANCHES=branches, HUBER=kind == "huber", USE_CQL=cql_weight > 0, BLOCK_B=_BLOCK_B, BLOCK_A=block_a,
-        NUM_SLOTS=_NUM_SLOTS, BLOCK_P=_BLOCK_P, num_warps=2 if _BLOCK_B * block_a <= 256 else 4)
+        q,
+        q_next_online,
+        q_next_target,
+        action,
+        reward,
+        terminated,
+        weights,
+        out.target,
+        out.td,
+        out.per_sample,
+        out.priorities,
+        out.grad,
+        out.metrics,
+        out.objective,
+        workspace.partials,
+        workspace.counter,
+        batch,
+        actions,
+        num_programs,
+        float(gamma),
+        float(huber_delta),
+        float(cql_weight),
+        float(per_eps),
+        float(per_alpha),
+        1.0 / (batch * branches),
+        float(target_max) if target_max > 0 else math.inf,
+        NUM_BRANCHES=branches,
+        HUBER=kind == "huber",
+        USE_CQL=cql_weight > 0,
+        BLOCK_B=_BLOCK_B,
+        BLOCK_A=block_a,
+        NUM_SLOTS=_NUM_SLOTS,
+        BLOCK_P=_BLOCK_P,
+        num_warps=2 if _BLOCK_B * block_a <= 256 else 4,
+    )
     return out
 
 
@@ -297,10 +405,43 @@ class FusedTDLoss(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, q_next_online, q_next_target, action, reward, terminated, weights, gamma, kind,
-                huber_delta, cql_weight, per_eps, per_alpha, out, workspace, target_max):
-        res = td_loss_forward(q, q_next_online, q_next_target, action, reward, terminated, weights,
-                              gamma, kind, huber_delta, cql_weight, per_eps, per_alpha, out, workspace, target_max)
+    def forward(
+        ctx,
+        q,
+        q_next_online,
+        q_next_target,
+        action,
+        reward,
+        terminated,
+        weights,
+        gamma,
+        kind,
+        huber_delta,
+        cql_weight,
+        per_eps,
+        per_alpha,
+        out,
+        workspace,
+        target_max,
+    ):
+        res = td_loss_forward(
+            q,
+            q_next_online,
+            q_next_target,
+            action,
+            reward,
+            terminated,
+            weights,
+            gamma,
+            kind,
+            huber_delta,
+            cql_weight,
+            per_eps,
+            per_alpha,
+            out,
+            workspace,
+            target_max,
+        )
         ctx.save_for_backward(res.grad)
         ctx.mark_non_differentiable(*res[1:])
         return tuple(res)
@@ -311,24 +452,66 @@ class FusedTDLoss(torch.autograd.Function):
         return (grad * grad_objective,) + (None,) * 15
 
 
-def fused_td_loss(q: torch.Tensor, q_next_online: torch.Tensor, q_next_target: torch.Tensor, action: torch.Tensor,
-                  reward: torch.Tensor, terminated: torch.Tensor, weights: torch.Tensor, gamma: float,
-                  kind: str = "huber", huber_delta: float = 1.0, cql_weight: float = 0.0, per_eps: float = 1e-6,
-                  per_alpha: float = 0.6, out: TDLossOutputs | None = None,
-                  workspace: TDLossWorkspace | None = None, target_max: float = 0.0) -> TDLossOutputs:
+def fused_td_loss(
+    q: torch.Tensor,
+    q_next_online: torch.Tensor,
+    q_next_target: torch.Tensor,
+    action: torch.Tensor,
+    reward: torch.Tensor,
+    terminated: torch.Tensor,
+    weights: torch.Tensor,
+    gamma: float,
+    kind: str = "huber",
+    huber_delta: float = 1.0,
+    cql_weight: float = 0.0,
+    per_eps: float = 1e-6,
+    per_alpha: float = 0.6,
+    out: TDLossOutputs | None = None,
+    workspace: TDLossWorkspace | None = None,
+    target_max: float = 0.0,
+) -> TDLossOutputs:
     """Differentiable fused Double-DQN TD loss (+ CQL): `res.objective.backward()` writes dObjective/dq into q's
     graph. Arguments, shapes and errors as `td_loss_forward`; the returned tensors are detached except
     `objective`. The saved gradient lives in `res.grad`; with reused `out` buffers, call backward before the next
     call overwrites them."""
-    return TDLossOutputs(*FusedTDLoss.apply(q, q_next_online, q_next_target, action, reward, terminated, weights,
-                                            gamma, kind, huber_delta, cql_weight, per_eps, per_alpha, out,
-                                            workspace, target_max))
+    return TDLossOutputs(
+        *FusedTDLoss.apply(
+            q,
+            q_next_online,
+            q_next_target,
+            action,
+            reward,
+            terminated,
+            weights,
+            gamma,
+            kind,
+            huber_delta,
+            cql_weight,
+            per_eps,
+            per_alpha,
+            out,
+            workspace,
+            target_max,
+        )
+    )
 
 
-def td_loss_reference(q: torch.Tensor, q_next_online: torch.Tensor, q_next_target: torch.Tensor,
-                      action: torch.Tensor, reward: torch.Tensor, terminated: torch.Tensor, weights: torch.Tensor,
-                      gamma: float, kind: str = "huber", huber_delta: float = 1.0, cql_weight: float = 0.0,
-                      per_eps: float = 1e-6, per_alpha: float = 0.6, target_max: float = 0.0) -> TDLossOutputs:
+def td_loss_reference(
+    q: torch.Tensor,
+    q_next_online: torch.Tensor,
+    q_next_target: torch.Tensor,
+    action: torch.Tensor,
+    reward: torch.Tensor,
+    terminated: torch.Tensor,
+    weights: torch.Tensor,
+    gamma: float,
+    kind: str = "huber",
+    huber_delta: float = 1.0,
+    cql_weight: float = 0.0,
+    per_eps: float = 1e-6,
+    per_alpha: float = 0.6,
+    target_max: float = 0.0,
+) -> TDLossOutputs:
     """Plain-torch reference built from kernels/losses.py, as trainer/learner.py combines them; any float dtype and
     device (tests upcast to float64). Same shapes as `td_loss_forward`; `objective` is differentiable w.r.t. q
     (call backward for the gradient), `grad` is None. Raises ValueError for an unknown kind (from td_loss)."""

@@ -42,6 +42,7 @@ def tf32_hi_lo(x):
 def split_tf32(t: torch.Tensor) -> torch.Tensor:
     """Plain-torch (2, *t.shape) float32 [hi, lo] of t (taken as float32), as the kernels write it with `tf32_rna`;
     hi + lo is t within ~2^-22 relative."""
+
     def rna(x: torch.Tensor) -> torch.Tensor:
         bits = x.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
         r = ((bits + 0x1000) & 0xFFFFE000).to(torch.uint32).view(torch.int32).view(torch.float32)
@@ -78,6 +79,7 @@ def tf32_round_copy(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
     if dst.data_ptr() == src.data_ptr() and src.numel():
         raise ValueError("dst must not be src: tf32_round_copy writes a copy (the source stays FP32)")
     n = src.numel()
-    _fwd_weights_rna_kernel[(max(2, triton.cdiv(n, _ROUND_BLOCK)),)](src, dst, n, ROUND=rounds_tf32_operands(),
-                                                                    BLOCK=_ROUND_BLOCK)
+    _fwd_weights_rna_kernel[(max(2, triton.cdiv(n, _ROUND_BLOCK)),)](
+        src, dst, n, ROUND=rounds_tf32_operands(), BLOCK=_ROUND_BLOCK
+    )
     return dst

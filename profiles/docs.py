@@ -27,8 +27,10 @@ def doc_path(name: str) -> Path:
     for folder in folders:
         if (folder / name).is_file():
             return folder / name
-    raise ValueError(f"doc {name!r} is not installed with hotloop ({DOCS_PACKAGE} holds docs/*.md; "
-                     f"looked in {', '.join(map(str, folders)) or 'no folder'})")
+    raise ValueError(
+        f"doc {name!r} is not installed with hotloop ({DOCS_PACKAGE} holds docs/*.md; "
+        f"looked in {', '.join(map(str, folders)) or 'no folder'})"
+    )
 
 
 def doc_ref(name: str, cwd: Path | None = None) -> str:

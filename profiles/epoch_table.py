@@ -26,10 +26,19 @@ import pandas as pd
 
 from hotloop.profiles.durable_files import fsync_dir
 
-EPOCH_COLUMNS = ["epoch", "learner_steps", "env_steps", "wall_s", "learner_steps_per_s", "env_steps_per_s",
-                 "loss", "q_mean", "mean_return_100", "epsilon"]
-TELEMETRY_COLUMNS = ["sm_clock_mhz", "mem_clock_mhz", "power_w", "temp_c", "clocks_event_reasons",
-                     "gpu_mem_used_gib"]
+EPOCH_COLUMNS = [
+    "epoch",
+    "learner_steps",
+    "env_steps",
+    "wall_s",
+    "learner_steps_per_s",
+    "env_steps_per_s",
+    "loss",
+    "q_mean",
+    "mean_return_100",
+    "epsilon",
+]
+TELEMETRY_COLUMNS = ["sm_clock_mhz", "mem_clock_mhz", "power_w", "temp_c", "clocks_event_reasons", "gpu_mem_used_gib"]
 OPTIONAL_COLUMNS = ["gpu_ms_per_step", "kernels_per_step", "syncs_per_step", *TELEMETRY_COLUMNS]
 TEXT_COLUMNS = ("clocks_event_reasons",)
 """The per-epoch columns that hold text; every other column a run writes holds numbers."""
@@ -76,7 +85,7 @@ def check_epoch_rows(df: pd.DataFrame, path: str | Path) -> pd.DataFrame:
         problem = None
         if col in INTEGER_COLUMNS:
             low = 1 if col == "epoch" else 0
-            whole = values.isna() | ((values == values.round()) & (values >= low) & values.abs().lt(2 ** 53))
+            whole = values.isna() | ((values == values.round()) & (values >= low) & values.abs().lt(2**53))
         else:
             whole = pd.Series(True, index=values.index)
         bad = (raw.notna() & values.isna()) | ~whole | (values.isna() if col in _REQUIRED else False)
@@ -90,8 +99,10 @@ def check_epoch_rows(df: pd.DataFrame, path: str | Path) -> pd.DataFrame:
                 problem = f"{value!r} is not a number"
             else:
                 problem = f"{value!r} is not a whole number >= {1 if col == 'epoch' else 0}"
-            raise ValueError(f"{path}: row {row + 1}, field {col!r}: {problem}; the file was changed or damaged: "
-                             f"restore it or start a new run")
+            raise ValueError(
+                f"{path}: row {row + 1}, field {col!r}: {problem}; the file was changed or damaged: "
+                f"restore it or start a new run"
+            )
         df[col] = values.astype("int64") if col in INTEGER_COLUMNS and values.notna().all() else values
     return df
 
@@ -104,8 +115,12 @@ def solved_at(df: pd.DataFrame, threshold: float = 475.0) -> dict[str, float] | 
     if len(hit) == 0:
         return None
     upto = df.loc[: hit[0]]
-    return {"epoch": int(upto.epoch.iloc[-1]), "learner_steps": int(upto.learner_steps.sum()),
-            "env_steps": int(upto.env_steps.sum()), "wall_s": float(upto.wall_s.sum())}
+    return {
+        "epoch": int(upto.epoch.iloc[-1]),
+        "learner_steps": int(upto.learner_steps.sum()),
+        "env_steps": int(upto.env_steps.sum()),
+        "wall_s": float(upto.wall_s.sum()),
+    }
 
 
 def new_run_dir(root: str | Path = "runs", prefix: str = "") -> Path:

@@ -33,8 +33,13 @@ MAX_TABLE_BYTES = 128 * MiB
 """Cap of a run folder's per-epoch table (epochs.csv): about 2 kB per epoch (a 200-epoch run's is 418 kB), so
 about 60,000 epochs."""
 
-_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
-          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+_KINDS = (
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
 
 
 class InputFileError(ValueError):
@@ -48,8 +53,9 @@ class InputFileError(ValueError):
 
 def file_kind(mode: int) -> str:
     """What a file of st_mode `mode` is, in words ("a FIFO (named pipe)", "a folder", ...; "a regular file")."""
-    return next((name for test, name in _KINDS if test(mode)), "a regular file" if stat.S_ISREG(mode)
-                else "not a regular file")
+    return next(
+        (name for test, name in _KINDS if test(mode)), "a regular file" if stat.S_ISREG(mode) else "not a regular file"
+    )
 
 
 def format_bytes(n: int) -> str:
@@ -110,8 +116,10 @@ def _not_regular(kind: str, what: str) -> str:
 
 
 def _too_large(size: str, what: str, max_bytes: int) -> str:
-    return (f"{size} than the {format_bytes(max_bytes)} a {what} may have (hotloop's cap on what it reads into "
-            f"memory): not a {what}?")
+    return (
+        f"{size} than the {format_bytes(max_bytes)} a {what} may have (hotloop's cap on what it reads into "
+        f"memory): not a {what}?"
+    )
 
 
 def is_regular_file(path: str | os.PathLike) -> bool:

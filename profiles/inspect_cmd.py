@@ -24,12 +24,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from hotloop.profiles.trace_anomalies import describe_anomalies
-from hotloop.profiles.trace_counts import COUNT_COLUMNS
 from hotloop.profiles.epoch_table import format_table
 from hotloop.profiles.input_files import InputFileError, open_input
 from hotloop.profiles.kineto_reader import iter_kineto, read_kineto
 from hotloop.profiles.nsight_reader import SQLITE_MAGIC, read_nsight_sqlite
+from hotloop.profiles.trace_anomalies import describe_anomalies
+from hotloop.profiles.trace_counts import COUNT_COLUMNS
 from hotloop.profiles.trace_schema import TraceReadError
 from hotloop.profiles.trace_stream import TraceCounts, count_frames
 
@@ -57,8 +57,11 @@ def _is_sqlite(path: str | Path) -> bool:
     except OSError as exc:
         raise TraceReadError(path, f"cannot read: {exc.strerror or exc}") from None
     if not is_sqlite and Path(path).suffix in (".sqlite", ".db"):
-        raise TraceReadError(path, "named like an Nsight SQLite export but has no SQLite header (empty or not a "
-                                   "database); export one with `nsys export --type sqlite`")
+        raise TraceReadError(
+            path,
+            "named like an Nsight SQLite export but has no SQLite header (empty or not a "
+            "database); export one with `nsys export --type sqlite`",
+        )
     return is_sqlite
 
 
@@ -124,8 +127,9 @@ def stdout_to_devnull() -> None:
 
 def step_records(steps: pd.DataFrame) -> list[dict]:
     """Per-step counts as JSON-ready dicts (numpy scalars turned into Python numbers), one per step row."""
-    return [{k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()}
-            for row in steps.to_dict(orient="records")]
+    return [
+        {k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()} for row in steps.to_dict(orient="records")
+    ]
 
 
 class StepRecords:
@@ -140,7 +144,7 @@ class StepRecords:
 
     def __iter__(self) -> Iterator[dict]:
         for i in range(0, len(self.steps), self.chunk):
-            yield from step_records(self.steps.iloc[i: i + self.chunk])
+            yield from step_records(self.steps.iloc[i : i + self.chunk])
 
 
 def write_json(obj, write, level: int = 0) -> None:
@@ -176,8 +180,9 @@ def format_file(path: str, n_events: int, totals: dict, steps: pd.DataFrame) -> 
     return "".join(format_file_parts(path, n_events, totals, steps))
 
 
-def format_file_parts(path: str, n_events: int, totals: dict, steps: pd.DataFrame, chunk: int = TABLE_CHUNK
-                      ) -> Iterator[str]:
+def format_file_parts(
+    path: str, n_events: int, totals: dict, steps: pd.DataFrame, chunk: int = TABLE_CHUNK
+) -> Iterator[str]:
     """`format_file`'s text in pieces (joined, they are it): the per-step table `chunk` rows at a time
     (`table_parts`), so that printing the table of a 100k-step trace never holds pandas' formatting of all of it."""
     rows = [(col, totals[col]) for col in COUNT_COLUMNS]
@@ -199,8 +204,10 @@ def format_file_parts(path: str, n_events: int, totals: dict, steps: pd.DataFram
     if len(notes):
         named = " | ".join(f"step {int(r.step)}: {r.anomaly}" for r in notes.iloc[:STEP_NOTES].itertuples())
         more = len(notes) - STEP_NOTES
-        yield (f"\nsteps with anomalies ({len(notes)}; their timing is not comparable): {named}"
-               + (f" | +{more} more" if more > 0 else ""))
+        yield (
+            f"\nsteps with anomalies ({len(notes)}; their timing is not comparable): {named}"
+            + (f" | +{more} more" if more > 0 else "")
+        )
     yield "\n"
 
 
@@ -219,9 +226,9 @@ def table_parts(df: pd.DataFrame, chunk: int = TABLE_CHUNK) -> Iterator[str]:
     df = df.dropna(axis=1, how="all")
     widths = dict.fromkeys(df.columns, 0)
     for i in range(0, len(df), chunk):
-        part = df.iloc[i: i + chunk]
+        part = df.iloc[i : i + chunk]
         for col in df.columns:
             text = part[[col]].to_string(index=False, float_format=_float_text)
             widths[col] = max(widths[col], max(map(len, text.split("\n"))))
     for i in range(0, len(df), chunk):
-        yield df.iloc[i: i + chunk].to_string(index=False, header=i == 0, float_format=_float_text, col_space=widths)
+        yield df.iloc[i : i + chunk].to_string(index=False, header=i == 0, float_format=_float_text, col_space=widths)

@@ -43,15 +43,35 @@ NO_TEXT = "not available (no {source} text)"
 """A CompiledKernel without the asked text (e.g. no "ptx" on a non-NVIDIA backend, or no disassembler for "sass")."""
 
 STEP_GEMM_KERNELS = {
-    "hotloop.kernels.linear": ("_fwd_online_tf32_gemm_kernel", "_fwd_ddqn_tf32_gemm_kernel",
-                               "_bwd_dx_fp32split_gemm_kernel", "_bwd_dw_fp32split_gemm_kernel"),
+    "hotloop.kernels.linear": (
+        "_fwd_online_tf32_gemm_kernel",
+        "_fwd_ddqn_tf32_gemm_kernel",
+        "_bwd_dx_fp32split_gemm_kernel",
+        "_bwd_dw_fp32split_gemm_kernel",
+    ),
     "hotloop.kernels.heads": ("_heads_online_tf32_kernel", "_heads_ddqn_tf32_kernel", "_heads_bwd_fp32_kernel"),
 }
 """Module -> the jit functions of the learner step's GEMMs (forward: TF32 MMAs; backward: 3xTF32 MMAs, or FP32
 FMAs for the heads' backward; kernels/linear.py, kernels/heads.py)."""
 
-_TYPES = {"f16", "bf16", "tf32", "f32", "f64", "e4m3", "e5m2", "e2m1", "e3m2", "e2m3", "s8", "u8", "s4", "u4", "b1",
-          "s32"}
+_TYPES = {
+    "f16",
+    "bf16",
+    "tf32",
+    "f32",
+    "f64",
+    "e4m3",
+    "e5m2",
+    "e2m1",
+    "e3m2",
+    "e2m3",
+    "s8",
+    "u8",
+    "s4",
+    "u4",
+    "b1",
+    "s32",
+}
 _PTX_MMA = re.compile(r"\b(wgmma\.mma_async|mma\.sync)((?:\.[A-Za-z0-9_]+)+)")
 _PTX_FMA = re.compile(r"\bfma\.rn(?:\.ftz)?(?:\.sat)?\.f32\b")
 _PTX_CVT_TF32 = re.compile(r"\bcvt\.rna?(?:\.satfinite)?\.tf32\.f32\b")
@@ -103,8 +123,12 @@ def count_text(text: str, source: str | None = None) -> dict[str, int]:
 
 def _unwrap(fn: object) -> object:
     """The jit function under triton.autotune / triton.heuristics wrappers (their `.fn`)."""
-    while not hasattr(fn, "device_caches") and not hasattr(fn, "cache") and hasattr(fn, "fn") \
-            and type(fn).__name__ != "InterpretedFunction":
+    while (
+        not hasattr(fn, "device_caches")
+        and not hasattr(fn, "cache")
+        and hasattr(fn, "fn")
+        and type(fn).__name__ != "InterpretedFunction"
+    ):
         fn = fn.fn
     return fn
 
@@ -161,8 +185,9 @@ def mma_counts(kernel: object, source: str = "ptx") -> dict[str, int] | str:
         return NO_TEXT.format(source=source) if text is None else count_text(text, source)
     inner = _unwrap(kernel)
     if not (_is_interpreted(inner) or hasattr(inner, "device_caches") or hasattr(inner, "cache")):
-        raise ValueError(f"mma_counts needs PTX/SASS text, a CompiledKernel or a jit function, got "
-                         f"{type(kernel).__name__}")
+        raise ValueError(
+            f"mma_counts needs PTX/SASS text, a CompiledKernel or a jit function, got {type(kernel).__name__}"
+        )
     kernels = compiled_kernels(kernel)
     if isinstance(kernels, str):
         return kernels
@@ -213,8 +238,14 @@ def kernel_summary(fns: Mapping[str, object] | None = None, source: str = "ptx")
                 rows = counts
                 break
             meta = getattr(k, "metadata", None)
-            rows.append({**counts, "num_warps": getattr(meta, "num_warps", None),
-                         "num_stages": getattr(meta, "num_stages", None), "constexprs": _constexprs(k)})
+            rows.append(
+                {
+                    **counts,
+                    "num_warps": getattr(meta, "num_warps", None),
+                    "num_stages": getattr(meta, "num_stages", None),
+                    "constexprs": _constexprs(k),
+                }
+            )
         out[name] = rows
     return out
 
@@ -229,12 +260,16 @@ def summary_lines(summary: Mapping[str, list[dict] | str]) -> list[str]:
             lines.append(f"{name}: {rows}")
             continue
         for row in rows:
-            tile = ", ".join(f"{k}={v}" for k, v in row.get("constexprs", {}).items()
-                             if k.startswith("BLOCK") or isinstance(v, str))  # tiles, and e.g. PRECISION=tf32
+            tile = ", ".join(
+                f"{k}={v}" for k, v in row.get("constexprs", {}).items() if k.startswith("BLOCK") or isinstance(v, str)
+            )  # tiles, and e.g. PRECISION=tf32
             warps = f"{row['num_warps']} warps" if row.get("num_warps") is not None else ""
             where = " [" + ", ".join(x for x in (tile, warps) if x) + "]" if tile or warps else ""
-            counts = " ".join(f"{k}={v}" for k, v in row.items()
-                              if k not in ("num_warps", "num_stages", "constexprs") and (v or k in ("mma", "tf32_mma")))
+            counts = " ".join(
+                f"{k}={v}"
+                for k, v in row.items()
+                if k not in ("num_warps", "num_stages", "constexprs") and (v or k in ("mma", "tf32_mma"))
+            )
             lines.append(f"{name}{where}: {counts}")
     return lines
 
@@ -243,5 +278,8 @@ def step_gemm_kernels() -> dict[str, object]:
     """{name: jit function} of STEP_GEMM_KERNELS (importing their modules)."""
     import importlib
 
-    return {name: getattr(importlib.import_module(module), name)
-            for module, names in STEP_GEMM_KERNELS.items() for name in names}
+    return {
+        name: getattr(importlib.import_module(module), name)
+        for module, names in STEP_GEMM_KERNELS.items()
+        for name in names
+    }

@@ -56,8 +56,13 @@ and the dicts dropped; the fast path's batch is the events of one window (~2 MB 
 _MAX_SLICE_FAILURES = 4
 """Failed whole-slice decodes after which a file is decoded one event at a time only."""
 CATEGORY_KINDS = {
-    "kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset", "cuda_runtime": "runtime",
-    "cuda_driver": "driver", "gpu_user_annotation": "annotation", "cpu_op": "cpu_op",
+    "kernel": "kernel",
+    "gpu_memcpy": "memcpy",
+    "gpu_memset": "memset",
+    "cuda_runtime": "runtime",
+    "cuda_driver": "driver",
+    "gpu_user_annotation": "annotation",
+    "cpu_op": "cpu_op",
     "user_annotation": "user_annotation",
 }
 _KIND_CODE = {k: i for i, k in enumerate(KINDS)}
@@ -85,8 +90,9 @@ _ID_TYPES = {int, str}
 _BYTES_TYPES = {int, float, _NONE}
 
 
-def read_kineto(path: str | Path, *, max_json_bytes: int | None = None, kinds: Iterable[str] | None = None
-                ) -> pd.DataFrame:
+def read_kineto(
+    path: str | Path, *, max_json_bytes: int | None = None, kinds: Iterable[str] | None = None
+) -> pd.DataFrame:
     """The complete ("ph": "X") events of a Kineto trace as a DataFrame in the `hotloop.profiles.trace_schema` schema.
 
     `path`: a .json file, plain or gzip-compressed (detected by its magic bytes, whatever the suffix:
@@ -126,8 +132,13 @@ def read_kineto(path: str | Path, *, max_json_bytes: int | None = None, kinds: I
         return cols.frame()
 
 
-def iter_kineto(path: str | Path, *, batch_events: int = 1 << 18, max_json_bytes: int | None = None,
-                kinds: Iterable[str] | None = None) -> Iterator[pd.DataFrame]:
+def iter_kineto(
+    path: str | Path,
+    *,
+    batch_events: int = 1 << 18,
+    max_json_bytes: int | None = None,
+    kinds: Iterable[str] | None = None,
+) -> Iterator[pd.DataFrame]:
     """The "X" events of a Kineto trace as a sequence of schema DataFrames, each for a run of consecutive
     traceEvents entries, in file order: memory stays bounded (one frame) whatever the file size.
 
@@ -231,9 +242,13 @@ class _Reader:
     def __exit__(self, *exc) -> None:
         self.close()
         if exc[0] is None and self.lenient:
-            warnings.warn(f"{self.path}: {len(self.lenient)} JSON value(s) hold raw control characters inside "
-                          f"strings (first at line {self.lenient[0]}); read leniently, taking the characters as "
-                          "written", TraceReadWarning, stacklevel=3)
+            warnings.warn(
+                f"{self.path}: {len(self.lenient)} JSON value(s) hold raw control characters inside "
+                f"strings (first at line {self.lenient[0]}); read leniently, taking the characters as "
+                "written",
+                TraceReadWarning,
+                stacklevel=3,
+            )
 
     def close(self) -> None:
         if self.stream is not None and self.stream is not self.raw:
@@ -264,8 +279,11 @@ class _Reader:
         except OSError as exc:
             raise TraceReadError(self.path, f"cannot read: {exc.strerror or exc}") from None
         if self.limit is not None and self.nbytes + len(data) > self.limit:
-            raise TraceReadError(self.path, f"JSON larger than max_json_bytes={self.limit} bytes (the cap this "
-                                            "call set; leave it out to read the file whatever its size)")
+            raise TraceReadError(
+                self.path,
+                f"JSON larger than max_json_bytes={self.limit} bytes (the cap this "
+                "call set; leave it out to read the file whatever its size)",
+            )
         if self.first and data.startswith(codecs.BOM_UTF8):
             data = data[3:]
             self.nbytes += 3
@@ -273,8 +291,9 @@ class _Reader:
         try:
             new = self.utf8.decode(data, final=not data)
         except UnicodeDecodeError as exc:
-            raise TraceReadError(self.path, f"not UTF-8 text (byte {self.nbytes - held + exc.start}): not a "
-                                            "Kineto JSON trace") from None
+            raise TraceReadError(
+                self.path, f"not UTF-8 text (byte {self.nbytes - held + exc.start}): not a Kineto JSON trace"
+            ) from None
         self.first = False
         self.nbytes += len(data)
         self.eof = not data
@@ -316,13 +335,17 @@ class _Reader:
                     continue
                 raise self._invalid(exc.pos, exc.msg) from None
             except RecursionError:
-                raise TraceReadError(self.path, f"{what} at {self._where(pos)}: JSON nested too deeply for the "
-                                                "decoder (deeper than Python's recursion limit)") from None
+                raise TraceReadError(
+                    self.path,
+                    f"{what} at {self._where(pos)}: JSON nested too deeply for the "
+                    "decoder (deeper than Python's recursion limit)",
+                ) from None
             except ValueError as exc:  # int() of a number over sys.get_int_max_str_digits() digits
                 m = re.compile(rf"\d{{{sys.get_int_max_str_digits() + 1},}}").search(text, pos)
                 at = self._where(m.start()) if m else self._where(pos)
-                raise TraceReadError(self.path, f"{what}: a number at {at} has more digits than Python reads "
-                                                f"as an int ({exc})") from None
+                raise TraceReadError(
+                    self.path, f"{what}: a number at {at} has more digits than Python reads as an int ({exc})"
+                ) from None
             if end >= len(text) and not self.eof:  # a number or literal may go on past the window
                 text, pos = self._refill(pos)
                 continue
@@ -355,8 +378,11 @@ class _Reader:
         if pos >= len(self.text):
             raise self._invalid(pos, "unexpected end of data (empty file)")
         if self.text[pos] != "{":
-            raise TraceReadError(self.path, "does not start with '{': a Kineto (torch.profiler) trace is one JSON "
-                                            'object {"traceEvents": [...], ...}')
+            raise TraceReadError(
+                self.path,
+                "does not start with '{': a Kineto (torch.profiler) trace is one JSON "
+                'object {"traceEvents": [...], ...}',
+            )
         pos += 1
         found = False
         count = 0  # traceEvents entries so far (a second "traceEvents" key goes on counting)
@@ -385,8 +411,10 @@ class _Reader:
         if pos < len(self.text):
             raise TraceReadError(self.path, f"invalid JSON at {where}: extra data after the top-level object")
         if not found:
-            raise TraceReadError(self.path, 'no "traceEvents" list at the top level: not a Kineto (torch.profiler) '
-                                            "Chrome-trace JSON object")
+            raise TraceReadError(
+                self.path,
+                'no "traceEvents" list at the top level: not a Kineto (torch.profiler) Chrome-trace JSON object',
+            )
 
     def _array(self, pos: int, size: int, first: int) -> Iterator[tuple[int, list, int]]:
         """After the "[" of traceEvents: yield (index of the first, events, position after them) until the array
@@ -516,7 +544,7 @@ class _Growable:
             grown = np.empty(max(end, 2 * len(self.buf)), self.buf.dtype)
             grown[: self.n] = self.buf[: self.n]
             self.buf = grown
-        self.buf[self.n: end] = values
+        self.buf[self.n : end] = values
         self.n = end
 
     def array(self) -> np.ndarray:
@@ -537,10 +565,20 @@ class _Columns:
         self._reset()
 
     def _reset(self) -> None:
-        self.parts: dict[str, _Growable] = {c: _Growable(dtype) for c, dtype in (
-            ("name", np.int32), ("kind", np.int8), ("start_us", np.float64), ("dur_us", np.float64),
-            ("bytes", np.float64), ("pid", np.int32), ("tid", np.int32),
-            *((c, np.int64) for c in _INT_COLUMNS), *((f"{c}_mask", np.bool_) for c in _INT_COLUMNS))}
+        self.parts: dict[str, _Growable] = {
+            c: _Growable(dtype)
+            for c, dtype in (
+                ("name", np.int32),
+                ("kind", np.int8),
+                ("start_us", np.float64),
+                ("dur_us", np.float64),
+                ("bytes", np.float64),
+                ("pid", np.int32),
+                ("tid", np.int32),
+                *((c, np.int64) for c in _INT_COLUMNS),
+                *((f"{c}_mask", np.bool_) for c in _INT_COLUMNS),
+            )
+        }
 
     def add(self, path: str | Path, first: int, batch: list) -> None:
         """Take the "X" events of `batch` (traceEvents[first:first + len(batch)]); raise TraceReadError for the
@@ -643,14 +681,21 @@ def _fast(batch: list):
     if not n:
         return [], np.zeros(0, np.int8), [], [], (np.zeros(0),) * 3, [(np.zeros(0, np.int64), np.zeros(0, bool))] * 10
     try:
-        names, ts, dur, cats, pids, tids, args = zip(*[
-            (e["name"], e["ts"], e["dur"], e.get("cat"), e.get("pid", ""), e.get("tid", ""), e.get("args"))
-            for e in xs])
+        names, ts, dur, cats, pids, tids, args = zip(
+            *[
+                (e["name"], e["ts"], e["dur"], e.get("cat"), e.get("pid", ""), e.get("tid", ""), e.get("args"))
+                for e in xs
+            ]
+        )
     except KeyError:
         return None
-    if set(map(type, names)) != {str} or not set(map(type, ts)) <= _FLOAT_TYPES or \
-            not set(map(type, dur)) <= _FLOAT_TYPES or not set(map(type, pids)) <= _ID_TYPES or \
-            not set(map(type, tids)) <= _ID_TYPES:
+    if (
+        set(map(type, names)) != {str}
+        or not set(map(type, ts)) <= _FLOAT_TYPES
+        or not set(map(type, dur)) <= _FLOAT_TYPES
+        or not set(map(type, pids)) <= _ID_TYPES
+        or not set(map(type, tids)) <= _ID_TYPES
+    ):
         return None
     try:
         ts_a = np.array(ts, dtype=np.float64)
@@ -662,9 +707,20 @@ def _fast(batch: list):
         return None
     if set(map(type, args)) != {dict}:
         args = [a if type(a) is dict else _EMPTY for a in args]
-    nbytes, grid, block, *id_values = zip(*[
-        (a.get("bytes"), a.get("grid"), a.get("block"), a.get("stream"), a.get("device"), a.get("correlation"),
-         a.get("External id")) for a in args])
+    nbytes, grid, block, *id_values = zip(
+        *[
+            (
+                a.get("bytes"),
+                a.get("grid"),
+                a.get("block"),
+                a.get("stream"),
+                a.get("device"),
+                a.get("correlation"),
+                a.get("External id"),
+            )
+            for a in args
+        ]
+    )
     types = set(map(type, nbytes))
     if not types <= _BYTES_TYPES or float in types and not all(map(math.isfinite, filter(_is_float, nbytes))):
         return None
@@ -680,8 +736,7 @@ def _fast(batch: list):
             good = []
             for i in compress(range(n), map(is_not, dims, repeat(None))):
                 d = dims[i]
-                if type(d) is list and len(d) == 3 and type(d[0]) is int and type(d[1]) is int and \
-                        type(d[2]) is int:
+                if type(d) is list and len(d) == 3 and type(d[0]) is int and type(d[1]) is int and type(d[2]) is int:
                     good.append(i)
                 elif type(d) is list and any(type(v) is float and not math.isfinite(v) for v in d):
                     return None
@@ -718,9 +773,14 @@ def _careful(path: str | Path, first: int, batch: list):
         problem = _append(ev, names, kinds, pids, tids, floats, ints)
         if problem:
             raise TraceReadError(path, f"traceEvents[{i}] (ph 'X'): {problem}")
-    return (names, np.array(kinds, dtype=np.int8), pids, tids,
-            tuple(np.array(f, dtype=np.float64) for f in floats),
-            [(np.array(v, dtype=np.int64), np.array(m, dtype=np.bool_)) for v, m in ints])
+    return (
+        names,
+        np.array(kinds, dtype=np.int8),
+        pids,
+        tids,
+        tuple(np.array(f, dtype=np.float64) for f in floats),
+        [(np.array(v, dtype=np.int64), np.array(m, dtype=np.bool_)) for v, m in ints],
+    )
 
 
 def _short(v: object, limit: int = 60) -> str:

@@ -29,12 +29,28 @@ SOLVED_BAR = 475.0
 """CartPole-v1's solved threshold on the mean return of the last 100 episodes (Gymnasium's CartPole-v1 spec)."""
 HELD_BAR = 450.0
 """A run whose last three epochs average at least this has not collapsed (the learning issue's bar)."""
-LEARNING_COLUMNS = ["seed", "learner", "device", "epochs", "steps_to_475", "env_steps_to_475", "wall_s_to_475",
-                    "process_wall_s", "best", "last3_mean", "final_eval", "best_epoch", "solved", "held", "status"]
+LEARNING_COLUMNS = [
+    "seed",
+    "learner",
+    "device",
+    "epochs",
+    "steps_to_475",
+    "env_steps_to_475",
+    "wall_s_to_475",
+    "process_wall_s",
+    "best",
+    "last3_mean",
+    "final_eval",
+    "best_epoch",
+    "solved",
+    "held",
+    "status",
+]
 
 
-def learning_row(table: pd.DataFrame, *, seed: int, learner: str, device: str, process_wall_s: float = math.nan,
-                 status: str = "ok") -> dict:
+def learning_row(
+    table: pd.DataFrame, *, seed: int, learner: str, device: str, process_wall_s: float = math.nan, status: str = "ok"
+) -> dict:
     """The LEARNING_COLUMNS row of one run from its per-epoch table `table` (epochs.csv as a DataFrame; an empty
     one for a run that wrote no epoch). process_wall_s: the run's process start-to-exit seconds (NaN if unknown);
     status: "ok", or what went wrong (a crash's exit code), kept in the row. Raises ValueError naming the missing
@@ -43,20 +59,40 @@ def learning_row(table: pd.DataFrame, *, seed: int, learner: str, device: str, p
     missing = [c for c in need if c not in table.columns]
     if missing and len(table.columns):
         raise ValueError(f"per-epoch table lacks columns {missing}")
-    row = dict(seed=seed, learner=learner, device=device, epochs=len(table), steps_to_475=math.nan,
-               env_steps_to_475=math.nan, wall_s_to_475=math.nan, process_wall_s=process_wall_s, best=math.nan,
-               last3_mean=math.nan, final_eval=math.nan, best_epoch=math.nan, solved=False, held=False,
-               status=status)
+    row = dict(
+        seed=seed,
+        learner=learner,
+        device=device,
+        epochs=len(table),
+        steps_to_475=math.nan,
+        env_steps_to_475=math.nan,
+        wall_s_to_475=math.nan,
+        process_wall_s=process_wall_s,
+        best=math.nan,
+        last3_mean=math.nan,
+        final_eval=math.nan,
+        best_epoch=math.nan,
+        solved=False,
+        held=False,
+        status=status,
+    )
     if not len(table):
         return row
     hit = solved_at(table, SOLVED_BAR)
     if hit is not None:
-        row.update(steps_to_475=hit["learner_steps"], env_steps_to_475=hit["env_steps"],
-                   wall_s_to_475=hit["wall_s"], solved=True)
+        row.update(
+            steps_to_475=hit["learner_steps"],
+            env_steps_to_475=hit["env_steps"],
+            wall_s_to_475=hit["wall_s"],
+            solved=True,
+        )
     ret = table["mean_return_100"]
-    row.update(best=float(ret.max()), last3_mean=float(ret.tail(3).mean()),
-               final_eval=float(table["eval_return"].iloc[-1]) if "eval_return" in table else math.nan,
-               best_epoch=float(table["best_epoch"].iloc[-1]) if "best_epoch" in table else math.nan)
+    row.update(
+        best=float(ret.max()),
+        last3_mean=float(ret.tail(3).mean()),
+        final_eval=float(table["eval_return"].iloc[-1]) if "eval_return" in table else math.nan,
+        best_epoch=float(table["best_epoch"].iloc[-1]) if "best_epoch" in table else math.nan,
+    )
     row["held"] = bool(row["last3_mean"] >= HELD_BAR)
     return row
 
@@ -73,10 +109,17 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for (learner, device), g in df.groupby(["learner", "device"], sort=True):
         solved = g[g["solved"].astype(bool)]
-        rows.append(dict(learner=learner, device=device, runs=len(g), solved=int(len(solved)),
-                         held=int(g["held"].astype(bool).sum()),
-                         median_wall_s_to_475=float(solved["wall_s_to_475"].median()) if len(solved) else math.nan,
-                         median_process_wall_s=(float(solved["process_wall_s"].median()) if len(solved)
-                                                else math.nan)))
-    return pd.DataFrame(rows, columns=["learner", "device", "runs", "solved", "held", "median_wall_s_to_475",
-                                       "median_process_wall_s"])
+        rows.append(
+            dict(
+                learner=learner,
+                device=device,
+                runs=len(g),
+                solved=int(len(solved)),
+                held=int(g["held"].astype(bool).sum()),
+                median_wall_s_to_475=float(solved["wall_s_to_475"].median()) if len(solved) else math.nan,
+                median_process_wall_s=(float(solved["process_wall_s"].median()) if len(solved) else math.nan),
+            )
+        )
+    return pd.DataFrame(
+        rows, columns=["learner", "device", "runs", "solved", "held", "median_wall_s_to_475", "median_process_wall_s"]
+    )

@@ -32,8 +32,22 @@ from hotloop.profiles.trace_schema import TraceReadError, event_frame
 KERNEL_TABLE = "CUPTI_ACTIVITY_KIND_KERNEL"
 SQLITE_MAGIC = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite 3 database file
 # CUPTI_ActivityMemcpyKind as nsys exports it (ENUM_CUDA_MEMCPY_OPER), spelled as Kineto spells it.
-COPY_KINDS = {0: "Unknown", 1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA", 6: "AtoD", 7: "DtoA", 8: "DtoD",
-              9: "HtoH", 10: "PtoP", 11: "UVM HtoD", 12: "UVM DtoH", 13: "UVM DtoD"}
+COPY_KINDS = {
+    0: "Unknown",
+    1: "HtoD",
+    2: "DtoH",
+    3: "HtoA",
+    4: "AtoH",
+    5: "AtoA",
+    6: "AtoD",
+    7: "DtoA",
+    8: "DtoD",
+    9: "HtoH",
+    10: "PtoP",
+    11: "UVM HtoD",
+    12: "UVM DtoH",
+    13: "UVM DtoD",
+}
 _DRIVER_EVENT_CLASS = 1
 _NVTX_DOMAIN_CREATE = 75  # ENUM_NSYS_EVENT_TYPE NvtxDomainCreate
 
@@ -74,8 +88,10 @@ def read_nsight_sqlite(path: str | Path) -> pd.DataFrame:
     except OSError as exc:
         raise TraceReadError(path, f"cannot read: {exc.strerror or exc}") from None
     if header != SQLITE_MAGIC:
-        raise TraceReadError(path, "not an SQLite database (no 'SQLite format 3' header); expected the output of "
-                                   "`nsys export --type sqlite`")
+        raise TraceReadError(
+            path,
+            "not an SQLite database (no 'SQLite format 3' header); expected the output of `nsys export --type sqlite`",
+        )
     con = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
     try:
         try:
@@ -84,9 +100,12 @@ def read_nsight_sqlite(path: str | Path) -> pd.DataFrame:
             raise TraceReadError(path, f"corrupt SQLite database ({exc})") from None
         for needed in (KERNEL_TABLE, "StringIds"):
             if needed not in tables:
-                raise TraceReadError(path, f"no table {needed}: not an Nsight Systems SQLite export with CUDA "
-                                           "kernels (record with `nsys profile --trace=cuda`, then "
-                                           "`nsys export --type sqlite`)")
+                raise TraceReadError(
+                    path,
+                    f"no table {needed}: not an Nsight Systems SQLite export with CUDA "
+                    "kernels (record with `nsys profile --trace=cuda`, then "
+                    "`nsys export --type sqlite`)",
+                )
         parts = {}
         for table, sql in _QUERIES.items():
             if table in tables:
@@ -103,23 +122,36 @@ def _frame(parts: dict[str, pd.DataFrame]) -> pd.DataFrame:
     frames = []
     for table, df in parts.items():
         n = len(df)
-        cols = {"name": df["name"].fillna("").astype(str), "start_us": df["start"] / 1e3,
-                "dur_us": (df["end"] - df["start"]) / 1e3}
+        cols = {
+            "name": df["name"].fillna("").astype(str),
+            "start_us": df["start"] / 1e3,
+            "dur_us": (df["end"] - df["start"]) / 1e3,
+        }
         if "gtid" in df:  # CPU rows: runtime/driver calls and NVTX ranges
             cols["pid"], cols["tid"] = _split_global_id(df["gtid"])
         else:  # GPU rows
             cols.update(stream=df["stream"], device=df["device"], pid=_split_global_id(df["gpid"])[0])
         if table == KERNEL_TABLE:
-            cols.update({c: df[c] for c in ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z")},
-                        kind=["kernel"] * n, correlation=df["correlation"])
+            cols.update(
+                {c: df[c] for c in ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z")},
+                kind=["kernel"] * n,
+                correlation=df["correlation"],
+            )
         elif table == "CUPTI_ACTIVITY_KIND_RUNTIME":
-            cols.update(kind=df["eventClass"].eq(_DRIVER_EVENT_CLASS).map({True: "driver", False: "runtime"}),
-                        name=cols["name"].str.replace(r"^(cuda\w*?)_v\d+$", r"\1", regex=True),
-                        correlation=df["correlation"])
+            cols.update(
+                kind=df["eventClass"].eq(_DRIVER_EVENT_CLASS).map({True: "driver", False: "runtime"}),
+                name=cols["name"].str.replace(r"^(cuda\w*?)_v\d+$", r"\1", regex=True),
+                correlation=df["correlation"],
+            )
         elif table == "CUPTI_ACTIVITY_KIND_MEMCPY":
             copy = df["copyKind"].map(COPY_KINDS).fillna("Unknown").astype(str)
-            cols.update(kind=["memcpy"] * n, bytes=df["bytes"], copy_kind=copy, name="Memcpy " + copy,
-                        correlation=df["correlation"])
+            cols.update(
+                kind=["memcpy"] * n,
+                bytes=df["bytes"],
+                copy_kind=copy,
+                name="Memcpy " + copy,
+                correlation=df["correlation"],
+            )
         elif table == "CUPTI_ACTIVITY_KIND_MEMSET":
             cols.update(kind=["memset"] * n, bytes=df["bytes"], correlation=df["correlation"])
         else:

@@ -38,7 +38,6 @@ import pandas as pd
 
 from hotloop.profiles.docs import doc_ref
 
-
 LIBS_ENV = "HOTLOOP_NSYS_LIBS"
 """Environment variable naming the folder of the importer's libdw.so.1/libelf.so.1 (default: ./.nsyslibs)."""
 NSIGHT_COMPUTE_ROOTS = (Path("/opt/nvidia/nsight-compute"),)
@@ -91,8 +90,9 @@ def libs_dir() -> Path:
     return Path(os.environ.get(LIBS_ENV) or LIBS_DIR).absolute()
 
 
-def find_nsys(libs: str | Path | None = None,
-              search_roots: tuple[Path, ...] | list[Path] = NSIGHT_COMPUTE_ROOTS) -> NsysRoute:
+def find_nsys(
+    libs: str | Path | None = None, search_roots: tuple[Path, ...] | list[Path] = NSIGHT_COMPUTE_ROOTS
+) -> NsysRoute:
     """The nsys to use: `nsys` on PATH (shutil.which) -> a route without importer; else, under each of
     `search_roots` (default /opt/nvidia/nsight-compute), the newest <version>/ holding both the bundled
     host/target-linux-x64/nsys and host/linux-desktop-glibc_2_11_3-x64/QdstrmImporter -> that route, with
@@ -115,7 +115,8 @@ def find_nsys(libs: str | Path | None = None,
         f"QdstrmImporter was found ({looked}). Install Nsight Systems (CUDA toolkit or "
         f"https://developer.nvidia.com/nsight-systems) and put its bin/ on PATH, or use the bundled route of "
         f"{doc_ref('nsight.md')} (Nsight Compute under /opt/nvidia/nsight-compute plus the importer's libraries in "
-        f"{libs_dir()} or ${LIBS_ENV})")
+        f"{libs_dir()} or ${LIBS_ENV})"
+    )
 
 
 def profile(cmd: list[str], out_dir: str | Path, route: NsysRoute, tmp_dir: str | Path | None = None) -> Path:
@@ -135,8 +136,9 @@ def profile(cmd: list[str], out_dir: str | Path, route: NsysRoute, tmp_dir: str 
     try:
         sys.stdout.flush()
         sys.stderr.flush()
-        rc = subprocess.run([str(route.nsys), *PROFILE_ARGS, "-o", str(base), "--force-overwrite", "true",
-                             *cmd]).returncode
+        rc = subprocess.run(
+            [str(route.nsys), *PROFILE_ARGS, "-o", str(base), "--force-overwrite", "true", *cmd]
+        ).returncode
         failed = f"the profiled command exited with status {rc}" if rc else ""
         try:
             rep = _nsys_rep(base, route)
@@ -144,8 +146,11 @@ def profile(cmd: list[str], out_dir: str | Path, route: NsysRoute, tmp_dir: str 
             raise ProfileFailed(f"{failed}; {exc}" if failed else str(exc), rc or exc.returncode) from None
         export = subprocess.run([str(route.nsys), "export", "--type", "sqlite", "-o", str(sqlite), str(rep)])
         if export.returncode or not sqlite.is_file():
-            why = f"`nsys export --type sqlite` failed (status {export.returncode}) on {rep}" if export.returncode \
+            why = (
+                f"`nsys export --type sqlite` failed (status {export.returncode}) on {rep}"
+                if export.returncode
                 else f"`nsys export --type sqlite` wrote no {sqlite}"
+            )
             raise ProfileFailed(f"{failed}; {why}" if failed else why, rc or export.returncode or 1)
         if rc:
             raise ProfileFailed(failed, rc, sqlite)
@@ -162,19 +167,26 @@ def _nsys_rep(base: Path, route: NsysRoute) -> Path:
     if not raw.is_file():
         raise ProfileFailed(f"nsys wrote no report ({rep.name} or {raw.name}) in {base.parent}", 1)
     if route.importer is None:
-        raise ProfileFailed(f"nsys left only the raw {raw.name} (its own QdstrmImporter failed; see "
-                            f"{doc_ref('nsight.md')})", 1)
+        raise ProfileFailed(
+            f"nsys left only the raw {raw.name} (its own QdstrmImporter failed; see {doc_ref('nsight.md')})", 1
+        )
     env = dict(os.environ)
     if route.libs is not None:
         if not route.libs.is_dir():
-            print(f"hotloop nsys: note: {route.libs} does not exist; the QdstrmImporter may fail for lack of "
-                  f"libdw.so.1/libelf.so.1 ({doc_ref('nsight.md')} says how to fetch them)", file=sys.stderr)
+            print(
+                f"hotloop nsys: note: {route.libs} does not exist; the QdstrmImporter may fail for lack of "
+                f"libdw.so.1/libelf.so.1 ({doc_ref('nsight.md')} says how to fetch them)",
+                file=sys.stderr,
+            )
         env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(route.libs), env.get("LD_LIBRARY_PATH")) if p)
     imported = subprocess.run([str(route.importer), "-i", str(raw)], env=env)
     if imported.returncode or not rep.is_file():
-        raise ProfileFailed(f"QdstrmImporter {route.importer} failed (status {imported.returncode}) to convert "
-                            f"{raw} to {rep.name}; are libdw.so.1 and libelf.so.1 in {route.libs}? "
-                            f"({doc_ref('nsight.md')})", imported.returncode or 1)
+        raise ProfileFailed(
+            f"QdstrmImporter {route.importer} failed (status {imported.returncode}) to convert "
+            f"{raw} to {rep.name}; are libdw.so.1 and libelf.so.1 in {route.libs}? "
+            f"({doc_ref('nsight.md')})",
+            imported.returncode or 1,
+        )
     raw.unlink(missing_ok=True)  # GBs: free them before the export
     return rep
 
@@ -201,8 +213,10 @@ def range_gpu_time(df: pd.DataFrame) -> pd.DataFrame:
     per_corr = kernels.groupby("correlation")["dur_us"].agg(["sum", "count"])
     calls = df[df["kind"].isin(_API_KINDS) & df["correlation"].notna()]
     calls = calls.sort_values("start_us", kind="stable").drop_duplicates("correlation")
-    calls = calls.assign(k_us=calls["correlation"].map(per_corr["sum"]).fillna(0.0).astype("float64"),
-                         k_n=calls["correlation"].map(per_corr["count"]).fillna(0).astype("int64"))
+    calls = calls.assign(
+        k_us=calls["correlation"].map(per_corr["sum"]).fillna(0.0).astype("float64"),
+        k_n=calls["correlation"].map(per_corr["count"]).fillna(0).astype("int64"),
+    )
     k_us = pd.Series(0.0, index=ranges.index)
     k_n = pd.Series(0, index=ranges.index, dtype="int64")
     thread_calls = dict(list(calls.groupby(["pid", "tid"], sort=False)))
@@ -218,10 +232,18 @@ def range_gpu_time(df: pd.DataFrame) -> pd.DataFrame:
         hi = np.searchsorted(t, (group["start_us"] + group["dur_us"]).to_numpy(), side="right")
         k_us[group.index] = cum_us[hi] - cum_us[lo]
         k_n[group.index] = cum_n[hi] - cum_n[lo]
-    table = (ranges.assign(kernels=k_n, gpu_kernel_us=k_us)
-             .groupby(["domain", "name"], sort=False)
-             .agg(count=("dur_us", "size"), cpu_total_us=("dur_us", "sum"), cpu_median_us=("dur_us", "median"),
-                  kernels=("kernels", "sum"), gpu_kernel_us=("gpu_kernel_us", "sum"))
-             .reset_index())
-    return (table.sort_values(["gpu_kernel_us", "cpu_total_us"], ascending=False, kind="stable", ignore_index=True)
-            [RANGE_COLUMNS])
+    table = (
+        ranges.assign(kernels=k_n, gpu_kernel_us=k_us)
+        .groupby(["domain", "name"], sort=False)
+        .agg(
+            count=("dur_us", "size"),
+            cpu_total_us=("dur_us", "sum"),
+            cpu_median_us=("dur_us", "median"),
+            kernels=("kernels", "sum"),
+            gpu_kernel_us=("gpu_kernel_us", "sum"),
+        )
+        .reset_index()
+    )
+    return table.sort_values(["gpu_kernel_us", "cpu_total_us"], ascending=False, kind="stable", ignore_index=True)[
+        RANGE_COLUMNS
+    ]

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import torch
 
-
 CHECKOUT = Path(__file__).resolve().parents[1]
 """The folder above hotloop.profiles: a hotloop checkout when running from one (editable install), else the
 installed `hotloop/` package folder."""
@@ -27,8 +26,9 @@ def commit_id() -> str:
         return os.environ["HOTLOOP_COMMIT"]
     if (CHECKOUT / "pyproject.toml").is_file() and (CHECKOUT / ".git").exists():
         try:
-            out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                 timeout=10, cwd=CHECKOUT)
+            out = subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10, cwd=CHECKOUT
+            )
             if out.returncode == 0 and out.stdout.strip():
                 return out.stdout.strip()
         except (OSError, subprocess.SubprocessError):

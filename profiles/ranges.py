@@ -22,9 +22,18 @@ from torch._C._autograd import _profiler_enabled
 
 DOMAIN = "hotloop"
 PHASE_COLORS = {  # ARGB, one fixed color per phase
-    "epoch": 0xFF4E79A7, "step": 0xFFF28E2B, "sample": 0xFF76B7B2, "forward": 0xFF59A14F,
-    "ddqn_forward": 0xFF8CD17D, "loss": 0xFFEDC948, "backward": 0xFFE15759, "optimizer": 0xFFB07AA1,
-    "spectral_norm": 0xFFFF9DA7, "priority_update": 0xFF9C755F, "env_step": 0xFF499894, "readback": 0xFFD37295,
+    "epoch": 0xFF4E79A7,
+    "step": 0xFFF28E2B,
+    "sample": 0xFF76B7B2,
+    "forward": 0xFF59A14F,
+    "ddqn_forward": 0xFF8CD17D,
+    "loss": 0xFFEDC948,
+    "backward": 0xFFE15759,
+    "optimizer": 0xFFB07AA1,
+    "spectral_norm": 0xFFFF9DA7,
+    "priority_update": 0xFF9C755F,
+    "env_step": 0xFF499894,
+    "readback": 0xFFD37295,
     "evaluate": 0xFF86BCB6,
 }
 DEFAULT_COLOR = 0xFFBAB0AC
@@ -123,5 +132,7 @@ def range_cost_ns(n: int = 100_000, name: str = "step", repeats: int = 5) -> flo
 
 
 if __name__ == "__main__":
-    print(f"phase_range: {range_cost_ns():.0f} ns per range (enter+exit), NVTX backend {nvtx_backend()[0]!r}, "
-          f"no profiler recording")
+    print(
+        f"phase_range: {range_cost_ns():.0f} ns per range (enter+exit), NVTX backend {nvtx_backend()[0]!r}, "
+        f"no profiler recording"
+    )

@@ -50,9 +50,18 @@ def compare_runs(run1: pd.DataFrame, run2: pd.DataFrame) -> pd.DataFrame:
     """COMPARE_COLUMNS per numeric column of either table except `epoch` (run1's order, then run2's new ones):
     the median over epochs in each run (NaN where a run lacks the column) and run2_median / run1_median (inf for
     a zero run1 median, NaN for 0/0 or a missing side)."""
-    numeric = [c for c in dict.fromkeys([*run1.columns, *run2.columns])
-               if c != "epoch" and all(c not in t or pd.api.types.is_numeric_dtype(t[c]) for t in (run1, run2))]
+    numeric = [
+        c
+        for c in dict.fromkeys([*run1.columns, *run2.columns])
+        if c != "epoch" and all(c not in t or pd.api.types.is_numeric_dtype(t[c]) for t in (run1, run2))
+    ]
     med1 = pd.Series({c: run1[c].median() if c in run1 else float("nan") for c in numeric}, dtype="float64")
     med2 = pd.Series({c: run2[c].median() if c in run2 else float("nan") for c in numeric}, dtype="float64")
-    return pd.DataFrame({"column": numeric, "run1_median": med1.values, "run2_median": med2.values,
-                         "run2_run1_ratio": (med2 / med1).values})
+    return pd.DataFrame(
+        {
+            "column": numeric,
+            "run1_median": med1.values,
+            "run2_median": med2.values,
+            "run2_run1_ratio": (med2 / med1).values,
+        }
+    )

@@ -49,8 +49,10 @@ class RunFolderLocked(ValueError):
     def __init__(self, run_dir: Path, pid: int | None) -> None:
         self.run_dir, self.pid = Path(run_dir), pid
         who = f"pid {pid}" if pid is not None else "a process whose pid could not be read"
-        super().__init__(f"run folder {run_dir} is in use by another hotloop run ({who}, holding "
-                         f"{Path(run_dir) / LOCK_FILE}); wait for it to end or choose another folder")
+        super().__init__(
+            f"run folder {run_dir} is in use by another hotloop run ({who}, holding "
+            f"{Path(run_dir) / LOCK_FILE}); wait for it to end or choose another folder"
+        )
 
 
 class RunLock:
@@ -242,6 +244,8 @@ def _check_empty(run_dir: Path) -> None:
     """ValueError unless run_dir holds nothing but the lock file (a new run's folder)."""
     other = sorted(p.name for p in run_dir.iterdir() if p.name != LOCK_FILE)
     if other:
-        raise ValueError(f"run folder {run_dir} exists and is not an empty folder (it holds {', '.join(other[:3])}"
-                         f"{', ...' if len(other) > 3 else ''}); choose a new run folder (nothing there is "
-                         f"overwritten)")
+        raise ValueError(
+            f"run folder {run_dir} exists and is not an empty folder (it holds {', '.join(other[:3])}"
+            f"{', ...' if len(other) > 3 else ''}); choose a new run folder (nothing there is "
+            f"overwritten)"
+        )

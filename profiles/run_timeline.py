@@ -36,8 +36,15 @@ EPOCH_PHASES = ("loop", "warmup", "evaluate", "best_policy", "table", "checkpoin
 compiling kernels and capturing CUDA graphs: inside `loop`, not added to it), evaluate, best_policy (best.pt),
 table (epochs.csv + epochs.md), checkpoint (the main thread's share of checkpoint.pt) and checkpoint_write (its
 background write: overlapped)."""
-EPOCH_TIME_COLUMNS = ("warmup_s", "evaluate_s", "best_policy_s", "table_s", "checkpoint_s", "checkpoint_write_s",
-                      "epoch_total_s")
+EPOCH_TIME_COLUMNS = (
+    "warmup_s",
+    "evaluate_s",
+    "best_policy_s",
+    "table_s",
+    "checkpoint_s",
+    "checkpoint_write_s",
+    "epoch_total_s",
+)
 """The per-epoch table's columns from the timeline (seconds): the EPOCH_PHASES' spans summed per epoch (but `loop`,
 which is wall_s) and epoch_total_s, the epoch's main-thread wall time from its start to the end of its last phase."""
 _INSIDE_LOOP = ("warmup",)
@@ -87,8 +94,9 @@ class RunTimeline:
         """Seconds since second 0."""
         return time.perf_counter() - self.origin
 
-    def add(self, phase: str, seconds: float, epoch: int = 0, start_s: float | None = None,
-            overlapped: bool = False) -> Span:
+    def add(
+        self, phase: str, seconds: float, epoch: int = 0, start_s: float | None = None, overlapped: bool = False
+    ) -> Span:
         """Record a span measured elsewhere (start_s default: now less `seconds`). Raises ValueError for an empty
         phase, a negative or non-finite `seconds`, or an epoch < 0."""
         if not phase:
@@ -148,8 +156,10 @@ class RunTimeline:
         loop = main.pop("loop", 0.0)
         warm = self.seconds("warmup")
         pct = (lambda x: 100.0 * x / total) if total > 0 else (lambda x: float("nan"))
-        lines = [f"run {total:.2f} s: {loop:.2f} s ({pct(loop):.0f}%) in the epochs' loops"
-                 + (f", of which {warm:.2f} s compiling kernels and capturing graphs" if warm else "")]
+        lines = [
+            f"run {total:.2f} s: {loop:.2f} s ({pct(loop):.0f}%) in the epochs' loops"
+            + (f", of which {warm:.2f} s compiling kernels and capturing graphs" if warm else "")
+        ]
         rest = sorted(main.items(), key=lambda kv: -kv[1])
         other = total - loop - sum(main.values())
         parts = [f"{name} {sec:.2f} s ({pct(sec):.0f}%)" for name, sec in rest] + [f"other {max(other, 0):.2f} s"]

@@ -20,10 +20,15 @@ from hotloop.profiles.epoch_table import TELEMETRY_COLUMNS
 log = logging.getLogger(__name__)
 
 CLOCKS_EVENT_REASONS = (  # (decoded name, suffix of pynvml's nvmlClocksEventReason* / nvmlClocksThrottleReason*)
-    ("gpu_idle", "GpuIdle"), ("applications_clocks_setting", "ApplicationsClocksSetting"),
-    ("sw_power_cap", "SwPowerCap"), ("hw_slowdown", "HwSlowdown"), ("sync_boost", "SyncBoost"),
-    ("sw_thermal_slowdown", "SwThermalSlowdown"), ("hw_thermal_slowdown", "HwThermalSlowdown"),
-    ("hw_power_brake_slowdown", "HwPowerBrakeSlowdown"), ("display_clock_setting", "DisplayClockSetting"),
+    ("gpu_idle", "GpuIdle"),
+    ("applications_clocks_setting", "ApplicationsClocksSetting"),
+    ("sw_power_cap", "SwPowerCap"),
+    ("hw_slowdown", "HwSlowdown"),
+    ("sync_boost", "SyncBoost"),
+    ("sw_thermal_slowdown", "SwThermalSlowdown"),
+    ("hw_thermal_slowdown", "HwThermalSlowdown"),
+    ("hw_power_brake_slowdown", "HwPowerBrakeSlowdown"),
+    ("display_clock_setting", "DisplayClockSetting"),
 )
 
 
@@ -34,7 +39,8 @@ def decode_clocks_event_reasons(mask: int, nvml) -> str:
     names, known = [], 0
     for name, suffix in CLOCKS_EVENT_REASONS:
         bit = getattr(nvml, f"nvmlClocksEventReason{suffix}", None) or getattr(
-            nvml, f"nvmlClocksThrottleReason{suffix}", 0)
+            nvml, f"nvmlClocksThrottleReason{suffix}", 0
+        )
         if mask & bit:
             names.append(name)
         known |= bit
@@ -100,8 +106,9 @@ class NvmlTelemetry:
 
 
 def _reasons_query(nvml) -> Callable:
-    return (getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
-            or nvml.nvmlDeviceGetCurrentClocksThrottleReasons)
+    return (
+        getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or nvml.nvmlDeviceGetCurrentClocksThrottleReasons
+    )
 
 
 def _handle(nvml, device: torch.device | int | str):

@@ -42,17 +42,28 @@ import pandas as pd
 
 GPU_KINDS = ("kernel", "memcpy", "memset")
 API_KINDS = ("runtime", "driver")
-ANOMALY_COLUMNS = ("ts_not_positive", "dur_negative", "gpu_dur_zero", "time_not_finite", "gpu_without_launch",
-                   "launch_without_gpu")
+ANOMALY_COLUMNS = (
+    "ts_not_positive",
+    "dur_negative",
+    "gpu_dur_zero",
+    "time_not_finite",
+    "gpu_without_launch",
+    "launch_without_gpu",
+)
 BAD_TIME_COLUMNS = ("ts_not_positive", "dur_negative", "time_not_finite")
 """The anomalies that make an event's own interval unusable (an event with dur 0 still has a place in time)."""
 LAUNCH_API = r"^cu(?:da)?(?:Launch(?:Cooperative)?Kernel|GraphLaunch)"
 """Kernel and graph launch calls (after dropping `_ptsz`/`_ptds`): each must show GPU activity."""
 _CAPTURE_BEGIN, _CAPTURE_END = r"^cu(?:da)?StreamBeginCapture", r"^cu(?:da)?StreamEndCapture"
 EDGE_KEYS = ("gpu_launched_before_trace", "launches_after_gpu_trace")
-_PROBLEMS = {"ts_not_positive": None, "dur_negative": "dur < 0", "gpu_dur_zero": "dur 0",
-             "time_not_finite": "non-finite ts/dur", "gpu_without_launch": "no launching call",
-             "launch_without_gpu": "no GPU event"}
+_PROBLEMS = {
+    "ts_not_positive": None,
+    "dur_negative": "dur < 0",
+    "gpu_dur_zero": "dur 0",
+    "time_not_finite": "non-finite ts/dur",
+    "gpu_without_launch": "no launching call",
+    "launch_without_gpu": "no GPU event",
+}
 _NAME_WIDTH = 60
 
 
@@ -124,7 +135,7 @@ def window_edges(df: pd.DataFrame) -> dict[str, int]:
 
 
 def _subject(kind: str, name: str, api: str) -> str:
-    short = name if len(name) <= _NAME_WIDTH else name[:_NAME_WIDTH - 3] + "..."
+    short = name if len(name) <= _NAME_WIDTH else name[: _NAME_WIDTH - 3] + "..."
     if kind in GPU_KINDS:
         return kind
     if kind in API_KINDS:
@@ -161,8 +172,12 @@ def count_anomalies(df: pd.DataFrame, max_reasons: int = 10) -> dict:
     reasons = anomaly_reasons(df, flags)
     top = reasons[reasons.ne("")].value_counts()
     top = sorted(top.items(), key=lambda kv: (-kv[1], kv[0]))[:max_reasons]
-    return {"events": int(flags.any(axis=1).sum()), "counts": {c: int(flags[c].sum()) for c in ANOMALY_COLUMNS},
-            "reasons": {r: int(n) for r, n in top}, "window_edge": window_edges(df)}
+    return {
+        "events": int(flags.any(axis=1).sum()),
+        "counts": {c: int(flags[c].sum()) for c in ANOMALY_COLUMNS},
+        "reasons": {r: int(n) for r, n in top},
+        "window_edge": window_edges(df),
+    }
 
 
 def describe_anomalies(anomalies: dict) -> str:
@@ -170,8 +185,11 @@ def describe_anomalies(anomalies: dict) -> str:
     cudaLaunchKernel with no GPU event x1", plus the window edges when there are any (said not to be anomalies).
     Events beyond the reasons listed are summed as "; and N more"."""
     n = anomalies["events"]
-    text = "none" if not n else f"{n} event{'s' * (n != 1)}: " + "; ".join(
-        f"{r} x{k}" for r, k in anomalies["reasons"].items())
+    text = (
+        "none"
+        if not n
+        else f"{n} event{'s' * (n != 1)}: " + "; ".join(f"{r} x{k}" for r, k in anomalies["reasons"].items())
+    )
     listed = sum(anomalies["reasons"].values())
     if listed < n:
         text += f"; and {n - listed} more"

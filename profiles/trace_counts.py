@@ -32,14 +32,27 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from hotloop.profiles.trace_anomalies import (anomaly_reasons, api_names, count_anomalies, join_reasons,
-                                              valid_time)
+from hotloop.profiles.trace_anomalies import anomaly_reasons, api_names, count_anomalies, join_reasons, valid_time
 
-SYNC_APIS = ("cudaStreamSynchronize", "cudaEventSynchronize", "cudaDeviceSynchronize", "cuStreamSynchronize",
-             "cuEventSynchronize", "cuCtxSynchronize")
+SYNC_APIS = (
+    "cudaStreamSynchronize",
+    "cudaEventSynchronize",
+    "cudaDeviceSynchronize",
+    "cuStreamSynchronize",
+    "cuEventSynchronize",
+    "cuCtxSynchronize",
+)
 GRAPH_LAUNCH_APIS = ("cudaGraphLaunch", "cuGraphLaunch")
-COUNT_COLUMNS = ("kernels", "kernels_grid1", "memcpy_dtod_events", "memcpy_kernels", "memset_events",
-                 "fill_kernels", "graph_launches", "kernels_in_graphs")
+COUNT_COLUMNS = (
+    "kernels",
+    "kernels_grid1",
+    "memcpy_dtod_events",
+    "memcpy_kernels",
+    "memset_events",
+    "fill_kernels",
+    "graph_launches",
+    "kernels_in_graphs",
+)
 SYNC_COLUMNS = tuple(f"{api}_calls" for api in SYNC_APIS)
 PROFILER_STEP = r"ProfilerStep#\d+"  # torch.profiler schedule step ranges
 _API_KINDS = ("runtime", "driver")
@@ -95,12 +108,12 @@ def step_ranges(df: pd.DataFrame, step_range_name: str = "step", domain: str | N
     if the thread has no other), so the calls it holds still count in it; its anomaly says so. Source:
     torch.profiler's ProfilerStep#N record_function; Nsight NVTX_EVENTS push/pop ranges.
     """
-    return step_ranges_from(choose_step_range_events(df, step_range_name, domain),
-                            lambda rows: _thread_ends(df, rows))
+    return step_ranges_from(choose_step_range_events(df, step_range_name, domain), lambda rows: _thread_ends(df, rows))
 
 
-def choose_step_range_events(df: pd.DataFrame, step_range_name: str = "step", domain: str | None = None
-                             ) -> pd.DataFrame:
+def choose_step_range_events(
+    df: pd.DataFrame, step_range_name: str = "step", domain: str | None = None
+) -> pd.DataFrame:
     """The events of `df` that are its step ranges (the rule of `step_ranges`): the user_annotation rows named
     `step_range_name` (in NVTX domain `domain` when given), else those named ProfilerStep#N; rows of df, in its
     order. Any part of df that holds all of these rows gives the same rows."""
@@ -142,8 +155,9 @@ def _thread_ends(df: pd.DataFrame, rows: pd.DataFrame) -> pd.Series:
     return pd.Series(out, dtype="float64")
 
 
-def step_anomalies(df: pd.DataFrame, ranges: pd.DataFrame, steps: pd.Series,
-                   flags: pd.DataFrame | None = None) -> pd.DataFrame:
+def step_anomalies(
+    df: pd.DataFrame, ranges: pd.DataFrame, steps: pd.Series, flags: pd.DataFrame | None = None
+) -> pd.DataFrame:
     """Per step range (rows aligned with `ranges`, from `step_ranges`): anomalies (int64, the anomalous events
     `steps` (from `assign_steps`) puts in that step, the range event itself included) and anomaly (str, their
     reasons joined: `hotloop.profiles.trace_anomalies.join_reasons`; "" for a clean step). A step with an anomaly
@@ -151,10 +165,13 @@ def step_anomalies(df: pd.DataFrame, ranges: pd.DataFrame, steps: pd.Series,
     `flags`: `anomaly_flags(df)` if computed already."""
     reasons = anomaly_reasons(df, flags).astype(object)
     held = steps.notna() & reasons.ne("")
-    pieces = pd.concat([
-        pd.DataFrame({"step": ranges["step"].to_numpy(), "reason": ranges["anomaly"].astype(object).to_numpy()}),
-        pd.DataFrame({"step": steps[held].astype("int64").to_numpy(), "reason": reasons[held].to_numpy()}),
-    ], ignore_index=True)
+    pieces = pd.concat(
+        [
+            pd.DataFrame({"step": ranges["step"].to_numpy(), "reason": ranges["anomaly"].astype(object).to_numpy()}),
+            pd.DataFrame({"step": steps[held].astype("int64").to_numpy(), "reason": reasons[held].to_numpy()}),
+        ],
+        ignore_index=True,
+    )
     pieces = pieces[pieces["reason"].ne("")]
     grouped = pieces.groupby("step")["reason"]
     counts = grouped.size().reindex(ranges["step"], fill_value=0).astype("int64")

@@ -40,11 +40,18 @@ import pandas as pd
 
 KINDS = ("kernel", "memcpy", "memset", "runtime", "driver", "annotation", "cpu_op", "user_annotation", "other")
 KIND_DTYPE = pd.CategoricalDtype(list(KINDS))
-_INT = ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "stream", "device", "correlation",
-        "external_id")
+_INT = ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "stream", "device", "correlation", "external_id")
 COLUMNS: dict[str, object] = {
-    "name": "str", "kind": KIND_DTYPE, "start_us": "float64", "dur_us": "float64", "bytes": "float64",
-    "copy_kind": "str", **{c: "Int64" for c in _INT}, "pid": "str", "tid": "str", "domain": "str",
+    "name": "str",
+    "kind": KIND_DTYPE,
+    "start_us": "float64",
+    "dur_us": "float64",
+    "bytes": "float64",
+    "copy_kind": "str",
+    **{c: "Int64" for c in _INT},
+    "pid": "str",
+    "tid": "str",
+    "domain": "str",
 }
 _FILL = {"name": "", "copy_kind": "", "pid": "", "tid": "", "domain": "", "bytes": float("nan")}
 

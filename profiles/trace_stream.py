@@ -39,10 +39,24 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from hotloop.profiles.trace_anomalies import (_CAPTURE_BEGIN, _CAPTURE_END, ANOMALY_COLUMNS, EDGE_KEYS, LAUNCH_API,
-                                              anomaly_reasons)
-from hotloop.profiles.trace_counts import (COUNT_COLUMNS, GRAPH_LAUNCH_APIS, PROFILER_STEP, SYNC_APIS,
-                                           SYNC_COLUMNS, choose_step_range_events, step_ranges_from, steps_at)
+from hotloop.profiles.trace_anomalies import (
+    _CAPTURE_BEGIN,
+    _CAPTURE_END,
+    ANOMALY_COLUMNS,
+    EDGE_KEYS,
+    LAUNCH_API,
+    anomaly_reasons,
+)
+from hotloop.profiles.trace_counts import (
+    COUNT_COLUMNS,
+    GRAPH_LAUNCH_APIS,
+    PROFILER_STEP,
+    SYNC_APIS,
+    SYNC_COLUMNS,
+    choose_step_range_events,
+    step_ranges_from,
+    steps_at,
+)
 from hotloop.profiles.trace_schema import KIND_DTYPE, KINDS, event_frame
 
 _K = {k: i for i, k in enumerate(KINDS)}
@@ -72,8 +86,9 @@ class TraceCounts:
     steps: pd.DataFrame
 
 
-def count_frames(frames: Iterable[pd.DataFrame], step_range_name: str = "step", domain: str | None = None
-                 ) -> TraceCounts:
+def count_frames(
+    frames: Iterable[pd.DataFrame], step_range_name: str = "step", domain: str | None = None
+) -> TraceCounts:
     """The counts of a trace given as schema frames in file order (e.g. `iter_kineto(path, kinds=...)`): equal to
     `count_totals(df)` and `count_per_step(df, step_range_name, domain)` of df = the frames concatenated and sorted
     by start_us (stable), in memory bounded by the number of CUDA calls and GPU events (module docstring)."""
@@ -117,8 +132,9 @@ def _int_column(frame: pd.DataFrame, col: str, rows: np.ndarray) -> tuple[np.nda
 def _reason_texts(kinds: list[str], names: list[str], bits: np.ndarray) -> list[str]:
     """The reason text (`trace_anomalies.anomaly_reasons`, the in-memory path's own code) of each (kind, name,
     anomaly bits) key: one representative event per key."""
-    rep = pd.DataFrame({"kind": kinds, "name": pd.Series(names, dtype=object),
-                        "start_us": np.where(bits & _TS0, 0.0, -1.0)})
+    rep = pd.DataFrame(
+        {"kind": kinds, "name": pd.Series(names, dtype=object), "start_us": np.where(bits & _TS0, 0.0, -1.0)}
+    )
     flags = pd.DataFrame({c: (bits & _A[c]) != 0 for c in ANOMALY_COLUMNS})
     return anomaly_reasons(rep, flags).tolist()
 
@@ -142,8 +158,9 @@ class StreamCounter:
         self.api: dict[str, int] = {}  # API call name -> code
         self.api_info: list[tuple] = []  # per code: (name, sync index or -1, graph, launch, begin, end capture)
         self.ranges: list[pd.DataFrame] = []
-        self.calls = _Parts({"corr": np.int64, "start": np.float64, "thread": np.int32, "name": np.int32,
-                             "bits": np.uint8})
+        self.calls = _Parts(
+            {"corr": np.int64, "start": np.float64, "thread": np.int32, "name": np.int32, "bits": np.uint8}
+        )
         self.gpu = _Parts({"corr": np.int64, "bits": np.uint8, "gbits": np.uint8})
         self.reasons: Counter[str] = Counter()
         self.anomalous = 0
@@ -166,9 +183,13 @@ class StreamCounter:
         with np.errstate(invalid="ignore"):
             finite = np.isfinite(start) & np.isfinite(dur)
             ts_np = finite & (start <= 0)
-            bits = (ts_np * _A["ts_not_positive"] | (finite & (dur < 0)) * _A["dur_negative"]
-                    | (gpu & finite & (dur == 0)) * _A["gpu_dur_zero"] | ~finite * _A["time_not_finite"]
-                    | (ts_np & (start == 0)) * _TS0).astype(np.uint8)
+            bits = (
+                ts_np * _A["ts_not_positive"]
+                | (finite & (dur < 0)) * _A["dur_negative"]
+                | (gpu & finite & (dur == 0)) * _A["gpu_dur_zero"]
+                | ~finite * _A["time_not_finite"]
+                | (ts_np & (start == 0)) * _TS0
+            ).astype(np.uint8)
             valid = finite & (start > 0) & (dur >= 0)
         thread = self._thread_codes(frame)
         self._thread_ends_add(thread[valid], (start + dur)[valid])
@@ -176,15 +197,27 @@ class StreamCounter:
         calls = np.flatnonzero((kind == _RUNTIME) | (kind == _DRIVER))
         if calls.size:
             corr, na = _int_column(frame, "correlation", calls)
-            self.calls.add(corr=corr, start=start[calls], thread=thread[calls],
-                           name=self._api_codes(frame["name"].to_numpy()[calls]), bits=bits[calls] | na * _CORR_NA)
+            self.calls.add(
+                corr=corr,
+                start=start[calls],
+                thread=thread[calls],
+                name=self._api_codes(frame["name"].to_numpy()[calls]),
+                bits=bits[calls] | na * _CORR_NA,
+            )
         g = np.flatnonzero(gpu)
         if g.size:
             self._add_gpu(frame, kind[g], g, bits[g])
         other = np.flatnonzero(~gpu & (kind != _RUNTIME) & (kind != _DRIVER) & ((bits & _ANY) != 0))
         if other.size:  # anomalous events that no step holds: counted by reason now
-            self._count_reasons(pd.DataFrame({"kind": frame["kind"].to_numpy()[other].astype(str),
-                                              "name": frame["name"].to_numpy()[other], "bits": bits[other]}))
+            self._count_reasons(
+                pd.DataFrame(
+                    {
+                        "kind": frame["kind"].to_numpy()[other].astype(str),
+                        "name": frame["name"].to_numpy()[other],
+                        "bits": bits[other],
+                    }
+                )
+            )
         ranges = np.flatnonzero(kind == _RANGE)
         if ranges.size:
             names = frame["name"].iloc[ranges]
@@ -201,8 +234,9 @@ class StreamCounter:
         tc, tu = pd.factorize(frame["tid"], use_na_sentinel=False)
         pair, inv = np.unique(pc.astype(np.int64) * len(tu) + tc, return_inverse=True)
         table = self.threads
-        lut = np.array([table.setdefault((pu[p // len(tu)], tu[p % len(tu)]), len(table)) for p in pair.tolist()],
-                       np.int32)
+        lut = np.array(
+            [table.setdefault((pu[p // len(tu)], tu[p % len(tu)]), len(table)) for p in pair.tolist()], np.int32
+        )
         if len(table) > len(self.thread_end):
             self.thread_end = np.concatenate([self.thread_end, np.full(len(table) - len(self.thread_end), -np.inf)])
         return lut[inv.reshape(-1)]
@@ -221,8 +255,14 @@ class StreamCounter:
         if new:
             api = pd.Series(new, dtype="str").str.replace(r"_pt(sz|ds)$", "", regex=True)
             sync = [SYNC_APIS.index(a) if a in SYNC_APIS else -1 for a in api]
-            facts = zip(new, sync, api.isin(GRAPH_LAUNCH_APIS), api.str.contains(LAUNCH_API),
-                        api.str.contains(_CAPTURE_BEGIN), api.str.contains(_CAPTURE_END))
+            facts = zip(
+                new,
+                sync,
+                api.isin(GRAPH_LAUNCH_APIS),
+                api.str.contains(LAUNCH_API),
+                api.str.contains(_CAPTURE_BEGIN),
+                api.str.contains(_CAPTURE_END),
+            )
             for f in facts:
                 self.api[f[0]] = len(self.api_info)
                 self.api_info.append(tuple(f))
@@ -255,8 +295,11 @@ class StreamCounter:
         keys = events.assign(bits=bits, step=-1 if step is None else step)
         groups = keys.groupby(["kind", "name", "bits"], sort=False, observed=True)
         table = groups.size()
-        texts = _reason_texts([k for k, _, _ in table.index], [n for _, n, _ in table.index],
-                              np.array([b for _, _, b in table.index], np.uint8))
+        texts = _reason_texts(
+            [k for k, _, _ in table.index],
+            [n for _, n, _ in table.index],
+            np.array([b for _, _, b in table.index], np.uint8),
+        )
         for text, count in zip(texts, table.to_numpy()):
             self.reasons[text] += int(count)
         if step is None:
@@ -283,8 +326,7 @@ class StreamCounter:
         cands = pd.concat(self.ranges, ignore_index=True) if self.ranges else empty
         self.ranges = []
         cands = cands.sort_values("start_us", kind="stable", ignore_index=True)
-        ranges = step_ranges_from(choose_step_range_events(cands, self.step_range_name, self.domain),
-                                  self._thread_ends)
+        ranges = step_ranges_from(choose_step_range_events(cands, self.step_range_name, self.domain), self._thread_ends)
         n_steps = len(ranges)
 
         # CUDA calls: their steps and the correlation id -> step map (each array freed once used: at the end the
@@ -333,39 +375,54 @@ class StreamCounter:
         graph_ids = np.unique(corr[graph_of & ~cna])
         del corr
         gpu_flags = {
-            "kernels": lambda: kernel, "kernels_grid1": lambda: kernel & ((ginfo & _G_GRID1) != 0),
+            "kernels": lambda: kernel,
+            "kernels_grid1": lambda: kernel & ((ginfo & _G_GRID1) != 0),
             "memcpy_dtod_events": lambda: (gkind == 1) & ((ginfo & _G_DTOD) != 0),
-            "memcpy_kernels": lambda: kernel & ((ginfo & _G_MEMCPY_NAME) != 0), "memset_events": lambda: gkind == 2,
+            "memcpy_kernels": lambda: kernel & ((ginfo & _G_MEMCPY_NAME) != 0),
+            "memset_events": lambda: gkind == 2,
             "fill_kernels": lambda: kernel & ((ginfo & _G_FILL) != 0),
             "kernels_in_graphs": lambda: kernel & ~gna & _isin_sorted(gcorr, graph_ids),
         }
         sync_of = info[1].astype(np.int8)[name] if len(info[1]) else np.zeros(len(name), np.int8)
-        call_flags = {"graph_launches": lambda: graph_of,
-                      **{col: (lambda k=k: sync_of == k) for k, col in enumerate(SYNC_COLUMNS)}}
+        call_flags = {
+            "graph_launches": lambda: graph_of,
+            **{col: (lambda k=k: sync_of == k) for k, col in enumerate(SYNC_COLUMNS)},
+        }
         totals, per_step = {}, {}
         for col in (*COUNT_COLUMNS, *SYNC_COLUMNS):
             flag, step = (gpu_flags[col](), gstep) if col in gpu_flags else (call_flags[col](), cstep)
             totals[col] = int(np.count_nonzero(flag))
             per_step[col] = np.bincount(step[flag & (step >= 0)], minlength=n_steps).astype(np.int64)
-        del gpu_flags, call_flags, kernel, graph_ids, graph_of, sync_of, gcorr
+        del gpu_flags, call_flags  # the flag closures, then the arrays they hold (names kept for them: None)
+        kernel = graph_ids = graph_of = sync_of = gcorr = None
 
         # Anomalies of calls and GPU events (the others were counted frame by frame).
         held: Counter[tuple[int, str]] = Counter()
         bad = np.flatnonzero((cbits & _ANY) != 0)
         if bad.size:
             names = np.asarray([f[0] for f in self.api_info], dtype=object)
-            held.update(self._count_reasons(pd.DataFrame({"kind": "runtime", "name": names[name[bad]],
-                                                          "bits": cbits[bad]}), cstep[bad]))
+            held.update(
+                self._count_reasons(
+                    pd.DataFrame({"kind": "runtime", "name": names[name[bad]], "bits": cbits[bad]}), cstep[bad]
+                )
+            )
         bad = np.flatnonzero((gbits_a & _ANY) != 0)
         if bad.size:  # a GPU event's reason names its kind, not the event
-            held.update(self._count_reasons(pd.DataFrame({"kind": _GPU_NAMES[gkind[bad]], "name": "",
-                                                          "bits": gbits_a[bad]}), gstep[bad]))
+            held.update(
+                self._count_reasons(
+                    pd.DataFrame({"kind": _GPU_NAMES[gkind[bad]], "name": "", "bits": gbits_a[bad]}), gstep[bad]
+                )
+            )
         top = sorted(self.reasons.items(), key=lambda kv: (-kv[1], kv[0]))[:10]
         totals = {col: totals[col] for col in COUNT_COLUMNS} | {
             "sync_calls": {api: totals[col] for api, col in zip(SYNC_APIS, SYNC_COLUMNS) if totals[col]},
-            "anomalies": {"events": self.anomalous,
-                          "counts": {col: int(n) for col, n in zip(ANOMALY_COLUMNS, self.flag_counts)},
-                          "reasons": {r: int(n) for r, n in top}, "window_edge": edges}}
+            "anomalies": {
+                "events": self.anomalous,
+                "counts": {col: int(n) for col, n in zip(ANOMALY_COLUMNS, self.flag_counts)},
+                "reasons": {r: int(n) for r, n in top},
+                "window_edge": edges,
+            },
+        }
         return TraceCounts(self.events, totals, self._steps(ranges, per_step, held))
 
     def _in_capture(self, thread: np.ndarray, start: np.ndarray, delta: np.ndarray) -> np.ndarray:
@@ -393,8 +450,11 @@ class StreamCounter:
         for (step, reason), n in held.items():
             by_step.setdefault(step, Counter())[reason] += n
         steps = ranges["step"].tolist()
-        anomalies = pd.DataFrame({
-            "anomalies": np.array([sum(by_step[s].values()) if s in by_step else 0 for s in steps], np.int64),
-            "anomaly": np.array([_join(by_step[s]) if s in by_step else "" for s in steps], dtype=object)})
+        anomalies = pd.DataFrame(
+            {
+                "anomalies": np.array([sum(by_step[s].values()) if s in by_step else 0 for s in steps], np.int64),
+                "anomaly": np.array([_join(by_step[s]) if s in by_step else "" for s in steps], dtype=object),
+            }
+        )
         counts = pd.DataFrame(per_step)
         return pd.concat([ranges.drop(columns="anomaly"), counts, anomalies], axis=1)

@@ -85,8 +85,12 @@ sys.stdin.read()
         """A child process holding run_dir's lock until the block ends; yields its Popen."""
         from hotloop.profiles.run_lock import LOCK_FILE
 
-        proc = subprocess.Popen([sys.executable, "-c", LockHolder.script, str(run_dir / LOCK_FILE)],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", LockHolder.script, str(run_dir / LOCK_FILE)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         try:
             assert proc.stdout.readline().strip() == "locked"
             yield proc

@@ -33,8 +33,13 @@ OUTSIDE = (RESULTS,)
 PACKAGE_DATA = ("guards/baseline_files/*.json", "docs/*.md")
 """The only files of a package folder that are not Python modules (pyproject.toml's package-data, as paths): the
 baselines, and docs/ (hotloop.docs, a data-only package: the output cites the installed docs, profiles/docs.py)."""
-ALLOWED = {"kernels": {"kernels"}, "profiles": {"profiles", "kernels"}, "trainer": {"trainer", "kernels", "profiles"},
-           "guards": {"guards", "profiles"}, "probes": {"kernels", "profiles", "trainer", "guards"}}
+ALLOWED = {
+    "kernels": {"kernels"},
+    "profiles": {"profiles", "kernels"},
+    "trainer": {"trainer", "kernels", "profiles"},
+    "guards": {"guards", "profiles"},
+    "probes": {"kernels", "profiles", "trainer", "guards"},
+}
 """Layer (a package, or PROBES' "probes") -> the hotloop packages its modules may import (itself included)."""
 PROBES = "guards.probes"
 """The probes and benches, a folder (guards/probes/): the precision probe, the bench variants, `hotloop bench`'s
@@ -43,8 +48,14 @@ trainer and the layers below import none of them; the composition modules and th
 COMMANDS = "guards.commands"
 """The application layer, a folder (guards/commands/): the `hotloop` command, one module per subcommand. Its modules
 may import every package; nothing outside it imports it but SHIM (hotloop.guards' docstring)."""
-COMPOSITION = {"guards.gate", "guards.run", "guards.faults", "guards.mutate", "guards.learning_report",
-               "guards.data_parallel"}
+COMPOSITION = {
+    "guards.gate",
+    "guards.run",
+    "guards.faults",
+    "guards.mutate",
+    "guards.learning_report",
+    "guards.data_parallel",
+}
 """The layer between the commands and the harness library: the modules of guards/ that compose the guards with the
 trainer, the kernels and the probes. They may import every package but COMMANDS; the other modules of guards/ (the
 harness library) and the probes import none of them."""
@@ -123,17 +134,23 @@ def layer_violations(root: Path) -> list[str]:
     bad = []
     for module, path in _modules(root).items():
         kind = layer(module)
-        allowed = (set(PACKAGES) if kind in ("commands", "composition")
-                   else ALLOWED["probes" if kind == "probes" else module.split(".")[0]])
+        allowed = (
+            set(PACKAGES)
+            if kind in ("commands", "composition")
+            else ALLOWED["probes" if kind == "probes" else module.split(".")[0]]
+        )
         lines = {}  # one report per import statement
         for line, name in _imports(path):
             parts = name.split(".")
             if parts[0] != "hotloop" or len(parts) < 2 or parts[1] not in PACKAGES:
                 continue
             target = ".".join(parts[1:])
-            if (parts[1] not in allowed or (_in(target, COMMANDS) and kind not in ("commands", "shim"))
-                    or (kind not in ("commands", "composition") and target in COMPOSITION)
-                    or (kind == "guards" and _in(target, PROBES))):
+            if (
+                parts[1] not in allowed
+                or (_in(target, COMMANDS) and kind not in ("commands", "shim"))
+                or (kind not in ("commands", "composition") and target in COMPOSITION)
+                or (kind == "guards" and _in(target, PROBES))
+            ):
                 lines.setdefault(line, f"{path.relative_to(root)}:{line}: {module} imports {name}")
         bad += lines.values()
     return bad
@@ -142,8 +159,12 @@ def layer_violations(root: Path) -> list[str]:
 def lab_imports(root: Path) -> list[str]:
     """'file:line imports X' for each import of the lab code (`lab`, `lab.*`) by a module of the packages: the
     wheel does not ship results/lab/, so an installed hotloop that imported it would fail."""
-    return [f"{path.relative_to(root)}:{line} imports {name}" for path in _modules(root).values()
-            for line, name in _imports(path) if name.split(".")[0] == LAB.rsplit("/", 1)[-1]]
+    return [
+        f"{path.relative_to(root)}:{line} imports {name}"
+        for path in _modules(root).values()
+        for line, name in _imports(path)
+        if name.split(".")[0] == LAB.rsplit("/", 1)[-1]
+    ]
 
 
 def reached_from(root: Path, start: str) -> set[str]:
@@ -169,8 +190,11 @@ def import_graph(root: Path) -> dict[str, set[str]]:
     modules = _modules(root)
     graph = {}
     for module, path in modules.items():
-        names = {name.removeprefix("hotloop.") for _, name in _imports(path, runtime_only=True)
-                 if name.startswith("hotloop.")}
+        names = {
+            name.removeprefix("hotloop.")
+            for _, name in _imports(path, runtime_only=True)
+            if name.startswith("hotloop.")
+        }
         graph[module] = {n for n in names if n in modules and n != module}
     return graph
 
@@ -216,17 +240,26 @@ def import_cycles(root: Path) -> list[list[str]]:
 
 def _product_files(root: Path) -> list[str]:
     """The checkout's files (tracked, and untracked ones that .gitignore does not match), relative, POSIX."""
-    out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=root,
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return sorted(n for n in set(out.stdout.split("\0")) if n and (root / n).is_file())
 
 
 def records_in_packages(root: Path) -> list[str]:
     """Files under a package folder that are neither a Python module nor PACKAGE_DATA: results, tables, notes,
     scripts (they belong in results/)."""
-    return [name for name in _product_files(root)
-            if name.split("/")[0] in PACKAGES and not name.endswith(".py")
-            and not any(fnmatch.fnmatch(name, pattern) for pattern in PACKAGE_DATA)]
+    return [
+        name
+        for name in _product_files(root)
+        if name.split("/")[0] in PACKAGES
+        and not name.endswith(".py")
+        and not any(fnmatch.fnmatch(name, pattern) for pattern in PACKAGE_DATA)
+    ]
 
 
 def results_shipped(root: Path) -> list[str]:
@@ -238,9 +271,10 @@ def results_shipped(root: Path) -> list[str]:
         return [f"[tool.setuptools] packages is {setup.get('packages')!r}, not an explicit list"]
     folders, bad = setup.get("package-dir", {}), []
     for package in setup["packages"]:
-        parent = next((p for p in sorted(folders, key=len, reverse=True)
-                       if package == p or package.startswith(p + ".")), None)
-        folder = Path(folders[parent], *package[len(parent):].split(".")[1:]) if parent else Path(*package.split("."))
+        parent = next(
+            (p for p in sorted(folders, key=len, reverse=True) if package == p or package.startswith(p + ".")), None
+        )
+        folder = Path(folders[parent], *package[len(parent) :].split(".")[1:]) if parent else Path(*package.split("."))
         for outside in OUTSIDE:
             if folder.is_relative_to(outside) or Path(outside).is_relative_to(folder):
                 bad.append(f"package {package} is the folder {folder.as_posix()}, which holds or is in {outside}/")
@@ -263,21 +297,29 @@ def test_layers_import_downward_only():
 def test_the_learner_step_does_not_reach_the_probes():
     reached = reached_from(ROOT, "trainer.step")
     assert "trainer.step" in reached and "kernels.linear" in reached  # the walk follows imports
-    assert {"guards.probes.bench_variants", "guards.probes.bench", "guards.probes.precision_probe"} <= set(_modules(ROOT))
+    assert {"guards.probes.bench_variants", "guards.probes.bench", "guards.probes.precision_probe"} <= set(
+        _modules(ROOT)
+    )
     assert not {m for m in reached if _in(m, PROBES)}
 
 
 def test_no_module_of_the_packages_imports_the_lab_code():
     assert (ROOT / LAB / "kernel_bench.py").is_file() and not (ROOT / LAB / "kernel_bench.py").is_relative_to(
-        ROOT / "profiles")
+        ROOT / "profiles"
+    )
     assert lab_imports(ROOT) == []
 
 
 def test_a_lab_import_is_reported(tmp_path):
-    root = _tree(tmp_path, {"guards/probes/a.py": "def f():\n    from lab.precision_variants import variant_matmul\n",
-                            "kernels/b.py": "import lab\n", "results/lab/c.py": "from hotloop.kernels import linear\n"})
-    assert lab_imports(root) == ["kernels/b.py:1 imports lab",
-                                 "guards/probes/a.py:2 imports lab.precision_variants"]
+    root = _tree(
+        tmp_path,
+        {
+            "guards/probes/a.py": "def f():\n    from lab.precision_variants import variant_matmul\n",
+            "kernels/b.py": "import lab\n",
+            "results/lab/c.py": "from hotloop.kernels import linear\n",
+        },
+    )
+    assert lab_imports(root) == ["kernels/b.py:1 imports lab", "guards/probes/a.py:2 imports lab.precision_variants"]
 
 
 def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
@@ -287,24 +329,27 @@ def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
     return tmp_path
 
 
-@pytest.mark.parametrize("module,line", [
-    ("kernels/td_loss.py", "from hotloop.trainer.losses import td_loss"),
-    ("kernels/segment_tree.py", "def f():\n    from hotloop.profiles.provenance import commit_id\n"),
-    ("profiles/inspect_cmd.py", "from hotloop.guards.trace_counts import count_totals"),
-    ("profiles/ranges.py", "import hotloop.trainer.config"),
-    ("trainer/loop.py", "from hotloop.guards.watchdog import HangWatchdog"),
-    ("guards/guard.py", "from hotloop import trainer"),
-    ("guards/step_metrics.py", "from hotloop.trainer.step import PHASE_RULES"),
-    ("guards/guard.py", "from hotloop.guards.commands.main import main"),
-    ("guards/run.py", "def f():\n    from hotloop.guards.commands import checks\n"),
-    ("profiles/report.py", "import hotloop.guards.commands.report"),
-    ("guards/step_metrics.py", "from hotloop.guards import gate"),
-    ("guards/baselines.py", "from hotloop.guards.run import run_training"),
-    ("trainer/loop.py", "from hotloop.guards.probes.bench import run_bench"),
-    ("guards/guard.py", "import hotloop.guards.probes.bench_variants"),
-    ("guards/probes/bench.py", "from hotloop.guards.gate import run_gate"),
-    ("guards/probes/precision_probe.py", "def f():\n    from hotloop.guards.commands import gate\n"),
-])
+@pytest.mark.parametrize(
+    "module,line",
+    [
+        ("kernels/td_loss.py", "from hotloop.trainer.losses import td_loss"),
+        ("kernels/segment_tree.py", "def f():\n    from hotloop.profiles.provenance import commit_id\n"),
+        ("profiles/inspect_cmd.py", "from hotloop.guards.trace_counts import count_totals"),
+        ("profiles/ranges.py", "import hotloop.trainer.config"),
+        ("trainer/loop.py", "from hotloop.guards.watchdog import HangWatchdog"),
+        ("guards/guard.py", "from hotloop import trainer"),
+        ("guards/step_metrics.py", "from hotloop.trainer.step import PHASE_RULES"),
+        ("guards/guard.py", "from hotloop.guards.commands.main import main"),
+        ("guards/run.py", "def f():\n    from hotloop.guards.commands import checks\n"),
+        ("profiles/report.py", "import hotloop.guards.commands.report"),
+        ("guards/step_metrics.py", "from hotloop.guards import gate"),
+        ("guards/baselines.py", "from hotloop.guards.run import run_training"),
+        ("trainer/loop.py", "from hotloop.guards.probes.bench import run_bench"),
+        ("guards/guard.py", "import hotloop.guards.probes.bench_variants"),
+        ("guards/probes/bench.py", "from hotloop.guards.gate import run_gate"),
+        ("guards/probes/precision_probe.py", "def f():\n    from hotloop.guards.commands import gate\n"),
+    ],
+)
 def test_a_forbidden_import_is_reported(tmp_path, module, line):
     root = _tree(tmp_path, {module: f"import torch\n{line}\n", "guards/gate.py": "import hotloop.trainer.loop\n"})
     bad = layer_violations(root)
@@ -313,53 +358,86 @@ def test_a_forbidden_import_is_reported(tmp_path, module, line):
 
 def test_the_layers_of_guards_are_its_folders_and_the_composition_modules():
     modules = _modules(ROOT)
-    assert {layer(m) for m in modules if m.startswith("guards")} == {"guards", "probes", "composition", "commands",
-                                                                    "shim"}
+    assert {layer(m) for m in modules if m.startswith("guards")} == {
+        "guards",
+        "probes",
+        "composition",
+        "commands",
+        "shim",
+    }
     assert COMPOSITION <= set(modules) and SHIM in modules  # the known set names modules that exist
     commands = {m.removeprefix(COMMANDS + ".") for m in modules if _in(m, COMMANDS)}
     assert {"train", "gate", "bench", "inspect", "report", "nsys", "mutate", "learning", "main"} <= commands
     doc = ast.get_docstring(ast.parse((ROOT / "guards" / "__init__.py").read_text()))
-    assert "guards/commands/" in doc and "guards/probes/" in doc and all(m.removeprefix("guards.") in doc for m in COMPOSITION)
+    assert (
+        "guards/commands/" in doc
+        and "guards/probes/" in doc
+        and all(m.removeprefix("guards.") in doc for m in COMPOSITION)
+    )
 
 
 def test_the_probes_may_import_the_trainer_and_the_harness_library(tmp_path):
-    root = _tree(tmp_path, {"guards/probes/bench.py": "from hotloop.trainer.config import Config\n"
-                                               "from hotloop.guards.guard import guard_steps\n"
-                                               "import hotloop.kernels.linear, hotloop.profiles.provenance\n",
-                            "guards/faults.py": "from hotloop.guards.probes.bench_variants import tf32_matmuls\n"})
+    root = _tree(
+        tmp_path,
+        {
+            "guards/probes/bench.py": "from hotloop.trainer.config import Config\n"
+            "from hotloop.guards.guard import guard_steps\n"
+            "import hotloop.kernels.linear, hotloop.profiles.provenance\n",
+            "guards/faults.py": "from hotloop.guards.probes.bench_variants import tf32_matmuls\n",
+        },
+    )
     assert layer_violations(root) == []
 
 
 def test_the_commands_and_composition_modules_may_import_everything(tmp_path):
-    root = _tree(tmp_path, {
-        "guards/commands/train.py": "from hotloop.trainer.loop import Trainer\nimport hotloop.kernels.linear\n"
-                                    "from hotloop.guards import gate\nfrom hotloop.guards.commands import checks\n",
-        "guards/commands/checks.py": "from hotloop.profiles.run_lock import acquire\n",
-        "guards/cli.py": "from hotloop.guards.commands.main import main\n",
-        "guards/gate.py": "import hotloop.trainer.loop\nfrom hotloop.guards import run, guard\n",
-        "guards/run.py": "from hotloop.kernels import linear\n", "guards/guard.py": "import hotloop.profiles.ranges\n"})
+    root = _tree(
+        tmp_path,
+        {
+            "guards/commands/train.py": "from hotloop.trainer.loop import Trainer\nimport hotloop.kernels.linear\n"
+            "from hotloop.guards import gate\nfrom hotloop.guards.commands import checks\n",
+            "guards/commands/checks.py": "from hotloop.profiles.run_lock import acquire\n",
+            "guards/cli.py": "from hotloop.guards.commands.main import main\n",
+            "guards/gate.py": "import hotloop.trainer.loop\nfrom hotloop.guards import run, guard\n",
+            "guards/run.py": "from hotloop.kernels import linear\n",
+            "guards/guard.py": "import hotloop.profiles.ranges\n",
+        },
+    )
     assert layer_violations(root) == []
 
 
 def test_a_bare_import_is_reported_in_code_and_tests(tmp_path):
-    root = _tree(tmp_path, {"trainer/a.py": "def f():\n    import kernels.linear\n",
-                            "tests/test_b.py": "from guards.guard import guard_steps\n",
-                            "guards/c.py": "from hotloop.guards import guard\nimport profiles_extra\n"})
+    root = _tree(
+        tmp_path,
+        {
+            "trainer/a.py": "def f():\n    import kernels.linear\n",
+            "tests/test_b.py": "from guards.guard import guard_steps\n",
+            "guards/c.py": "from hotloop.guards import guard\nimport profiles_extra\n",
+        },
+    )
     assert bare_imports(root) == ["trainer/a.py:2 imports kernels.linear", "tests/test_b.py:1 imports guards.guard"]
 
 
 def test_a_bench_import_in_the_learner_step_is_reported(tmp_path):
-    root = _tree(tmp_path, {"trainer/step.py": "from hotloop.trainer import flat_net\n",
-                            "trainer/flat_net.py": "def f():\n    from hotloop.guards.probes.bench_variants import Variant\n",
-                            "guards/probes/bench_variants.py": ""})
+    root = _tree(
+        tmp_path,
+        {
+            "trainer/step.py": "from hotloop.trainer import flat_net\n",
+            "trainer/flat_net.py": "def f():\n    from hotloop.guards.probes.bench_variants import Variant\n",
+            "guards/probes/bench_variants.py": "",
+        },
+    )
     assert "guards.probes.bench_variants" in reached_from(root, "trainer.step")
 
 
 def _shared_citations(root: Path) -> list[str]:
     """Lines of the product's tracked files (everything but results/) that cite the workshop folder beside the
     checkout, which a clone or an install does not have."""
-    out = subprocess.run(["git", "grep", "-n", "-F", "../" + "shared", "--", ".", f":!{RESULTS}"],
-                         cwd=root, capture_output=True, text=True)
+    out = subprocess.run(
+        ["git", "grep", "-n", "-F", "../" + "shared", "--", ".", f":!{RESULTS}"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+    )
     return out.stdout.splitlines()
 
 
@@ -386,16 +464,34 @@ def test_the_imports_form_no_cycle():
     assert import_cycles(ROOT) == []
 
 
-@pytest.mark.parametrize("files,cycles", [
-    ({"trainer/a.py": "from hotloop.trainer.b import f\n",
-      "trainer/b.py": "def f():\n    from hotloop.trainer.a import g\n"}, [["trainer.a", "trainer.b"]]),
-    ({"kernels/x.py": "import hotloop.profiles.y\n", "profiles/y.py": "from hotloop.profiles import z\n",
-      "profiles/z.py": "from hotloop.kernels import x\n", "guards/w.py": "import hotloop.kernels.x\n"},
-     [["kernels.x", "profiles.y", "profiles.z"]]),
-    ({"trainer/a.py": "from hotloop.trainer.b import f\n",  # an annotation-only import back: no cycle
-      "trainer/b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from hotloop.trainer.a import A\n"},
-     []),
-])
+@pytest.mark.parametrize(
+    "files,cycles",
+    [
+        (
+            {
+                "trainer/a.py": "from hotloop.trainer.b import f\n",
+                "trainer/b.py": "def f():\n    from hotloop.trainer.a import g\n",
+            },
+            [["trainer.a", "trainer.b"]],
+        ),
+        (
+            {
+                "kernels/x.py": "import hotloop.profiles.y\n",
+                "profiles/y.py": "from hotloop.profiles import z\n",
+                "profiles/z.py": "from hotloop.kernels import x\n",
+                "guards/w.py": "import hotloop.kernels.x\n",
+            },
+            [["kernels.x", "profiles.y", "profiles.z"]],
+        ),
+        (
+            {
+                "trainer/a.py": "from hotloop.trainer.b import f\n",  # an annotation-only import back: no cycle
+                "trainer/b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from hotloop.trainer.a import A\n",
+            },
+            [],
+        ),
+    ],
+)
 def test_an_import_cycle_is_reported(tmp_path, files, cycles):
     assert import_cycles(_tree(tmp_path, files)) == cycles
 
@@ -415,10 +511,19 @@ def test_no_package_folder_holds_records():
 
 
 def test_records_in_a_package_folder_are_reported(tmp_path):
-    root = _git_tree(tmp_path, {"kernels/a.py": "", "guards/baseline_files/gpu.json": "{}",
-                                "guards/notes.csv": "x\n", "profiles/h200/README.md": "# runs\n",
-                                "profiles/h200/device/run.sh": "echo\n", "results/h200/bench.csv": "x\n",
-                                "trainer/__pycache__/a.pyc": "", ".gitignore": "__pycache__/\n"})
+    root = _git_tree(
+        tmp_path,
+        {
+            "kernels/a.py": "",
+            "guards/baseline_files/gpu.json": "{}",
+            "guards/notes.csv": "x\n",
+            "profiles/h200/README.md": "# runs\n",
+            "profiles/h200/device/run.sh": "echo\n",
+            "results/h200/bench.csv": "x\n",
+            "trainer/__pycache__/a.pyc": "",
+            ".gitignore": "__pycache__/\n",
+        },
+    )
     assert records_in_packages(root) == ["guards/notes.csv", "profiles/h200/README.md", "profiles/h200/device/run.sh"]
 
 
@@ -439,19 +544,42 @@ packages = {packages}
 """
 
 
-@pytest.mark.parametrize("packages,extra_dir,data,reported", [
-    ('["hotloop.guards"]', "", '"baseline_files/*.json"', []),
-    ('{find = {}}', "", '"baseline_files/*.json"',
-     ["[tool.setuptools] packages is {'find': {}}, not an explicit list"]),
-    ('["hotloop.guards", "hotloop.results"]', '"hotloop.results" = "results"\n', '"baseline_files/*.json"',
-     ["package hotloop.results is the folder results, which holds or is in results/"]),
-    ('["hotloop.guards", "hotloop.h200"]', '"hotloop.h200" = "results/h200"\n', '"baseline_files/*.json"',
-     ["package hotloop.h200 is the folder results/h200, which holds or is in results/"]),
-    ('["hotloop.guards"]', "", '"baseline_files/*.json", "../results/*.csv"',
-     ["package data guards/../results/*.csv of hotloop.guards is not in PACKAGE_DATA"]),
-    ('["hotloop.guards", "hotloop.lab"]', '"hotloop.lab" = "results/lab"\n', '"baseline_files/*.json"',
-     ["package hotloop.lab is the folder results/lab, which holds or is in results/"]),
-])
+@pytest.mark.parametrize(
+    "packages,extra_dir,data,reported",
+    [
+        ('["hotloop.guards"]', "", '"baseline_files/*.json"', []),
+        (
+            "{find = {}}",
+            "",
+            '"baseline_files/*.json"',
+            ["[tool.setuptools] packages is {'find': {}}, not an explicit list"],
+        ),
+        (
+            '["hotloop.guards", "hotloop.results"]',
+            '"hotloop.results" = "results"\n',
+            '"baseline_files/*.json"',
+            ["package hotloop.results is the folder results, which holds or is in results/"],
+        ),
+        (
+            '["hotloop.guards", "hotloop.h200"]',
+            '"hotloop.h200" = "results/h200"\n',
+            '"baseline_files/*.json"',
+            ["package hotloop.h200 is the folder results/h200, which holds or is in results/"],
+        ),
+        (
+            '["hotloop.guards"]',
+            "",
+            '"baseline_files/*.json", "../results/*.csv"',
+            ["package data guards/../results/*.csv of hotloop.guards is not in PACKAGE_DATA"],
+        ),
+        (
+            '["hotloop.guards", "hotloop.lab"]',
+            '"hotloop.lab" = "results/lab"\n',
+            '"baseline_files/*.json"',
+            ["package hotloop.lab is the folder results/lab, which holds or is in results/"],
+        ),
+    ],
+)
 def test_a_pyproject_that_would_ship_results_is_reported(tmp_path, packages, extra_dir, data, reported):
     root = _tree(tmp_path, {"pyproject.toml": _PYPROJECT.format(packages=packages, extra_dir=extra_dir, data=data)})
     assert results_shipped(root) == reported

@@ -18,24 +18,33 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
 from test_layout import PACKAGE_DATA, ROOT, _modules
 
-pytestmark = pytest.mark.skipif(shutil.which("git") is None or not (ROOT / ".git").exists(),
-                                reason="needs a git checkout (the wheel is built from the tracked files)")
+pytestmark = pytest.mark.skipif(
+    shutil.which("git") is None or not (ROOT / ".git").exists(),
+    reason="needs a git checkout (the wheel is built from the tracked files)",
+)
 
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     src, dist = tmp_path_factory.mktemp("src"), tmp_path_factory.mktemp("dist")
-    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                           capture_output=True, text=True, check=True).stdout.split("\0")
+    files = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split("\0")
     for name in filter(None, files):
         if (ROOT / name).is_file():
             (src / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / name, src / name)
-    out = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-q",
-                          "-w", str(dist), str(src)], capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-q", "-w", str(dist), str(src)],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     (path,) = dist.glob("hotloop-*.whl")
     return path
@@ -55,8 +64,10 @@ def _read(wheel: Path, suffix: str) -> str:
 def test_the_wheel_holds_hotloop_only_with_every_module_and_no_results(wheel):
     names = _names(wheel)
     assert _read(wheel, ".dist-info/top_level.txt").split() == ["hotloop"]
-    assert {n.split("/")[0] for n in names} == {"hotloop", wheel.name.split("-")[0] + "-" +
-                                                wheel.name.split("-")[1] + ".dist-info"}
+    assert {n.split("/")[0] for n in names} == {
+        "hotloop",
+        wheel.name.split("-")[0] + "-" + wheel.name.split("-")[1] + ".dist-info",
+    }
     data = [n for n in names if n.startswith("hotloop/") and not n.endswith(".py")]  # no results, no scripts
     assert data and all(any(fnmatch.fnmatch(n, f"hotloop/{p}") for p in PACKAGE_DATA) for n in data), data
     expected = {"hotloop/" + str(p.relative_to(ROOT)) for p in _modules(ROOT).values()}
@@ -85,23 +96,31 @@ def test_the_wheel_declares_the_command_and_the_pytest_plugin(wheel):
 def site(wheel, tmp_path_factory) -> Path:
     """The wheel installed (not editable, no dependencies) into a folder of its own: put it first on PYTHONPATH."""
     site = tmp_path_factory.mktemp("site")
-    out = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile", "--target",
-                          str(site), str(wheel)], capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile", "--target", str(site), str(wheel)],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     return site
 
 
 def _run_installed(site: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
     """`python ARGS` in `cwd` with the installed wheel first on the path."""
-    env = {**os.environ, "PYTHONPATH": str(site),
-           "PATH": os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(site),
+        "PATH": os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]),
+    }
     return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 
 def test_installed_from_the_wheel_it_imports_and_finds_its_baseline_from_another_folder(site, tmp_path):
-    code = ("import hotloop.guards.guard, hotloop.guards.gate as g; "
-            "p = g.default_baseline(gpu_name='NVIDIA H200'); "
-            "print(hotloop.guards.guard.__file__); print(p); print(p.is_file())")
+    code = (
+        "import hotloop.guards.guard, hotloop.guards.gate as g; "
+        "p = g.default_baseline(gpu_name='NVIDIA H200'); "
+        "print(hotloop.guards.guard.__file__); print(p); print(p.is_file())"
+    )
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     env = {**os.environ, "PYTHONPATH": str(site)}
@@ -116,8 +135,21 @@ def test_installed_and_run_from_an_empty_folder_the_gate_cites_the_installed_cri
     """Issue 40 item 6: a new user's gate (the wheel, an empty folder) cites a criteria table it has."""
     empty = tmp_path / "empty"
     empty.mkdir()
-    run = _run_installed(site, empty, "-m", "hotloop.guards.cli", "gate", "--epochs", "1", "--set",
-                         "learner_steps_per_epoch=20", "--no-baseline", "--no-progress", "--out", str(tmp_path / "g"))
+    run = _run_installed(
+        site,
+        empty,
+        "-m",
+        "hotloop.guards.cli",
+        "gate",
+        "--epochs",
+        "1",
+        "--set",
+        "learner_steps_per_epoch=20",
+        "--no-baseline",
+        "--no-progress",
+        "--out",
+        str(tmp_path / "g"),
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     criteria = site / "hotloop" / "docs" / "criteria.md"
     assert f"\nCriteria ({criteria}), " in run.stdout and criteria.is_file()

@@ -72,19 +72,34 @@ class DeviceActor:
     that is not an int >= 0, or eps_decay_steps not a finite number >= 0.
     """
 
-    def __init__(self, learner: HotLearner, env: VecEnv, replay: PrioritizedReplay, returns: EpisodeReturns,
-                 obs: torch.Tensor, seed: int, eps_start: float, eps_end: float, eps_decay_steps: float) -> None:
+    def __init__(
+        self,
+        learner: HotLearner,
+        env: VecEnv,
+        replay: PrioritizedReplay,
+        returns: EpisodeReturns,
+        obs: torch.Tensor,
+        seed: int,
+        eps_start: float,
+        eps_end: float,
+        eps_decay_steps: float,
+    ) -> None:
         if not capturable(env):
-            raise ValueError(f"{type(env).__name__} is not capturable: it draws its own random numbers "
-                             "(no `step_uniforms`)")
+            raise ValueError(
+                f"{type(env).__name__} is not capturable: it draws its own random numbers (no `step_uniforms`)"
+            )
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
             raise ValueError(f"seed must be an int >= 0, got {seed!r}")
-        if not isinstance(eps_decay_steps, (int, float)) or not (math.isfinite(eps_decay_steps) and eps_decay_steps >= 0):
+        if not isinstance(eps_decay_steps, (int, float)) or not (
+            math.isfinite(eps_decay_steps) and eps_decay_steps >= 0
+        ):
             raise ValueError(f"eps_decay_steps must be a finite number >= 0, got {eps_decay_steps!r}")
         n, device = env.num_envs, learner.device
         if tuple(obs.shape) != (n, env.obs_dim) or obs.dtype != torch.float32 or obs.device != replay.device:
-            raise ValueError(f"obs must be ({n}, {env.obs_dim}) float32 on {replay.device}, got "
-                             f"{tuple(obs.shape)} {obs.dtype} on {obs.device}")
+            raise ValueError(
+                f"obs must be ({n}, {env.obs_dim}) float32 on {replay.device}, got "
+                f"{tuple(obs.shape)} {obs.dtype} on {obs.device}"
+            )
         self.learner, self.env, self.replay, self.returns, self.obs = learner, env, replay, returns, obs
         self.seed = seed + ACTOR_SEED_OFFSET
         self.eps_start, self.eps_end = (eps_start, eps_end) if eps_decay_steps > 0 else (eps_end, eps_end)
@@ -117,13 +132,29 @@ class DeviceActor:
         self.net = ActingNet.from_layout(self.learner.layout, self.obs.device)
         dev = self.obs.device
         return ActorBuffers(
-            t=self.t, pos=rp.pos_t, epsilon=self.epsilon, obs=self.obs, state=state, elapsed=env.elapsed_steps,
-            start=start, env_a=env_a, env_b=env_b, env_c=env_c, replay_obs=rp.obs, replay_action=rp.action,
-            replay_reward=rp.reward, replay_next_obs=rp.next_obs, replay_terminated=rp.terminated,
-            running=self.returns.running, ended=torch.empty(n, dtype=torch.float64, device=dev),
-            done=torch.empty(n, dtype=torch.int32, device=dev), ring=self.returns.ring,
-            finished=self.returns.finished, ticket=torch.zeros((), dtype=torch.int32, device=dev),
-            scratch=torch.empty(2, n, self.net.max_width, device=dev))
+            t=self.t,
+            pos=rp.pos_t,
+            epsilon=self.epsilon,
+            obs=self.obs,
+            state=state,
+            elapsed=env.elapsed_steps,
+            start=start,
+            env_a=env_a,
+            env_b=env_b,
+            env_c=env_c,
+            replay_obs=rp.obs,
+            replay_action=rp.action,
+            replay_reward=rp.reward,
+            replay_next_obs=rp.next_obs,
+            replay_terminated=rp.terminated,
+            running=self.returns.running,
+            ended=torch.empty(n, dtype=torch.float64, device=dev),
+            done=torch.empty(n, dtype=torch.int32, device=dev),
+            ring=self.returns.ring,
+            finished=self.returns.finished,
+            ticket=torch.zeros((), dtype=torch.int32, device=dev),
+            scratch=torch.empty(2, n, self.net.max_width, device=dev),
+        )
 
     @torch.no_grad()
     def _body(self) -> None:
@@ -139,8 +170,18 @@ class DeviceActor:
         With `launch_tail` after it, one step. RuntimeError without the fused step."""
         if self.fused is None:
             raise RuntimeError("DeviceActor.launch_main: this env runs the reference step (no fused step)")
-        actor_step(self.net, self.acting_weights, self.fused, self.seed, self.eps_start, self.eps_end,
-                   self.eps_decay_steps, self._env_kind, self._time_limit, self.tiles)
+        actor_step(
+            self.net,
+            self.acting_weights,
+            self.fused,
+            self.seed,
+            self.eps_start,
+            self.eps_end,
+            self.eps_decay_steps,
+            self._env_kind,
+            self._time_limit,
+            self.tiles,
+        )
 
     @torch.no_grad()
     def launch_tail(self) -> None:
@@ -148,21 +189,31 @@ class DeviceActor:
         commit (episode ring, counters advanced). RuntimeError without the fused step."""
         if self.fused is None:
             raise RuntimeError("DeviceActor.launch_tail: this env runs the reference step (no fused step)")
-        tree_insert(self.replay.tree.nodes, self.replay.pos_t, self.env.num_envs, self.replay.capacity,
-                    self.replay.tree.max_value)
+        tree_insert(
+            self.replay.tree.nodes,
+            self.replay.pos_t,
+            self.env.num_envs,
+            self.replay.capacity,
+            self.replay.tree.max_value,
+        )
         actor_commit(self.fused)
 
     @torch.no_grad()
     def reference_step(self) -> None:
         """One step in stock torch ops (the plain-torch reference of the fused step, and the step of every env the
         fused kernels do not simulate): device work only, host counters untouched (`step` advances those)."""
-        batch_uniforms(self.t, self.uniforms.view(-1), self.epsilon, self.seed, self.eps_start, self.eps_end,
-                       self.eps_decay_steps)
+        batch_uniforms(
+            self.t, self.uniforms.view(-1), self.epsilon, self.seed, self.eps_start, self.eps_end, self.eps_decay_steps
+        )
         d = self.branches
-        actions = epsilon_greedy_from(self.learner.acting.greedy(self.acting_weights, self.obs),
-                                      self.learner.action_nvec, self.epsilon, self.uniforms[:, :1],
-                                      self.uniforms[:, 1:1 + d])
-        res = self.env.step(actions, self.uniforms[:, 1 + d:])
+        actions = epsilon_greedy_from(
+            self.learner.acting.greedy(self.acting_weights, self.obs),
+            self.learner.action_nvec,
+            self.epsilon,
+            self.uniforms[:, :1],
+            self.uniforms[:, 1 : 1 + d],
+        )
+        res = self.env.step(actions, self.uniforms[:, 1 + d :])
         self.replay.write(self.obs, actions, res.reward, res.final_obs, res.terminated)
         self.returns.update(res.reward, res.terminated | res.truncated)
         self.obs.copy_(res.obs)
@@ -175,8 +226,15 @@ class DeviceActor:
         if isinstance(t, bool) or not isinstance(t, int) or t < 0:
             raise ValueError(f"t must be an int >= 0, got {t!r}")
         counter = torch.full((), t, dtype=torch.int64, device=self.t.device)
-        batch_uniforms(counter, self.uniforms.view(-1), torch.empty((), device=self.t.device), self.seed,
-                       self.eps_start, self.eps_end, self.eps_decay_steps)
+        batch_uniforms(
+            counter,
+            self.uniforms.view(-1),
+            torch.empty((), device=self.t.device),
+            self.seed,
+            self.eps_start,
+            self.eps_end,
+            self.eps_decay_steps,
+        )
         return self.uniforms
 
     def capture(self) -> float:

@@ -106,8 +106,10 @@ class CheckpointWriteError(OSError):
     it was an OSError (None otherwise); the cause is chained (__cause__). The last complete checkpoint is kept."""
 
     def __init__(self, path: Path, epoch: int, cause: BaseException) -> None:
-        super().__init__(f"checkpoint {path} of epoch {epoch} could not be written by the background writer "
-                         f"({type(cause).__name__}: {cause}); the last complete checkpoint at {path} is kept")
+        super().__init__(
+            f"checkpoint {path} of epoch {epoch} could not be written by the background writer "
+            f"({type(cause).__name__}: {cause}); the last complete checkpoint at {path} is kept"
+        )
         self.path, self.epoch = path, epoch
         self.errno = getattr(cause, "errno", None)
 
@@ -150,13 +152,20 @@ class AsyncCheckpointer:
     Raises ValueError for interval < 1 or a last_epoch < 1.
     """
 
-    def __init__(self, path: str | Path, interval: int = 1, last_epoch: int | None = None,
-                 watchdog: _Watchdog | None = None, note: Callable[[str], None] | None = None,
-                 device_snapshot: bool = True) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        interval: int = 1,
+        last_epoch: int | None = None,
+        watchdog: _Watchdog | None = None,
+        note: Callable[[str], None] | None = None,
+        device_snapshot: bool = True,
+    ) -> None:
         if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
             raise ValueError(f"AsyncCheckpointer: interval must be an int >= 1 (epochs), got {interval!r}")
-        if last_epoch is not None and (isinstance(last_epoch, bool) or not isinstance(last_epoch, int)
-                                       or last_epoch < 1):
+        if last_epoch is not None and (
+            isinstance(last_epoch, bool) or not isinstance(last_epoch, int) or last_epoch < 1
+        ):
             raise ValueError(f"AsyncCheckpointer: last_epoch must be an int >= 1 or None, got {last_epoch!r}")
         self.path, self.interval, self.last_epoch = Path(path), interval, last_epoch
         self.watchdog, self.note, self.device_snapshot = watchdog, note or (lambda line: None), device_snapshot
@@ -183,8 +192,9 @@ class AsyncCheckpointer:
         while the pipeline was busy)."""
         return epoch % self.interval == 0 or epoch == self.last_epoch or self._owed
 
-    def checkpoint_epoch(self, epoch: int,
-                         state: Callable[[], tuple[Mapping[str, torch.Tensor], Mapping]]) -> CheckpointRecord | None:
+    def checkpoint_epoch(
+        self, epoch: int, state: Callable[[], tuple[Mapping[str, torch.Tensor], Mapping]]
+    ) -> CheckpointRecord | None:
         """The checkpoint work after `epoch` (call it once per epoch, outside the epoch's loop): `poll`, then when
         one is `due`, the snapshot of `state()` (called only then: Trainer.checkpoint_state) handed on to the writer
         (module docstring), or a skip when one is in flight. The last epoch waits for one in flight, then snapshots
@@ -204,14 +214,20 @@ class AsyncCheckpointer:
             self.wait()
         elif self.busy:
             held = self._pending.record.epoch if self._pending is not None else self._writing.epoch
-            record = CheckpointRecord(epoch, skipped=True, reason=f"epoch {held}'s checkpoint was still in flight",
-                                      main_s=time.perf_counter() - start)
+            record = CheckpointRecord(
+                epoch,
+                skipped=True,
+                reason=f"epoch {held}'s checkpoint was still in flight",
+                main_s=time.perf_counter() - start,
+            )
             self.records.append(record)
             self._owed = True
             if held != self._skipped_behind:  # one line per write that held checkpoints up; all are in `records`
                 self._skipped_behind = held
-                self.note(f"checkpoint of epoch {epoch} skipped: epoch {held}'s was still being written (the first "
-                          f"epoch end after it takes one; later skips behind it are counted in the summary)")
+                self.note(
+                    f"checkpoint of epoch {epoch} skipped: epoch {held}'s was still being written (the first "
+                    f"epoch end after it takes one; later skips behind it are counted in the summary)"
+                )
             return record
         tensors, meta = state()
         record = self._snapshot(epoch, tensors, meta)
@@ -296,8 +312,10 @@ class AsyncCheckpointer:
         self.close(flush=exc is None)
         if exc is not None and self._error is not None and hasattr(exc, "add_note"):  # never lost: said with exc
             failed, record = self._error
-            exc.add_note(f"also: the background write of {self.path} (epoch {record.epoch}) failed "
-                         f"({type(failed).__name__}: {failed})")
+            exc.add_note(
+                f"also: the background write of {self.path} (epoch {record.epoch}) failed "
+                f"({type(failed).__name__}: {failed})"
+            )
 
     def summary(self) -> str:
         """One line: checkpoints written and their bytes (total, per file, per epoch of this run), those skipped, the
@@ -305,12 +323,14 @@ class AsyncCheckpointer:
         written = [r for r in self.records if r.written]
         total = sum(r.bytes for r in written)
         mode = f", snapshot mode {self.mode}" + (f" ({self.mode_note})" if self.mode_note else "") if self.mode else ""
-        return (f"checkpoints: {len(written)} written, every {self.interval} epoch(s) and the last: "
-                f"{total / 1e6:.1f} MB ({total / max(len(written), 1) / 1e6:.1f} MB each, "
-                f"{total / max(self.epochs_seen, 1) / 1e6:.1f} MB per epoch over {self.epochs_seen}), "
-                f"{sum(r.skipped for r in self.records)} skipped as busy; {sum(r.write_s for r in written):.2f} s "
-                f"writing in the background, {sum(r.main_s for r in self.records):.3f} s on the main thread in the "
-                f"epochs, {sum(r.wait_s for r in self.records):.2f} s waiting at the end{mode}")
+        return (
+            f"checkpoints: {len(written)} written, every {self.interval} epoch(s) and the last: "
+            f"{total / 1e6:.1f} MB ({total / max(len(written), 1) / 1e6:.1f} MB each, "
+            f"{total / max(self.epochs_seen, 1) / 1e6:.1f} MB per epoch over {self.epochs_seen}), "
+            f"{sum(r.skipped for r in self.records)} skipped as busy; {sum(r.write_s for r in written):.2f} s "
+            f"writing in the background, {sum(r.main_s for r in self.records):.3f} s on the main thread in the "
+            f"epochs, {sum(r.wait_s for r in self.records):.2f} s waiting at the end{mode}"
+        )
 
     # --- internals ----------------------------------------------------------------------------------------------
 
@@ -367,8 +387,9 @@ class AsyncCheckpointer:
             raise ValueError(f"checkpoint {self.path}: CUDA tensors on several devices {sorted(map(str, devices))}")
         return next(iter(devices), None)
 
-    def _buffers(self, tensors: Mapping[str, torch.Tensor], device: torch.device | None
-                 ) -> tuple[dict[str, torch.Tensor], str]:
+    def _buffers(
+        self, tensors: Mapping[str, torch.Tensor], device: torch.device | None
+    ) -> tuple[dict[str, torch.Tensor], str]:
         """The host buffers for `tensors` (made at the first snapshot, reused while the names, shapes and dtypes
         stay the same) and the snapshot mode; on CUDA also the side stream and the device buffers."""
         layout = tuple((n, tuple(t.shape), t.dtype, t.is_cuda) for n, t in tensors.items())
@@ -376,12 +397,15 @@ class AsyncCheckpointer:
             self._host, self._dev, self._layout, self._pinned = {}, None, None, False
             if device is not None:
                 try:
-                    self._host = {n: torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_cuda)
-                                  for n, t in tensors.items()}
+                    self._host = {
+                        n: torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_cuda) for n, t in tensors.items()
+                    }
                     self._pinned = True
                 except RuntimeError as exc:  # cudaHostAlloc failed
-                    self._set_note(f"pinned host memory not available ({str(exc).splitlines()[0]}); checkpoints "
-                                   f"copy from the GPU synchronously (a host sync, outside the loop)")
+                    self._set_note(
+                        f"pinned host memory not available ({str(exc).splitlines()[0]}); checkpoints "
+                        f"copy from the GPU synchronously (a host sync, outside the loop)"
+                    )
             if not self._pinned:
                 self._host = {n: torch.empty(t.shape, dtype=t.dtype) for n, t in tensors.items()}
             if self._pinned:
@@ -395,16 +419,19 @@ class AsyncCheckpointer:
             return self._host, "host"
         return self._host, "device" if self._dev is not None else "direct"
 
-    def _device_buffers(self, tensors: Mapping[str, torch.Tensor], device: torch.device
-                        ) -> dict[str, torch.Tensor] | None:
+    def _device_buffers(
+        self, tensors: Mapping[str, torch.Tensor], device: torch.device
+    ) -> dict[str, torch.Tensor] | None:
         """Device buffers for the CUDA tensors (on the side stream's pool), None when they do not fit."""
         try:
             with torch.cuda.stream(self._side):
                 return {n: torch.empty(t.shape, dtype=t.dtype, device=device) for n, t in tensors.items() if t.is_cuda}
         except torch.cuda.OutOfMemoryError as exc:
             need = sum(t.numel() * t.element_size() for t in tensors.values() if t.is_cuda)
-            self._set_note(f"no room on {device} for a {need / 1e6:.0f} MB device snapshot "
-                           f"({str(exc).splitlines()[0]}); the GPU waits for each checkpoint's D2H copy instead")
+            self._set_note(
+                f"no room on {device} for a {need / 1e6:.0f} MB device snapshot "
+                f"({str(exc).splitlines()[0]}); the GPU waits for each checkpoint's D2H copy instead"
+            )
             return None
 
     def _set_note(self, line: str) -> None:

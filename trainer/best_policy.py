@@ -58,8 +58,13 @@ def save_best(path: str | Path, trainer: Trainer, epoch: int, eval_return: float
     `epoch`) to `path` atomically (save_checkpoint: an existing file stays whole on any error); returns the path.
     Raises ValueError as save_checkpoint does (e.g. a missing folder)."""
     tensors = _policy_tensors(trainer)
-    meta = {"format": POLICY_FORMAT, "epoch": int(epoch), "eval_return": float(eval_return),
-            "learner": trainer.learner_kind, "config": trainer.cfg.to_dict()}
+    meta = {
+        "format": POLICY_FORMAT,
+        "epoch": int(epoch),
+        "eval_return": float(eval_return),
+        "learner": trainer.learner_kind,
+        "config": trainer.cfg.to_dict(),
+    }
     return save_checkpoint(path, tensors, meta)
 
 
@@ -80,16 +85,19 @@ def load_best(trainer: Trainer, path: str | Path) -> dict:
     tensors, meta = load_checkpoint(path, trainer.device)
     _policy_meta(path, meta)
     if meta.get("learner") != trainer.learner_kind:
-        raise ValueError(f"{path}: a policy of the {meta.get('learner')!r} learner; this trainer has a "
-                         f"{trainer.learner_kind!r} one")
+        raise ValueError(
+            f"{path}: a policy of the {meta.get('learner')!r} learner; this trainer has a {trainer.learner_kind!r} one"
+        )
     saved, now = meta.get("config") or {}, trainer.cfg.to_dict()
     diff = [f for f in STATE_FIELDS if saved.get(f) != now[f]]
     if diff:
-        raise ValueError(f"{path}: measured with other {diff} ({[saved.get(f) for f in diff]} vs "
-                         f"{[now[f] for f in diff]})")
+        raise ValueError(
+            f"{path}: measured with other {diff} ({[saved.get(f) for f in diff]} vs {[now[f] for f in diff]})"
+        )
     targets = _policy_tensors(trainer)
-    wrong = sorted(set(targets) ^ set(tensors)) + [k for k in targets if k in tensors
-                                                     and tensors[k].shape != targets[k].shape]
+    wrong = sorted(set(targets) ^ set(tensors)) + [
+        k for k in targets if k in tensors and tensors[k].shape != targets[k].shape
+    ]
     if wrong:
         raise ValueError(f"{path}: tensors do not match this learner's (names or shapes differ: {wrong[:5]})")
     with torch.no_grad():

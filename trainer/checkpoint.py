@@ -34,8 +34,9 @@ READABLE_VERSIONS = (1, 2)
 MetaValue = int | float | str | bool | list | dict | None
 
 
-def save_checkpoint(path: str | os.PathLike, tensors: Mapping[str, torch.Tensor],
-                    meta: Mapping[str, MetaValue]) -> Path:
+def save_checkpoint(
+    path: str | os.PathLike, tensors: Mapping[str, torch.Tensor], meta: Mapping[str, MetaValue]
+) -> Path:
     """Write `tensors` (str name -> tensor, any dtype/shape/device; stored detached, as compact CPU copies) and
     `meta` (str key -> JSON-serializable value; stored as its JSON round trip, so tuples come back as lists) to
     `path` atomically; returns `path` as a Path. The temp file (`.<name>.*.tmp`, mode 0600 from mkstemp) lives in
@@ -52,8 +53,9 @@ def save_checkpoint(path: str | os.PathLike, tensors: Mapping[str, torch.Tensor]
     return path
 
 
-def check_checkpoint_args(path: str | os.PathLike, tensors: Mapping[str, torch.Tensor],
-                          meta: Mapping[str, MetaValue]) -> tuple[Path, dict]:
+def check_checkpoint_args(
+    path: str | os.PathLike, tensors: Mapping[str, torch.Tensor], meta: Mapping[str, MetaValue]
+) -> tuple[Path, dict]:
     """The checks of `save_checkpoint`, made before anything is copied or written: returns (`path` as a Path,
     `meta` as its JSON round trip). Raises ValueError as save_checkpoint does (names, values, meta, directory)."""
     path = Path(path)
@@ -89,8 +91,13 @@ def write_host_checkpoint(path: Path, host: Mapping[str, torch.Tensor], plain_me
     Touches no CUDA API (the tensors are on the host), so it may run on a background thread while the training
     loop runs (hotloop.trainer.async_checkpoint). Raises DiskFullError / OSError as save_checkpoint does, the temp
     file removed and the file at `path` left as it was."""
-    payload = {"format": FORMAT, "version": VERSION, "meta": plain_meta, "tensors": dict(host),
-               "sha256": {name: tensor_digest(t) for name, t in host.items()}}
+    payload = {
+        "format": FORMAT,
+        "version": VERSION,
+        "meta": plain_meta,
+        "tensors": dict(host),
+        "sha256": {name: tensor_digest(t) for name, t in host.items()},
+    }
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -107,15 +114,17 @@ def write_host_checkpoint(path: Path, host: Mapping[str, torch.Tensor], plain_me
         full = disk_full_cause(exc)
         if full is not None and not isinstance(exc, DiskFullError):
             kept = "the file there before is kept whole" if path.exists() else "no file was there before"
-            raise DiskFullError(f"disk full: {path} could not be written ({full.strerror or full}); {kept}",
-                                full.errno) from exc
+            raise DiskFullError(
+                f"disk full: {path} could not be written ({full.strerror or full}); {kept}", full.errno
+            ) from exc
         raise
     fsync_dir(path.parent)
     return size
 
 
-def load_checkpoint(path: str | os.PathLike, device: torch.device | str | None = None
-                    ) -> tuple[dict[str, torch.Tensor], dict]:
+def load_checkpoint(
+    path: str | os.PathLike, device: torch.device | str | None = None
+) -> tuple[dict[str, torch.Tensor], dict]:
     """Read a checkpoint written by save_checkpoint: (tensors on `device`, default cpu; meta dict of JSON values).
     Uses torch.load(weights_only=True): a file that would need any other global (a custom class, a __reduce__
     payload) is refused before it is built. Raises ValueError naming the path for a missing file, a path that is not
@@ -142,15 +151,23 @@ def load_checkpoint(path: str | os.PathLike, device: torch.device | str | None =
         raise ValueError(f"checkpoint {path} is not a {FORMAT} file (format key missing or wrong)")
     version = obj.get("version")
     if isinstance(version, bool) or version not in READABLE_VERSIONS:
-        raise ValueError(f"checkpoint {path} has version {version!r}, this code reads "
-                         f"{' and '.join(map(str, READABLE_VERSIONS))}")
+        raise ValueError(
+            f"checkpoint {path} has version {version!r}, this code reads {' and '.join(map(str, READABLE_VERSIONS))}"
+        )
     tensors, meta = obj.get("tensors"), obj.get("meta")
-    if (not isinstance(tensors, dict) or not isinstance(meta, dict)
-            or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in tensors.items())):
+    if (
+        not isinstance(tensors, dict)
+        or not isinstance(meta, dict)
+        or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in tensors.items())
+    ):
         raise ValueError(f"checkpoint {path} is malformed: 'tensors' must map str -> tensor and 'meta' be a dict")
     if version == 1:
-        warnings.warn(f"checkpoint {path} is version 1, written without tensor checksums: its tensor bytes cannot be "
-                      f"verified (the next save writes version {VERSION}, with them)", UserWarning, stacklevel=2)
+        warnings.warn(
+            f"checkpoint {path} is version 1, written without tensor checksums: its tensor bytes cannot be "
+            f"verified (the next save writes version {VERSION}, with them)",
+            UserWarning,
+            stacklevel=2,
+        )
     else:
         _verify_digests(path, tensors, obj.get("sha256"))
     if device.type != "cpu":
@@ -174,16 +191,21 @@ def tensor_digest(t: torch.Tensor) -> str:
 def _verify_digests(path: Path, tensors: dict[str, torch.Tensor], digests: object) -> None:
     """ValueError naming `path` unless `digests` maps exactly the tensors' names to their tensor_digest."""
     if not isinstance(digests, dict) or not all(isinstance(v, str) for v in digests.values()):
-        raise ValueError(f"checkpoint {path} is malformed: version {VERSION} needs 'sha256', a dict of tensor "
-                         f"name -> hex digest")
+        raise ValueError(
+            f"checkpoint {path} is malformed: version {VERSION} needs 'sha256', a dict of tensor name -> hex digest"
+        )
     if set(digests) != set(tensors):
-        raise ValueError(f"checkpoint {path} is corrupt: tensors without a checksum "
-                         f"{sorted(set(tensors) - set(digests))[:5]}, checksums without a tensor "
-                         f"{sorted(set(digests) - set(tensors))[:5]}")
+        raise ValueError(
+            f"checkpoint {path} is corrupt: tensors without a checksum "
+            f"{sorted(set(tensors) - set(digests))[:5]}, checksums without a tensor "
+            f"{sorted(set(digests) - set(tensors))[:5]}"
+        )
     for name, t in tensors.items():
         if tensor_digest(t) != digests[name]:
-            raise ValueError(f"checkpoint {path} is corrupt: tensor {name!r} ({t.dtype}, {tuple(t.shape)}) does not "
-                             f"match its sha256 checksum; the file's bytes changed after it was written")
+            raise ValueError(
+                f"checkpoint {path} is corrupt: tensor {name!r} ({t.dtype}, {tuple(t.shape)}) does not "
+                f"match its sha256 checksum; the file's bytes changed after it was written"
+            )
 
 
 def rng_state(device: torch.device | str) -> dict[str, torch.Tensor]:

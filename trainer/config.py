@@ -16,7 +16,7 @@ import json
 import math
 import reprlib
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -186,8 +186,10 @@ class Config:
         except InputFileError as exc:
             raise ValueError(f"config file {path}: {exc.problem}") from None
         except RecursionError:
-            raise ValueError(f"config file {path}: nested too deep to read (JSON arrays/objects nested beyond the "
-                             f"parser's limit; a config is one flat object)") from None
+            raise ValueError(
+                f"config file {path}: nested too deep to read (JSON arrays/objects nested beyond the "
+                f"parser's limit; a config is one flat object)"
+            ) from None
         except (OSError, ValueError) as exc:  # ValueError: JSONDecodeError, UnicodeDecodeError, int digit limit
             raise ValueError(f"config file {path}: {exc}") from exc
         if not isinstance(data, dict):
@@ -204,11 +206,29 @@ actor's Philox key seed + 2**40 + its step counter and the learner's seed + step
 (< 2**63), and the env reseed on resume, seed + 7919 * epoch. Negative seeds: the hotloop learner's Philox streams
 and Gymnasium's seeding take none."""
 
-_POSITIVE_INTS = ("num_envs", "epochs", "learner_steps_per_epoch", "env_steps_per_update", "batch_size",
-                  "head_hidden", "sn_power_iterations", "target_update_interval", "replay_capacity", "obs_dim",
-                  "log_interval", "checkpoint_interval")
-_UNIT_INTERVAL = ("gamma", "per_beta_start", "per_beta_end", "eps_start", "eps_end", "eps_decay_fraction",
-                  "lr_end_factor")
+_POSITIVE_INTS = (
+    "num_envs",
+    "epochs",
+    "learner_steps_per_epoch",
+    "env_steps_per_update",
+    "batch_size",
+    "head_hidden",
+    "sn_power_iterations",
+    "target_update_interval",
+    "replay_capacity",
+    "obs_dim",
+    "log_interval",
+    "checkpoint_interval",
+)
+_UNIT_INTERVAL = (
+    "gamma",
+    "per_beta_start",
+    "per_beta_end",
+    "eps_start",
+    "eps_end",
+    "eps_decay_fraction",
+    "lr_end_factor",
+)
 
 
 def _check_types(cfg: Config) -> None:
@@ -249,19 +269,23 @@ def validate_run(cfg: Config) -> None:
     its own first ones, so the setting cannot mean what it says). The CLI calls it before training
     (hotloop.guards.commands.checks.check_run)."""
     if cfg.learning_starts > cfg.replay_capacity:
-        raise ValueError(f"config.learning_starts ({cfg.learning_starts}) exceeds config.replay_capacity "
-                         f"({cfg.replay_capacity}): the replay cannot hold the transitions collected before the "
-                         f"first learner step; lower learning_starts or raise replay_capacity")
+        raise ValueError(
+            f"config.learning_starts ({cfg.learning_starts}) exceeds config.replay_capacity "
+            f"({cfg.replay_capacity}): the replay cannot hold the transitions collected before the "
+            f"first learner step; lower learning_starts or raise replay_capacity"
+        )
 
 
 def validate(cfg: Config) -> None:
     """Raise ValueError naming the first field whose value has the wrong type or is out of range."""
     _check_types(cfg)
     if not 0 <= cfg.seed < SEED_LIMIT:
-        raise ValueError(f"config.seed must be in [0, 2**47) = [0, {SEED_LIMIT - 1}], got {_short_repr(cfg.seed)}: "
-                         f"the per-epoch evaluation seeds its env with seed * 100003 + epoch, which "
-                         f"torch.Generator.manual_seed takes only below 2**64, and the actor's Philox key is seed + "
-                         f"2**40 + its step counter, an int64 (hotloop.trainer.config.SEED_LIMIT)")
+        raise ValueError(
+            f"config.seed must be in [0, 2**47) = [0, {SEED_LIMIT - 1}], got {_short_repr(cfg.seed)}: "
+            f"the per-epoch evaluation seeds its env with seed * 100003 + epoch, which "
+            f"torch.Generator.manual_seed takes only below 2**64, and the actor's Philox key is seed + "
+            f"2**40 + its step counter, an int64 (hotloop.trainer.config.SEED_LIMIT)"
+        )
     for name in _POSITIVE_INTS:
         value = getattr(cfg, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -290,8 +314,7 @@ def validate(cfg: Config) -> None:
     if not cfg.action_nvec or any(n < 2 for n in cfg.action_nvec):
         raise ValueError(f"config.action_nvec must be non-empty sizes >= 2, got {cfg.action_nvec!r}")
     if cfg.batch_size > cfg.replay_capacity:
-        raise ValueError(f"config.batch_size ({cfg.batch_size}) exceeds config.replay_capacity "
-                         f"({cfg.replay_capacity})")
+        raise ValueError(f"config.batch_size ({cfg.batch_size}) exceeds config.replay_capacity ({cfg.replay_capacity})")
 
 
 _F32_TINY, _F32_MAX = 2.0**-126, float.fromhex("0x1.fffffep+127")
@@ -310,9 +333,11 @@ def _check_per_floor(per_eps: float, per_alpha: float) -> None:
     except OverflowError:
         value = math.inf
     if not _F32_TINY <= value <= _F32_MAX:
-        raise ValueError(f"config.per_eps ** config.per_alpha = {per_eps!r} ** {per_alpha!r} = {value!r} must be "
-                         f"within {normal}: a zero TD error's priority would {'underflow' if value < 1 else 'overflow'}"
-                         " float32")
+        raise ValueError(
+            f"config.per_eps ** config.per_alpha = {per_eps!r} ** {per_alpha!r} = {value!r} must be "
+            f"within {normal}: a zero TD error's priority would {'underflow' if value < 1 else 'overflow'}"
+            " float32"
+        )
 
 
 def field_names() -> list[str]:
@@ -343,8 +368,14 @@ def env_shape_fields(env: str) -> tuple[str, ...]:
 
 
 CARTPOLE_LEARNS: dict[str, Any] = dict(
-    num_envs=64, lr=7e-4, spectral_norm=False, tau=0.05, target_update_interval=1, max_grad_norm=1.0,
-    eps_decay_fraction=0.1, td_target_max=100.0,
+    num_envs=64,
+    lr=7e-4,
+    spectral_norm=False,
+    tau=0.05,
+    target_update_interval=1,
+    max_grad_norm=1.0,
+    eps_decay_fraction=0.1,
+    td_target_max=100.0,
 )
 """The settings that learn CartPole-v1 with both learners: Polyak averaging every step, clip 1, 64 envs, epsilon
 over 10% of the run, no spectral norm, which with its learned gains kept the Q-values too small, too long
@@ -356,7 +387,12 @@ First found by the CPU sweep results/cpu/cartpole_sweep/ and the GPU sweep
 results/h200/device/cartpole_sweep_hot.sh."""
 
 CARTPOLE_FAST: dict[str, Any] = dict(
-    CARTPOLE_LEARNS, epochs=24, learner_steps_per_epoch=500, trunk_hidden=(256, 256), head_hidden=64, lr_end_factor=0.1,
+    CARTPOLE_LEARNS,
+    epochs=24,
+    learner_steps_per_epoch=500,
+    trunk_hidden=(256, 256),
+    head_hidden=64,
+    lr_end_factor=0.1,
 )
 """The fast preset: CARTPOLE_LEARNS in 24 epochs of 500 learner steps, a trunk of 256-256 with heads of 64 (reaches 475
 sooner: 26 of 26 seeds at constant lr, but 4 of 26 held) and lr decaying linearly to 0.1 of 7e-4 over the run (holds
@@ -375,9 +411,20 @@ PRESETS: dict[str, dict[str, Any]] = {
     "cartpole": dict(CARTPOLE_LEARNS, epochs=12),
     "cartpole-fast": CARTPOLE_FAST,
     "seed-scale": dict(
-        env="synthetic", num_envs=8192, batch_size=8192, obs_dim=64, action_nvec=(4, 4, 4),
-        trunk_hidden=(512, 256), head_hidden=80, replay_capacity=2**20, learner_steps_per_epoch=1000,
-        learning_starts=8192, epochs=3, target_update_interval=1000, eps_decay_fraction=0.5, eval_episodes=0,
+        env="synthetic",
+        num_envs=8192,
+        batch_size=8192,
+        obs_dim=64,
+        action_nvec=(4, 4, 4),
+        trunk_hidden=(512, 256),
+        head_hidden=80,
+        replay_capacity=2**20,
+        learner_steps_per_epoch=1000,
+        learning_starts=8192,
+        epochs=3,
+        target_update_interval=1000,
+        eps_decay_fraction=0.5,
+        eval_episodes=0,
         checkpoint_interval=SEED_SCALE_CHECKPOINT_INTERVAL,
     ),
 }

@@ -66,8 +66,9 @@ def init_from_env(device: torch.device) -> torch.device:
     of TORCHRUN_ENV, or a CUDA rank's LOCAL_RANK has no GPU."""
     missing = [name for name in TORCHRUN_ENV if name not in os.environ]
     if missing:
-        raise ValueError(f"no torchrun environment: {', '.join(missing)} not set (launch with `hotloop train "
-                         f"--nproc N` or torchrun)")
+        raise ValueError(
+            f"no torchrun environment: {', '.join(missing)} not set (launch with `hotloop train --nproc N` or torchrun)"
+        )
     local_rank = int(os.environ["LOCAL_RANK"])
     if device.type == "cuda":
         if local_rank >= torch.cuda.device_count():
@@ -84,11 +85,12 @@ def rank_info() -> RankInfo:
     """This process's RankInfo: from the default process group when one is initialized, else rank 0 of 1."""
     if not dist.is_initialized():
         return RankInfo()
-    return RankInfo(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", 0)),
-                    str(dist.get_backend()))
+    return RankInfo(
+        dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", 0)), str(dist.get_backend())
+    )
 
 
-RANK_SEED_STRIDE = 2 ** 24
+RANK_SEED_STRIDE = 2**24
 """Seeds of consecutive ranks are this far apart: the Philox streams of the learner's sampler and of the actor are
 keyed seed + step (hotloop.kernels.replay_batch.CounterUniforms, trainer/actor.py), so with seeds one apart rank 1
 would draw at step t the uniforms rank 0 draws at step t + 1; with this stride they meet only after 2**24 steps, and

@@ -116,8 +116,12 @@ def fusable(env: VecEnv, flat: FlatNet | None) -> bool:
     if flat is None or not isinstance(env, CartPoleVec) or env.dtype != torch.float32:
         return False
     layout, params = flat
-    return ((layout.obs_dim, layout.branches, layout.actions) == (4, 1, 2) and params.dtype == torch.float32
-            and tuple(params.shape) == (layout.numel,) and params.device == env.device)
+    return (
+        (layout.obs_dim, layout.branches, layout.actions) == (4, 1, 2)
+        and params.dtype == torch.float32
+        and tuple(params.shape) == (layout.numel,)
+        and params.device == env.device
+    )
 
 
 def chunk_plan(steps: int, horizon: int, chunk: int) -> tuple[int, int]:
@@ -164,9 +168,18 @@ class GreedyEvaluator:
     Raises ValueError as stated for device_path, capture and fused, and for chunk_steps < 1.
     """
 
-    def __init__(self, env: VecEnv, greedy: Greedy, *, chunk_steps: int = CHUNK_STEPS, device_path: bool | None = None,
-                 capture: bool | None = None, on_phase: Callable[[str], None] | None = None,
-                 flat: FlatNet | None = None, fused: bool | None = None) -> None:
+    def __init__(
+        self,
+        env: VecEnv,
+        greedy: Greedy,
+        *,
+        chunk_steps: int = CHUNK_STEPS,
+        device_path: bool | None = None,
+        capture: bool | None = None,
+        on_phase: Callable[[str], None] | None = None,
+        flat: FlatNet | None = None,
+        fused: bool | None = None,
+    ) -> None:
         if isinstance(chunk_steps, bool) or not isinstance(chunk_steps, int) or chunk_steps < 1:
             raise ValueError(f"chunk_steps must be an int >= 1, got {chunk_steps!r}")
         self.env, self.greedy = env, greedy
@@ -175,14 +188,18 @@ class GreedyEvaluator:
         possible = capturable(env) and self.horizon is not None
         cuda = env.device.type == "cuda"
         if device_path and not possible:
-            raise ValueError(f"{type(env).__name__} cannot run the device evaluation: it needs a capturable env "
-                             f"with a time limit (capturable: {capturable(env)}, horizon: {self.horizon})")
+            raise ValueError(
+                f"{type(env).__name__} cannot run the device evaluation: it needs a capturable env "
+                f"with a time limit (capturable: {capturable(env)}, horizon: {self.horizon})"
+            )
         self.device_path = possible and cuda if device_path is None else bool(device_path)
         if capture and not cuda:
             raise ValueError(f"capture needs a CUDA env, the env is on {env.device}")
         if fused and not fusable(env, flat):
-            raise ValueError(f"{type(env).__name__} cannot run the fused evaluation: it needs a float32 CartPoleVec "
-                             "and the hotloop learner's flat net (4 inputs, one branch of 2 actions) on its device")
+            raise ValueError(
+                f"{type(env).__name__} cannot run the fused evaluation: it needs a float32 CartPoleVec "
+                "and the hotloop learner's flat net (4 inputs, one branch of 2 actions) on its device"
+            )
         self.fused = fusable(env, flat) and cuda and self.device_path if fused is None else bool(fused)
         self.flat = flat
         self.net = ActingNet.from_layout(flat[0], env.device) if self.fused else None
@@ -281,9 +298,13 @@ class GreedyEvaluator:
         return value
 
 
-def build_evaluator(cfg: Config, greedy: Greedy, device: torch.device,
-                    on_phase: Callable[[str], None] | None = None,
-                    flat: FlatNet | None = None) -> GreedyEvaluator | None:
+def build_evaluator(
+    cfg: Config,
+    greedy: Greedy,
+    device: torch.device,
+    on_phase: Callable[[str], None] | None = None,
+    flat: FlatNet | None = None,
+) -> GreedyEvaluator | None:
     """The trainer's evaluator: `cfg.eval_episodes` copies of `cfg.env` on `device`, built with seed cfg.seed + 1 and
     the config's env shape (hotloop.trainer.envs.make_env), evaluated with `greedy`, through the fused kernel where
     `flat` (the hotloop learner's net) and the env allow it on CUDA (GreedyEvaluator's default paths); None when

@@ -41,8 +41,11 @@ class LayerSlots:
         """(W (rows, cols), b (rows,), g (groups,)) views of the 1-D buffer `buf` (parameters or gradients)."""
         n = self.rows * self.cols
         groups = self.rows // self.gain_group
-        return (buf[self.w_offset:self.w_offset + n].view(self.rows, self.cols),
-                buf[self.b_offset:self.b_offset + self.rows], buf[self.g_offset:self.g_offset + groups])
+        return (
+            buf[self.w_offset : self.w_offset + n].view(self.rows, self.cols),
+            buf[self.b_offset : self.b_offset + self.rows],
+            buf[self.g_offset : self.g_offset + groups],
+        )
 
 
 class FlatLayout:
@@ -56,10 +59,18 @@ class FlatLayout:
     """
 
     def __init__(self, obs_dim: int, action_nvec: tuple[int, ...], trunk_hidden: tuple[int, ...], head_hidden: int):
-        if obs_dim < 1 or not trunk_hidden or min(trunk_hidden) < 1 or head_hidden < 1 or not action_nvec \
-                or min(action_nvec) < 1:
-            raise ValueError(f"FlatLayout: bad sizes obs_dim={obs_dim}, action_nvec={action_nvec}, "
-                             f"trunk_hidden={trunk_hidden}, head_hidden={head_hidden}")
+        if (
+            obs_dim < 1
+            or not trunk_hidden
+            or min(trunk_hidden) < 1
+            or head_hidden < 1
+            or not action_nvec
+            or min(action_nvec) < 1
+        ):
+            raise ValueError(
+                f"FlatLayout: bad sizes obs_dim={obs_dim}, action_nvec={action_nvec}, "
+                f"trunk_hidden={trunk_hidden}, head_hidden={head_hidden}"
+            )
         if len(set(action_nvec)) != 1:
             raise ValueError(f"FlatLayout: every action branch must have the same size, got {action_nvec}")
         self.obs_dim, self.branches, self.actions = obs_dim, len(action_nvec), action_nvec[0]
@@ -84,8 +95,11 @@ class FlatLayout:
     def out_views(self, buf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(W_out (1 + D A, H), b_out (1 + D A,), g_out (1 + D,)) views of `buf`."""
         o = self.out
-        return (buf[o.w_offset:o.b_offset].view(o.rows, o.cols), buf[o.b_offset:o.g_offset],
-                buf[o.g_offset:o.g_offset + 1 + self.branches])
+        return (
+            buf[o.w_offset : o.b_offset].view(o.rows, o.cols),
+            buf[o.b_offset : o.g_offset],
+            buf[o.g_offset : o.g_offset + 1 + self.branches],
+        )
 
     def sn_matrices(self) -> tuple[list[tuple[int, int]], list[int]]:
         """(shapes, offsets) of every weight matrix for `hotloop.kernels.spectral_norm.SpectralNormTable`: the trunk
@@ -129,9 +143,19 @@ def forward_reference(layout: FlatLayout, buf: torch.Tensor, obs: torch.Tensor) 
     return heads_reference(h, w_out, b_out, g_out, layout.branches)
 
 
-def flat_forward(layout: FlatLayout, buf: torch.Tensor, x: torch.Tensor, acts: list[torch.Tensor], q: torch.Tensor,
-                 *, rows: torch.Tensor | None = None, nets: int = 1, linear=linear_forward,
-                 acts_t: list[torch.Tensor | None] | None = None, w_buf: torch.Tensor | None = None) -> torch.Tensor:
+def flat_forward(
+    layout: FlatLayout,
+    buf: torch.Tensor,
+    x: torch.Tensor,
+    acts: list[torch.Tensor],
+    q: torch.Tensor,
+    *,
+    rows: torch.Tensor | None = None,
+    nets: int = 1,
+    linear=linear_forward,
+    acts_t: list[torch.Tensor | None] | None = None,
+    w_buf: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Forward of `nets` networks (1, or 2: online and target in one launch per layer, the Double-DQN forward)
     whose net-0 parameters are the 1-D float32 buffer `buf` (net 1's are `layout.numel` floats further), with the
     fused kernels. x: (R, obs_dim) float32 input rows (with `rows` (M,) int64, row m is x[rows[m]], e.g. replay
@@ -151,13 +175,39 @@ def flat_forward(layout: FlatLayout, buf: torch.Tensor, x: torch.Tensor, acts: l
     wsrc = buf if w_buf is None else w_buf
     for i, (slots, y) in enumerate(zip(layout.layers, acts)):
         _, b, g = slots.views(buf)
-        linear(x, slots.views(wsrc)[0], b, g, y, slots.gain_group, slots.relu, rows=rows, nets=nets, p_zstride=p,
-               x_zstride=x_zstride, ddqn=nets == 2, yt=acts_t[i] if acts_t is not None else None, x_tf32=i > 0,
-               w_tf32=w_buf is not None, out_tf32=True)
+        linear(
+            x,
+            slots.views(wsrc)[0],
+            b,
+            g,
+            y,
+            slots.gain_group,
+            slots.relu,
+            rows=rows,
+            nets=nets,
+            p_zstride=p,
+            x_zstride=x_zstride,
+            ddqn=nets == 2,
+            yt=acts_t[i] if acts_t is not None else None,
+            x_tf32=i > 0,
+            w_tf32=w_buf is not None,
+            out_tf32=True,
+        )
         x, rows, x_zstride = y.view(-1, slots.rows), None, y.shape[-2] * slots.rows
     _, b_out, g_out = layout.out_views(buf)
-    return heads_forward(acts[-1], layout.out_views(wsrc)[0], b_out, g_out, q, layout.branches, nets=nets,
-                         p_zstride=p, ddqn=nets == 2, x_tf32=True, w_tf32=w_buf is not None)
+    return heads_forward(
+        acts[-1],
+        layout.out_views(wsrc)[0],
+        b_out,
+        g_out,
+        q,
+        layout.branches,
+        nets=nets,
+        p_zstride=p,
+        ddqn=nets == 2,
+        x_tf32=True,
+        w_tf32=w_buf is not None,
+    )
 
 
 class FlatForward:
@@ -178,15 +228,15 @@ class FlatForward:
     def _buffers(self, n: int) -> list[torch.Tensor]:
         if n not in self._acts:
             lay = self.layout
-            self._acts[n] = [torch.empty(n, x.rows, device=self.device) for x in lay.layers] + \
-                [torch.empty(n, lay.branches * lay.actions, device=self.device)]
+            self._acts[n] = [torch.empty(n, x.rows, device=self.device) for x in lay.layers] + [
+                torch.empty(n, lay.branches * lay.actions, device=self.device)
+            ]
         return self._acts[n]
 
     def q(self, buf: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
         lay = self.layout
         bufs = self._buffers(obs.shape[0])
-        q = flat_forward(lay, buf, obs.float().contiguous(), bufs[:-1], bufs[-1],
-                         w_buf=tf32_round_copy(buf, self._w))
+        q = flat_forward(lay, buf, obs.float().contiguous(), bufs[:-1], bufs[-1], w_buf=tf32_round_copy(buf, self._w))
         return q.view(obs.shape[0], lay.branches, lay.actions)
 
     def greedy(self, buf: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:

@@ -13,15 +13,16 @@ from typing import NamedTuple
 
 import torch
 
+from hotloop.kernels.losses import branch_diversity_term, chosen_q, cql_term, double_dqn_target, td_loss
 from hotloop.profiles.ranges import phase_range
 from hotloop.trainer.config import Config
-from hotloop.kernels.losses import branch_diversity_term, chosen_q, cql_term, double_dqn_target, td_loss
 from hotloop.trainer.network import BranchingDuelingQNet
 from hotloop.trainer.schedules import LinearSchedule
 
 
-def epsilon_greedy(greedy: torch.Tensor, action_nvec: torch.Tensor, epsilon: float,
-                   generator: torch.Generator) -> torch.Tensor:
+def epsilon_greedy(
+    greedy: torch.Tensor, action_nvec: torch.Tensor, epsilon: float, generator: torch.Generator
+) -> torch.Tensor:
     """Epsilon-greedy actions (N, D) int64 from the greedy ones `greedy` (N, D) int64: with probability epsilon an
     env takes a uniformly random action in every branch (branch d in [0, action_nvec[d])), else the greedy one.
     action_nvec: (D,) int64 on greedy's device; generator: on that device. No host sync."""
@@ -31,8 +32,13 @@ def epsilon_greedy(greedy: torch.Tensor, action_nvec: torch.Tensor, epsilon: flo
     return epsilon_greedy_from(greedy, action_nvec, epsilon, explore_u, action_u)
 
 
-def epsilon_greedy_from(greedy: torch.Tensor, action_nvec: torch.Tensor, epsilon: float | torch.Tensor,
-                        explore_u: torch.Tensor, action_u: torch.Tensor) -> torch.Tensor:
+def epsilon_greedy_from(
+    greedy: torch.Tensor,
+    action_nvec: torch.Tensor,
+    epsilon: float | torch.Tensor,
+    explore_u: torch.Tensor,
+    action_u: torch.Tensor,
+) -> torch.Tensor:
     """`epsilon_greedy` with its uniforms given: env n explores where explore_u[n] < epsilon, taking action
     floor(action_u[n, d] * action_nvec[d]) in branch d, else greedy[n]. greedy (N, D) int64; explore_u (N, 1) and
     action_u (N, D) floats in [0, 1); epsilon a float or a 0-dim device tensor (the actor's, trainer/actor.py).
@@ -64,18 +70,26 @@ class DQNLearner:
             backward and before grad-norm, clip and Adam (`sync_gradients`).
     """
 
-    def __init__(self, cfg: Config, obs_dim: int, action_nvec: tuple[int, ...], device: torch.device,
-                 grad_sync: Callable[[torch.Tensor], None] | None = None) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        obs_dim: int,
+        action_nvec: tuple[int, ...],
+        device: torch.device,
+        grad_sync: Callable[[torch.Tensor], None] | None = None,
+    ) -> None:
         self.cfg = cfg
         self.device = device
         self.grad_sync = grad_sync
-        self.online = BranchingDuelingQNet(obs_dim, action_nvec, cfg.trunk_hidden, cfg.head_hidden,
-                                           cfg.spectral_norm, cfg.sn_power_iterations).to(device)
+        self.online = BranchingDuelingQNet(
+            obs_dim, action_nvec, cfg.trunk_hidden, cfg.head_hidden, cfg.spectral_norm, cfg.sn_power_iterations
+        ).to(device)
         self.target = copy.deepcopy(self.online)
         self.target.requires_grad_(False)
         self.target.eval()
-        self.optimizer = torch.optim.Adam(self.online.parameters(), lr=cfg.lr, eps=cfg.adam_eps,
-                                          weight_decay=cfg.weight_decay)
+        self.optimizer = torch.optim.Adam(
+            self.online.parameters(), lr=cfg.lr, eps=cfg.adam_eps, weight_decay=cfg.weight_decay
+        )
         self.steps = 0
         self.lr_factor = LinearSchedule(1.0, cfg.lr_end_factor, cfg.total_learner_steps())
         self.action_nvec = torch.tensor(action_nvec, device=device)
@@ -95,8 +109,15 @@ class DQNLearner:
         uniformly random action in every branch, else the greedy one."""
         return epsilon_greedy(self.greedy(obs), self.action_nvec, epsilon, generator)
 
-    def update(self, obs: torch.Tensor, action: torch.Tensor, reward: torch.Tensor, next_obs: torch.Tensor,
-               terminated: torch.Tensor, weights: torch.Tensor) -> UpdateMetrics:
+    def update(
+        self,
+        obs: torch.Tensor,
+        action: torch.Tensor,
+        reward: torch.Tensor,
+        next_obs: torch.Tensor,
+        terminated: torch.Tensor,
+        weights: torch.Tensor,
+    ) -> UpdateMetrics:
         """One learner step on a sampled batch; returns detached metrics. Shapes: obs/next_obs (B, obs_dim),
         action (B, D) int64, reward/terminated/weights (B,) float32."""
         cfg = self.cfg
@@ -128,8 +149,14 @@ class DQNLearner:
             if self.steps % cfg.target_update_interval == 0:
                 with phase_range("target_update"):
                     self.update_target()
-        return UpdateMetrics(loss.detach(), q_taken.detach().mean(), grad_norm.detach(), cql.detach(),
-                             div.detach(), td.detach().abs().mean(dim=1))
+        return UpdateMetrics(
+            loss.detach(),
+            q_taken.detach().mean(),
+            grad_norm.detach(),
+            cql.detach(),
+            div.detach(),
+            td.detach().abs().mean(dim=1),
+        )
 
     @torch.no_grad()
     def sync_gradients(self) -> None:
@@ -146,8 +173,7 @@ class DQNLearner:
     def state_tensors(self) -> list[torch.Tensor]:
         """Every tensor a rank's learner must share with the others at the start (online and target parameters
         and buffers), for hotloop.trainer.distributed.broadcast_."""
-        return [*self.online.parameters(), *self.online.buffers(), *self.target.parameters(),
-                *self.target.buffers()]
+        return [*self.online.parameters(), *self.online.buffers(), *self.target.parameters(), *self.target.buffers()]
 
     @torch.no_grad()
     def update_target(self) -> None:

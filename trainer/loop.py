@@ -34,7 +34,6 @@ from hotloop.trainer.resume import restore_trainer, trainer_state
 from hotloop.trainer.schedules import LinearSchedule
 from hotloop.trainer.step import ACTOR_PHASE, PHASE_RULES, HotLearner
 
-
 STEP_RANGE = "step"
 """Name of the range (NVTX + record_function, hotloop.profiles.ranges.phase_range) around each loop iteration."""
 LEARNER_KINDS = ("hotloop", "reference")
@@ -142,8 +141,12 @@ class Trainer:
     Raises ValueError for an unusable device or env name.
     """
 
-    def __init__(self, cfg: Config, on_phase: Callable[[str], None] | None = None,
-                 on_progress: Callable[[int, int], None] | None = None) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        on_phase: Callable[[str], None] | None = None,
+        on_progress: Callable[[int, int], None] | None = None,
+    ) -> None:
         self.cfg = cfg
         self.device = resolve_device(cfg.device)
         self.on_phase = on_phase or (lambda name: None)
@@ -157,13 +160,25 @@ class Trainer:
         torch.manual_seed(seed)
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.env = make_env(cfg.env, cfg.num_envs, self.device, seed, **cfg.env_shape())
-        self.replay = PrioritizedReplay(cfg.replay_capacity, self.env.obs_dim, len(self.env.action_nvec),
-                                        alpha=cfg.per_alpha, eps=cfg.per_eps, device=self.device,
-                                        generator=self.generator)
+        self.replay = PrioritizedReplay(
+            cfg.replay_capacity,
+            self.env.obs_dim,
+            len(self.env.action_nvec),
+            alpha=cfg.per_alpha,
+            eps=cfg.per_eps,
+            device=self.device,
+            generator=self.generator,
+        )
         self.learner_kind = learner_kind(cfg, self.device)
         if self.learner_kind == "hotloop":
-            self.learner = HotLearner(replace(cfg, seed=seed), self.env.obs_dim, self.env.action_nvec, self.device,
-                                      self.replay, grad_sync=grad_sync)
+            self.learner = HotLearner(
+                replace(cfg, seed=seed),
+                self.env.obs_dim,
+                self.env.action_nvec,
+                self.device,
+                self.replay,
+                grad_sync=grad_sync,
+            )
             self.readback = AsyncReadback(self.learner.metric_names(), self.device)
         else:
             self.learner = DQNLearner(cfg, self.env.obs_dim, self.env.action_nvec, self.device, grad_sync=grad_sync)
@@ -183,10 +198,23 @@ class Trainer:
         self.beta = LinearSchedule(cfg.per_beta_start, cfg.per_beta_end, cfg.total_learner_steps())
         self.actor = None
         if isinstance(self.learner, HotLearner) and capturable(self.env):
-            self.actor = DeviceActor(self.learner, self.env, self.replay, self.returns, self.obs, seed,
-                                     cfg.eps_start, cfg.eps_end, self.epsilon.duration / cfg.num_envs)
-        self.actor_in_step = bool(cfg.actor_in_step and self.actor is not None and self.actor.fused is not None
-                                  and cfg.env_steps_per_update == 1)
+            self.actor = DeviceActor(
+                self.learner,
+                self.env,
+                self.replay,
+                self.returns,
+                self.obs,
+                seed,
+                cfg.eps_start,
+                cfg.eps_end,
+                self.epsilon.duration / cfg.num_envs,
+            )
+        self.actor_in_step = bool(
+            cfg.actor_in_step
+            and self.actor is not None
+            and self.actor.fused is not None
+            and cfg.env_steps_per_update == 1
+        )
         if self.actor_in_step:
             self.learner.attach_actor(self.actor.launch_main, self.actor.launch_tail)
         self.env_steps = 0
@@ -338,12 +366,24 @@ class Trainer:
         evaluate_s = time.perf_counter() - eval_start
         env_steps = self.env_steps - start_env
         self.epochs_done = epoch
-        return EpochStats(epoch=epoch, learner_steps=cfg.learner_steps_per_epoch, env_steps=env_steps,
-                          wall_s=wall, learner_steps_per_s=cfg.learner_steps_per_epoch / wall,
-                          env_steps_per_s=env_steps / wall, loss=loss, q_mean=q_mean, grad_norm=grad_norm,
-                          mean_return_100=mean_return, eval_return=eval_return, episodes=self.returns.count(),
-                          epsilon=self.epsilon.value(self.env_steps), metrics_step=metrics_step,
-                          evaluate_s=evaluate_s, head_norms=head_norms)
+        return EpochStats(
+            epoch=epoch,
+            learner_steps=cfg.learner_steps_per_epoch,
+            env_steps=env_steps,
+            wall_s=wall,
+            learner_steps_per_s=cfg.learner_steps_per_epoch / wall,
+            env_steps_per_s=env_steps / wall,
+            loss=loss,
+            q_mean=q_mean,
+            grad_norm=grad_norm,
+            mean_return_100=mean_return,
+            eval_return=eval_return,
+            episodes=self.returns.count(),
+            epsilon=self.epsilon.value(self.env_steps),
+            metrics_step=metrics_step,
+            evaluate_s=evaluate_s,
+            head_norms=head_norms,
+        )
 
     def evaluate(self, seed: int, max_steps: int = 10_000) -> float:
         """Mean return (host float) of one greedy (epsilon 0) episode in each of the `eval_episodes` env copies reset

@@ -123,8 +123,9 @@ def estimate_memory(cfg: Config, obs_dim: int, action_nvec: tuple[int, ...]) -> 
     envs = (cfg.num_envs + cfg.eval_episodes) * FLOAT32 * (6 * obs_dim + hidden + q + 2 * d + 8)
     if cfg.env == "synthetic":
         envs += obs_dim * (obs_dim + 2 * sum(action_nvec)) * FLOAT32
-    return MemoryEstimate(replay_bytes(cfg.replay_capacity, obs_dim, d), NET_COPIES * params * FLOAT32, learner,
-                          envs, params)
+    return MemoryEstimate(
+        replay_bytes(cfg.replay_capacity, obs_dim, d), NET_COPIES * params * FLOAT32, learner, envs, params
+    )
 
 
 def _read_int(path: Path) -> int | None:
@@ -137,8 +138,10 @@ def _read_int(path: Path) -> int | None:
 
 def _cgroup_room() -> int | None:
     """Bytes left under this process's cgroup memory limit (limit - usage); None where no limit is set."""
-    for limit_file, usage_file in (("memory.max", "memory.current"),
-                                   ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes")):
+    for limit_file, usage_file in (
+        ("memory.max", "memory.current"),
+        ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes"),
+    ):
         root = Path("/sys/fs/cgroup")
         limit, usage = _read_int(root / limit_file), _read_int(root / usage_file)
         if limit is not None and usage is not None and limit < 1 << 60:  # v1 reports "no limit" as ~2^63
@@ -184,8 +187,13 @@ def format_bytes(n: int) -> str:
     return f"{value:.3g} {units[-1]}"
 
 
-def check_memory(cfg: Config, device: torch.device, obs_dim: int, action_nvec: tuple[int, ...],
-                 available: tuple[int | None, str] | None = None) -> MemoryEstimate:
+def check_memory(
+    cfg: Config,
+    device: torch.device,
+    obs_dim: int,
+    action_nvec: tuple[int, ...],
+    available: tuple[int | None, str] | None = None,
+) -> MemoryEstimate:
     """Raise ValueError when the run's `estimate_memory` exceeds the memory available on `device`
     (`available_memory`, or `available` as (bytes, source) when given), naming each part with the config fields it
     comes from, the estimate and what is available. Returns the estimate; an unreadable amount of available memory
@@ -202,8 +210,10 @@ def check_memory(cfg: Config, device: torch.device, obs_dim: int, action_nvec: t
         f"learner buffers {format_bytes(est.learner)} (batch_size={cfg.batch_size})",
         f"envs {format_bytes(est.envs)} (num_envs={cfg.num_envs}, eval_episodes={cfg.eval_episodes})",
     ]
-    raise ValueError(f"the run does not fit in {device}'s memory: it needs an estimated {format_bytes(est.total)}, "
-                     f"{format_bytes(free)} is available ({source}): {'; '.join(parts)}; lower the largest of them")
+    raise ValueError(
+        f"the run does not fit in {device}'s memory: it needs an estimated {format_bytes(est.total)}, "
+        f"{format_bytes(free)} is available ({source}): {'; '.join(parts)}; lower the largest of them"
+    )
 
 
 def window_bytes_per_step(device_type: str, learner_kind: str) -> tuple[int, str]:
@@ -230,8 +240,14 @@ def estimate_window_memory(steps: int, repeats: int, device_type: str, learner_k
     return steps * repeats * window_bytes_per_step(device_type, learner_kind)[0]
 
 
-def check_window_memory(steps: int, repeats: int, device: torch.device, learner_kind: str, run_bytes: int = 0,
-                        available: tuple[int | None, str] | None = None) -> int:
+def check_window_memory(
+    steps: int,
+    repeats: int,
+    device: torch.device,
+    learner_kind: str,
+    run_bytes: int = 0,
+    available: tuple[int | None, str] | None = None,
+) -> int:
     """Raise ValueError when `hotloop gate`'s guarded windows (`estimate_window_memory`: `steps` x `repeats` x the
     per-step bound), plus `run_bytes` of the run's own that live in host memory (its `estimate_memory` total on a
     CPU device, 0 on CUDA), exceed the host's available memory (`available_memory` of the CPU, or `available` as
@@ -245,8 +261,10 @@ def check_window_memory(steps: int, repeats: int, device: torch.device, learner_
     per_step, why = window_bytes_per_step(device.type, learner_kind)
     room = max(0, free - run_bytes) // (per_step * repeats)
     run = f", plus the run's own {format_bytes(run_bytes)} (on the CPU)" if run_bytes else ""
-    raise ValueError(f"the guarded window does not fit in the host's memory: {steps} steps x {repeats} repeat"
-                     f"{'s' * (repeats != 1)} x {format_bytes(per_step)} per step ({why}) = an estimated "
-                     f"{format_bytes(est)}{run}, {format_bytes(free)} is available ({source}); "
-                     f"{f'at most {room} steps fit' if room else 'not one step fits'} at {repeats} "
-                     f"repeat{'s' * (repeats != 1)}")
+    raise ValueError(
+        f"the guarded window does not fit in the host's memory: {steps} steps x {repeats} repeat"
+        f"{'s' * (repeats != 1)} x {format_bytes(per_step)} per step ({why}) = an estimated "
+        f"{format_bytes(est)}{run}, {format_bytes(free)} is available ({source}); "
+        f"{f'at most {room} steps fit' if room else 'not one step fits'} at {repeats} "
+        f"repeat{'s' * (repeats != 1)}"
+    )

@@ -54,12 +54,21 @@ class BranchingDuelingQNet(nn.Module):
     Raises ValueError for empty or non-positive sizes.
     """
 
-    def __init__(self, obs_dim: int, action_nvec: tuple[int, ...], trunk_hidden: tuple[int, ...],
-                 head_hidden: int, spectral_norm: bool = True, power_iterations: int = 1) -> None:
+    def __init__(
+        self,
+        obs_dim: int,
+        action_nvec: tuple[int, ...],
+        trunk_hidden: tuple[int, ...],
+        head_hidden: int,
+        spectral_norm: bool = True,
+        power_iterations: int = 1,
+    ) -> None:
         super().__init__()
         if obs_dim < 1 or not action_nvec or min(action_nvec) < 1 or not trunk_hidden or min(trunk_hidden) < 1:
-            raise ValueError(f"BranchingDuelingQNet: bad sizes obs_dim={obs_dim}, action_nvec={action_nvec}, "
-                             f"trunk_hidden={trunk_hidden}")
+            raise ValueError(
+                f"BranchingDuelingQNet: bad sizes obs_dim={obs_dim}, action_nvec={action_nvec}, "
+                f"trunk_hidden={trunk_hidden}"
+            )
         self.action_nvec = tuple(action_nvec)
 
         def lin(n_in: int, n_out: int) -> nn.Linear:
@@ -69,8 +78,7 @@ class BranchingDuelingQNet(nn.Module):
         self.trunk = nn.Sequential(*[m for a, b in zip(widths, widths[1:]) for m in (lin(a, b), nn.ReLU())])
         feat = widths[-1]
         self.value = nn.Sequential(lin(feat, head_hidden), nn.ReLU(), lin(head_hidden, 1))
-        self.branch_hidden = nn.ModuleList(nn.Sequential(lin(feat, head_hidden), nn.ReLU())
-                                           for _ in action_nvec)
+        self.branch_hidden = nn.ModuleList(nn.Sequential(lin(feat, head_hidden), nn.ReLU()) for _ in action_nvec)
         self.branch_out = nn.ModuleList(lin(head_hidden, n) for n in action_nvec)
 
     def forward_with_features(self, obs: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:

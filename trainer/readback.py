@@ -45,8 +45,9 @@ class AsyncReadback:
     Raises ValueError for empty/duplicate/non-string names, or a device that is not cpu or an available cuda.
     """
 
-    def __init__(self, names: Sequence[str], device: torch.device | str,
-                 event_factory: Callable[[], EventLike] | None = None) -> None:
+    def __init__(
+        self, names: Sequence[str], device: torch.device | str, event_factory: Callable[[], EventLike] | None = None
+    ) -> None:
         names = tuple(names)
         if not names:
             raise ValueError("names must hold at least one metric name, got none")
@@ -71,11 +72,11 @@ class AsyncReadback:
             event_factory = torch.cuda.Event
         self.event_factory = event_factory
         self._buffers = [torch.zeros(len(names), dtype=torch.float32, pin_memory=self._cuda) for _ in range(2)]
-        self._events: list[EventLike | None] = [None, None]   # None: the buffer's copy has completed (or none made)
-        self._steps: list[int | None] = [None, None]          # step of the publication each buffer holds
-        self._seqs = [0, 0]                                    # publication number each buffer holds (0: none)
+        self._events: list[EventLike | None] = [None, None]  # None: the buffer's copy has completed (or none made)
+        self._steps: list[int | None] = [None, None]  # step of the publication each buffer holds
+        self._seqs = [0, 0]  # publication number each buffer holds (0: none)
         self._published = 0
-        self._returned = 0                                     # publication number of the last Reading returned
+        self._returned = 0  # publication number of the last Reading returned
         self._latest: Reading | None = None
         self.dropped = 0
 
@@ -97,15 +98,15 @@ class AsyncReadback:
             raise ValueError(f"step must be a host int, got {type(step).__name__} {step!r}")
         self._check(sources)
         newest = 0 if self._seqs[0] > self._seqs[1] else 1
-        target = 1 - newest                                    # the buffer not holding the newest publication
+        target = 1 - newest  # the buffer not holding the newest publication
         if not self._completed(target):
             self.dropped += 1
             return False
         buf, offset = self._buffers[target], 0
-        with torch.no_grad():                                  # a source that requires grad links no graph
+        with torch.no_grad():  # a source that requires grad links no graph
             for src in sources:
                 n = src.numel()
-                buf[offset:offset + n].view(src.shape).copy_(src, non_blocking=True)
+                buf[offset : offset + n].view(src.shape).copy_(src, non_blocking=True)
                 offset += n
         event = None
         if self.event_factory is not None:
@@ -159,5 +160,6 @@ class AsyncReadback:
                 raise ValueError(f"sources[{k}] must be on {self.device}, got {src.device}")
             total += src.numel()
         if total != len(self.names):
-            raise ValueError(f"sources hold {total} values in all, but there are {len(self.names)} names "
-                             f"{list(self.names)}")
+            raise ValueError(
+                f"sources hold {total} values in all, but there are {len(self.names)} names {list(self.names)}"
+            )

@@ -71,8 +71,16 @@ STATE_FORMAT = "hotloop-trainer"
 """meta["format"] of a trainer checkpoint."""
 ENV_RESEED = 7919
 """After a restore the env is reset with seed cfg.seed + ENV_RESEED * (epochs finished)."""
-STATE_FIELDS = ("env", "num_envs", "trunk_hidden", "head_hidden", "spectral_norm", "replay_capacity", "per_alpha",
-                "per_eps")
+STATE_FIELDS = (
+    "env",
+    "num_envs",
+    "trunk_hidden",
+    "head_hidden",
+    "spectral_norm",
+    "replay_capacity",
+    "per_alpha",
+    "per_eps",
+)
 """Config fields the saved state's shapes (or the replay's priorities) depend on; a restore needs them equal.
 `synthetic` env: obs_dim and action_nvec too."""
 CONFIG_CHANGES_FILE = "config_changes.json"
@@ -83,8 +91,16 @@ RESUME_FIELDS = ("epochs", "checkpoint_interval")
 config_hash, so checkpoints written before checkpoint_interval existed keep their hash."""
 MAX_CHANGES_BYTES = 1 << 20
 """CONFIG_CHANGES_FILE larger than this (1 MiB) is refused as damaged rather than read."""
-_META_TYPES = {"epoch": int, "env_steps": int, "learner_steps": int, "learner_updates": int, "learner": str,
-               "device_type": str, "replay": dict, "config": dict}
+_META_TYPES = {
+    "epoch": int,
+    "env_steps": int,
+    "learner_steps": int,
+    "learner_updates": int,
+    "learner": str,
+    "device_type": str,
+    "replay": dict,
+    "config": dict,
+}
 
 
 class ResumePoint(NamedTuple):
@@ -119,11 +135,19 @@ def trainer_state(trainer: Trainer) -> tuple[dict[str, torch.Tensor], dict]:
     tensors.update({"returns.ring": trainer.returns.ring, "returns.finished": trainer.returns.finished})
     tensors.update({f"rng.{k}": v for k, v in rng_state(trainer.device).items()})
     tensors["generator"] = generator_state(trainer.generator)
-    meta = {"format": STATE_FORMAT, "epoch": trainer.epochs_done, "env_steps": trainer.env_steps,
-            "learner_steps": trainer.learner_steps, "learner_updates": trainer.learner.steps,
-            "learner": trainer.learner_kind, "device_type": trainer.device.type,
-            "replay": {k: v for k, v in replay.items() if not isinstance(v, torch.Tensor)},
-            **learner_meta, "config": trainer.cfg.to_dict(), "config_sha256": config_hash(trainer.cfg.to_dict())}
+    meta = {
+        "format": STATE_FORMAT,
+        "epoch": trainer.epochs_done,
+        "env_steps": trainer.env_steps,
+        "learner_steps": trainer.learner_steps,
+        "learner_updates": trainer.learner.steps,
+        "learner": trainer.learner_kind,
+        "device_type": trainer.device.type,
+        "replay": {k: v for k, v in replay.items() if not isinstance(v, torch.Tensor)},
+        **learner_meta,
+        "config": trainer.cfg.to_dict(),
+        "config_sha256": config_hash(trainer.cfg.to_dict()),
+    }
     return tensors, meta
 
 
@@ -148,13 +172,18 @@ def check_compatible(meta: dict, cfg: Config, device_type: str, learner_kind: st
     learner kind, the device type, or any STATE_FIELDS config field. Other fields (epochs, lr, ...) may differ."""
     if meta.get("format") != STATE_FORMAT:
         raise ValueError(f"not a trainer checkpoint (meta format {meta.get('format')!r}, expected {STATE_FORMAT!r})")
-    bad = [k for k, t in _META_TYPES.items()
-           if not isinstance(meta.get(k), t) or (t is int and isinstance(meta.get(k), bool))]
+    bad = [
+        k
+        for k, t in _META_TYPES.items()
+        if not isinstance(meta.get(k), t) or (t is int and isinstance(meta.get(k), bool))
+    ]
     if bad:
         raise ValueError(f"checkpoint meta lacks or mistypes {bad}")
     if meta["learner"] != learner_kind:
-        raise ValueError(f"checkpoint is of a {meta['learner']!r} learner, this run builds a {learner_kind!r} one "
-                         f"(config.learner {cfg.learner!r} on {device_type})")
+        raise ValueError(
+            f"checkpoint is of a {meta['learner']!r} learner, this run builds a {learner_kind!r} one "
+            f"(config.learner {cfg.learner!r} on {device_type})"
+        )
     if meta["device_type"] != device_type:
         raise ValueError(f"checkpoint was taken on {meta['device_type']}, this run is on {device_type}")
     saved, now = meta["config"], cfg.to_dict()
@@ -182,10 +211,12 @@ def restore_trainer(trainer: Trainer, tensors: dict[str, torch.Tensor], meta: di
         raise ValueError(f"checkpoint tensors do not match this trainer: missing {missing}, unexpected {unexpected}")
     for name, t in own.items():
         if not is_opt(name) and (tensors[name].shape != t.shape or tensors[name].dtype != t.dtype):
-            raise ValueError(f"checkpoint tensor {name!r} is {tensors[name].dtype} {tuple(tensors[name].shape)}, "
-                             f"this trainer's is {t.dtype} {tuple(t.shape)}")
+            raise ValueError(
+                f"checkpoint tensor {name!r} is {tensors[name].dtype} {tuple(tensors[name].shape)}, "
+                f"this trainer's is {t.dtype} {tuple(t.shape)}"
+            )
     opt_state = None if isinstance(trainer.learner, HotLearner) else _optimizer_state(trainer.learner, tensors, meta)
-    replay = {k[len("replay."):]: v for k, v in tensors.items() if k.startswith("replay.")}
+    replay = {k[len("replay.") :]: v for k, v in tensors.items() if k.startswith("replay.")}
     replay.update(meta["replay"])
     try:
         trainer.replay.load_state_dict(replay)  # validates everything before it changes anything
@@ -193,8 +224,7 @@ def restore_trainer(trainer: Trainer, tensors: dict[str, torch.Tensor], meta: di
         raise ValueError(f"checkpoint replay: {exc}") from exc
     _load_learner(trainer, tensors, meta, opt_state)
     learner = trainer.learner
-    if (isinstance(learner, HotLearner) and learner.graph is None and learner.use_graph
-            and trainer.replay.size > 0):
+    if isinstance(learner, HotLearner) and learner.graph is None and learner.use_graph and trainer.replay.size > 0:
         with trainer.phase("capture"):
             learner.capture()
         trainer.replay.load_state_dict(replay)  # the warm-up steps re-prioritized the tree
@@ -207,7 +237,7 @@ def restore_trainer(trainer: Trainer, tensors: dict[str, torch.Tensor], meta: di
     trainer.obs.copy_(trainer.env.reset(seed=trainer.cfg.seed + ENV_RESEED * meta["epoch"]))
     if trainer.actor is not None:
         trainer.actor.t.fill_(meta["env_steps"] // trainer.cfg.num_envs)
-    set_rng_state({k[len("rng."):]: v for k, v in tensors.items() if k.startswith("rng.")}, trainer.device)
+    set_rng_state({k[len("rng.") :]: v for k, v in tensors.items() if k.startswith("rng.")}, trainer.device)
     set_generator_state(trainer.generator, tensors["generator"])
 
 
@@ -223,12 +253,14 @@ def _optimizer_state(learner, tensors: dict[str, torch.Tensor], meta: dict) -> d
     for name, value in tensors.items():
         if not name.startswith("learner.opt.state."):
             continue
-        index, _, key = name[len("learner.opt.state."):].partition(".")
+        index, _, key = name[len("learner.opt.state.") :].partition(".")
         if not index.isdigit() or int(index) >= len(params) or not key:
             raise ValueError(f"checkpoint tensor {name!r} names no parameter of this learner")
         if key != "step" and value.shape != params[int(index)].shape:
-            raise ValueError(f"checkpoint tensor {name!r} has shape {tuple(value.shape)}, the parameter "
-                             f"{tuple(params[int(index)].shape)}")
+            raise ValueError(
+                f"checkpoint tensor {name!r} has shape {tuple(value.shape)}, the parameter "
+                f"{tuple(params[int(index)].shape)}"
+            )
         state.setdefault(int(index), {})[key] = value.clone()
     for name, value in meta["optimizer"].get("scalars", {}).items():
         index, _, key = name.partition(".")
@@ -239,10 +271,10 @@ def _optimizer_state(learner, tensors: dict[str, torch.Tensor], meta: dict) -> d
 def _load_learner(trainer: Trainer, tensors: dict[str, torch.Tensor], meta: dict, opt_state: dict | None) -> None:
     learner = trainer.learner
     if isinstance(learner, HotLearner):
-        learner.load_state_dict({k[len("learner."):]: v for k, v in tensors.items() if k.startswith("learner.")})
+        learner.load_state_dict({k[len("learner.") :]: v for k, v in tensors.items() if k.startswith("learner.")})
     else:
         for prefix, net in (("learner.online.", learner.online), ("learner.target.", learner.target)):
-            net.load_state_dict({k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)})
+            net.load_state_dict({k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)})
         learner.optimizer.load_state_dict(opt_state)
     learner.steps = meta["learner_updates"]
 
@@ -278,16 +310,22 @@ def check_table_complete(table: str | Path) -> None:
                 continue
             row_no, line = row_no + 1, reader.line_num
             if len(row) != len(header):
-                raise ValueError(f"{table}: row {row_no} (line {line}) is torn: {len(row)} fields where the header "
-                                 f"has {len(header)}; the table was cut off by a write that did not finish (or "
-                                 f"damaged): restore it or start a new run")
+                raise ValueError(
+                    f"{table}: row {row_no} (line {line}) is torn: {len(row)} fields where the header "
+                    f"has {len(header)}; the table was cut off by a write that did not finish (or "
+                    f"damaged): restore it or start a new run"
+                )
     except csv.Error as exc:
-        raise ValueError(f"{table}: row {row_no + 1} (line {reader.line_num}) is torn ({exc}); the table was cut off "
-                         f"by a write that did not finish (or damaged): restore it or start a new run") from exc
+        raise ValueError(
+            f"{table}: row {row_no + 1} (line {reader.line_num}) is torn ({exc}); the table was cut off "
+            f"by a write that did not finish (or damaged): restore it or start a new run"
+        ) from exc
     if not text.endswith(("\n", "\r")):
         where = f"row {row_no} (line {line}, the last)" if row_no else "the header (line 1)"
-        raise ValueError(f"{table}: {where} is torn: it has no line end; the table was cut off by a write that did "
-                         f"not finish (or damaged): restore it or start a new run")
+        raise ValueError(
+            f"{table}: {where} is torn: it has no line end; the table was cut off by a write that did "
+            f"not finish (or damaged): restore it or start a new run"
+        )
 
 
 def config_hash(config: Mapping) -> str:
@@ -319,18 +357,24 @@ def _check_config(run_dir: Path, meta: dict, cfg: Config, allow: bool) -> tuple[
     path = run_dir / CHECKPOINT_FILE
     saved_hash = meta.get("config_sha256")
     if saved_hash is None:
-        return None, (f"{path} was written before checkpoints recorded their config's hash (config_sha256): "
-                      f"the config is taken as it is, not checked against the one the run was trained with",)
+        return None, (
+            f"{path} was written before checkpoints recorded their config's hash (config_sha256): "
+            f"the config is taken as it is, not checked against the one the run was trained with",
+        )
     if not isinstance(saved_hash, str) or config_hash(meta["config"]) != saved_hash:
-        raise ValueError(f"{path}: its meta's config does not match its config_sha256: the record of the config "
-                         f"the run was trained with was changed after it was written")
+        raise ValueError(
+            f"{path}: its meta's config does not match its config_sha256: the record of the config "
+            f"the run was trained with was changed after it was written"
+        )
     changes = {} if config_hash(cfg.to_dict()) == saved_hash else config_changes(meta["config"], cfg)
     if changes and not allow:
         fields = "; ".join(f"{k} (checkpoint {v['old']!r}, now {v['new']!r})" for k, v in changes.items())
-        raise ValueError(f"the config differs from the one the run was trained with (its checkpoint {path}, epoch "
-                         f"{meta['epoch']}) in {', '.join(changes)}: {fields}; restore {run_dir / 'config.json'}, or "
-                         f"resume with --allow-config-change to train on with the change, recorded in "
-                         f"{run_dir / CONFIG_CHANGES_FILE}")
+        raise ValueError(
+            f"the config differs from the one the run was trained with (its checkpoint {path}, epoch "
+            f"{meta['epoch']}) in {', '.join(changes)}: {fields}; restore {run_dir / 'config.json'}, or "
+            f"resume with --allow-config-change to train on with the change, recorded in "
+            f"{run_dir / CONFIG_CHANGES_FILE}"
+        )
     if changes:
         read_config_changes(run_dir)  # a damaged record is refused now, before the run starts
     return changes, ()
@@ -363,9 +407,12 @@ def record_config_change(run_dir: str | Path, point: ResumePoint, cfg: Config) -
         return None
     run_dir = Path(run_dir)
     records = read_config_changes(run_dir)
-    record = {"epoch": point.epoch, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-              "config_sha256": {"old": point.meta.get("config_sha256"), "new": config_hash(cfg.to_dict())},
-              "changes": point.config_changes}
+    record = {
+        "epoch": point.epoch,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "config_sha256": {"old": point.meta.get("config_sha256"), "new": config_hash(cfg.to_dict())},
+        "changes": point.config_changes,
+    }
     if records and records[-1].get("epoch") == point.epoch:
         records[-1] = record
     else:

@@ -43,13 +43,18 @@ import torch
 
 from hotloop.kernels.fused_adam import FusedAdam
 from hotloop.kernels.heads import heads_backward
-from hotloop.kernels.linear import (MAX_FUSED_K0, WeightTranspose, linear_backward_input, linear_backward_weight,
-                            linear_forward)
+from hotloop.kernels.linear import (
+    MAX_FUSED_K0,
+    WeightTranspose,
+    linear_backward_input,
+    linear_backward_weight,
+    linear_forward,
+)
 from hotloop.kernels.replay_batch import AnnealedBeta, CounterUniforms, gather_transitions
 from hotloop.kernels.segment_tree import tree_sample, tree_update
 from hotloop.kernels.spectral_norm import SpectralNormTable, spectral_norm_
-from hotloop.kernels.tf32_split import tf32_round_copy
 from hotloop.kernels.td_loss import METRIC_NAMES, TDLossOutputs, TDLossWorkspace, td_loss_forward
+from hotloop.kernels.tf32_split import tf32_round_copy
 from hotloop.profiles.ranges import phase_range
 from hotloop.trainer.config import Config
 from hotloop.trainer.flat_net import FlatForward, FlatLayout, flat_forward
@@ -71,12 +76,15 @@ def check_supported(cfg: Config, action_nvec: tuple[int, ...]) -> None:
     if len(set(action_nvec)) != 1:
         raise ValueError(f"learner 'hotloop' needs action branches of equal size, got {action_nvec}")
     if cfg.diversity_weight != 0:
-        raise ValueError("learner 'hotloop' has no branch-diversity term: set diversity_weight=0 or "
-                         "learner='reference'")
+        raise ValueError(
+            "learner 'hotloop' has no branch-diversity term: set diversity_weight=0 or learner='reference'"
+        )
     if cfg.weight_decay != 0 and not cfg.spectral_norm:
-        raise ValueError(f"learner 'hotloop' with spectral_norm=False keeps every gain at 1, and weight_decay="
-                         f"{cfg.weight_decay} would decay them: set weight_decay=0, spectral_norm=True or "
-                         "learner='reference'")
+        raise ValueError(
+            f"learner 'hotloop' with spectral_norm=False keeps every gain at 1, and weight_decay="
+            f"{cfg.weight_decay} would decay them: set weight_decay=0, spectral_norm=True or "
+            "learner='reference'"
+        )
 
 
 class HotLearner:
@@ -104,8 +112,15 @@ class HotLearner:
     Raises ValueError for an unsupported config (`check_supported`) or a replay on another device.
     """
 
-    def __init__(self, cfg: Config, obs_dim: int, action_nvec: tuple[int, ...], device: torch.device,
-                 replay: PrioritizedReplay, grad_sync: Callable[[torch.Tensor], None] | None = None) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        obs_dim: int,
+        action_nvec: tuple[int, ...],
+        device: torch.device,
+        replay: PrioritizedReplay,
+        grad_sync: Callable[[torch.Tensor], None] | None = None,
+    ) -> None:
         check_supported(cfg, action_nvec)
         self.grad_sync = grad_sync
         if replay.device != torch.empty(0, device=device).device:
@@ -121,8 +136,11 @@ class HotLearner:
         shapes, offsets = lay.sn_matrices()
         # the table's default slab split on the GPU (the H200 sweep's); few slabs on the CPU interpreter, where
         # programs run serially
-        self.sn_table = (SpectralNormTable.from_shapes(shapes, device, offsets) if device.type == "cuda" else
-                         SpectralNormTable.from_shapes(shapes, device, offsets, min_slabs=8))
+        self.sn_table = (
+            SpectralNormTable.from_shapes(shapes, device, offsets)
+            if device.type == "cuda"
+            else SpectralNormTable.from_shapes(shapes, device, offsets, min_slabs=8)
+        )
         self.sn_u, self.sn_v = self.sn_table.new_vectors(gen)
         if cfg.spectral_norm:
             spectral_norm_(self.params, self.sn_table, self.sn_u, self.sn_v, SN_WARMUP_ITERATIONS)
@@ -136,9 +154,16 @@ class HotLearner:
         # the gains are learned only with spectral norm (sigma-reparam); without it they stay 1 and get no
         # gradient (the backward passes dg None: the kernels write none), so that the update is the reference's
         self.learns_gains = cfg.spectral_norm
-        self.adam = FusedAdam(lay.numel, device, lr=cfg.lr, eps=cfg.adam_eps, weight_decay=cfg.weight_decay,
-                              max_grad_norm=cfg.max_grad_norm, lr_end_factor=cfg.lr_end_factor,
-                              lr_decay_steps=cfg.total_learner_steps())
+        self.adam = FusedAdam(
+            lay.numel,
+            device,
+            lr=cfg.lr,
+            eps=cfg.adam_eps,
+            weight_decay=cfg.weight_decay,
+            max_grad_norm=cfg.max_grad_norm,
+            lr_end_factor=cfg.lr_end_factor,
+            lr_decay_steps=cfg.total_learner_steps(),
+        )
         b, d, a = cfg.batch_size, lay.branches, lay.actions
 
         def new(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -151,24 +176,26 @@ class HotLearner:
         self.weights = new(b)
         self.idx, self.action = new(b, dtype=torch.int64), new(b, d, dtype=torch.int64)
         self.reward, self.terminated = new(b), new(b)
-        self.acts = [new(b, x.rows) for x in lay.layers]            # online activations, kept for the backward
+        self.acts = [new(b, x.rows) for x in lay.layers]  # online activations, kept for the backward
         # transposed copies the weight-gradient GEMMs read (batch axis contiguous): the observations and the
         # activations that feed a next layer (both split into TF32 parts, kernels/tf32_split.py), and the
         # pre-activation gradients (dz_t; not the first layer's when its weight gradient is fused)
         self.obs_t = new(2, obs_dim, b)
         self.acts_t = [new(2, x.rows, b) for x in lay.layers[:-1]] + [None]
-        self.ddqn_acts = [new(2, b, x.rows) for x in lay.layers]    # online + target on s'
+        self.ddqn_acts = [new(2, b, x.rows) for x in lay.layers]  # online + target on s'
         self.q, self.q_next = new(b, d * a), new(2, b, d * a)
         self.dz = [None] + [new(b, x.rows) for x in lay.layers[1:]]  # pre-activation gradients (layer 0: none)
         # the first layer's weight gradient is fused into the second layer's input-gradient kernel where its input
         # fits one tile (kernels/linear.py MAX_FUSED_K0): then its pre-activation gradient is never stored
         self.fuse_first_weight_grad = len(lay.layers) >= 2 and lay.layers[0].cols <= MAX_FUSED_K0
-        self.dz_t = [None if i == 0 and self.fuse_first_weight_grad else new(x.rows, b)
-                     for i, x in enumerate(lay.layers)]
-        self.weight_transpose = WeightTranspose([(x.w_offset, x.g_offset, x.rows, x.cols, x.gain_group)
-                                                 for x in lay.layers[1:]], device)
+        self.dz_t = [
+            None if i == 0 and self.fuse_first_weight_grad else new(x.rows, b) for i, x in enumerate(lay.layers)
+        ]
+        self.weight_transpose = WeightTranspose(
+            [(x.w_offset, x.g_offset, x.rows, x.cols, x.gain_group) for x in lay.layers[1:]], device
+        )
         self.wt = new(self.weight_transpose.numel)
-        self.wts = [None, *self.weight_transpose.views(self.wt)]    # g-scaled W^T of layers 1..
+        self.wts = [None, *self.weight_transpose.views(self.wt)]  # g-scaled W^T of layers 1..
         self.td = TDLossOutputs.empty(b, d, a, device)
         self.td_ws = TDLossWorkspace.create(b, device)
         self.side = torch.cuda.Stream(device) if device.type == "cuda" else None
@@ -180,53 +207,111 @@ class HotLearner:
         # the step's launch points, instance attributes so that guards/faults.py can swap one for a faulty variant
         self.linear_forward, self.linear_backward_input = linear_forward, linear_backward_input
         self.round_weights = tf32_round_copy
-        self.spectral_norm = lambda: spectral_norm_(self.params, self.sn_table, self.sn_u, self.sn_v,
-                                                    cfg.sn_power_iterations)
+        self.spectral_norm = lambda: spectral_norm_(
+            self.params, self.sn_table, self.sn_u, self.sn_v, cfg.sn_power_iterations
+        )
         self.capture_s = self.warmup_s = float("nan")
         self.steps = 0
 
     def _sample(self) -> None:
         cfg, rp = self.cfg, self.replay
         with phase_range("sample"):
-            tree_sample(rp.tree.nodes, rp.capacity, rp.capacity, cfg.batch_size, self.uniforms, self.beta, self.idx,
-                        self.weights)
+            tree_sample(
+                rp.tree.nodes,
+                rp.capacity,
+                rp.capacity,
+                cfg.batch_size,
+                self.uniforms,
+                self.beta,
+                self.idx,
+                self.weights,
+            )
 
     def _gather(self) -> None:
         """The sampled transitions' actions, rewards, terminal flags and transposed observations (the forwards read
         the observations by index: only the loss and the first layer's weight gradient need these)."""
         rp = self.replay
         with phase_range("sample"):
-            gather_transitions(self.idx, rp.action, rp.reward, rp.terminated, rp.obs, self.action, self.reward,
-                               self.terminated, self.obs_t)
+            gather_transitions(
+                self.idx,
+                rp.action,
+                rp.reward,
+                rp.terminated,
+                rp.obs,
+                self.action,
+                self.reward,
+                self.terminated,
+                self.obs_t,
+            )
 
-    def _forward(self, obs: torch.Tensor, acts: list[torch.Tensor], q: torch.Tensor, nets: int,
-                 acts_t: list[torch.Tensor | None] | None = None) -> None:
+    def _forward(
+        self,
+        obs: torch.Tensor,
+        acts: list[torch.Tensor],
+        q: torch.Tensor,
+        nets: int,
+        acts_t: list[torch.Tensor | None] | None = None,
+    ) -> None:
         """Forward of `nets` networks (1: online on s; 2: online and target on s') from replay rows self.idx."""
-        flat_forward(self.layout, self.params, obs, acts, q, rows=self.idx, nets=nets, linear=self.linear_forward,
-                     acts_t=acts_t, w_buf=self.nets_tf32[0])
+        flat_forward(
+            self.layout,
+            self.params,
+            obs,
+            acts,
+            q,
+            rows=self.idx,
+            nets=nets,
+            linear=self.linear_forward,
+            acts_t=acts_t,
+            w_buf=self.nets_tf32[0],
+        )
 
     def _backward(self) -> None:
         lay, params, grads, learn = self.layout, self.params, self.grads, self.learns_gains
         w_out, _, g_out = lay.out_views(params)
         dw_out, db_out, dg_out = lay.out_views(grads)
         db_hidden = lay.layers[-1].views(grads)[1]
-        heads_backward(self.acts[-1], self.td.grad.view(self.cfg.batch_size, -1), w_out, g_out, self.dz[-1],
-                       self.dz_t[-1], db_hidden, dw_out, db_out, dg_out if learn else None, lay.branches)
+        heads_backward(
+            self.acts[-1],
+            self.td.grad.view(self.cfg.batch_size, -1),
+            w_out,
+            g_out,
+            self.dz[-1],
+            self.dz_t[-1],
+            db_hidden,
+            dw_out,
+            db_out,
+            dg_out if learn else None,
+            lay.branches,
+        )
         for i in reversed(range(len(lay.layers))):
             slots = lay.layers[i]
             w, _, g = slots.views(params)
             dw, _, dg = slots.views(grads)
             if i > 0 or not self.fuse_first_weight_grad:
-                linear_backward_weight(self.dz_t[i], self.obs_t if i == 0 else self.acts_t[i - 1], w, g, dw,
-                                       dg if learn else None, slots.gain_group)
+                linear_backward_weight(
+                    self.dz_t[i],
+                    self.obs_t if i == 0 else self.acts_t[i - 1],
+                    w,
+                    g,
+                    dw,
+                    dg if learn else None,
+                    slots.gain_group,
+                )
             if i > 0:  # layer i - 1's pre-activation gradient (the layouts it has buffers for) and bias gradient
                 below = None
                 if i == 1 and self.fuse_first_weight_grad:  # and the first layer's weight gradient, from registers
                     (w0, _, g0), (dw0, _, dg0) = lay.layers[0].views(params), lay.layers[0].views(grads)
                     below = (self.obs_t, w0, g0, dw0, dg0 if learn else None, lay.layers[0].gain_group)
-                self.linear_backward_input(self.dz[i], self.wts[i], self.acts[i - 1], self.dz_t[i - 1],
-                                           lay.layers[i - 1].views(grads)[1], dx=self.dz[i - 1],
-                                           weight_grad_below=below)
+                self.linear_backward_input(
+                    self.dz[i],
+                    self.wts[i],
+                    self.acts[i - 1],
+                    self.dz_t[i - 1],
+                    lay.layers[i - 1].views(grads)[1],
+                    dx=self.dz[i - 1],
+                    weight_grad_below=below,
+                )
 
     def _on_side(self, stream: torch.cuda.Stream | None | str = "side"):
         """Context: launches in it run on the side stream (or `stream`) after everything launched so far on the
@@ -285,23 +370,37 @@ class HotLearner:
                 actor[0]()
         b, d, a = cfg.batch_size, lay.branches, lay.actions
         with phase_range("loss"):
-            td_loss_forward(self.q.view(b, d, a), self.q_next[0].view(b, d, a), self.q_next[1].view(b, d, a),
-                            self.action, self.reward, self.terminated, self.weights, cfg.gamma, cfg.loss,
-                            cfg.huber_delta, cfg.cql_weight, cfg.per_eps, cfg.per_alpha, out=self.td,
-                            workspace=self.td_ws, target_max=cfg.td_target_max)
+            td_loss_forward(
+                self.q.view(b, d, a),
+                self.q_next[0].view(b, d, a),
+                self.q_next[1].view(b, d, a),
+                self.action,
+                self.reward,
+                self.terminated,
+                self.weights,
+                cfg.gamma,
+                cfg.loss,
+                cfg.huber_delta,
+                cfg.cql_weight,
+                cfg.per_eps,
+                cfg.per_alpha,
+                out=self.td,
+                workspace=self.td_ws,
+                target_max=cfg.td_target_max,
+            )
         with phase_range("backward"):
             self._backward()
         # the sum-tree update on the side stream, concurrent with the optimizer and spectral norm (small,
         # latency-bound launches; beside the backward it slowed the heads' backward as much as it hid)
         with self._on_side(), phase_range("priority_update"):
-            tree_update(rp.tree.nodes, self.idx, self.td.priorities, rp.capacity, rp.tree.max_value,
-                        rp.tree.bad_priority_count)
+            tree_update(
+                rp.tree.nodes, self.idx, self.td.priorities, rp.capacity, rp.tree.max_value, rp.tree.bad_priority_count
+            )
         if self.grad_sync is not None:  # data-parallel: one all-reduce of the flat gradient, beside the tree update
             with phase_range("grad_allreduce"):
                 self.grad_sync(self.grads)
         with phase_range("optimizer"):
-            self.adam.step(self.params, self.grads, self.target, tau=cfg.tau,
-                           target_every=cfg.target_update_interval)
+            self.adam.step(self.params, self.grads, self.target, tau=cfg.tau, target_every=cfg.target_update_interval)
         if cfg.spectral_norm:
             with phase_range("spectral_norm"):
                 self.spectral_norm()
@@ -366,8 +465,12 @@ class HotLearner:
         hotloop.trainer.readback)."""
         if not self.cfg.spectral_norm:
             return [self.td.metrics, self.adam.grad_norm]
-        return [self.td.metrics, self.adam.grad_norm, self.layout.layers[-1].views(self.params)[2],
-                self.layout.out_views(self.params)[2]]
+        return [
+            self.td.metrics,
+            self.adam.grad_norm,
+            self.layout.layers[-1].views(self.params)[2],
+            self.layout.out_views(self.params)[2],
+        ]
 
     def head_norms(self, values: Mapping[str, float]) -> dict[str, float]:
         """Per head part, its norm head_norm_<key> = gain_hidden_<key> x gain_out_<key> from published `values`
@@ -392,8 +495,12 @@ class HotLearner:
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Copies of everything the learner carries from step to step (flat nets, Adam, spectral-norm vectors)."""
-        return {"nets": self.nets.clone(), "sn_u": self.sn_u.clone(), "sn_v": self.sn_v.clone(),
-                **{f"adam.{k}": v for k, v in self.adam.state_dict().items()}}
+        return {
+            "nets": self.nets.clone(),
+            "sn_u": self.sn_u.clone(),
+            "sn_v": self.sn_v.clone(),
+            **{f"adam.{k}": v for k, v in self.adam.state_dict().items()},
+        }
 
     def state_tensors(self) -> list[torch.Tensor]:
         """Every tensor a rank's learner must share with the others at the start (the flat nets and the spectral-norm

@@ -25,32 +25,58 @@ class BenchOptions:
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add the `bench` subcommand to the `hotloop` parser's subparsers; returns its parser."""
     bench = sub.add_parser(
-        "bench", help="time the loop iteration and learner-step variants side by side in one process; print and "
-                      "write bench.csv/.md",
-        epilog=config_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter,
+        "bench",
+        help="time the loop iteration and learner-step variants side by side in one process; print and "
+        "write bench.csv/.md",
+        epilog=config_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Time the whole training-loop iteration (Trainer.iterate(1): env step, learner step, periodic "
-                    "readback; the table's first row) and one learner step (PER sample + Double-DQN update + "
-                    "priority update) built several ways (eager, one CUDA graph, torch.compile + graph, hotloop's "
-                    "own), one after the other in this process on one device; print the table with a roofline "
-                    "floor and write bench.csv and bench.md. Variants that need CUDA are skipped (a row saying "
-                    "so) on a CPU device.")
-    bench.add_argument("--preset", default="seed-scale", choices=sorted(PRESETS),
-                       help="named configuration (default seed-scale, the shape perf numbers are quoted at)")
+        "readback; the table's first row) and one learner step (PER sample + Double-DQN update + "
+        "priority update) built several ways (eager, one CUDA graph, torch.compile + graph, hotloop's "
+        "own), one after the other in this process on one device; print the table with a roofline "
+        "floor and write bench.csv and bench.md. Variants that need CUDA are skipped (a row saying "
+        "so) on a CPU device.",
+    )
+    bench.add_argument(
+        "--preset",
+        default="seed-scale",
+        choices=sorted(PRESETS),
+        help="named configuration (default seed-scale, the shape perf numbers are quoted at)",
+    )
     bench.add_argument("--config", type=Path, help="start from a config JSON instead of a preset")
-    bench.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                       help="override any config field (repeatable); keys below")
+    bench.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override any config field (repeatable); keys below",
+    )
     bench.add_argument("--seed", type=int, help="override the preset's seed")
     bench.add_argument("--device", help="cpu, cuda, cuda:N or auto (default: the preset's, auto)")
-    bench.add_argument("--variants", default="all", metavar="NAMES",
-                       help="comma-separated variants (hotloop.guards.probes.bench.VARIANTS): iteration (the whole loop "
-                            "iteration, always the first row), eager, graph-fp32, graph-tf32, compiled-split, "
-                            "compiled-tf32, hotloop; or all, graph (= graph-fp32,graph-tf32), "
-                            "compiled (= compiled-split,compiled-tf32) (default all)")
-    bench.add_argument("--steps", type=int, default=200, help="timed learner steps per variant (default 200; the "
-                       "iteration's rounded up to whole periods of its periodic phases, e.g. log_interval)")
+    bench.add_argument(
+        "--variants",
+        default="all",
+        metavar="NAMES",
+        help="comma-separated variants (hotloop.guards.probes.bench.VARIANTS): iteration (the whole loop "
+        "iteration, always the first row), eager, graph-fp32, graph-tf32, compiled-split, "
+        "compiled-tf32, hotloop; or all, graph (= graph-fp32,graph-tf32), "
+        "compiled (= compiled-split,compiled-tf32) (default all)",
+    )
+    bench.add_argument(
+        "--steps",
+        type=int,
+        default=200,
+        help="timed learner steps per variant (default 200; the "
+        "iteration's rounded up to whole periods of its periodic phases, e.g. log_interval)",
+    )
     bench.add_argument("--warmup", type=int, default=20, help="untimed steps per variant before them (default 20)")
-    bench.add_argument("--out", type=Path, help="folder for bench.csv and bench.md (default: runs/<UTC timestamp>/ "
-                       "under the working directory); refused if it already holds either")
+    bench.add_argument(
+        "--out",
+        type=Path,
+        help="folder for bench.csv and bench.md (default: runs/<UTC timestamp>/ "
+        "under the working directory); refused if it already holds either",
+    )
     bench.set_defaults(epochs=None)
     return bench
 
@@ -98,7 +124,8 @@ def execute(plan: RunPlan[BenchOptions]) -> int:
     from hotloop.trainer.device_choice import resolve_device
 
     options = plan.options
-    run_bench(plan.cfg, resolve_device(plan.cfg.device), list(options.variants), options.steps, options.warmup,
-              plan.run_dir)
+    run_bench(
+        plan.cfg, resolve_device(plan.cfg.device), list(options.variants), options.steps, options.warmup, plan.run_dir
+    )
     print(f"\nbench folder: {plan.run_dir}")
     return 0

@@ -60,8 +60,10 @@ def check_learner(cfg: Config, device, action_nvec: tuple[int, ...]) -> None:
     if learner_kind(cfg, device) != "hotloop":
         return
     if device.type != "cuda" and not interpreting():
-        raise ValueError(f"config.learner 'hotloop' needs a CUDA device (its Triton kernels run on the GPU), this "
-                         f"run is on {device}: set learner=reference (or auto) or --device cuda")
+        raise ValueError(
+            f"config.learner 'hotloop' needs a CUDA device (its Triton kernels run on the GPU), this "
+            f"run is on {device}: set learner=reference (or auto) or --device cuda"
+        )
     try:
         check_supported(cfg, action_nvec)
     except ValueError as exc:
@@ -152,12 +154,12 @@ def check_writable(path: Path, option: str) -> None:
             with open(path, "ab"):
                 pass
         except OSError as exc:
-            raise ValueError(f"{option} {path} cannot be written: {exc.strerror or exc} (a read-only file?)") \
-                from None
+            raise ValueError(f"{option} {path} cannot be written: {exc.strerror or exc} (a read-only file?)") from None
         return
     parent = next((p for p in path.parents if p.exists()), Path("."))
     if not parent.is_dir():
         raise ValueError(f"{option} {path} cannot be written: {parent} is not a folder")
     if (problem := file_creation_error(parent)) is not None:
-        raise ValueError(f"{option} {path} cannot be written: no file can be created in {parent} "
-                         f"({problem}; a read-only folder?)")
+        raise ValueError(
+            f"{option} {path} cannot be written: no file can be created in {parent} ({problem}; a read-only folder?)"
+        )

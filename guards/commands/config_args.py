@@ -29,15 +29,26 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--epochs", type=int, help="override the preset's number of epochs")
     p.add_argument("--device", help="cpu, cuda, cuda:N or auto (default: the preset's, auto)")
     p.add_argument("--seed", type=int, help="override the preset's seed")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override any config field (repeatable); keys below")
-    p.add_argument("--config", type=Path, help="start from a config JSON (as written to a run folder) "
-                   "instead of a preset")
-    p.add_argument("--out", type=Path,
-                   help="run folder (default: runs/<UTC timestamp>/ under the working directory)")
-    p.add_argument("--epoch-timeout", type=float, default=900.0, metavar="SECONDS",
-                   help="hang watchdog: an epoch longer than this dumps all stacks and exits 3 (default 900; at "
-                        "most threading.TIMEOUT_MAX, about 292 years on Linux)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override any config field (repeatable); keys below",
+    )
+    p.add_argument(
+        "--config", type=Path, help="start from a config JSON (as written to a run folder) instead of a preset"
+    )
+    p.add_argument("--out", type=Path, help="run folder (default: runs/<UTC timestamp>/ under the working directory)")
+    p.add_argument(
+        "--epoch-timeout",
+        type=float,
+        default=900.0,
+        metavar="SECONDS",
+        help="hang watchdog: an epoch longer than this dumps all stacks and exits 3 (default 900; at "
+        "most threading.TIMEOUT_MAX, about 292 years on Linux)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 

@@ -14,12 +14,17 @@ from hotloop.profiles.epoch_table import format_table
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add the `criteria` subcommand to the `hotloop` parser's subparsers; returns its parser."""
     p = subparsers.add_parser(
-        "criteria", help="print the criteria the gate judges (id, title, metric, limit, phases)",
+        "criteria",
+        help="print the criteria the gate judges (id, title, metric, limit, phases)",
         description="Print the criteria registry the gate judges against: each criterion's id (what faults, mutants "
-                    "and pytest's assert_criteria name), title, metric columns, limit, phases and what judges it.",
-        epilog="exit codes: 0 printed")
-    p.add_argument("--markdown", action="store_true",
-                   help="print docs/criteria.md's criteria table (every column: sources, evidence, why)")
+        "and pytest's assert_criteria name), title, metric columns, limit, phases and what judges it.",
+        epilog="exit codes: 0 printed",
+    )
+    p.add_argument(
+        "--markdown",
+        action="store_true",
+        help="print docs/criteria.md's criteria table (every column: sources, evidence, why)",
+    )
     return p
 
 

@@ -58,26 +58,34 @@ def report_internal_error(command: str, exc: BaseException, run_dir: Path | None
         head = message.removeprefix("disk full: ")
     elif full is not None and full is not exc:  # e.g. torch.save's RuntimeError ("unexpected pos ...")
         head = f"{head} (caused by: [Errno {full.errno}] {full.strerror or full})"
-    print(f"hotloop {command}: {'disk full' if full is not None else 'internal error'}: {head} ({where}{tail})",
-          file=sys.stderr)
+    print(
+        f"hotloop {command}: {'disk full' if full is not None else 'internal error'}: {head} ({where}{tail})",
+        file=sys.stderr,
+    )
     if log is None:
         print(text, file=sys.stderr, end="")
     if full is not None and run_dir is not None:
         from hotloop.trainer.resume import CHECKPOINT_FILE
 
         if not (run_dir / CHECKPOINT_FILE).is_file():
-            print(f"hotloop {command}: {run_dir} holds no checkpoint yet: free space on its disk and start the run "
-                  f"again", file=sys.stderr)
+            print(
+                f"hotloop {command}: {run_dir} holds no checkpoint yet: free space on its disk and start the run again",
+                file=sys.stderr,
+            )
         elif command == "train":
-            print(f"hotloop {command}: {run_dir} keeps its last complete checkpoint ({CHECKPOINT_FILE} is only ever "
-                  f"replaced by a whole new one): free space on its disk, then continue with: hotloop train --resume "
-                  f"{run_dir}", file=sys.stderr)
+            print(
+                f"hotloop {command}: {run_dir} keeps its last complete checkpoint ({CHECKPOINT_FILE} is only ever "
+                f"replaced by a whole new one): free space on its disk, then continue with: hotloop train --resume "
+                f"{run_dir}",
+                file=sys.stderr,
+            )
         else:
-            print(f"hotloop {command}: {run_dir} keeps its last complete checkpoint ({CHECKPOINT_FILE}): free space "
-                  f"on its disk and run it again", file=sys.stderr)
+            print(
+                f"hotloop {command}: {run_dir} keeps its last complete checkpoint ({CHECKPOINT_FILE}): free space "
+                f"on its disk and run it again",
+                file=sys.stderr,
+            )
     return INTERNAL_ERROR
-
-
 
 
 def report_interrupt(command: str, run_dir: Path | None) -> int:
@@ -89,7 +97,10 @@ def report_interrupt(command: str, run_dir: Path | None) -> int:
         return INTERRUPTED
     from hotloop.trainer.resume import CHECKPOINT_FILE
 
-    hint = (f"; continue with: hotloop train --resume {run_dir}"
-            if command == "train" and (run_dir / CHECKPOINT_FILE).exists() else "")
+    hint = (
+        f"; continue with: hotloop train --resume {run_dir}"
+        if command == "train" and (run_dir / CHECKPOINT_FILE).exists()
+        else ""
+    )
     print(f"\nhotloop {command}: interrupted; the finished epochs are in {run_dir}{hint}", file=sys.stderr)
     return INTERRUPTED

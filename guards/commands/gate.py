@@ -23,54 +23,97 @@ if TYPE_CHECKING:
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add the `gate` subcommand to the `hotloop` parser's subparsers; returns its parser."""
     fmt = argparse.RawDescriptionHelpFormatter
-    gate = sub.add_parser("gate", help="run a preset under the guards; print per-epoch and criteria tables",
-                          epilog=config_epilog(), formatter_class=fmt,
-                          description="Run a preset under the per-epoch timer and hang watchdog; print the "
-                                      "per-epoch table and the criteria table; exit 1 if a criterion fails.")
+    gate = sub.add_parser(
+        "gate",
+        help="run a preset under the guards; print per-epoch and criteria tables",
+        epilog=config_epilog(),
+        formatter_class=fmt,
+        description="Run a preset under the per-epoch timer and hang watchdog; print the "
+        "per-epoch table and the criteria table; exit 1 if a criterion fails.",
+    )
     add_run_args(gate)
-    gate.add_argument("--guard-steps", type=int, default=None, metavar="K",
-                      help="consecutive training-loop iterations (Trainer.iterate: env steps, learner step, the "
-                           "periodic work) profiled and hooked after the epochs (default: max(20, the longest "
-                           "period of the loop's periodic phases: readback every log_interval, target update every "
-                           "target_update_interval, progress), so every periodic phase runs in the window; a "
-                           "smaller K may leave a phase out: the coverage table flags it and the criteria that "
-                           "apply to it are not measured); a window whose estimated memory (the profiler's "
-                           "events: K x --repeats x a per-step bound, hotloop.trainer.memory_estimate) exceeds the "
-                           "host's available memory is refused (exit 2)")
-    gate.add_argument("--guard-warmup", type=int, default=3, metavar="W",
-                      help="unprofiled loop iterations before the window (default 3)")
-    gate.add_argument("--repeats", type=int, default=1, metavar="R",
-                      help="repeats of the guarded window; the baseline compares their medians (default 1)")
-    gate.add_argument("--baseline", type=Path, metavar="JSON",
-                      help="baseline to compare with (default on CUDA: <baseline dir>/<gpu-name-slug>.json, "
-                           "<gpu-name-slug>--<preset>.json for a preset other than cartpole, "
-                           "when it exists and was measured with this configuration)")
-    gate.add_argument("--baseline-dir", type=Path, metavar="DIR",
-                      help="folder of per-GPU baselines (<gpu-name-slug>[--<preset>].json) the default baseline is looked up in "
-                           "(default: the ones installed with hotloop, hotloop.guards/baseline_files/)")
-    gate.add_argument("--no-baseline", action="store_true",
-                      help="compare with no baseline (the criteria alone decide)")
-    gate.add_argument("--update-baseline", action="store_true",
-                      help="write this run's repeats as the baseline instead of comparing")
-    gate.add_argument("--no-loop-census", action="store_true",
-                      help="turn off the census of the training loop's host syncs over every epoch after the first, "
-                           "outside the guarded window (on by default, CUDA only): criterion \"no sync in the epochs' "
-                           "loop\" is then not measured")
-    gate.add_argument("--no-structure-census", action="store_true",
-                      help="turn off the census of the training loop's D2D copies, memsets / fills and grid (1,1,1) "
-                           "launches over every epoch after the first, outside the guarded window (on by default, "
-                           "CUDA only; hotloop.guards.loop_structure): work of those kinds that runs less often than "
-                           "the window, e.g. a clone every 200 iterations, then passes; the rows' census column says "
-                           "off")
-    gate.add_argument("--census-overhead", type=int, nargs="?", const=5, default=0, metavar="PAIRS",
-                      help="after the epochs, time K loop iterations with no census, with the structure census and "
-                           "with both censuses, PAIRS times each (default 5; device-synchronized), and print the "
-                           "censuses' overhead per iteration (the window then starts 3 x (1 + PAIRS) x K iterations "
-                           "later)")
-    gate.add_argument("--inject", metavar="FAULT",
-                      help="inject a fault before the guarded steps (a mutation test of the gate: it must then "
-                           f"fail that fault's criterion, by id: hotloop criteria): {inject_help()} "
-                           "(guards/fault_list.py)")
+    gate.add_argument(
+        "--guard-steps",
+        type=int,
+        default=None,
+        metavar="K",
+        help="consecutive training-loop iterations (Trainer.iterate: env steps, learner step, the "
+        "periodic work) profiled and hooked after the epochs (default: max(20, the longest "
+        "period of the loop's periodic phases: readback every log_interval, target update every "
+        "target_update_interval, progress), so every periodic phase runs in the window; a "
+        "smaller K may leave a phase out: the coverage table flags it and the criteria that "
+        "apply to it are not measured); a window whose estimated memory (the profiler's "
+        "events: K x --repeats x a per-step bound, hotloop.trainer.memory_estimate) exceeds the "
+        "host's available memory is refused (exit 2)",
+    )
+    gate.add_argument(
+        "--guard-warmup",
+        type=int,
+        default=3,
+        metavar="W",
+        help="unprofiled loop iterations before the window (default 3)",
+    )
+    gate.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        metavar="R",
+        help="repeats of the guarded window; the baseline compares their medians (default 1)",
+    )
+    gate.add_argument(
+        "--baseline",
+        type=Path,
+        metavar="JSON",
+        help="baseline to compare with (default on CUDA: <baseline dir>/<gpu-name-slug>.json, "
+        "<gpu-name-slug>--<preset>.json for a preset other than cartpole, "
+        "when it exists and was measured with this configuration)",
+    )
+    gate.add_argument(
+        "--baseline-dir",
+        type=Path,
+        metavar="DIR",
+        help="folder of per-GPU baselines (<gpu-name-slug>[--<preset>].json) the default baseline is looked up in "
+        "(default: the ones installed with hotloop, hotloop.guards/baseline_files/)",
+    )
+    gate.add_argument("--no-baseline", action="store_true", help="compare with no baseline (the criteria alone decide)")
+    gate.add_argument(
+        "--update-baseline", action="store_true", help="write this run's repeats as the baseline instead of comparing"
+    )
+    gate.add_argument(
+        "--no-loop-census",
+        action="store_true",
+        help="turn off the census of the training loop's host syncs over every epoch after the first, "
+        "outside the guarded window (on by default, CUDA only): criterion \"no sync in the epochs' "
+        'loop" is then not measured',
+    )
+    gate.add_argument(
+        "--no-structure-census",
+        action="store_true",
+        help="turn off the census of the training loop's D2D copies, memsets / fills and grid (1,1,1) "
+        "launches over every epoch after the first, outside the guarded window (on by default, "
+        "CUDA only; hotloop.guards.loop_structure): work of those kinds that runs less often than "
+        "the window, e.g. a clone every 200 iterations, then passes; the rows' census column says "
+        "off",
+    )
+    gate.add_argument(
+        "--census-overhead",
+        type=int,
+        nargs="?",
+        const=5,
+        default=0,
+        metavar="PAIRS",
+        help="after the epochs, time K loop iterations with no census, with the structure census and "
+        "with both censuses, PAIRS times each (default 5; device-synchronized), and print the "
+        "censuses' overhead per iteration (the window then starts 3 x (1 + PAIRS) x K iterations "
+        "later)",
+    )
+    gate.add_argument(
+        "--inject",
+        metavar="FAULT",
+        help="inject a fault before the guarded steps (a mutation test of the gate: it must then "
+        f"fail that fault's criterion, by id: hotloop criteria): {inject_help()} "
+        "(guards/fault_list.py)",
+    )
     return gate
 
 
@@ -99,8 +142,9 @@ def execute(plan: RunPlan[GateOptions]) -> int:
     return run_gate(plan.cfg, plan.run_dir, plan.options)
 
 
-def check_window_fits(options: GateOptions, cfg: Config, device: torch.device, obs_dim: int,
-                      action_nvec: tuple[int, ...]) -> None:
+def check_window_fits(
+    options: GateOptions, cfg: Config, device: torch.device, obs_dim: int, action_nvec: tuple[int, ...]
+) -> None:
     """ValueError naming --guard-steps (and --repeats) when the guarded windows' estimated host memory
     (hotloop.trainer.memory_estimate.check_window_memory: K steps x R repeats x the per-step bound of the profiler's
     trace events; on a CPU device plus the run's own estimate) exceeds the host's available memory, with the
@@ -136,26 +180,36 @@ def check_gate_args(args: argparse.Namespace, cfg: Config) -> GateOptions:
     check_request(args.inject, args.update_baseline)
     if args.inject is not None:
         device = resolve_device(cfg.device)
-        check_request(args.inject, device=device, learner=learner_kind(cfg, device),
-                      spectral_norm=cfg.spectral_norm)
+        check_request(args.inject, device=device, learner=learner_kind(cfg, device), spectral_norm=cfg.spectral_norm)
     if (args.guard_steps is not None and args.guard_steps < 1) or args.guard_warmup < 0 or args.repeats < 1:
-        raise ValueError(f"--guard-steps and --repeats must be >= 1 and --guard-warmup >= 0, got "
-                         f"{args.guard_steps}, {args.repeats}, {args.guard_warmup}")
+        raise ValueError(
+            f"--guard-steps and --repeats must be >= 1 and --guard-warmup >= 0, got "
+            f"{args.guard_steps}, {args.repeats}, {args.guard_warmup}"
+        )
     if args.census_overhead < 0:
         raise ValueError(f"--census-overhead PAIRS must be >= 1 (or 0: off), got {args.census_overhead}")
-    options = GateOptions(epoch_limit_s=args.epoch_timeout, show_progress=not args.no_progress,
-                          guard_steps=args.guard_steps, guard_warmup=args.guard_warmup, repeats=args.repeats,
-                          baseline=args.baseline, update_baseline=args.update_baseline, inject=args.inject,
-                          loop_census=not args.no_loop_census, structure_census=not args.no_structure_census,
-                          census_overhead_pairs=args.census_overhead)
+    options = GateOptions(
+        epoch_limit_s=args.epoch_timeout,
+        show_progress=not args.no_progress,
+        guard_steps=args.guard_steps,
+        guard_warmup=args.guard_warmup,
+        repeats=args.repeats,
+        baseline=args.baseline,
+        update_baseline=args.update_baseline,
+        inject=args.inject,
+        loop_census=not args.no_loop_census,
+        structure_census=not args.no_structure_census,
+        census_overhead_pairs=args.census_overhead,
+    )
     explicit = args.baseline is not None
     if args.no_baseline:
         if explicit or args.update_baseline or args.baseline_dir is not None:
             raise ValueError("--no-baseline cannot be given with --baseline, --baseline-dir or --update-baseline")
         return options
     if explicit and args.baseline_dir is not None:
-        raise ValueError("--baseline-dir cannot be given with --baseline (it names the folder the default one is "
-                         "looked up in)")
+        raise ValueError(
+            "--baseline-dir cannot be given with --baseline (it names the folder the default one is looked up in)"
+        )
     baseline = args.baseline
     found = None if explicit else default_baseline(args.baseline_dir, preset=args.preset)
     if found is not None and (found.exists() or args.update_baseline):
@@ -173,17 +227,26 @@ def check_gate_args(args: argparse.Namespace, cfg: Config) -> GateOptions:
         try:
             differ = baseline_mismatch(loaded, cfg)
         except (RuntimeError, TypeError, AttributeError) as exc:  # e.g. "device": "tpu" in the file's config
-            raise ValueError(f"--baseline {baseline}: its \"config\" cannot be compared with this run: "
-                             f"{type(exc).__name__}: {exc}") from None
+            raise ValueError(
+                f'--baseline {baseline}: its "config" cannot be compared with this run: {type(exc).__name__}: {exc}'
+            ) from None
         if differ is None:
-            print(f"hotloop gate: note: the baseline {baseline} records no configuration: compared as it is "
-                  f"(rewrite it with --update-baseline to record one)", file=sys.stderr)
+            print(
+                f"hotloop gate: note: the baseline {baseline} records no configuration: compared as it is "
+                f"(rewrite it with --update-baseline to record one)",
+                file=sys.stderr,
+            )
         elif differ and not explicit:
-            print(f"hotloop gate: note: not comparing with the default baseline {baseline}: it was measured "
-                  f"with another configuration ({'; '.join(differ)})", file=sys.stderr)
+            print(
+                f"hotloop gate: note: not comparing with the default baseline {baseline}: it was measured "
+                f"with another configuration ({'; '.join(differ)})",
+                file=sys.stderr,
+            )
             baseline = None
         elif differ:
-            raise ValueError(f"--baseline {baseline} was measured with another configuration ("
-                             f"{'; '.join(differ)}): run the gate with the baseline's preset and settings, pass "
-                             f"another --baseline, or rewrite this one with --update-baseline")
+            raise ValueError(
+                f"--baseline {baseline} was measured with another configuration ("
+                f"{'; '.join(differ)}): run the gate with the baseline's preset and settings, pass "
+                f"another --baseline, or rewrite this one with --update-baseline"
+            )
     return replace(options, baseline=baseline)

@@ -25,13 +25,19 @@ from __future__ import annotations
 
 import argparse
 import sys
-
-from hotloop.guards.commands.errors import BROKEN_PIPE
 from pathlib import Path
 
+from hotloop.guards.commands.errors import BROKEN_PIPE
 from hotloop.profiles.epoch_table import format_table
-from hotloop.profiles.inspect_cmd import (StepRecords, count_trace, file_error, format_file_parts, stdout_to_devnull,
-                                          step_records, write_json)
+from hotloop.profiles.inspect_cmd import (
+    StepRecords,
+    count_trace,
+    file_error,
+    format_file_parts,
+    stdout_to_devnull,
+    step_records,
+    write_json,
+)
 from hotloop.profiles.rank_traces import find_rank_traces, rank_spread
 
 UNREADABLE_INPUT = 2
@@ -40,19 +46,32 @@ UNREADABLE_INPUT = 2
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add the `inspect` subcommand to the `hotloop` parser's subparsers; returns its parser."""
     p = subparsers.add_parser(
-        "inspect", help="count kernels, syncs, memcpys, memsets and graph launches in trace files",
+        "inspect",
+        help="count kernels, syncs, memcpys, memsets and graph launches in trace files",
         description="Read Kineto JSON traces (.json, .json.gz) and Nsight Systems SQLite exports and print the "
-                    "guard counts per file, and per step when the trace has step ranges.",
+        "guard counts per file, and per step when the trace has step ranges.",
         epilog="exit codes: 0 all files read, 2 a file could not be read (named on stderr; the others are still "
-               "reported), 141 stdout closed early (e.g. piped into head)")
-    p.add_argument("files", nargs="+", metavar="FILE",
-                   help="Kineto trace JSON (plain or gzipped) or nsys .sqlite; or a folder of rank traces "
-                        "(trace_rank<R>.json.gz: per-rank counts and their spread)")
-    p.add_argument("--json", action="store_true",
-                   help='print {"files": {FILE: {"totals": {...}, "steps": [...] or null}}} instead of tables, '
-                        'plus "errors": {FILE: PROBLEM} when a file could not be read')
-    p.add_argument("--step-range", default="step", metavar="NAME",
-                   help="name of the step ranges (record_function / NVTX); default 'step', else ProfilerStep#N")
+        "reported), 141 stdout closed early (e.g. piped into head)",
+    )
+    p.add_argument(
+        "files",
+        nargs="+",
+        metavar="FILE",
+        help="Kineto trace JSON (plain or gzipped) or nsys .sqlite; or a folder of rank traces "
+        "(trace_rank<R>.json.gz: per-rank counts and their spread)",
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help='print {"files": {FILE: {"totals": {...}, "steps": [...] or null}}} instead of tables, '
+        'plus "errors": {FILE: PROBLEM} when a file could not be read',
+    )
+    p.add_argument(
+        "--step-range",
+        default="step",
+        metavar="NAME",
+        help="name of the step ranges (record_function / NVTX); default 'step', else ProfilerStep#N",
+    )
     p.add_argument("--domain", metavar="NAME", help="NVTX domain the step ranges must be in (default: any)")
     return p
 
@@ -87,18 +106,23 @@ def _inspect_files(args: argparse.Namespace) -> int:
             errors[path] = str(exc)
             print(f"hotloop inspect: error: {path}: {errors[path]}", file=sys.stderr)
             continue
-        totals = {rank: t for rank, file in traces.items()
-                  if (t := _inspect_one(str(file), args, report, errors)) is not None}
+        totals = {
+            rank: t for rank, file in traces.items() if (t := _inspect_one(str(file), args, report, errors)) is not None
+        }
         if not totals:
             continue
         table = rank_spread(totals)
         ranks[path] = step_records(table)
         if not args.json:
-            sys.stdout.write(f"== ranks of {path} ({len(totals)} of {len(traces)} rank traces read; spread = max - "
-                             f"min over the ranks)\n{format_table(table)}\n\n")
+            sys.stdout.write(
+                f"== ranks of {path} ({len(totals)} of {len(traces)} rank traces read; spread = max - "
+                f"min over the ranks)\n{format_table(table)}\n\n"
+            )
     if args.json:
-        write_json({"files": report} | ({"ranks": ranks} if ranks else {}) | ({"errors": errors} if errors else {}),
-                   sys.stdout.write)
+        write_json(
+            {"files": report} | ({"ranks": ranks} if ranks else {}) | ({"errors": errors} if errors else {}),
+            sys.stdout.write,
+        )
         sys.stdout.write("\n")
     return UNREADABLE_INPUT if errors else 0
 
@@ -116,8 +140,12 @@ def _inspect_one(path: str, args: argparse.Namespace, report: dict[str, dict], e
         print(f"hotloop inspect: error: {path}: {errors[path]}", file=sys.stderr)
         return None
     if not len(steps) and (args.step_range != "step" or args.domain):
-        print(f"hotloop inspect: note: {path}: no step ranges named {args.step_range!r}"
-              + (f" in domain {args.domain!r}" if args.domain else "") + ": totals only", file=sys.stderr)
+        print(
+            f"hotloop inspect: note: {path}: no step ranges named {args.step_range!r}"
+            + (f" in domain {args.domain!r}" if args.domain else "")
+            + ": totals only",
+            file=sys.stderr,
+        )
     report[path] = {"totals": totals, "steps": StepRecords(steps) if len(steps) else None}
     if not args.json:
         for part in format_file_parts(path, counts.events, totals, steps):

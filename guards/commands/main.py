@@ -25,11 +25,20 @@ import argparse
 import sys
 
 from hotloop.guards.commands import bench, criteria, gate, inspect, learning, mutate, nsys, report, train
-from hotloop.guards.commands.errors import (BROKEN_PIPE, USAGE_ERROR, report_internal_error, report_interrupt)
+from hotloop.guards.commands.errors import BROKEN_PIPE, USAGE_ERROR, report_internal_error, report_interrupt
 from hotloop.profiles.inspect_cmd import stdout_to_devnull
 
-SUBCOMMANDS = {"train": train, "gate": gate, "bench": bench, "inspect": inspect, "report": report, "nsys": nsys,
-               "mutate": mutate, "learning": learning, "criteria": criteria}
+SUBCOMMANDS = {
+    "train": train,
+    "gate": gate,
+    "bench": bench,
+    "inspect": inspect,
+    "report": report,
+    "nsys": nsys,
+    "mutate": mutate,
+    "learning": learning,
+    "criteria": criteria,
+}
 """Subcommand -> its module, in the order of the help. Each module has `add_parser(subparsers)`; the run commands
 (RUN_COMMANDS) have `prepare(args) -> RunPlan` (checks only: ValueError is bad input) and `execute(plan) -> int`,
 the others `run(args) -> int`."""
@@ -40,9 +49,11 @@ RUN_COMMANDS = ("train", "gate", "bench")
 def build_parser() -> argparse.ArgumentParser:
     """The `hotloop` parser, with every subcommand of SUBCOMMANDS."""
     parser = argparse.ArgumentParser(
-        prog="hotloop", description="GPU-resident DQN trainer and the guards that keep its hot loop fast.",
+        prog="hotloop",
+        description="GPU-resident DQN trainer and the guards that keep its hot loop fast.",
         epilog="exit codes: 0 ok, 1 a criterion or regression failed, 2 bad usage or input, 3 hang, "
-               "70 internal error (traceback in <run folder>/error.log), 130 interrupted, 141 stdout closed")
+        "70 internal error (traceback in <run folder>/error.log), 130 interrupted, 141 stdout closed",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in SUBCOMMANDS.values():
         module.add_parser(sub)

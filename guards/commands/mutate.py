@@ -11,11 +11,14 @@ from hotloop.guards.mutate import add_mutate_args, run_mutate
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add the `mutate` subcommand to the `hotloop` parser's subparsers; returns its parser."""
-    p = sub.add_parser("mutate", help="run the source-level mutation suite of the gate (ci/mutants)",
-                       description="Apply each patch of ci/mutants to its own copy of the checkout, run the gate "
-                                   "from it and score it: killed only when the gate fails the mutant's criterion. "
-                                   "Exit 0 scored, 1 below --min-score, 2 bad manifest or patch, 4 the clean tree "
-                                   "fails, 70 internal error.")
+    p = sub.add_parser(
+        "mutate",
+        help="run the source-level mutation suite of the gate (ci/mutants)",
+        description="Apply each patch of ci/mutants to its own copy of the checkout, run the gate "
+        "from it and score it: killed only when the gate fails the mutant's criterion. "
+        "Exit 0 scored, 1 below --min-score, 2 bad manifest or patch, 4 the clean tree "
+        "fails, 70 internal error.",
+    )
     add_mutate_args(p)
     return p
 

@@ -34,21 +34,35 @@ COMMAND_FAILED, USAGE_ERROR = 1, 2
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add the `nsys` subcommand to the `hotloop` parser's subparsers; returns its parser."""
     p = subparsers.add_parser(
-        "nsys", help="profile a command under Nsight Systems; print its guard counts and NVTX-range GPU time",
+        "nsys",
+        help="profile a command under Nsight Systems; print its guard counts and NVTX-range GPU time",
         usage="hotloop nsys [-h] [--out DIR] [--step-range NAME] [--domain NAME] -- CMD...",
         description="Run CMD under `nsys profile -t cuda,nvtx` (nsys from PATH, else the nsys bundled with Nsight "
-                    f"Compute: {doc_ref('nsight.md')}), export the report to SQLite, print the whole-trace and "
-                    "per-step counts as `hotloop inspect` does and the GPU kernel time per NVTX range; write "
-                    "report.sqlite, counts.json (the keys of `hotloop inspect --json`) and ranges.csv into --out.",
+        f"Compute: {doc_ref('nsight.md')}), export the report to SQLite, print the whole-trace and "
+        "per-step counts as `hotloop inspect` does and the GPU kernel time per NVTX range; write "
+        "report.sqlite, counts.json (the keys of `hotloop inspect --json`) and ranges.csv into --out.",
         epilog="exit codes: 0 ok, 1 the profiled command (or nsys) failed (whatever was recorded is still "
-               "reported), 2 bad usage or input (no CMD, non-empty --out, no nsys, no CUDA kernels recorded)")
-    p.add_argument("--out", type=Path, metavar="DIR",
-                   help="output folder (default: runs/nsys-<UTC timestamp>/); must be new or empty")
-    p.add_argument("--step-range", default="step", metavar="NAME",
-                   help="name of the NVTX step ranges (default 'step', else ProfilerStep#N)")
-    p.add_argument("--domain", default="hotloop", metavar="NAME",
-                   help="NVTX domain of the step ranges (default 'hotloop', profiles/ranges.py's; '' is the "
-                        "default domain, which torch.cuda.nvtx uses)")
+        "reported), 2 bad usage or input (no CMD, non-empty --out, no nsys, no CUDA kernels recorded)",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        metavar="DIR",
+        help="output folder (default: runs/nsys-<UTC timestamp>/); must be new or empty",
+    )
+    p.add_argument(
+        "--step-range",
+        default="step",
+        metavar="NAME",
+        help="name of the NVTX step ranges (default 'step', else ProfilerStep#N)",
+    )
+    p.add_argument(
+        "--domain",
+        default="hotloop",
+        metavar="NAME",
+        help="NVTX domain of the step ranges (default 'hotloop', profiles/ranges.py's; '' is the "
+        "default domain, which torch.cuda.nvtx uses)",
+    )
     p.add_argument("cmd", nargs="*", metavar="CMD", help="the command to profile, after `--`")
     return p
 
@@ -58,16 +72,21 @@ def run(args: argparse.Namespace) -> int:
     docstring). Errors go to stderr as `hotloop nsys: error: ...`; nothing is written before the usage checks
     pass. The nsys found: hotloop.profiles.nsys_cmd.find_nsys, searching its NSIGHT_COMPUTE_ROOTS as they are at
     call time; the importer's libraries: its `libs_dir()`."""
+
     def error(message: str, code: int) -> int:
         print(f"hotloop nsys: error: {message}", file=sys.stderr)
         return code
 
     if not args.cmd:
-        return error("no command to profile; usage: hotloop nsys [--out DIR] [--step-range NAME] [--domain NAME] "
-                     "-- CMD...", USAGE_ERROR)
+        return error(
+            "no command to profile; usage: hotloop nsys [--out DIR] [--step-range NAME] [--domain NAME] -- CMD...",
+            USAGE_ERROR,
+        )
     if args.out is not None and args.out.exists() and (not args.out.is_dir() or any(args.out.iterdir())):
-        return error(f"--out {args.out} exists and is not an empty folder; choose a new folder (nothing there is "
-                     f"overwritten)", USAGE_ERROR)
+        return error(
+            f"--out {args.out} exists and is not an empty folder; choose a new folder (nothing there is overwritten)",
+            USAGE_ERROR,
+        )
     try:
         route = find_nsys(None, nsys_cmd.NSIGHT_COMPUTE_ROOTS)
     except ValueError as exc:
@@ -77,15 +96,13 @@ def run(args: argparse.Namespace) -> int:
             args.out.mkdir(parents=True, exist_ok=True)
         out = args.out or new_run_dir(prefix="nsys-")
     except OSError as exc:
-        return error(f"cannot create the output folder {args.out or 'runs/'}: {exc.strerror or exc}",
-                     USAGE_ERROR)
+        return error(f"cannot create the output folder {args.out or 'runs/'}: {exc.strerror or exc}", USAGE_ERROR)
     print(f"hotloop nsys: {route.describe()}; output folder {out}", file=sys.stderr)
     code = 0
     try:
         sqlite = profile(list(args.cmd), out, route)
     except ProfileFailed as exc:
-        print(f"hotloop nsys: error: {exc}" + ("; reporting what was recorded" if exc.sqlite else ""),
-              file=sys.stderr)
+        print(f"hotloop nsys: error: {exc}" + ("; reporting what was recorded" if exc.sqlite else ""), file=sys.stderr)
         if exc.sqlite is None:
             return COMMAND_FAILED
         sqlite, code = exc.sqlite, COMMAND_FAILED
@@ -100,8 +117,10 @@ def run(args: argparse.Namespace) -> int:
     counts = {"totals": count_totals(df), "steps": step_records(steps) if len(steps) else None}
     print(format_file(key, len(df), counts["totals"], steps))
     table = range_gpu_time(df)
-    print(f"NVTX ranges ({len(table)}; GPU time = kernels launched inside the range)\n"
-          + (format_table(table) if len(table) else "(none)"))
+    print(
+        f"NVTX ranges ({len(table)}; GPU time = kernels launched inside the range)\n"
+        + (format_table(table) if len(table) else "(none)")
+    )
     (out / "counts.json").write_text(json.dumps({"files": {key: counts}}, indent=2) + "\n")
     table.to_csv(out / "ranges.csv", index=False)
     print(f"\nnsys folder: {out}")
@@ -113,5 +132,9 @@ def _note_no_steps(df: pd.DataFrame, path: Path, name: str, domain: str | None) 
     named = df[df["kind"].eq("user_annotation") & df["name"].eq(name)]
     elsewhere = sorted(set(named["domain"]))
     hint = f" (there are {name!r} ranges in domain(s) {elsewhere}: pass --domain)" if elsewhere else ""
-    print(f"hotloop nsys: note: {path}: no step ranges named {name!r}"
-          + (f" in domain {domain!r}" if domain is not None else "") + f": totals only{hint}", file=sys.stderr)
+    print(
+        f"hotloop nsys: note: {path}: no step ranges named {name!r}"
+        + (f" in domain {domain!r}" if domain is not None else "")
+        + f": totals only{hint}",
+        file=sys.stderr,
+    )

@@ -21,10 +21,12 @@ BAD_INPUT = 2
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add the `report` subcommand to the `hotloop` parser's subparsers; returns its parser."""
     p = subparsers.add_parser(
-        "report", help="print a run's per-epoch table, or compare two runs (medians and ratios)",
+        "report",
+        help="print a run's per-epoch table, or compare two runs (medians and ratios)",
         description="Print the per-epoch table of a run folder (its epochs.csv), or with RUN2 the median of every "
-                    "numeric column over epochs in both runs and the ratio RUN2/RUN1.",
-        epilog="exit codes: 0 printed, 2 a run folder or its epochs.csv could not be used (named on stderr)")
+        "numeric column over epochs in both runs and the ratio RUN2/RUN1.",
+        epilog="exit codes: 0 printed, 2 a run folder or its epochs.csv could not be used (named on stderr)",
+    )
     p.add_argument("run", type=Path, metavar="RUN", help="run folder (with epochs.csv) or an epochs CSV file")
     p.add_argument("run2", type=Path, nargs="?", metavar="RUN2", help="second run to compare against RUN")
     p.add_argument("--markdown", action="store_true", help="print GitHub markdown instead of plain text")
@@ -38,11 +40,16 @@ def run(args: argparse.Namespace) -> int:
     except ReportInputError as exc:
         print(f"hotloop report: error: {exc}", file=sys.stderr)
         return BAD_INPUT
-    show = (lambda df: df.dropna(axis=1, how="all").to_markdown(index=False, floatfmt=".4g")) if args.markdown \
+    show = (
+        (lambda df: df.dropna(axis=1, how="all").to_markdown(index=False, floatfmt=".4g"))
+        if args.markdown
         else format_table
+    )
     if len(tables) == 1:
         print(f"Per-epoch table of {args.run} ({len(tables[0])} epochs)\n" + show(tables[0]))
         return 0
-    print(f"RUN1 {args.run} ({len(tables[0])} epochs) vs RUN2 {args.run2} ({len(tables[1])} epochs): "
-          "medians over epochs\n" + show(compare_runs(*tables)))
+    print(
+        f"RUN1 {args.run} ({len(tables[0])} epochs) vs RUN2 {args.run2} ({len(tables[1])} epochs): "
+        "medians over epochs\n" + show(compare_runs(*tables))
+    )
     return 0

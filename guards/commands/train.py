@@ -46,47 +46,83 @@ class TrainOptions:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> TrainOptions:
         """The options of parsed `args`."""
-        return cls(ConfigChoice.from_args(args), args.out, args.epoch_timeout, not args.no_progress, args.resume,
-                   args.allow_config_change, args.nproc, args.trace_steps)
+        return cls(
+            ConfigChoice.from_args(args),
+            args.out,
+            args.epoch_timeout,
+            not args.no_progress,
+            args.resume,
+            args.allow_config_change,
+            args.nproc,
+            args.trace_steps,
+        )
 
     def rank_args(self, run_dir: Path) -> list[str]:
         """The `hotloop train` arguments every rank of a --nproc run gets: these options' config choice, the
         launcher's run folder `run_dir` as --out, --epoch-timeout, --trace-steps and --no-progress; no --nproc."""
         c = self.config
-        args = [*(["--config", str(c.config)] if c.config else []), *(["--preset", c.preset] if c.preset else []),
-                *(a for o in c.overrides for a in ("--set", o)),
-                *(["--epochs", str(c.epochs)] if c.epochs is not None else []),
-                *(["--device", c.device] if c.device else []), *(["--seed", str(c.seed)] if c.seed is not None else []),
-                "--out", str(run_dir), "--epoch-timeout", repr(self.epoch_timeout), "--trace-steps",
-                str(self.trace_steps)]
+        args = [
+            *(["--config", str(c.config)] if c.config else []),
+            *(["--preset", c.preset] if c.preset else []),
+            *(a for o in c.overrides for a in ("--set", o)),
+            *(["--epochs", str(c.epochs)] if c.epochs is not None else []),
+            *(["--device", c.device] if c.device else []),
+            *(["--seed", str(c.seed)] if c.seed is not None else []),
+            "--out",
+            str(run_dir),
+            "--epoch-timeout",
+            repr(self.epoch_timeout),
+            "--trace-steps",
+            str(self.trace_steps),
+        ]
         return args + ([] if self.progress else ["--no-progress"])
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add the `train` subcommand to the `hotloop` parser's subparsers; returns its parser."""
-    train = sub.add_parser("train", help="train a preset and write its per-epoch table", epilog=config_epilog(),
-                           formatter_class=argparse.RawDescriptionHelpFormatter,
-                           description="Train a preset; print and write the per-epoch table.")
+    train = sub.add_parser(
+        "train",
+        help="train a preset and write its per-epoch table",
+        epilog=config_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Train a preset; print and write the per-epoch table.",
+    )
     add_run_args(train)
-    train.add_argument("--resume", type=Path, metavar="RUN_DIR",
-                       help="continue the run in RUN_DIR from its last checkpoint (RUN_DIR/checkpoint.pt, written "
-                            "after every epoch), with its config.json; --epochs N extends it to N epochs; "
-                            "--preset, --config, --set, --seed, --device and --out cannot be given with it; a "
-                            "config.json changed since the run started is refused (exit 2, naming the fields) "
-                            "unless --allow-config-change")
-    train.add_argument("--nproc", type=int, metavar="N",
-                       help="data-parallel on N ranks of this host (one GPU each on cuda, N <= the GPUs; gloo on the "
-                            "CPU), launched by torchrun: each rank runs its own actors and replay (seeded by rank) and "
-                            "the same learner step, the gradient averaged over the ranks (global batch = batch_size "
-                            "x N); rank 0 writes the run folder, rank R > 0 RUN_DIR/rank<R>/; not with --resume")
-    train.add_argument("--trace-steps", type=int, default=None, metavar="K",
-                       help="data-parallel runs: after the epochs each rank profiles K loop iterations and writes "
-                            "trace_rank<R>.json.gz into its folder (`hotloop inspect RUN_DIR` compares the ranks); "
-                            f"default {TRACE_STEPS}, 0 for none")
-    train.add_argument("--allow-config-change", action="store_true",
-                       help="with --resume: train on with a config.json that differs from the one the checkpoint "
-                            "was trained with (any field but epochs); the change (old and new values, the epoch) is "
-                            "recorded in RUN_DIR/config_changes.json")
+    train.add_argument(
+        "--resume",
+        type=Path,
+        metavar="RUN_DIR",
+        help="continue the run in RUN_DIR from its last checkpoint (RUN_DIR/checkpoint.pt, written "
+        "after every epoch), with its config.json; --epochs N extends it to N epochs; "
+        "--preset, --config, --set, --seed, --device and --out cannot be given with it; a "
+        "config.json changed since the run started is refused (exit 2, naming the fields) "
+        "unless --allow-config-change",
+    )
+    train.add_argument(
+        "--nproc",
+        type=int,
+        metavar="N",
+        help="data-parallel on N ranks of this host (one GPU each on cuda, N <= the GPUs; gloo on the "
+        "CPU), launched by torchrun: each rank runs its own actors and replay (seeded by rank) and "
+        "the same learner step, the gradient averaged over the ranks (global batch = batch_size "
+        "x N); rank 0 writes the run folder, rank R > 0 RUN_DIR/rank<R>/; not with --resume",
+    )
+    train.add_argument(
+        "--trace-steps",
+        type=int,
+        default=None,
+        metavar="K",
+        help="data-parallel runs: after the epochs each rank profiles K loop iterations and writes "
+        "trace_rank<R>.json.gz into its folder (`hotloop inspect RUN_DIR` compares the ranks); "
+        f"default {TRACE_STEPS}, 0 for none",
+    )
+    train.add_argument(
+        "--allow-config-change",
+        action="store_true",
+        help="with --resume: train on with a config.json that differs from the one the checkpoint "
+        "was trained with (any field but epochs); the change (old and new values, the epoch) is "
+        "recorded in RUN_DIR/config_changes.json",
+    )
     return train
 
 
@@ -99,7 +135,6 @@ def prepare(args: argparse.Namespace) -> RunPlan[TrainOptions]:
     2) naming what is wrong; the folder's lock is released on any error after it was taken."""
     from hotloop.guards.watchdog import check_limit_s
     from hotloop.profiles.run_lock import acquire
-
     from hotloop.trainer.distributed import launched_by_torchrun
 
     options = TrainOptions.from_args(args)
@@ -145,8 +180,10 @@ def prepare_data_parallel(options: TrainOptions) -> RunPlan[TrainOptions]:
     if options.resume is not None:
         raise ValueError("--resume is for one-process runs: a data-parallel run (--nproc, torchrun) cannot resume")
     if options.nproc is not None and launched_by_torchrun():
-        raise ValueError("--nproc launches torchrun itself: under torchrun, leave it out (torchrun's "
-                         "--nproc-per-node sets the ranks)")
+        raise ValueError(
+            "--nproc launches torchrun itself: under torchrun, leave it out (torchrun's "
+            "--nproc-per-node sets the ranks)"
+        )
     cfg = options.config.build()
     check_limit_s(options.epoch_timeout, "--epoch-timeout")
     if launched_by_torchrun() and resolve_device(cfg.device).type == "cuda":  # this rank's GPU is checked
@@ -181,12 +218,23 @@ def check_resume_args(options: TrainOptions) -> TrainOptions:
     options with their config file pointed at RUN_DIR/config.json. ValueError naming the conflicting options or a
     missing folder."""
     choice = options.config
-    given = [name for name, value in (("--preset", choice.preset), ("--config", choice.config),
-                                      ("--set", choice.overrides), ("--seed", choice.seed),
-                                      ("--device", choice.device), ("--out", options.out)) if value not in (None, ())]
+    given = [
+        name
+        for name, value in (
+            ("--preset", choice.preset),
+            ("--config", choice.config),
+            ("--set", choice.overrides),
+            ("--seed", choice.seed),
+            ("--device", choice.device),
+            ("--out", options.out),
+        )
+        if value not in (None, ())
+    ]
     if given:
-        raise ValueError(f"--resume continues the run with its own config.json and folder: {', '.join(given)} "
-                         f"cannot be given with it (--epochs N extends the run)")
+        raise ValueError(
+            f"--resume continues the run with its own config.json and folder: {', '.join(given)} "
+            f"cannot be given with it (--epochs N extends the run)"
+        )
     if not options.resume.is_dir():
         raise ValueError(f"--resume {options.resume}: no such run folder")
     return replace(options, config=replace(choice, config=options.resume / "config.json"))
@@ -203,8 +251,10 @@ def read_resume(options: TrainOptions, cfg: Config) -> ResumePoint:
     except ValueError as exc:
         raise ValueError(f"--resume {options.resume}: {exc}") from exc
     if cfg.epochs <= point.epoch:
-        raise ValueError(f"--resume {options.resume}: the run has finished {point.epoch} of its {cfg.epochs} "
-                         f"epochs; pass --epochs N (N > {point.epoch}) to extend it")
+        raise ValueError(
+            f"--resume {options.resume}: the run has finished {point.epoch} of its {cfg.epochs} "
+            f"epochs; pass --epochs N (N > {point.epoch}) to extend it"
+        )
     return point
 
 
@@ -221,13 +271,21 @@ def execute(plan: RunPlan[TrainOptions]) -> int:
         plan.lock.release()
         code = launch(options.nproc, options.rank_args(plan.run_dir))
         if code != 0:
-            print(f"hotloop train: torchrun exited {code} (a rank failed; its error.log is in {plan.run_dir} or "
-                  f"its rank<R>/)", file=sys.stderr)
+            print(
+                f"hotloop train: torchrun exited {code} (a rank failed; its error.log is in {plan.run_dir} or "
+                f"its rank<R>/)",
+                file=sys.stderr,
+            )
         return code
     if options.rank is not None:
         return execute_rank(plan)
-    table, _ = run_training(plan.cfg, plan.run_dir, options.epoch_timeout, options.progress,
-                            resume=False if options.resume_point is None else options.resume_point)
+    table, _ = run_training(
+        plan.cfg,
+        plan.run_dir,
+        options.epoch_timeout,
+        options.progress,
+        resume=False if options.resume_point is None else options.resume_point,
+    )
     print("\nPer-epoch table\n" + format_table(table) + f"\n\nrun folder: {plan.run_dir}")
     return 0
 
@@ -249,10 +307,17 @@ def execute_rank(plan: RunPlan[TrainOptions]) -> int:
         trainers.append(trainer)
         return hook(trainer)
 
-    table, _ = run_training(plan.cfg, plan.run_dir, options.epoch_timeout, options.progress and options.rank.rank == 0,
-                            after_epochs=after_epochs)
+    table, _ = run_training(
+        plan.cfg,
+        plan.run_dir,
+        options.epoch_timeout,
+        options.progress and options.rank.rank == 0,
+        after_epochs=after_epochs,
+    )
     teardown(*(owner for t in trainers for owner in (t.learner, t.actor) if owner is not None))
     if options.rank.rank == 0:
-        print("\nPer-epoch table (rank 0)\n" + format_table(table) + f"\n\nrun folder: {plan.run_dir} "
-              f"({options.rank.world_size} ranks, {options.rank.backend})")
+        print(
+            "\nPer-epoch table (rank 0)\n" + format_table(table) + f"\n\nrun folder: {plan.run_dir} "
+            f"({options.rank.world_size} ranks, {options.rank.backend})"
+        )
     return 0

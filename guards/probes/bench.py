@@ -40,14 +40,36 @@ from typing import NamedTuple
 import pandas as pd
 import torch
 
+from hotloop.guards.probes.bench_variants import (
+    Variant,
+    build_compiled,
+    build_eager,
+    build_graph,
+    build_hotloop_variant,
+    build_iteration,
+    env_shapes,
+)
 from hotloop.profiles.provenance import commit_id, device_name
-from hotloop.guards.probes.bench_variants import (Variant, build_compiled, build_eager, build_graph,
-                                            build_hotloop_variant, build_iteration, env_shapes)
 from hotloop.trainer.config import Config
 
-BENCH_COLUMNS = ["variant", "precision", "us_per_step_p20", "us_per_step_p50", "us_per_step_p80", "kernels_per_step",
-                 "kernels_grid1_per_step", "setup_kind", "setup_s", "ratio_to_hotloop", "roofline_floor_us", "steps",
-                 "gpu", "commit", "date", "note"]
+BENCH_COLUMNS = [
+    "variant",
+    "precision",
+    "us_per_step_p20",
+    "us_per_step_p50",
+    "us_per_step_p80",
+    "kernels_per_step",
+    "kernels_grid1_per_step",
+    "setup_kind",
+    "setup_s",
+    "ratio_to_hotloop",
+    "roofline_floor_us",
+    "steps",
+    "gpu",
+    "commit",
+    "date",
+    "note",
+]
 GUARD_STEPS, GUARD_WARMUP = 5, 2
 """Steps profiled by hotloop.guards.guard.guard_steps for kernels_per_step, and its unprofiled warm-up steps."""
 GUARD_STEP_RANGE = "bench_step"
@@ -104,8 +126,9 @@ def expand_variants(names: str | list[str], extra: Mapping[str, object] = {}) ->
             elif n not in out:
                 out.append(n)
     if bad or not out:
-        raise ValueError(f"unknown variant(s) {bad or names!r}; valid variants: {', '.join(known)} "
-                         f"(or {', '.join(ALIASES)})")
+        raise ValueError(
+            f"unknown variant(s) {bad or names!r}; valid variants: {', '.join(known)} (or {', '.join(ALIASES)})"
+        )
     return out
 
 
@@ -134,12 +157,23 @@ def roofline_counts(cfg: Config, obs_dim: int, action_nvec: tuple[int, ...]) -> 
     activations = 2 * b * sum(o for _, o in layers) * 4
     param_bytes = (3 + 1 + 7) * params * 4
     sn = weights * 4 if cfg.spectral_norm else 0
-    return {"flops_fwd": flops_fwd, "flops_bwd": flops_bwd, "bytes": batch + activations + param_bytes + sn,
-            "params": params, "weights": weights}
+    return {
+        "flops_fwd": flops_fwd,
+        "flops_bwd": flops_bwd,
+        "bytes": batch + activations + param_bytes + sn,
+        "params": params,
+        "weights": weights,
+    }
 
 
-def roofline_floor_us(cfg: Config, obs_dim: int, action_nvec: tuple[int, ...], peak_tflops_fwd: float = TF32_TFLOPS,
-                      peak_tflops_bwd: float = TF32_TFLOPS / 3, peak_gbs: float = COPY_GBS) -> float:
+def roofline_floor_us(
+    cfg: Config,
+    obs_dim: int,
+    action_nvec: tuple[int, ...],
+    peak_tflops_fwd: float = TF32_TFLOPS,
+    peak_tflops_bwd: float = TF32_TFLOPS / 3,
+    peak_gbs: float = COPY_GBS,
+) -> float:
     """Lower bound of one learner step's GPU time, microseconds: max(FLOP time, byte time).
 
     Layers (in, out) of `BranchingDuelingQNet`: the trunk (obs_dim -> trunk_hidden...), the value head
@@ -163,8 +197,11 @@ def roofline_floor_us(cfg: Config, obs_dim: int, action_nvec: tuple[int, ...], p
     Args: cfg (batch_size, trunk_hidden, head_hidden, spectral_norm), obs_dim, action_nvec; peaks > 0 and finite.
     Raises ValueError naming a bad peak, obs_dim or action_nvec.
     """
-    for name, value in (("peak_tflops_fwd", peak_tflops_fwd), ("peak_tflops_bwd", peak_tflops_bwd),
-                        ("peak_gbs", peak_gbs)):
+    for name, value in (
+        ("peak_tflops_fwd", peak_tflops_fwd),
+        ("peak_tflops_bwd", peak_tflops_bwd),
+        ("peak_gbs", peak_gbs),
+    ):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
             raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
     c = roofline_counts(cfg, obs_dim, tuple(action_nvec))
@@ -215,8 +252,14 @@ def guard_summary(report, steps: int = GUARD_STEPS) -> tuple[float, float, str]:
     if g.empty:
         return kernels, grid1, "gemms/step none"
     per = g.groupby("precision")["kernels"].sum() / steps
-    return kernels, grid1, (f"gemms/step tf32={per.get('tf32', 0):g} fp32={per.get('fp32', 0):g} "
-                     f"other={per.drop(['tf32', 'fp32'], errors='ignore').sum():g}")
+    return (
+        kernels,
+        grid1,
+        (
+            f"gemms/step tf32={per.get('tf32', 0):g} fp32={per.get('fp32', 0):g} "
+            f"other={per.drop(['tf32', 'fp32'], errors='ignore').sum():g}"
+        ),
+    )
 
 
 def _free(device: torch.device, compiled: bool) -> None:
@@ -228,8 +271,9 @@ def _free(device: torch.device, compiled: bool) -> None:
         torch.cuda.empty_cache()
 
 
-def _measure(name: str, spec: VariantSpec, cfg: Config, device: torch.device, steps: int, warmup: int,
-             base: dict) -> dict:
+def _measure(
+    name: str, spec: VariantSpec, cfg: Config, device: torch.device, steps: int, warmup: int, base: dict
+) -> dict:
     """Build, warm up, time and guard one variant; returns its row (raises what the build or the steps raise).
     Timed steps: `steps` rounded up to a multiple of the variant's step_multiple; when that is > 1 the note gets the
     mean us per step over them (the periodic phases amortized)."""
@@ -237,8 +281,10 @@ def _measure(name: str, spec: VariantSpec, cfg: Config, device: torch.device, st
 
     variant = spec.builder(cfg, device)
     if not isinstance(variant, Variant):
-        raise TypeError(f"the builder of {name!r} returned {type(variant).__name__}, expected "
-                        f"hotloop.guards.probes.bench_variants.Variant")
+        raise TypeError(
+            f"the builder of {name!r} returned {type(variant).__name__}, expected "
+            f"hotloop.guards.probes.bench_variants.Variant"
+        )
     try:
         for _ in range(warmup):
             variant.step()
@@ -251,26 +297,41 @@ def _measure(name: str, spec: VariantSpec, cfg: Config, device: torch.device, st
         kernels = grid1 = math.nan
         if device.type == "cuda":
             try:
-                report = guard_steps(variant.step, steps=GUARD_STEPS, warmup=GUARD_WARMUP,
-                                     step_range=GUARD_STEP_RANGE)
+                report = guard_steps(variant.step, steps=GUARD_STEPS, warmup=GUARD_WARMUP, step_range=GUARD_STEP_RANGE)
                 kernels, grid1, gemm_note = guard_summary(report)
                 note = f"{note}; {gemm_note}" if gemm_note else note
             except Exception as exc:  # the timing stands; say why the kernel count is missing
                 note = f"{note}; kernels_per_step not measured: {type(exc).__name__}: {exc}"
         q = us.quantile([0.2, 0.5, 0.8]).tolist()
-        return {**base, "variant": name, "precision": variant.precision, "us_per_step_p20": q[0],
-                "us_per_step_p50": q[1], "us_per_step_p80": q[2], "kernels_per_step": kernels,
-                "kernels_grid1_per_step": grid1,
-                "setup_kind": variant.setup_kind, "setup_s": float(variant.setup_s), "steps": steps, "note": note}
+        return {
+            **base,
+            "variant": name,
+            "precision": variant.precision,
+            "us_per_step_p20": q[0],
+            "us_per_step_p50": q[1],
+            "us_per_step_p80": q[2],
+            "kernels_per_step": kernels,
+            "kernels_grid1_per_step": grid1,
+            "setup_kind": variant.setup_kind,
+            "setup_s": float(variant.setup_s),
+            "steps": steps,
+            "note": note,
+        }
     finally:
         compiled = "compile" in variant.setup_kind
         del variant
         _free(device, compiled)
 
 
-def run_bench(cfg: Config, device: torch.device | str, variants: list[str], steps: int = 200, warmup: int = 20,
-              out_dir: str | Path | None = None,
-              extra_variants: Mapping[str, Callable[[Config, torch.device], Variant]] = {}) -> pd.DataFrame:
+def run_bench(
+    cfg: Config,
+    device: torch.device | str,
+    variants: list[str],
+    steps: int = 200,
+    warmup: int = 20,
+    out_dir: str | Path | None = None,
+    extra_variants: Mapping[str, Callable[[Config, torch.device], Variant]] = {},
+) -> pd.DataFrame:
     """Time each named variant's step on `device`, one after the other in this process; print the table, write it
     as out_dir/bench.csv and out_dir/bench.md (hotloop.profiles.epoch_table.write_table) when `out_dir` is given,
     and return it (columns BENCH_COLUMNS, one row per variant in the order asked, except that the "iteration" row,
@@ -314,9 +375,12 @@ def run_bench(cfg: Config, device: torch.device | str, variants: list[str], step
         check_out_dir(out_dir)
     specs = {**VARIANTS, **{k: VariantSpec(b, "", "") for k, b in extra_variants.items()}}
     obs_dim, nvec = env_shapes(cfg)
-    base = {"roofline_floor_us": roofline_floor_us(cfg, obs_dim, nvec),
-            "gpu": device_name(device),
-            "commit": commit_id(), "date": datetime.now(timezone.utc).date().isoformat()}
+    base = {
+        "roofline_floor_us": roofline_floor_us(cfg, obs_dim, nvec),
+        "gpu": device_name(device),
+        "commit": commit_id(),
+        "date": datetime.now(timezone.utc).date().isoformat(),
+    }
     rows = []
     for name in names:
         spec = specs[name]
@@ -324,29 +388,50 @@ def run_bench(cfg: Config, device: torch.device | str, variants: list[str], step
         start = time.perf_counter()
         try:
             rows.append(_measure(name, spec, cfg, device, steps, warmup, base))
-            print(f"hotloop bench: {name}: p50 {rows[-1]['us_per_step_p50']:.1f} us/step "
-                  f"({time.perf_counter() - start:.1f} s)", file=sys.stderr, flush=True)
+            print(
+                f"hotloop bench: {name}: p50 {rows[-1]['us_per_step_p50']:.1f} us/step "
+                f"({time.perf_counter() - start:.1f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
             continue
         except Exception as exc:
             msg = f"{type(exc).__name__}: {exc}"
             if isinstance(exc, RuntimeError) and "needs CUDA" in str(exc):
                 msg = f"skipped: {exc}"
-            rows.append({**base, "variant": name, "precision": spec.precision, "setup_kind": spec.setup_kind,
-                         "steps": 0, "note": msg})
+            rows.append(
+                {
+                    **base,
+                    "variant": name,
+                    "precision": spec.precision,
+                    "setup_kind": spec.setup_kind,
+                    "steps": 0,
+                    "note": msg,
+                }
+            )
         _free(device, "compile" in spec.setup_kind)  # after the except block: its traceback no longer holds the state
     df = pd.DataFrame(rows).reindex(columns=BENCH_COLUMNS)
-    for col in ("us_per_step_p20", "us_per_step_p50", "us_per_step_p80", "kernels_per_step",
-                "kernels_grid1_per_step", "setup_s",
-                "ratio_to_hotloop", "roofline_floor_us"):
+    for col in (
+        "us_per_step_p20",
+        "us_per_step_p50",
+        "us_per_step_p80",
+        "kernels_per_step",
+        "kernels_grid1_per_step",
+        "setup_s",
+        "ratio_to_hotloop",
+        "roofline_floor_us",
+    ):
         df[col] = df[col].astype("float64")
     df["steps"] = df["steps"].astype("int64")
     hot = df.loc[df["variant"].eq("hotloop"), "us_per_step_p50"]
     df["ratio_to_hotloop"] = df["us_per_step_p50"] / hot.iloc[0] if len(hot) else math.nan
     from hotloop.profiles.epoch_table import format_table, write_table
 
-    print(f"hotloop bench: {len(df)} variants, {steps} timed steps each (the iteration: whole periods), "
-          f"device {device} ({base['gpu']}), "
-          f"batch {cfg.batch_size}, roofline floor {base['roofline_floor_us']:.1f} us")
+    print(
+        f"hotloop bench: {len(df)} variants, {steps} timed steps each (the iteration: whole periods), "
+        f"device {device} ({base['gpu']}), "
+        f"batch {cfg.batch_size}, roofline floor {base['roofline_floor_us']:.1f} us"
+    )
     print(format_table(df))
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -361,5 +446,7 @@ def check_out_dir(out_dir: Path) -> None:
         raise ValueError(f"--out {out_dir} exists and is not a folder")
     taken = [n for n in ("bench.csv", "bench.md") if (out_dir / n).exists()]
     if taken:
-        raise ValueError(f"--out {out_dir} already holds {', '.join(taken)}; choose another folder (an earlier bench "
-                         f"table is never overwritten)")
+        raise ValueError(
+            f"--out {out_dir} already holds {', '.join(taken)}; choose another folder (an earlier bench "
+            f"table is never overwritten)"
+        )

@@ -37,9 +37,9 @@ from typing import NamedTuple
 
 import torch
 
+from hotloop.kernels.losses import branch_diversity_term, chosen_q, cql_term, double_dqn_target, td_loss
 from hotloop.trainer.config import Config
 from hotloop.trainer.learner import DQNLearner, UpdateMetrics
-from hotloop.kernels.losses import branch_diversity_term, chosen_q, cql_term, double_dqn_target, td_loss
 from hotloop.trainer.network import BranchingDuelingQNet
 from hotloop.trainer.replay import PrioritizedBatch, PrioritizedReplay
 from hotloop.trainer.step import HotLearner
@@ -87,6 +87,7 @@ class Variant(NamedTuple):
 # TF32 switch
 # --------------------------------------------------------------------------------------------------------------
 
+
 @contextlib.contextmanager
 def tf32_matmuls(enabled: bool | None) -> Iterator[None]:
     """Within the block, FP32 matmuls (cuBLAS) and cuDNN convolutions may use TF32 tensor cores iff `enabled`;
@@ -120,9 +121,18 @@ def tf32_matmuls(enabled: bool | None) -> Iterator[None]:
 # The learner step (same math as DQNLearner.update + PrioritizedReplay.sample / update_priorities)
 # --------------------------------------------------------------------------------------------------------------
 
-def forward_loss(online: BranchingDuelingQNet, target: BranchingDuelingQNet, cfg: Config, obs: torch.Tensor,
-                 action: torch.Tensor, reward: torch.Tensor, next_obs: torch.Tensor, terminated: torch.Tensor,
-                 weights: torch.Tensor) -> tuple[torch.Tensor, ...]:
+
+def forward_loss(
+    online: BranchingDuelingQNet,
+    target: BranchingDuelingQNet,
+    cfg: Config,
+    obs: torch.Tensor,
+    action: torch.Tensor,
+    reward: torch.Tensor,
+    next_obs: torch.Tensor,
+    terminated: torch.Tensor,
+    weights: torch.Tensor,
+) -> tuple[torch.Tensor, ...]:
     """The forward half of `DQNLearner.update`, same ops in the same order (so the spectral norms' power
     iterations advance identically): Double-DQN target on s' (online + target network, no grad), online forward on
     s, importance-weighted TD loss, optional CQL / branch-diversity terms.
@@ -149,8 +159,7 @@ def forward_loss(online: BranchingDuelingQNet, target: BranchingDuelingQNet, cfg
         total = total + cfg.cql_weight * cql
     if cfg.diversity_weight > 0:
         total = total + cfg.diversity_weight * div
-    return (total, loss.detach(), q_taken.detach().mean(), cql.detach(), div.detach(),
-            td.detach().abs().mean(dim=1))
+    return (total, loss.detach(), q_taken.detach().mean(), cql.detach(), div.detach(), td.detach().abs().mean(dim=1))
 
 
 def optimizer_step(online: torch.nn.Module, optimizer: torch.optim.Optimizer, max_grad_norm: float) -> torch.Tensor:
@@ -181,8 +190,13 @@ def fill_random(replay: PrioritizedReplay, cfg: Config, action_nvec: tuple[int, 
     terminal; then set their priorities from |N(0, 1)| TD errors, so the sum tree is not uniform."""
     n, dev = min(cfg.replay_capacity, FILL_BATCHES * cfg.batch_size), replay.device
     action = (torch.rand(n, len(action_nvec), device=dev) * torch.tensor(action_nvec, device=dev)).long()
-    replay.add(torch.randn(n, replay.obs_dim, device=dev), action, torch.randn(n, device=dev),
-               torch.randn(n, replay.obs_dim, device=dev), torch.rand(n, device=dev) < 0.05)
+    replay.add(
+        torch.randn(n, replay.obs_dim, device=dev),
+        action,
+        torch.randn(n, device=dev),
+        torch.randn(n, replay.obs_dim, device=dev),
+        torch.rand(n, device=dev) < 0.05,
+    )
     replay.update_priorities(torch.arange(n, device=dev), torch.randn(n, device=dev))
 
 
@@ -209,11 +223,23 @@ class BenchState:
         torch.manual_seed(cfg.seed)
         self.learner = DQNLearner(cfg, self.obs_dim, self.action_nvec, self.device)
         if capturable:
-            self.learner.optimizer = torch.optim.Adam(self.learner.online.parameters(), lr=cfg.lr, eps=cfg.adam_eps,
-                                                      weight_decay=cfg.weight_decay, capturable=True)
+            self.learner.optimizer = torch.optim.Adam(
+                self.learner.online.parameters(),
+                lr=cfg.lr,
+                eps=cfg.adam_eps,
+                weight_decay=cfg.weight_decay,
+                capturable=True,
+            )
         self.batch_size, self.beta = cfg.batch_size, float(cfg.per_beta_start)
-        self.replay = PrioritizedReplay(cfg.replay_capacity, self.obs_dim, len(self.action_nvec), alpha=cfg.per_alpha,
-                                        eps=cfg.per_eps, device=self.device, use_kernels=False)
+        self.replay = PrioritizedReplay(
+            cfg.replay_capacity,
+            self.obs_dim,
+            len(self.action_nvec),
+            alpha=cfg.per_alpha,
+            eps=cfg.per_eps,
+            device=self.device,
+            use_kernels=False,
+        )
         fill_random(self.replay, cfg, self.action_nvec)
 
     @property
@@ -231,8 +257,15 @@ class BenchState:
         """The online network's Adam."""
         return self.learner.optimizer
 
-    def forward(self, obs: torch.Tensor, action: torch.Tensor, reward: torch.Tensor, next_obs: torch.Tensor,
-                terminated: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def forward(
+        self,
+        obs: torch.Tensor,
+        action: torch.Tensor,
+        reward: torch.Tensor,
+        next_obs: torch.Tensor,
+        terminated: torch.Tensor,
+        weights: torch.Tensor,
+    ) -> tuple[torch.Tensor, ...]:
         """`forward_loss` on this state's networks and config (same arguments and results)."""
         return forward_loss(self.online, self.target, self.cfg, obs, action, reward, next_obs, terminated, weights)
 
@@ -240,26 +273,36 @@ class BenchState:
         """`optimizer_step` on this state's network and optimizer; returns the 0-dim grad norm."""
         return optimizer_step(self.online, self.optimizer, self.cfg.max_grad_norm)
 
-    def update(self, batch: PrioritizedBatch, forward: Callable[..., tuple[torch.Tensor, ...]] | None = None,
-               optimize: Callable[[], torch.Tensor] | None = None, tf32_forward: bool | None = None,
-               tf32_backward: bool | None = None) -> UpdateMetrics:
+    def update(
+        self,
+        batch: PrioritizedBatch,
+        forward: Callable[..., tuple[torch.Tensor, ...]] | None = None,
+        optimize: Callable[[], torch.Tensor] | None = None,
+        tf32_forward: bool | None = None,
+        tf32_backward: bool | None = None,
+    ) -> UpdateMetrics:
         """The `DQNLearner.update` math on a sampled batch, without the target-network update: `forward` (default
         `self.forward`) -> zero grads (set to None) + backward -> `optimize` (default `self.optimize`).
         `tf32_forward` / `tf32_backward`: the `tf32_matmuls` setting around the forward resp. the backward +
         optimizer (None: leave the process setting). No host reads; returns detached device `UpdateMetrics`."""
         b = batch
         with tf32_matmuls(tf32_forward):
-            total, loss, q_mean, cql, div, td_abs = (forward or self.forward)(b.obs, b.action, b.reward, b.next_obs,
-                                                                            b.terminated, b.weights)
+            total, loss, q_mean, cql, div, td_abs = (forward or self.forward)(
+                b.obs, b.action, b.reward, b.next_obs, b.terminated, b.weights
+            )
         with tf32_matmuls(tf32_backward):
             self.optimizer.zero_grad(set_to_none=True)
             total.backward()
             grad_norm = (optimize or self.optimize)()
         return UpdateMetrics(loss, q_mean, grad_norm, cql, div, td_abs)
 
-    def step(self, forward: Callable[..., tuple[torch.Tensor, ...]] | None = None,
-             optimize: Callable[[], torch.Tensor] | None = None, tf32_forward: bool | None = None,
-             tf32_backward: bool | None = None) -> UpdateMetrics:
+    def step(
+        self,
+        forward: Callable[..., tuple[torch.Tensor, ...]] | None = None,
+        optimize: Callable[[], torch.Tensor] | None = None,
+        tf32_forward: bool | None = None,
+        tf32_backward: bool | None = None,
+    ) -> UpdateMetrics:
         """One learner step: sample B = batch_size with the fixed beta (`PrioritizedReplay.sample`) -> `update`
         (same arguments) -> priorities of the sampled slots from td_abs (`update_priorities`). No host reads;
         returns the step's detached `UpdateMetrics` (device tensors)."""
@@ -281,6 +324,7 @@ class BenchState:
 # Variants
 # --------------------------------------------------------------------------------------------------------------
 
+
 class EagerStep:
     """The eager variant's step: `state.step()` then `loss.item()` (a host sync, CleanRL-style logging), with
     TF32 off (`tf32_matmuls(False)`) so the row is FP32 whatever the process setting. `last_loss` keeps the float."""
@@ -300,8 +344,9 @@ class GraphStep:
     tensors the graph reads and writes), graph (`torch.cuda.CUDAGraph`), metrics (the `UpdateMetrics` tensors
     captured as outputs: each replay overwrites them), functions (the callables that were captured, kept alive)."""
 
-    def __init__(self, state: BenchState, graph: torch.cuda.CUDAGraph, metrics: UpdateMetrics,
-                 functions: tuple = ()) -> None:
+    def __init__(
+        self, state: BenchState, graph: torch.cuda.CUDAGraph, metrics: UpdateMetrics, functions: tuple = ()
+    ) -> None:
         self.state, self.graph, self.metrics, self.functions = state, graph, metrics, functions
 
     def __call__(self) -> None:
@@ -311,12 +356,15 @@ class GraphStep:
 def _needs_cuda(name: str, device: torch.device) -> None:
     """RuntimeError("<name> needs CUDA ...") unless `device` is a CUDA device and CUDA is available."""
     if torch.device(device).type != "cuda" or not torch.cuda.is_available():
-        raise RuntimeError(f"{name} needs CUDA (CUDA graph capture); device is {device}, "
-                           f"torch.cuda.is_available() is {torch.cuda.is_available()}")
+        raise RuntimeError(
+            f"{name} needs CUDA (CUDA graph capture); device is {device}, "
+            f"torch.cuda.is_available() is {torch.cuda.is_available()}"
+        )
 
 
-def capture_step(step_fn: Callable[[], UpdateMetrics], device: torch.device,
-                 warmup: int = GRAPH_WARMUP) -> tuple[torch.cuda.CUDAGraph, UpdateMetrics]:
+def capture_step(
+    step_fn: Callable[[], UpdateMetrics], device: torch.device, warmup: int = GRAPH_WARMUP
+) -> tuple[torch.cuda.CUDAGraph, UpdateMetrics]:
     """Warm `step_fn` up `warmup` times on a side stream, then capture one call of it in a new CUDA graph.
 
     `step_fn`: a zero-argument learner step using only static tensors (see the module docstring's capture rules);
@@ -343,8 +391,14 @@ def build_eager(cfg: Config, device: torch.device) -> Variant:
     """The eager CleanRL-style variant ("eager"): `BenchState(cfg, device)` stepped eagerly in FP32 with `.item()`
     on the loss every step. Works on CPU and CUDA. Raises ValueError from the Config/env/replay checks."""
     state = BenchState(cfg, torch.device(device))
-    return Variant("eager", EagerStep(state), 0.0, "none", "fp32",
-                   "eager torch, loss.item() every step (host sync on purpose); target update not timed")
+    return Variant(
+        "eager",
+        EagerStep(state),
+        0.0,
+        "none",
+        "fp32",
+        "eager torch, loss.item() every step (host sync on purpose); target update not timed",
+    )
 
 
 def build_graph(cfg: Config, device: torch.device, precision: str = "fp32") -> Variant:
@@ -364,9 +418,14 @@ def build_graph(cfg: Config, device: torch.device, precision: str = "fp32") -> V
     with tf32_matmuls(precision == "tf32"):
         graph, metrics = capture_step(state.step, state.device)
     setup = time.perf_counter() - start
-    return Variant(name, GraphStep(state, graph, metrics), setup, "capture", precision,
-                   f"one CUDA graph per step, {precision.upper()} matmuls, capturable Adam; no .item(); "
-                   "target update not timed")
+    return Variant(
+        name,
+        GraphStep(state, graph, metrics),
+        setup,
+        "capture",
+        precision,
+        f"one CUDA graph per step, {precision.upper()} matmuls, capturable Adam; no .item(); target update not timed",
+    )
 
 
 def build_compiled(cfg: Config, device: torch.device, precision: str = "split") -> Variant:
@@ -405,14 +464,24 @@ def build_compiled(cfg: Config, device: torch.device, precision: str = "split") 
     with torch.compiler.config.patch(force_disable_caches=True):
         graph, metrics = capture_step(step, state.device)
     setup = time.perf_counter() - start
-    split = ("split by flag per phase: TF32 on while the compiled forward compiles/runs, off while backward+Adam "
-             "compile/run (AOTAutograd compiles the backward lazily, so under the off flag); real for cuBLAS GEMMs "
-             "(mode read at capture) and, if the backward did compile lazily, for Inductor Triton GEMMs; best-effort "
-             "until gemms/step confirms it" if precision == "split" else "TF32 everywhere")
-    return Variant(name, GraphStep(state, graph, metrics, (forward, optimize)), setup, "compile+capture", precision,
-                   f"torch.compile({COMPILE_MODE}) of forward+loss and clip+Adam (sampling, priority update plain "
-                   f"torch), then one CUDA graph; {split}; cold compile (caches off) in setup_s; target update not "
-                   f"timed")
+    split = (
+        "split by flag per phase: TF32 on while the compiled forward compiles/runs, off while backward+Adam "
+        "compile/run (AOTAutograd compiles the backward lazily, so under the off flag); real for cuBLAS GEMMs "
+        "(mode read at capture) and, if the backward did compile lazily, for Inductor Triton GEMMs; best-effort "
+        "until gemms/step confirms it"
+        if precision == "split"
+        else "TF32 everywhere"
+    )
+    return Variant(
+        name,
+        GraphStep(state, graph, metrics, (forward, optimize)),
+        setup,
+        "compile+capture",
+        precision,
+        f"torch.compile({COMPILE_MODE}) of forward+loss and clip+Adam (sampling, priority update plain "
+        f"torch), then one CUDA graph; {split}; cold compile (caches off) in setup_s; target update not "
+        f"timed",
+    )
 
 
 def compile_update(state: BenchState) -> tuple[Callable[..., tuple[torch.Tensor, ...]], Callable[[], torch.Tensor]]:
@@ -428,8 +497,10 @@ def compile_update(state: BenchState) -> tuple[Callable[..., tuple[torch.Tensor,
     def optimize():
         return optimizer_step(online, optimizer, cfg.max_grad_norm)
 
-    return (torch.compile(forward, mode=COMPILE_MODE, dynamic=False),
-            torch.compile(optimize, mode=COMPILE_MODE, dynamic=False))
+    return (
+        torch.compile(forward, mode=COMPILE_MODE, dynamic=False),
+        torch.compile(optimize, mode=COMPILE_MODE, dynamic=False),
+    )
 
 
 def build_hotloop_variant(cfg: Config, device: torch.device) -> Variant:
@@ -441,16 +512,23 @@ def build_hotloop_variant(cfg: Config, device: torch.device) -> Variant:
     if device.type != "cuda":
         raise RuntimeError("hotloop: needs CUDA (the step is a captured CUDA graph)")
     obs_dim, nvec = env_shapes(cfg)
-    replay = PrioritizedReplay(cfg.replay_capacity, obs_dim, len(nvec), alpha=cfg.per_alpha, eps=cfg.per_eps,
-                               device=device, use_kernels=True)
+    replay = PrioritizedReplay(
+        cfg.replay_capacity, obs_dim, len(nvec), alpha=cfg.per_alpha, eps=cfg.per_eps, device=device, use_kernels=True
+    )
     torch.manual_seed(cfg.seed)  # as BenchState: the other rows' replay holds the same kind of random data
     fill_random(replay, cfg, nvec)
     learner = HotLearner(cfg, obs_dim, nvec, device, replay)
     capture_s = learner.capture()
-    return Variant("hotloop", learner.step, capture_s, "capture", "split",
-                   f"compile+warm-up {learner.warmup_s:.1f} s before the capture; flat buffers, fused Triton "
-                   "kernels, DDQN forward on a 2nd stream, one CUDA graph; TF32 forward, "
-                   "3xTF32 (FP32-accurate) backward; target update fused into Adam")
+    return Variant(
+        "hotloop",
+        learner.step,
+        capture_s,
+        "capture",
+        "split",
+        f"compile+warm-up {learner.warmup_s:.1f} s before the capture; flat buffers, fused Triton "
+        "kernels, DDQN forward on a 2nd stream, one CUDA graph; TF32 forward, "
+        "3xTF32 (FP32-accurate) backward; target update fused into Adam",
+    )
 
 
 class IterationStep:
@@ -518,9 +596,21 @@ def build_iteration(cfg: Config, device: torch.device) -> Variant:
     elif getattr(trainer, "actor_in_step", False):
         actor = "the actor's kernels in the learner's graph"
     else:
-        actor = ("the actor's captured graph" if getattr(trainer.actor, "graph", None) is not None
-                 else "the actor's eager step")
-    note = (f"Trainer.iterate(1): {cfg.env_steps_per_update} x {cfg.num_envs} env steps ({actor}) + {kind} learner "
-            f"step; periodic: {periodic}; the learner-step rows leave out the env and the periodic work")
-    return Variant("iteration", IterationStep(trainer), setup, "trainer+captures" if captured else "trainer",
-                   precision, note, max(periods.values()))
+        actor = (
+            "the actor's captured graph"
+            if getattr(trainer.actor, "graph", None) is not None
+            else "the actor's eager step"
+        )
+    note = (
+        f"Trainer.iterate(1): {cfg.env_steps_per_update} x {cfg.num_envs} env steps ({actor}) + {kind} learner "
+        f"step; periodic: {periodic}; the learner-step rows leave out the env and the periodic work"
+    )
+    return Variant(
+        "iteration",
+        IterationStep(trainer),
+        setup,
+        "trainer+captures" if captured else "trainer",
+        precision,
+        note,
+        max(periods.values()),
+    )

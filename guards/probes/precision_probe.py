@@ -134,7 +134,7 @@ def tf32_dot_rounds(device: torch.device | str) -> bool:
     whether it rounds to nearest or truncates) times ones (16, 64): every entry is 16 with TF32, 16 + 2^-16 (exact
     in fp32) without. One launch of two programs (both write the same tile: no single-block launch, which the
     guards flag) and a host read (not for the hot loop)."""
-    a = torch.full((64, 16), 1.0 + 2.0 ** -20, dtype=torch.float32, device=device)
+    a = torch.full((64, 16), 1.0 + 2.0**-20, dtype=torch.float32, device=device)
     c = torch.empty(64, 64, dtype=torch.float32, device=device)
     _tf32_canary_kernel[(2,)](a, c, BLOCK=64, K=16, num_warps=4)
     return bool((c == 16.0).all())
@@ -219,8 +219,9 @@ class Launchers:
     def of(learner) -> Launchers:
         from hotloop.trainer import step
 
-        return Launchers(learner.linear_forward, learner.linear_backward_input, step.linear_backward_weight,
-                         learner.round_weights)
+        return Launchers(
+            learner.linear_forward, learner.linear_backward_input, step.linear_backward_weight, learner.round_weights
+        )
 
 
 def _name(fn: Callable) -> str:
@@ -261,8 +262,9 @@ def _batch(learner, batch) -> tuple[torch.Tensor, torch.Tensor]:
     .indices and .weights) or an indices tensor (weights 1)."""
     idx = batch.indices if hasattr(batch, "indices") else batch
     if not isinstance(idx, torch.Tensor) or idx.dtype != torch.int64 or idx.ndim != 1 or idx.numel() < 1:
-        raise ValueError("batch must be a PrioritizedBatch (or have .indices: (B,) int64) or a (B,) int64 tensor of "
-                         "replay slots")
+        raise ValueError(
+            "batch must be a PrioritizedBatch (or have .indices: (B,) int64) or a (B,) int64 tensor of replay slots"
+        )
     idx = idx.to(learner.device).contiguous()
     if int(idx.min()) < 0 or int(idx.max()) >= learner.replay.capacity:
         raise ValueError(f"batch indices must be replay slots in [0, {learner.replay.capacity})")
@@ -276,8 +278,7 @@ def _batch(learner, batch) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @torch.no_grad()
-def probe_step(learner, batch, *, nets: torch.Tensor | None = None,
-               launchers: Launchers | None = None) -> ProbeTensors:
+def probe_step(learner, batch, *, nets: torch.Tensor | None = None, launchers: Launchers | None = None) -> ProbeTensors:
     """Run the learner step's forward, loss and backward (not its optimizer, spectral norm or priority update) on
     `batch` into new buffers, as HotLearner._body launches them (module doc; one difference: dZ is stored for
     every layer).
@@ -298,8 +299,13 @@ def probe_step(learner, batch, *, nets: torch.Tensor | None = None,
     if dev.type == "cuda":  # whatever stream the run's last step went to, it is done (not in the hot loop)
         torch.cuda.synchronize(dev)
     nets = learner.nets if nets is None else nets
-    if not isinstance(nets, torch.Tensor) or tuple(nets.shape) != (2, lay.numel) or nets.dtype != torch.float32 \
-            or not nets.is_contiguous() or nets.device != learner.nets.device:
+    if (
+        not isinstance(nets, torch.Tensor)
+        or tuple(nets.shape) != (2, lay.numel)
+        or nets.dtype != torch.float32
+        or not nets.is_contiguous()
+        or nets.device != learner.nets.device
+    ):
         raise ValueError(f"nets must be a contiguous (2, {lay.numel}) float32 tensor on {learner.nets.device}")
     fns = Launchers.of(learner) if launchers is None else launchers
     idx, weights = _batch(learner, batch)
@@ -314,17 +320,29 @@ def probe_step(learner, batch, *, nets: torch.Tensor | None = None,
     acts_t = [new(2, x.rows, b) for x in lay.layers[:-1]] + [None]
     q = new(b, d * a)
     nets_tf32 = fns.weights_copy(nets, torch.empty_like(nets))
-    flat_forward(lay, params, rp.obs, acts, q, rows=idx, nets=1, linear=fns.forward, acts_t=acts_t,
-                 w_buf=nets_tf32[0])
+    flat_forward(lay, params, rp.obs, acts, q, rows=idx, nets=1, linear=fns.forward, acts_t=acts_t, w_buf=nets_tf32[0])
     ddqn_acts = [new(2, b, x.rows) for x in lay.layers]
     q_next = new(2, b, d * a)
-    flat_forward(lay, params, rp.next_obs, ddqn_acts, q_next, rows=idx, nets=2, linear=fns.forward,
-                 w_buf=nets_tf32[0])
+    flat_forward(lay, params, rp.next_obs, ddqn_acts, q_next, rows=idx, nets=2, linear=fns.forward, w_buf=nets_tf32[0])
     action, reward, term, obs_t = new(b, d, dtype=torch.int64), new(b), new(b), new(2, lay.obs_dim, b)
     gather_transitions(idx, rp.action, rp.reward, rp.terminated, rp.obs, action, reward, term, obs_t)
-    td = td_loss_forward(q.view(b, d, a), q_next[0].view(b, d, a), q_next[1].view(b, d, a), action, reward, term,
-                         weights, cfg.gamma, cfg.loss, cfg.huber_delta, cfg.cql_weight, cfg.per_eps, cfg.per_alpha,
-                         workspace=TDLossWorkspace.create(b, dev), target_max=cfg.td_target_max)
+    td = td_loss_forward(
+        q.view(b, d, a),
+        q_next[0].view(b, d, a),
+        q_next[1].view(b, d, a),
+        action,
+        reward,
+        term,
+        weights,
+        cfg.gamma,
+        cfg.loss,
+        cfg.huber_delta,
+        cfg.cql_weight,
+        cfg.per_eps,
+        cfg.per_alpha,
+        workspace=TDLossWorkspace.create(b, dev),
+        target_max=cfg.td_target_max,
+    )
     # backward, as HotLearner._backward
     fused = bool(learner.fuse_first_weight_grad)
     grads = torch.zeros(lay.numel, device=dev)
@@ -336,24 +354,60 @@ def probe_step(learner, batch, *, nets: torch.Tensor | None = None,
     w_out, _, g_out = lay.out_views(params)
     dw_out, db_out, dg_out = lay.out_views(grads)
     learn = learner.learns_gains  # fixed gains: no gain gradient (dg None), the step's kernel variant
-    step.heads_backward(acts[-1], td.grad.view(b, -1), w_out, g_out, dz[-1], dz_t[-1], lay.layers[-1].views(grads)[1],
-                        dw_out, db_out, dg_out if learn else None, d)
+    step.heads_backward(
+        acts[-1],
+        td.grad.view(b, -1),
+        w_out,
+        g_out,
+        dz[-1],
+        dz_t[-1],
+        lay.layers[-1].views(grads)[1],
+        dw_out,
+        db_out,
+        dg_out if learn else None,
+        d,
+    )
     for i in reversed(range(len(lay.layers))):
         slots = lay.layers[i]
         w, _, g = slots.views(params)
         dw, _, dg = slots.views(grads)
         if i > 0 or not fused:
-            fns.backward_weight(dz_t[i], obs_t if i == 0 else acts_t[i - 1], w, g, dw, dg if learn else None,
-                                slots.gain_group)
+            fns.backward_weight(
+                dz_t[i], obs_t if i == 0 else acts_t[i - 1], w, g, dw, dg if learn else None, slots.gain_group
+            )
         if i > 0:
             below = None
             if i == 1 and fused:
                 (w0, _, g0), (dw0, _, dg0) = lay.layers[0].views(params), lay.layers[0].views(grads)
                 below = (obs_t, w0, g0, dw0, dg0 if learn else None, lay.layers[0].gain_group)
-            fns.backward_input(dz[i], wts[i], acts[i - 1], dz_t[i - 1], lay.layers[i - 1].views(grads)[1],
-                               dx=dz[i - 1], weight_grad_below=below)
-    return ProbeTensors(idx, nets, rp.obs[idx], rp.next_obs[idx], acts, acts_t, ddqn_acts, q, q_next, td.grad,
-                        grads, dz, dz_t, obs_t, wts, fns, fused)
+            fns.backward_input(
+                dz[i],
+                wts[i],
+                acts[i - 1],
+                dz_t[i - 1],
+                lay.layers[i - 1].views(grads)[1],
+                dx=dz[i - 1],
+                weight_grad_below=below,
+            )
+    return ProbeTensors(
+        idx,
+        nets,
+        rp.obs[idx],
+        rp.next_obs[idx],
+        acts,
+        acts_t,
+        ddqn_acts,
+        q,
+        q_next,
+        td.grad,
+        grads,
+        dz,
+        dz_t,
+        obs_t,
+        wts,
+        fns,
+        fused,
+    )
 
 
 class _Err:
@@ -366,8 +420,9 @@ class _Err:
         # the same inputs, and equal weights right after a target sync: their rows and columns are one cluster)
         self.pieces: dict[tuple[int, ...], list[torch.Tensor]] = {}
 
-    def add(self, got: torch.Tensor, ref: torch.Tensor, prod: torch.Tensor | None = None,
-            live: torch.Tensor | None = None) -> _Err:
+    def add(
+        self, got: torch.Tensor, ref: torch.Tensor, prod: torch.Tensor | None = None, live: torch.Tensor | None = None
+    ) -> _Err:
         got, ref = got.double(), ref.double()
         prod = ref if prod is None else prod.double()
         live = torch.ones_like(got, dtype=torch.bool) if live is None else live
@@ -376,10 +431,10 @@ class _Err:
         # dead entries count as zeros (keeps the rows and columns for `bias_se`)
         got, ref, prod = (torch.where(live, v, 0.0) for v in (got, ref, prod))
         self.num += float(((got - ref) ** 2).sum())
-        self.den += float((prod ** 2).sum())
+        self.den += float((prod**2).sum())
         if got.numel():  # (0, n): nothing to cluster
             ep = ((got - ref) * prod).reshape(got.shape[0] if got.dim() else 1, -1)
-            pp = (prod ** 2).reshape(ep.shape)
+            pp = (prod**2).reshape(ep.shape)
             self.cross += float(ep.sum())
             acc = self.pieces.setdefault(tuple(ep.shape), [torch.zeros_like(ep), torch.zeros_like(pp)])
             acc[0] += ep
@@ -417,7 +472,7 @@ class _Err:
             r = ep - b * pp  # residual * prod per entry
             v[0] += float((r.sum(1) ** 2).sum())
             v[1] += float((r.sum(0) ** 2).sum())
-            v[2] += float((r ** 2).sum())
+            v[2] += float((r**2).sum())
         both = v[0] + v[1] - v[2]
         return math.sqrt(both if both > 0 else max(v[0], v[1], 0.0)) / self.den
 
@@ -444,8 +499,22 @@ def measure(t: ProbeTensors, learner, *, label: str = "step", tf32_rounds: bool 
 
     def add(name, phase, launcher, m, n, k, err: _Err) -> None:
         e = err.error()
-        out.append(Product(name, phase, launcher, m, n, k, e, err.live, classify(e),
-                           "TF32" if phase == "forward" else "FP32", err.bias(), err.bias_se()))
+        out.append(
+            Product(
+                name,
+                phase,
+                launcher,
+                m,
+                n,
+                k,
+                e,
+                err.live,
+                classify(e),
+                "TF32" if phase == "forward" else "FP32",
+                err.bias(),
+                err.bias_se(),
+            )
+        )
 
     def layer_ref(i: int, x64: torch.Tensor, z: int) -> tuple[torch.Tensor, torch.Tensor]:
         slots = lay.layers[i]
@@ -459,8 +528,15 @@ def measure(t: ProbeTensors, learner, *, label: str = "step", tf32_rounds: bool 
         x64 = (t.obs if i == 0 else t.acts[i - 1]).double()
         ref, prod = layer_ref(i, x64, 0)
         got = t.acts[i]
-        add(f"forward.L{i}", "forward", fwd_name, b, slots.rows, slots.cols,
-            _Err().add(got, ref, prod, _relu_live(got, ref) if slots.relu else None))
+        add(
+            f"forward.L{i}",
+            "forward",
+            fwd_name,
+            b,
+            slots.rows,
+            slots.cols,
+            _Err().add(got, ref, prod, _relu_live(got, ref) if slots.relu else None),
+        )
     for i, slots in enumerate(lay.layers):
         err = _Err()
         for z in range(2):
@@ -476,8 +552,15 @@ def measure(t: ProbeTensors, learner, *, label: str = "step", tf32_rounds: bool 
 
     j = lay.out.rows
     h_name = _name(heads_forward)
-    add("forward.heads", "forward", h_name, b, j, lay.head_hidden,
-        _Err().add(t.q, heads_ref(t.acts[-1].double(), 0), heads_ref(t.acts[-1].double(), 0, bias=False)))
+    add(
+        "forward.heads",
+        "forward",
+        h_name,
+        b,
+        j,
+        lay.head_hidden,
+        _Err().add(t.q, heads_ref(t.acts[-1].double(), 0), heads_ref(t.acts[-1].double(), 0, bias=False)),
+    )
     err = _Err()
     for z in range(2):
         h64 = t.ddqn_acts[-1][z].double()
@@ -494,10 +577,24 @@ def measure(t: ProbeTensors, learner, *, label: str = "step", tf32_rounds: bool 
         _, b_out64, g_out64 = lay.out_views(f64[0])
         heads_reference(h64, w_out64, b_out64, g_out64, d).backward(t.td_grad.double())
     mask = t.acts[-1] > 0
-    add("backward.heads.dh", "backward", hb_name, b, t.acts[-1].shape[1], lay.actions,
-        _Err().add(t.dz[-1], h64.grad * mask, live=mask))
-    add("backward.heads.dW", "backward", hb_name, j, lay.head_hidden, b,
-        _Err().add(lay.out_views(t.grads)[0], w_out64.grad))
+    add(
+        "backward.heads.dh",
+        "backward",
+        hb_name,
+        b,
+        t.acts[-1].shape[1],
+        lay.actions,
+        _Err().add(t.dz[-1], h64.grad * mask, live=mask),
+    )
+    add(
+        "backward.heads.dW",
+        "backward",
+        hb_name,
+        j,
+        lay.head_hidden,
+        b,
+        _Err().add(lay.out_views(t.grads)[0], w_out64.grad),
+    )
     for i in reversed(range(len(lay.layers))):
         slots = lay.layers[i]
         w64, _, g64 = slots.views(f64[0])
@@ -506,21 +603,35 @@ def measure(t: ProbeTensors, learner, *, label: str = "step", tf32_rounds: bool 
         x64 = (t.obs if i == 0 else t.acts[i - 1]).double()
         fused_here = i == 0 and t.fused
         launcher = _name(t.launchers.backward_input if fused_here else t.launchers.backward_weight)
-        add(f"backward.dW.L{i}", "backward", launcher + (" (fused into layer 1's)" if fused_here else ""),
-            slots.rows, slots.cols, b, _Err().add(slots.views(t.grads)[0], scale[:, None] * (dy64.T @ x64)))
+        add(
+            f"backward.dW.L{i}",
+            "backward",
+            launcher + (" (fused into layer 1's)" if fused_here else ""),
+            slots.rows,
+            slots.cols,
+            b,
+            _Err().add(slots.views(t.grads)[0], scale[:, None] * (dy64.T @ x64)),
+        )
         if i > 0:
             live = t.acts[i - 1] > 0
             ref = (dy64 @ (scale[:, None] * w64)) * live
-            add(f"backward.dX.L{i}", "backward", _name(t.launchers.backward_input), b, slots.cols, slots.rows,
-                _Err().add(t.dz[i - 1], ref, live=live))
+            add(
+                f"backward.dX.L{i}",
+                "backward",
+                _name(t.launchers.backward_input),
+                b,
+                slots.cols,
+                slots.rows,
+                _Err().add(t.dz[i - 1], ref, live=live),
+            )
     rounds = tf32_dot_rounds(dev) if tf32_rounds is None else tf32_rounds
-    platform = (f"cuda: {torch.cuda.get_device_name(dev)}" if dev.type == "cuda" else
-                f"{dev.type} (Triton interpreter)")
+    platform = f"cuda: {torch.cuda.get_device_name(dev)}" if dev.type == "cuda" else f"{dev.type} (Triton interpreter)"
     return ProbeResult(tuple(out), rounds, platform, b, label, kernel_summary())
 
 
-def probe_precision(learner, batch, *, nets: torch.Tensor | None = None, launchers: Launchers | None = None,
-                    label: str = "step") -> ProbeResult:
+def probe_precision(
+    learner, batch, *, nets: torch.Tensor | None = None, launchers: Launchers | None = None, label: str = "step"
+) -> ProbeResult:
     """Measure every GEMM of the learner step on `batch` (`probe_step`, then `measure`): see the module doc.
 
     learner: the trained HotLearner; batch: a PrioritizedBatch from its replay (e.g. `replay_batch(learner)`) or a
@@ -538,8 +649,10 @@ def replay_batch(learner, size: int | None = None):
 
 
 def _line(p: Product) -> str:
-    return (f"{p.name} ({p.m}x{p.n}, K={p.k}; {p.launcher}): normwise error {p.error:.2e}, {p.cls} "
-            f"(expected {p.expected}), bias {p.bias:+.1e} (se {p.bias_se:.1e})")
+    return (
+        f"{p.name} ({p.m}x{p.n}, K={p.k}; {p.launcher}): normwise error {p.error:.2e}, {p.cls} "
+        f"(expected {p.expected}), bias {p.bias:+.1e} (se {p.bias_se:.1e})"
+    )
 
 
 def forward_kernels_without_tf32(instructions: dict | str) -> list[str]:
@@ -548,9 +661,13 @@ def forward_kernels_without_tf32(instructions: dict | str) -> list[str]:
     (a string: the interpreter, nothing compiled)."""
     if isinstance(instructions, str):
         return []
-    return [f"{name} (fma.f32={row.get('fma.f32', 0)})" for name, rows in instructions.items()
-            if name.startswith(("_fwd_", "_heads_")) and "tf32" in name and not isinstance(rows, str)
-            for row in rows if not row.get("tf32_mma", 0)]
+    return [
+        f"{name} (fma.f32={row.get('fma.f32', 0)})"
+        for name, rows in instructions.items()
+        if name.startswith(("_fwd_", "_heads_")) and "tf32" in name and not isinstance(rows, str)
+        for row in rows
+        if not row.get("tf32_mma", 0)
+    ]
 
 
 def _bias_max(p: Product) -> float:
@@ -573,7 +690,7 @@ def _biased(p: Product) -> bool:
 
 
 def forward_verdict(result: ProbeResult) -> tuple[str, list[str]]:
-    """"TF32 forward": PASS when every forward product is TF32-like (products with no live entries left out) with
+    """ "TF32 forward": PASS when every forward product is TF32-like (products with no live entries left out) with
     its bias within TF32_BIAS_MAX or BIAS_Z standard errors (the heads: within TF32_HEADS_BIAS_MAX; `_biased`) and
     no compiled forward kernel lacks TF32 MMAs;
     FAIL when one is biased beyond it (its operands reached the MMA unrounded), when one is not TF32-like (an
@@ -597,18 +714,22 @@ def forward_verdict(result: ProbeResult) -> tuple[str, list[str]]:
     if not bad and not biased:
         return PASS, lines
     if biased and not bad:
-        return FAIL, lines + [f"TF32, but biased beyond {TF32_BIAS_MAX:.0e} and {BIAS_Z:g} standard errors (heads "
-                              f"{TF32_HEADS_BIAS_MAX:.0e}; operands truncated by the MMA, not rounded first): "
-                              f"{', '.join(f'{p.name} ({p.bias:+.1e}, {_in_se(p)} se)' for p in biased)}"]
+        return FAIL, lines + [
+            f"TF32, but biased beyond {TF32_BIAS_MAX:.0e} and {BIAS_Z:g} standard errors (heads "
+            f"{TF32_HEADS_BIAS_MAX:.0e}; operands truncated by the MMA, not rounded first): "
+            f"{', '.join(f'{p.name} ({p.bias:+.1e}, {_in_se(p)} se)' for p in biased)}"
+        ]
     if not result.tf32_rounds and not any(p.cls in (WORSE, NON_FINITE) for p in bad):
-        return NOT_MEASURED, lines + [f"{len(bad)} forward product(s) not TF32-like, but this platform's TF32 dots do "
-                                      f"not round ({result.platform}): TF32 and FP32 look the same here"]
+        return NOT_MEASURED, lines + [
+            f"{len(bad)} forward product(s) not TF32-like, but this platform's TF32 dots do "
+            f"not round ({result.platform}): TF32 and FP32 look the same here"
+        ]
     also = f"; biased too: {', '.join(f'{p.name} ({p.bias:+.1e})' for p in biased)}" if biased else ""
     return FAIL, lines + [f"not TF32: {', '.join(f'{p.name} ({p.cls}, {p.error:.1e})' for p in bad)}{also}"]
 
 
 def backward_verdict(result: ProbeResult) -> tuple[str, list[str]]:
-    """"FP32-accurate backward": FAIL when a backward product's error exceeds FP32_BOUND (or is not finite) on any
+    """ "FP32-accurate backward": FAIL when a backward product's error exceeds FP32_BOUND (or is not finite) on any
     platform; PASS when none does and TF32 dots round here; NOT_MEASURED when none does but they do not round (a
     one-dot TF32 backward would pass too). Returns (verdict, evidence lines)."""
     bwd = result.phase("backward")
@@ -617,11 +738,13 @@ def backward_verdict(result: ProbeResult) -> tuple[str, list[str]]:
         return FAIL, ["no backward product measured"]
     bad = [p for p in bwd if not p.error <= FP32_BOUND and p.cls != NO_LIVE]
     if bad:
-        return FAIL, lines + [f"above the FP32 bound {FP32_BOUND:.0e}: "
-                              f"{', '.join(f'{p.name} ({p.error:.1e})' for p in bad)}"]
+        return FAIL, lines + [
+            f"above the FP32 bound {FP32_BOUND:.0e}: {', '.join(f'{p.name} ({p.error:.1e})' for p in bad)}"
+        ]
     if not result.tf32_rounds:
-        return NOT_MEASURED, lines + ["within the FP32 bound, but this platform's TF32 dots do not round: a one-dot "
-                                      "TF32 backward would pass too"]
+        return NOT_MEASURED, lines + [
+            "within the FP32 bound, but this platform's TF32 dots do not round: a one-dot TF32 backward would pass too"
+        ]
     return PASS, lines
 
 
@@ -635,13 +758,20 @@ def precision_verdict(result: ProbeResult) -> tuple[str, list[str]]:
     fv, fl = forward_verdict(result)
     bv, bl = backward_verdict(result)
     verdict = FAIL if FAIL in (fv, bv) else PASS if fv == bv == PASS else NOT_MEASURED
-    evidence = [f"platform {result.platform}: TF32 dots {'round' if result.tf32_rounds else 'do NOT round'} "
-                f"(canary); batch {result.batch}; {result.label}",
-                f"forward: {fv}", *(f"  {x}" for x in fl), f"backward: {bv}", *(f"  {x}" for x in bl)]
+    evidence = [
+        f"platform {result.platform}: TF32 dots {'round' if result.tf32_rounds else 'do NOT round'} "
+        f"(canary); batch {result.batch}; {result.label}",
+        f"forward: {fv}",
+        *(f"  {x}" for x in fl),
+        f"backward: {bv}",
+        *(f"  {x}" for x in bl),
+    ]
     ins = result.instructions
     if isinstance(ins, str):
         evidence.append(f"instructions: {ins}")
     elif ins:
-        evidence += ["instructions (static counts in the compiled kernels, hotloop.profiles.kernel_evidence):",
-                     *(f"  {x}" for x in summary_lines(ins))]
+        evidence += [
+            "instructions (static counts in the compiled kernels, hotloop.profiles.kernel_evidence):",
+            *(f"  {x}" for x in summary_lines(ins)),
+        ]
     return verdict, evidence

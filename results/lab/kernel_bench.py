@@ -75,13 +75,28 @@ def run(reps: int, calls: int) -> pd.DataFrame:
                 torch.cuda.synchronize()
                 for mode, timer in (("eager", _time_eager), ("graph", time_graph)):
                     q = pd.Series(timer(fn, calls, reps)).quantile([0.2, 0.5, 0.8]).tolist()
-                    rows.append(dict(kernel=name, provider=provider, mode=mode, metric="time_per_call", unit="us",
-                                     p20=q[0], p50=q[1], p80=q[2], gpu=gpu, commit=commit or "unknown", date=date))
+                    rows.append(
+                        dict(
+                            kernel=name,
+                            provider=provider,
+                            mode=mode,
+                            metric="time_per_call",
+                            unit="us",
+                            p20=q[0],
+                            p50=q[1],
+                            p80=q[2],
+                            gpu=gpu,
+                            commit=commit or "unknown",
+                            date=date,
+                        )
+                    )
     return pd.DataFrame(rows)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="PYTHONPATH=results python -m lab.kernel_bench", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="PYTHONPATH=results python -m lab.kernel_bench", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--out", type=Path, help="CSV path (a .md beside it gets the same table)")
     parser.add_argument("--reps", type=int, default=20, help="timed repetitions per provider and mode")
     parser.add_argument("--calls", type=int, default=50, help="calls per timed repetition")

@@ -21,8 +21,20 @@ from hotloop.kernels.td_loss import fused_td_loss, td_loss_reference
 Pair = tuple[str, Callable[[], object], Callable[[], object]]
 """(name, kernel closure, reference closure): zero-argument functions, each call one launch / one reference run."""
 
-ADAM_SEED_SHAPES = [(256, 64), (256,), (256, 256), (256,), (256, 256), (256,), (128, 256), (128,), (1, 128), (1,),
-                    (128, 256), (128,)] + [(64, 128), (64,)] * 4
+ADAM_SEED_SHAPES = [
+    (256, 64),
+    (256,),
+    (256, 256),
+    (256,),
+    (256, 256),
+    (256,),
+    (128, 256),
+    (128,),
+    (1, 128),
+    (1,),
+    (128, 256),
+    (128,),
+] + [(64, 128), (64,)] * 4
 """The optimizer bench's parameter shapes: a seed-scale network (obs 64 -> trunk 256-256-256, value head 128-1,
 advantage 128 + 4 branches of 64), weight matrices and biases."""
 
@@ -38,7 +50,10 @@ def tree_inputs(device: torch.device | str) -> dict:
     ref = SumTree(capacity, device)
     ref.update(torch.arange(capacity, device=device), torch.rand(capacity, generator=g, device=device) + 0.01)
     return {
-        "capacity": capacity, "ref": ref, "nodes": ref.nodes.clone(), "max_value": ref.max_value.clone(),
+        "capacity": capacity,
+        "ref": ref,
+        "nodes": ref.nodes.clone(),
+        "max_value": ref.max_value.clone(),
         "bad_count": ref.bad_priority_count.clone(),
         "indices": torch.randint(0, capacity // 8, (batch,), generator=g, device=device),
         "values": torch.rand(batch, generator=g, device=device) * 2 + 0.01,
@@ -55,13 +70,18 @@ def tree_pairs(device: torch.device | str) -> list[Pair]:
     ref, cap = d["ref"], d["capacity"]
     batch = d["uniforms"].shape[0]
     return [
-        ("tree_update_8192_on_2^20",
-         lambda: tree_update(d["nodes"], d["indices"], d["values"], cap, d["max_value"], d["bad_count"]),
-         lambda: ref.update(d["indices"], d["values"])),
-        ("tree_sample_8192",
-         lambda: tree_sample(d["nodes"], cap, cap, batch, d["uniforms"], d["beta"], d["out_indices"],
-                             d["out_weights"]),
-         lambda: sample_reference(ref, cap, d["uniforms"], 0.4)),
+        (
+            "tree_update_8192_on_2^20",
+            lambda: tree_update(d["nodes"], d["indices"], d["values"], cap, d["max_value"], d["bad_count"]),
+            lambda: ref.update(d["indices"], d["values"]),
+        ),
+        (
+            "tree_sample_8192",
+            lambda: tree_sample(
+                d["nodes"], cap, cap, batch, d["uniforms"], d["beta"], d["out_indices"], d["out_weights"]
+            ),
+            lambda: sample_reference(ref, cap, d["uniforms"], 0.4),
+        ),
         ("tree_rebuild_2^20", lambda: tree_rebuild(d["nodes"]), ref.rebuild),
     ]
 
@@ -81,9 +101,13 @@ def spectral_norm_pairs(device: torch.device | str) -> list[Pair]:
     iteration each)."""
     x = spectral_norm_inputs(device)
     mats, us, vs = x["table"].views(x["params_buf"], x["u"], x["v"])
-    return [("spectral_norm_10_matrices",
-             lambda: spectral_norm_(x["params_buf"], x["table"], x["u"], x["v"]),
-             lambda: spectral_norm_reference(mats, us, vs))]
+    return [
+        (
+            "spectral_norm_10_matrices",
+            lambda: spectral_norm_(x["params_buf"], x["table"], x["u"], x["v"]),
+            lambda: spectral_norm_reference(mats, us, vs),
+        )
+    ]
 
 
 def adam_inputs(device: torch.device | str) -> dict:
@@ -93,8 +117,10 @@ def adam_inputs(device: torch.device | str) -> dict:
     shapes = list(ADAM_SEED_SHAPES)
     num = sum(int(torch.Size(s).numel()) for s in shapes)
     gen = torch.Generator(device="cpu").manual_seed(0)
-    bufs = {k: torch.randn(num, generator=gen).to(device) * scale
-            for k, scale in (("params_buf", 0.05), ("grad_buf", 0.02), ("target_buf", 0.05))}
+    bufs = {
+        k: torch.randn(num, generator=gen).to(device) * scale
+        for k, scale in (("params_buf", 0.05), ("grad_buf", 0.02), ("target_buf", 0.05))
+    }
     return dict(shapes=shapes, lr=1e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, max_grad_norm=10.0, **bufs)
 
 
@@ -114,8 +140,10 @@ def adam_pairs(device: torch.device | str) -> list[Pair]:
         opt = torch.optim.Adam(ref_params, **hyper, **adam_flags)
         return lambda: adam_reference(opt, inp["max_grad_norm"])
 
-    return [("gradnorm_clip_adam_248k", kernel, make_reference(foreach=True, fused=False)),
-            ("gradnorm_clip_adam_248k_vs_torch_fused", kernel, make_reference(fused=True))]
+    return [
+        ("gradnorm_clip_adam_248k", kernel, make_reference(foreach=True, fused=False)),
+        ("gradnorm_clip_adam_248k_vs_torch_fused", kernel, make_reference(fused=True)),
+    ]
 
 
 def td_loss_inputs(device: torch.device | str) -> dict:
@@ -126,11 +154,22 @@ def td_loss_inputs(device: torch.device | str) -> dict:
 
     def randn(*shape: int) -> torch.Tensor:
         return torch.randn(shape, generator=g, device=device)
-    return dict(q=randn(b, d, a).requires_grad_(), q_next_online=randn(b, d, a), q_next_target=randn(b, d, a),
-                action=torch.randint(0, a, (b, d), generator=g, device=device), reward=randn(b),
-                terminated=(torch.rand(b, generator=g, device=device) < 0.1).float(),
-                weights=torch.rand(b, generator=g, device=device) * 0.9 + 0.1, gamma=0.99, kind="huber",
-                huber_delta=1.0, cql_weight=0.1, per_eps=1e-6, per_alpha=0.6)
+
+    return dict(
+        q=randn(b, d, a).requires_grad_(),
+        q_next_online=randn(b, d, a),
+        q_next_target=randn(b, d, a),
+        action=torch.randint(0, a, (b, d), generator=g, device=device),
+        reward=randn(b),
+        terminated=(torch.rand(b, generator=g, device=device) < 0.1).float(),
+        weights=torch.rand(b, generator=g, device=device) * 0.9 + 0.1,
+        gamma=0.99,
+        kind="huber",
+        huber_delta=1.0,
+        cql_weight=0.1,
+        per_eps=1e-6,
+        per_alpha=0.6,
+    )
 
 
 def td_loss_pairs(device: torch.device | str) -> list[Pair]:
@@ -145,10 +184,14 @@ def td_loss_pairs(device: torch.device | str) -> list[Pair]:
     def reference() -> None:
         q.grad = None
         td_loss_reference(**kw).objective.backward()
+
     return [("td_loss_fused_8192x3x4", fused, reference)]
 
 
 PAIRS: dict[str, Callable[[torch.device | str], list[Pair]]] = {
-    "hotloop.kernels.segment_tree": tree_pairs, "hotloop.kernels.spectral_norm": spectral_norm_pairs,
-    "hotloop.kernels.fused_adam": adam_pairs, "hotloop.kernels.td_loss": td_loss_pairs}
+    "hotloop.kernels.segment_tree": tree_pairs,
+    "hotloop.kernels.spectral_norm": spectral_norm_pairs,
+    "hotloop.kernels.fused_adam": adam_pairs,
+    "hotloop.kernels.td_loss": td_loss_pairs,
+}
 """The kernel modules the bench times, in its order, and the pairs of each."""

@@ -41,8 +41,19 @@ from hotloop.trainer.learner import DQNLearner
 from hotloop.trainer.network import BranchingDuelingQNet
 from hotloop.trainer.step import HotLearner
 
-COMPARE_COLUMNS = ["step", "loss_hot", "loss_ref", "loss_rel", "grad_norm_hot", "grad_norm_ref", "grad_norm_rel",
-                   "priority_rel", "params_rel", "target_rel", "gain_dev"]
+COMPARE_COLUMNS = [
+    "step",
+    "loss_hot",
+    "loss_ref",
+    "loss_rel",
+    "grad_norm_hot",
+    "grad_norm_ref",
+    "grad_norm_rel",
+    "priority_rel",
+    "params_rel",
+    "target_rel",
+    "gain_dev",
+]
 
 
 def reference_weights(learner: HotLearner, buf: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -94,8 +105,10 @@ def compare_learners(cfg: Config, steps: int, resync: bool = False) -> pd.DataFr
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
     if cfg.spectral_norm:
-        raise ValueError("compare_learners needs spectral_norm=False: the reference's spectral-norm "
-                         "parametrization and the hotloop projection share no parameters")
+        raise ValueError(
+            "compare_learners needs spectral_norm=False: the reference's spectral-norm "
+            "parametrization and the hotloop projection share no parameters"
+        )
     cfg = dataclasses.replace(cfg, learner="hotloop")
     trainer = Trainer(cfg)
     trainer.prefill()
@@ -109,26 +122,36 @@ def compare_learners(cfg: Config, steps: int, resync: bool = False) -> pd.DataFr
             ref.steps = hot.steps
         hot.step()
         idx = hot.idx.clone()
-        m = ref.update(rp.obs[idx], rp.action[idx], rp.reward[idx], rp.next_obs[idx], rp.terminated[idx],
-                       hot.weights.clone())
+        m = ref.update(
+            rp.obs[idx], rp.action[idx], rp.reward[idx], rp.next_obs[idx], rp.terminated[idx], hot.weights.clone()
+        )
         expected = (m.td_abs.double() + cfg.per_eps) ** cfg.per_alpha
         loss_hot, loss_ref = float(hot.td.metrics[1]), float(m.loss)
         gn_hot, gn_ref = float(hot.adam.grad_norm), float(m.grad_norm)
         gains = torch.cat([s.views(hot.params)[2] for s in hot.layout.layers] + [hot.layout.out_views(hot.params)[2]])
-        rows.append(dict(step=k, loss_hot=loss_hot, loss_ref=loss_ref,
-                         loss_rel=abs(loss_hot - loss_ref) / max(abs(loss_ref), 1e-30),
-                         grad_norm_hot=gn_hot, grad_norm_ref=gn_ref,
-                         grad_norm_rel=abs(gn_hot - gn_ref) / max(abs(gn_ref), 1e-30),
-                         priority_rel=_rel(hot.td.priorities, expected),
-                         params_rel=_net_rel(reference_weights(hot, hot.params), ref.online),
-                         target_rel=_net_rel(reference_weights(hot, hot.target), ref.target),
-                         gain_dev=float((gains - 1).abs().max())))
+        rows.append(
+            dict(
+                step=k,
+                loss_hot=loss_hot,
+                loss_ref=loss_ref,
+                loss_rel=abs(loss_hot - loss_ref) / max(abs(loss_ref), 1e-30),
+                grad_norm_hot=gn_hot,
+                grad_norm_ref=gn_ref,
+                grad_norm_rel=abs(gn_hot - gn_ref) / max(abs(gn_ref), 1e-30),
+                priority_rel=_rel(hot.td.priorities, expected),
+                params_rel=_net_rel(reference_weights(hot, hot.params), ref.online),
+                target_rel=_net_rel(reference_weights(hot, hot.target), ref.target),
+                gain_dev=float((gains - 1).abs().max()),
+            )
+        )
     return pd.DataFrame(rows, columns=COMPARE_COLUMNS)
 
 
 def main(argv: list[str] | None = None) -> int:
     """`PYTHONPATH=results python -m lab.learner_compare`: print the table (and write --csv); exit 2 on bad input."""
-    p = argparse.ArgumentParser(prog="PYTHONPATH=results python -m lab.learner_compare", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="PYTHONPATH=results python -m lab.learner_compare", description=__doc__.split("\n")[0]
+    )
     p.add_argument("--preset", default="cartpole-fast")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--seed", type=int)

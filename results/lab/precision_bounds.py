@@ -15,10 +15,21 @@ from dataclasses import replace
 
 import torch
 
-from hotloop.guards.probes.precision_probe import (FP32_BOUND, TF32_MAX, TF32_MIN, Launchers, precision_verdict,
-                                            probe_precision, replay_batch)
-from lab.precision_variants import (_variant_tf32_gemm_kernel, variant_linear_backward_input,
-                                    variant_linear_backward_weight, variant_linear_forward)
+from hotloop.guards.probes.precision_probe import (
+    FP32_BOUND,
+    TF32_MAX,
+    TF32_MIN,
+    Launchers,
+    precision_verdict,
+    probe_precision,
+    replay_batch,
+)
+from lab.precision_variants import (
+    _variant_tf32_gemm_kernel,
+    variant_linear_backward_input,
+    variant_linear_backward_weight,
+    variant_linear_forward,
+)
 
 
 def variant_launchers(learner, name: str) -> Launchers:
@@ -34,8 +45,9 @@ def variant_launchers(learner, name: str) -> Launchers:
         return replace(own, forward=variant_linear_forward("ieee"), weights_copy=lambda src, dst: dst.copy_(src))
     if name in ("tf32_backward", "tf32x3_backward"):
         p = name.split("_")[0]
-        return replace(own, backward_input=variant_linear_backward_input(p),
-                       backward_weight=variant_linear_backward_weight(p))
+        return replace(
+            own, backward_input=variant_linear_backward_input(p), backward_weight=variant_linear_backward_weight(p)
+        )
     raise ValueError(f"unknown configuration {name!r}; choose one of {CONFIGS}")
 
 
@@ -54,7 +66,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from hotloop.trainer.replay import PrioritizedReplay
     from hotloop.trainer.step import HotLearner
 
-    ap = argparse.ArgumentParser(prog="PYTHONPATH=results python -m lab.precision_bounds", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="PYTHONPATH=results python -m lab.precision_bounds", description=__doc__.split("\n")[0]
+    )
     ap.add_argument("--preset", default="seed-scale")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override (repeatable)")
     ap.add_argument("--steps", type=int, default=20, help="learner steps before the probe (trained parameters)")
@@ -65,8 +79,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = preset(args.preset, **dict(parse_override(s) for s in args.set))
     device = torch.device(args.device)
     obs_dim, nvec = env_shapes(cfg)
-    replay = PrioritizedReplay(cfg.replay_capacity, obs_dim, len(nvec), alpha=cfg.per_alpha, eps=cfg.per_eps,
-                               device=device, use_kernels=True)
+    replay = PrioritizedReplay(
+        cfg.replay_capacity, obs_dim, len(nvec), alpha=cfg.per_alpha, eps=cfg.per_eps, device=device, use_kernels=True
+    )
     torch.manual_seed(cfg.seed)
     fill_random(replay, cfg, nvec)
     learner = HotLearner(cfg, obs_dim, nvec, device, replay)
@@ -80,15 +95,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         table = result.table().assign(config=name)
         tables.append(table)
         print(f"== {name}: {verdict}")
-        print(table[["name", "m", "n", "k", "error", "cls", "launcher"]].to_string(index=False,
-                                                                                 float_format="{:.3e}".format))
+        print(
+            table[["name", "m", "n", "k", "error", "cls", "launcher"]].to_string(
+                index=False, float_format="{:.3e}".format
+            )
+        )
         print("\n".join(evidence))
         print()
     from hotloop.profiles.kernel_evidence import kernel_summary, summary_lines
 
     print("variant kernel (one tl.dot per step, 64 x 64 x 32 tiles; PRECISION in constexprs):")
-    print("\n".join(f"  {x}" for x in summary_lines(kernel_summary(
-        {"_variant_tf32_gemm_kernel": _variant_tf32_gemm_kernel}))))
+    print(
+        "\n".join(
+            f"  {x}" for x in summary_lines(kernel_summary({"_variant_tf32_gemm_kernel": _variant_tf32_gemm_kernel}))
+        )
+    )
     print(f"bounds: FP32_BOUND {FP32_BOUND:.0e}, TF32 band [{TF32_MIN:.0e}, {TF32_MAX:.0e}] (normwise)")
     if args.csv:
         import pandas as pd

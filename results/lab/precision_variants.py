@@ -38,8 +38,22 @@ _BLOCK_M, _BLOCK_N, _BLOCK_K = 64, 64, 32
 
 
 @triton.jit
-def _variant_tf32_gemm_kernel(a_ptr, b_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn, PRECISION: tl.constexpr,
-                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _variant_tf32_gemm_kernel(
+    a_ptr,
+    b_ptr,
+    c_ptr,
+    M,
+    N,
+    K,
+    sam,
+    sak,
+    sbk,
+    sbn,
+    PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     # c (M, N) row-major = a (M, K) @ b (K, N), any strides; one dot of PRECISION per reduction step
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -51,10 +65,12 @@ def _variant_tf32_gemm_kernel(a_ptr, b_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn, 
     for k0 in range(0, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         mask_k = offs_k < K
-        a = tl.load(a_ptr + offs_m[:, None] * sam + offs_k[None, :] * sak, mask=mask_m[:, None] & mask_k[None, :],
-                    other=0.0)
-        b = tl.load(b_ptr + offs_k[:, None] * sbk + offs_n[None, :] * sbn, mask=mask_k[:, None] & mask_n[None, :],
-                    other=0.0)
+        a = tl.load(
+            a_ptr + offs_m[:, None] * sam + offs_k[None, :] * sak, mask=mask_m[:, None] & mask_k[None, :], other=0.0
+        )
+        b = tl.load(
+            b_ptr + offs_k[:, None] * sbk + offs_n[None, :] * sbn, mask=mask_k[:, None] & mask_n[None, :], other=0.0
+        )
         acc = tl.dot(a, b, acc, input_precision=PRECISION)
     tl.store(c_ptr + offs_m[:, None] * N + offs_n[None, :], acc, mask=mask_m[:, None] & mask_n[None, :])
 
@@ -80,8 +96,22 @@ def variant_matmul(a: torch.Tensor, b: torch.Tensor, precision: str) -> torch.Te
     c = torch.empty(m, n, dtype=torch.float32, device=a.device)
     grid_m, grid_n = triton.cdiv(m, _BLOCK_M), triton.cdiv(n, _BLOCK_N)
     _variant_tf32_gemm_kernel[(max(grid_m, 2 if grid_n == 1 else 1), grid_n)](
-        a, b, c, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), PRECISION=precision,
-        BLOCK_M=_BLOCK_M, BLOCK_N=_BLOCK_N, BLOCK_K=_BLOCK_K, num_warps=4)
+        a,
+        b,
+        c,
+        m,
+        n,
+        k,
+        a.stride(0),
+        a.stride(1),
+        b.stride(0),
+        b.stride(1),
+        PRECISION=precision,
+        BLOCK_M=_BLOCK_M,
+        BLOCK_N=_BLOCK_N,
+        BLOCK_K=_BLOCK_K,
+        num_warps=4,
+    )
     return c
 
 
@@ -102,14 +132,34 @@ def variant_linear_forward(precision: str) -> Callable[..., torch.Tensor]:
     Raises ValueError for a bad precision (here) and from `variant_matmul`."""
     _check_precision(precision)
 
-    def forward(x, w, b, g, y, gain_group, relu, *, rows=None, nets=1, p_zstride=0, x_zstride=0, ddqn=False,
-                yt=None, x_tf32=False, w_tf32=False, out_tf32=False):
+    def forward(
+        x,
+        w,
+        b,
+        g,
+        y,
+        gain_group,
+        relu,
+        *,
+        rows=None,
+        nets=1,
+        p_zstride=0,
+        x_zstride=0,
+        ddqn=False,
+        yt=None,
+        x_tf32=False,
+        w_tf32=False,
+        out_tf32=False,
+    ):
         n = w.shape[0]
         m = y.shape[-2]
         outs = y.view(nets, m, n)
         for z in range(nets):
-            base = x.as_strided((x.shape[0] - (z * x_zstride) // x.stride(0), x.shape[1]), x.stride(),
-                                x.storage_offset() + z * x_zstride)
+            base = x.as_strided(
+                (x.shape[0] - (z * x_zstride) // x.stride(0), x.shape[1]),
+                x.stride(),
+                x.storage_offset() + z * x_zstride,
+            )
             inp = base.index_select(0, rows) if rows is not None else base[:m]
             wz, bz, gz = (_net_view(t, z, p_zstride) for t in (w, b, g))
             out = variant_matmul(inp, wz.t(), precision) * _scale(gz, gain_group, n) + bz
@@ -141,8 +191,11 @@ def variant_linear_backward_input(precision: str) -> Callable[..., torch.Tensor 
             part = variant_matmul(dz.t(), (x0t[0] + x0t[1]).t(), precision)  # (K, K0) = dz^T x0
             dw0.add_(part * _scale(g0, gain0, part.shape[0])[:, None])
             if dg0 is not None:  # None: fixed gains, no gain gradient (as linear_backward_input)
-                dg0.add_(torch.zeros_like(dg0).index_add_(0, torch.arange(part.shape[0], device=part.device) // gain0,
-                                                          (w0 * part).sum(1)))
+                dg0.add_(
+                    torch.zeros_like(dg0).index_add_(
+                        0, torch.arange(part.shape[0], device=part.device) // gain0, (w0 * part).sum(1)
+                    )
+                )
         return dxt
 
     input_grad.__qualname__ = f"variant_linear_backward_input[{precision}]"
@@ -160,8 +213,9 @@ def variant_linear_backward_weight(precision: str) -> Callable[..., None]:
         n = part.shape[0]
         dw.add_(part * _scale(g, gain_group, n)[:, None])
         if dg is not None:  # None: fixed gains, no gain gradient (as linear_backward_weight)
-            dg.add_(torch.zeros_like(dg).index_add_(0, torch.arange(n, device=part.device) // gain_group,
-                                                    (w * part).sum(1)))
+            dg.add_(
+                torch.zeros_like(dg).index_add_(0, torch.arange(n, device=part.device) // gain_group, (w * part).sum(1))
+            )
 
     weight_grad.__qualname__ = f"variant_linear_backward_weight[{precision}]"
     return weight_grad

@@ -37,9 +37,19 @@ import torch
 import triton
 import triton.language as tl
 
-CONFIGS = [(128, 128, 32, 8, 3), (128, 64, 32, 4, 3), (128, 128, 32, 4, 3), (64, 128, 32, 4, 4), (128, 256, 32, 8, 3),
-           (64, 64, 32, 4, 4), (128, 64, 64, 4, 3), (128, 128, 32, 8, 4), (128, 128, 64, 8, 3), (128, 256, 32, 4, 3),
-           (128, 128, 64, 4, 3)]
+CONFIGS = [
+    (128, 128, 32, 8, 3),
+    (128, 64, 32, 4, 3),
+    (128, 128, 32, 4, 3),
+    (64, 128, 32, 4, 4),
+    (128, 256, 32, 8, 3),
+    (64, 64, 32, 4, 4),
+    (128, 64, 64, 4, 3),
+    (128, 128, 32, 8, 4),
+    (128, 128, 64, 8, 3),
+    (128, 256, 32, 4, 3),
+    (128, 128, 64, 4, 3),
+]
 
 
 @triton.jit
@@ -55,8 +65,25 @@ def _write_c(c_ptr, offs_m, offs_n, M, N, K, k_per_split, acc):
 
 
 @triton.jit
-def _probe_gemm_kernel(a_ptr, a_lo_ptr, b_ptr, b_lo_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn, k_per_split,
-                       MODE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _probe_gemm_kernel(
+    a_ptr,
+    a_lo_ptr,
+    b_ptr,
+    b_lo_ptr,
+    c_ptr,
+    M,
+    N,
+    K,
+    sam,
+    sak,
+    sbk,
+    sbn,
+    k_per_split,
+    MODE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     split = tl.program_id(2)
@@ -108,8 +135,9 @@ def _cat_step(a_desc, b_desc, kk, split, k_per_split, row_a, row_b, M, N, acc):
 
 
 @triton.jit
-def _probe_cat_tma_kernel(a_desc, b_desc, c_ptr, M, N, K, k_per_split,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _probe_cat_tma_kernel(
+    a_desc, b_desc, c_ptr, M, N, K, k_per_split, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr
+):
     """The same one-dot presplit GEMM with TMA loads: a_desc over (2M, K) = [A_hi; A_lo], b_desc over (2N, K) =
     [B^T_hi; B^T_lo] (both K-contiguous, the layout TF32 wgmma reads). Rows past M or N of a tile read the other
     part's rows (or zeros): they only reach outputs outside C, which the store masks."""
@@ -123,8 +151,9 @@ def _probe_cat_tma_kernel(a_desc, b_desc, c_ptr, M, N, K, k_per_split,
 
 
 @triton.jit
-def _probe_cat_ws_kernel(a_ptr, b_ptr, c_ptr, M, N, K, k_per_split,
-                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _probe_cat_ws_kernel(
+    a_ptr, b_ptr, c_ptr, M, N, K, k_per_split, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr
+):
     """cat-tma warp-specialized: a_ptr (2M, K) = [A_hi; A_lo], b_ptr (2N, K) = [B^T_hi; B^T_lo], both contiguous,
     read through device-side descriptors; c_ptr (splits, M, N), one partial product per split-K slice (M % BLOCK_M
     and N % BLOCK_N must be 0)."""
@@ -141,8 +170,17 @@ def _probe_cat_ws_kernel(a_ptr, b_ptr, c_ptr, M, N, K, k_per_split,
     tl.store(c_ptr + offs_c, acc)
 
 
-MODES = {"tf32x3": 0, "presplit": 1, "tf32": 2, "ieee": 3, "cat": 4, "cat-tma": 5, "cat-ws": 6, "bf16x3": 7,
-         "bf16x6": 8}
+MODES = {
+    "tf32x3": 0,
+    "presplit": 1,
+    "tf32": 2,
+    "ieee": 3,
+    "cat": 4,
+    "cat-tma": 5,
+    "cat-ws": 6,
+    "bf16x3": 7,
+    "bf16x6": 8,
+}
 PRESPLIT_MODES = ("presplit", "cat", "cat-tma", "cat-ws")
 """Modes that read both operands as TF32 (hi, lo) parts split ahead of time (`split_tf32`)."""
 TMA_MODES = ("cat-tma", "cat-ws")
@@ -166,22 +204,69 @@ def _run(mode, a, b, c, m, n, k, splits, cfg, a_lo=None, b_lo=None):
         triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=c.device))
         a_cat, b_cat = torch.cat([a, a_lo]), torch.cat([b.t(), b_lo.t()])
         parts = torch.empty(splits, m, n, device=c.device) if splits > 1 else c
-        launch = lambda: _probe_cat_ws_kernel[grid](a_cat, b_cat, parts, m, n, k, k // splits, BLOCK_M=bm,  # noqa: E731
-                                                    BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages)
+        launch = lambda: _probe_cat_ws_kernel[grid](  # noqa: E731
+            a_cat,
+            b_cat,
+            parts,
+            m,
+            n,
+            k,
+            k // splits,
+            BLOCK_M=bm,
+            BLOCK_N=bn,
+            BLOCK_K=bk,
+            num_warps=warps,
+            num_stages=stages,
+        )
         if splits == 1:
             return launch
         return lambda: (launch(), torch.sum(parts, 0, out=c))  # the partials' sum timed with the GEMM
     if mode == "cat-tma":
         from triton.tools.tensor_descriptor import TensorDescriptor
+
         a_desc = TensorDescriptor.from_tensor(torch.cat([a, a_lo]), [bm, bk])
         b_desc = TensorDescriptor.from_tensor(torch.cat([b.t(), b_lo.t()]), [bn, bk])
-        return lambda: (c.zero_() if splits > 1 else None, _probe_cat_tma_kernel[grid](
-            a_desc, b_desc, c, m, n, k, k // splits, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps,
-            num_stages=stages))
-    return lambda: (c.zero_() if splits > 1 else None, _probe_gemm_kernel[grid](
-        a, a_lo if a_lo is not None else a, b, b_lo if b_lo is not None else b, c, m, n, k, a.stride(0), a.stride(1),
-        b.stride(0), b.stride(1), k // splits, MODE=MODES[mode], BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-        num_warps=warps, num_stages=stages))
+        return lambda: (
+            c.zero_() if splits > 1 else None,
+            _probe_cat_tma_kernel[grid](
+                a_desc,
+                b_desc,
+                c,
+                m,
+                n,
+                k,
+                k // splits,
+                BLOCK_M=bm,
+                BLOCK_N=bn,
+                BLOCK_K=bk,
+                num_warps=warps,
+                num_stages=stages,
+            ),
+        )
+    return lambda: (
+        c.zero_() if splits > 1 else None,
+        _probe_gemm_kernel[grid](
+            a,
+            a_lo if a_lo is not None else a,
+            b,
+            b_lo if b_lo is not None else b,
+            c,
+            m,
+            n,
+            k,
+            a.stride(0),
+            a.stride(1),
+            b.stride(0),
+            b.stride(1),
+            k // splits,
+            MODE=MODES[mode],
+            BLOCK_M=bm,
+            BLOCK_N=bn,
+            BLOCK_K=bk,
+            num_warps=warps,
+            num_stages=stages,
+        ),
+    )
 
 
 def _time_us(fn, reps=30):
@@ -208,12 +293,17 @@ def _time_us(fn, reps=30):
 def cases(batch=8192, d_in=512, d_out=256):
     """(name, A, B, splits) at the seed-scale trunk layer 2: A (M, K) and B (K, N) as strided views."""
     g = torch.Generator(device="cuda").manual_seed(0)
-    x = torch.randn(batch, d_in, device="cuda", generator=g).relu_()      # layer input (ReLU output)
-    w = torch.randn(d_out, d_in, device="cuda", generator=g) / d_in ** 0.5
+    x = torch.randn(batch, d_in, device="cuda", generator=g).relu_()  # layer input (ReLU output)
+    w = torch.randn(d_out, d_in, device="cuda", generator=g) / d_in**0.5
     dy = torch.randn(batch, d_out, device="cuda", generator=g) * 1e-3
     dyt, xt = dy.t().contiguous(), x.t().contiguous()
-    return [("fwd Y=XW^T", x, w.t(), 1), ("dx=dY W", dy, w, 1), ("dx=dY W (K-major)", dy, w.t().contiguous().t(), 1),
-            ("dW=dY^T X (natural)", dy.t(), x, 16), ("dW=dY^T X (K-major)", dyt, xt.t(), 16)]
+    return [
+        ("fwd Y=XW^T", x, w.t(), 1),
+        ("dx=dY W", dy, w, 1),
+        ("dx=dY W (K-major)", dy, w.t().contiguous().t(), 1),
+        ("dW=dY^T X (natural)", dy.t(), x, 16),
+        ("dW=dY^T X (K-major)", dyt, xt.t(), 16),
+    ]
 
 
 def _step_kernels(batch=8192, d_in=512, d_out=256):
@@ -224,7 +314,7 @@ def _step_kernels(batch=8192, d_in=512, d_out=256):
 
     g = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(batch, d_in, device="cuda", generator=g).relu_()
-    w = torch.randn(d_out, d_in, device="cuda", generator=g) / d_in ** 0.5
+    w = torch.randn(d_out, d_in, device="cuda", generator=g) / d_in**0.5
     dy = torch.randn(batch, d_out, device="cuda", generator=g) * 1e-3
     gain = torch.ones(1, device="cuda")
     wt, dyt, xt = split_tf32(w.t().contiguous()), dy.t().contiguous(), split_tf32(x.t())
@@ -236,12 +326,22 @@ def _step_kernels(batch=8192, d_in=512, d_out=256):
     ref_dw = dy.double().t() @ x.double()
     linear_backward_weight(dyt, xt, w, gain, dw, dg, d_out)
     err_dw = ((dw.double() - ref_dw).abs().max() / ref_dw.abs().max()).item()
-    return [dict(gemm="dx=dY W", impl="hotloop.kernels.linear step kernel (W^T split; +ReLU mask, dx^T, db)",
-                 config="as in the step", rel_err=err_dx,
-                 us=_time_us(lambda: linear_backward_input(dy, wt, x, dxt, db, dx=dx))),
-            dict(gemm="dW=dY^T X (K-major)", impl="hotloop.kernels.linear step kernel (dY^T, X^T split; +dg)",
-                 config="as in the step", rel_err=err_dw,
-                 us=_time_us(lambda: linear_backward_weight(dyt, xt, w, gain, dw, dg, d_out)))]
+    return [
+        dict(
+            gemm="dx=dY W",
+            impl="hotloop.kernels.linear step kernel (W^T split; +ReLU mask, dx^T, db)",
+            config="as in the step",
+            rel_err=err_dx,
+            us=_time_us(lambda: linear_backward_input(dy, wt, x, dxt, db, dx=dx)),
+        ),
+        dict(
+            gemm="dW=dY^T X (K-major)",
+            impl="hotloop.kernels.linear step kernel (dY^T, X^T split; +dg)",
+            config="as in the step",
+            rel_err=err_dw,
+            us=_time_us(lambda: linear_backward_weight(dyt, xt, w, gain, dw, dg, d_out)),
+        ),
+    ]
 
 
 def main(argv=None):
@@ -285,16 +385,26 @@ def main(argv=None):
                 if best is None or us < best[0]:
                     best = (us, err, cfg)
             if best is None:  # no config compiled (this Triton lacks the mode, or every tile is out of memory)
-                rows.append(dict(gemm=name, impl=f"triton {mode}", us=float("nan"), rel_err=float("nan"),
-                                 config="none compiled"))
+                rows.append(
+                    dict(
+                        gemm=name, impl=f"triton {mode}", us=float("nan"), rel_err=float("nan"), config="none compiled"
+                    )
+                )
                 continue
             rows.append(dict(gemm=name, impl=f"triton {mode}", us=best[0], rel_err=best[1], config=str(best[2])))
         for prec in ("ieee", "tf32"):
             torch.backends.cuda.matmul.allow_tf32 = prec == "tf32"
             c = torch.empty(m, n, device="cuda")
             us = _time_us(lambda: torch.mm(a, b, out=c))
-            rows.append(dict(gemm=name, impl=f"cublas {prec}", us=us,
-                             rel_err=((c.double() - ref).abs().max() / scale).item(), config=""))
+            rows.append(
+                dict(
+                    gemm=name,
+                    impl=f"cublas {prec}",
+                    us=us,
+                    rel_err=((c.double() - ref).abs().max() / scale).item(),
+                    config="",
+                )
+            )
         torch.backends.cuda.matmul.allow_tf32 = False
     rows += _step_kernels()
     t = pd.DataFrame(rows)

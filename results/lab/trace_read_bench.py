@@ -51,15 +51,49 @@ COUNT_MODULES = ("inspect_cmd", "trace_stream", "trace_counts", "trace_anomalies
 """The modules of the count readers (inspect, inspect_in_memory) besides the reader: their sha256 go in the note."""
 PRE_STREAM_COMMIT = "3f396fc"
 """The last commit whose profiles/kineto_reader.py read the whole text into memory (512 MiB cap)."""
-READERS = ("json.load", "read_kineto", "iter_kineto", "read_kineto_pre_stream", "ijson_columns", "hta_json",
-           "hta_ijson", "inspect", "inspect_in_memory")
-COLUMNS = ("reader", "file", "file_gb", "json_bytes", "events", "rows", "wall_s", "cpu_s", "mb_per_s",
-           "peak_rss_mb", "rss_per_json_byte", "load1", "commit", "reader_sha", "date", "note")
+READERS = (
+    "json.load",
+    "read_kineto",
+    "iter_kineto",
+    "read_kineto_pre_stream",
+    "ijson_columns",
+    "hta_json",
+    "hta_ijson",
+    "inspect",
+    "inspect_in_memory",
+)
+COLUMNS = (
+    "reader",
+    "file",
+    "file_gb",
+    "json_bytes",
+    "events",
+    "rows",
+    "wall_s",
+    "cpu_s",
+    "mb_per_s",
+    "peak_rss_mb",
+    "rss_per_json_byte",
+    "load1",
+    "commit",
+    "reader_sha",
+    "date",
+    "note",
+)
 EXTERNAL = {"ijson_columns", "hta_json", "hta_ijson"}
 # Peak RSS per JSON byte assumed before a reader was measured on this machine (upper guesses: json.load 4.4x in
 # issue 22, HTA's pandas frame of all fields more).
-_GUESS = {"json.load": 5.0, "read_kineto_pre_stream": 5.0, "hta_json": 8.0, "hta_ijson": 6.0, "ijson_columns": 1.0,
-          "read_kineto": 1.0, "iter_kineto": 0.5, "inspect": 0.5, "inspect_in_memory": 1.0}
+_GUESS = {
+    "json.load": 5.0,
+    "read_kineto_pre_stream": 5.0,
+    "hta_json": 8.0,
+    "hta_ijson": 6.0,
+    "ijson_columns": 1.0,
+    "read_kineto": 1.0,
+    "iter_kineto": 0.5,
+    "inspect": 0.5,
+    "inspect_in_memory": 1.0,
+}
 _ROOT = Path(__file__).resolve().parents[2]  # the checkout (this file: results/lab/)
 
 
@@ -68,18 +102,21 @@ def _child(reader: str, path: str) -> dict:
     """Run one reader on `path`; returns {"rows": ..., "wall_s": ...} (rows: what the reader returns)."""
     if reader == "json.load":
         import gzip
+
         t0 = time.perf_counter()
-        with (gzip.open(path, "rt", encoding="utf-8") if path.endswith(".gz") else open(path, encoding="utf-8")) as f:
+        with gzip.open(path, "rt", encoding="utf-8") if path.endswith(".gz") else open(path, encoding="utf-8") as f:
             doc = json.load(f)
         wall = time.perf_counter() - t0
         return {"rows": len(doc["traceEvents"]), "wall_s": wall}
     if reader == "read_kineto":
         from hotloop.profiles.kineto_reader import read_kineto
+
         t0 = time.perf_counter()
         df = read_kineto(path)
         return {"rows": len(df), "wall_s": time.perf_counter() - t0}
     if reader == "iter_kineto":
         from hotloop.profiles.kineto_reader import iter_kineto
+
         t0 = time.perf_counter()
         rows = 0
         kinds: dict[str, int] = {}
@@ -91,6 +128,7 @@ def _child(reader: str, path: str) -> dict:
     if reader in ("inspect", "inspect_in_memory"):
         from hotloop.profiles.inspect_cmd import count_trace, format_file_parts, read_trace
         from hotloop.profiles.trace_counts import count_per_step, count_totals
+
         t0 = time.perf_counter()
         if reader == "inspect":
             counts = count_trace(path)
@@ -106,8 +144,13 @@ def _child(reader: str, path: str) -> dict:
     if reader == "read_kineto_pre_stream":
         import importlib.util
         import tempfile
-        src = subprocess.run(["git", "-C", str(_ROOT), "show", f"{PRE_STREAM_COMMIT}:profiles/kineto_reader.py"],
-                             capture_output=True, text=True, check=True).stdout
+
+        src = subprocess.run(
+            ["git", "-C", str(_ROOT), "show", f"{PRE_STREAM_COMMIT}:profiles/kineto_reader.py"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
             f.write(src)
         spec = importlib.util.spec_from_file_location("kineto_reader_pre_stream", f.name)
@@ -119,11 +162,14 @@ def _child(reader: str, path: str) -> dict:
         return {"rows": len(df), "wall_s": time.perf_counter() - t0}
     if reader == "ijson_columns":
         import gzip
+
         import ijson  # noqa: F401  (ImportError -> a row saying so)
+
         import hotloop.profiles.kineto_reader as kr
+
         t0 = time.perf_counter()
         cols = kr._Columns()
-        with (gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")) as f, kr._gc_paused():
+        with gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb") as f, kr._gc_paused():
             batch: list = []
             first = 0
             for ev in ijson.items(f, "traceEvents.item", use_float=True):
@@ -137,9 +183,11 @@ def _child(reader: str, path: str) -> dict:
         return {"rows": len(df), "wall_s": time.perf_counter() - t0, "ijson_backend": ijson.backend}
     if reader in ("hta_json", "hta_ijson"):
         import logging
+
         logging.disable(logging.WARNING)
         from hta.common.trace_parser import parse_trace_dataframe
         from hta.configs.parser_config import ParserBackend, ParserConfig
+
         cfg = ParserConfig()
         cfg.parser_backend = ParserBackend.JSON if reader == "hta_json" else ParserBackend.IJSON_BATCH_AND_COMPRESS
         t0 = time.perf_counter()
@@ -165,9 +213,16 @@ def _run_child(python: str, reader: str, path: Path, limit: int) -> tuple[dict |
 
     def limit_memory():
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen([python, "-m", "lab.trace_read_bench", "--child", reader, str(path)],
-                                stdout=out, stderr=err, text=True, preexec_fn=limit_memory, cwd=str(_ROOT / "results"))
+        proc = subprocess.Popen(
+            [python, "-m", "lab.trace_read_bench", "--child", reader, str(path)],
+            stdout=out,
+            stderr=err,
+            text=True,
+            preexec_fn=limit_memory,
+            cwd=str(_ROOT / "results"),
+        )
         _, status, usage = os.wait4(proc.pid, 0)
         proc.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0)
@@ -188,8 +243,9 @@ def _git(*args: str) -> str:
 def _existing(path: Path):
     """A SynthSummary-like record of an existing trace: sizes, and traceEvents entries counted by their "ph" keys
     (a quick byte scan; exact for Kineto's and trace_synth's layout)."""
-    from types import SimpleNamespace
     import gzip
+    from types import SimpleNamespace
+
     opener = gzip.open if path.name.endswith(".gz") else open
     events = json_bytes = 0
     with opener(path, "rb") as f:
@@ -203,6 +259,7 @@ def _existing(path: Path):
 
 def _bytes_per_event(work: Path) -> float:
     from lab.trace_synth import write_trace
+
     sample = work / "sample.json"
     s = write_trace(sample, 50_000)
     sample.unlink()
@@ -211,19 +268,30 @@ def _bytes_per_event(work: Path) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI (module docstring). Exit 0 when every cell ran or was skipped with a reason, 1 when a reader failed."""
-    p = argparse.ArgumentParser(prog="PYTHONPATH=results python -m lab.trace_read_bench",
-                                description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="PYTHONPATH=results python -m lab.trace_read_bench", description=__doc__.split("\n")[0]
+    )
     p.add_argument("--child", nargs=2, metavar=("READER", "FILE"), help=argparse.SUPPRESS)
     p.add_argument("--sizes-gb", type=float, nargs="+", default=[0.5, 1.6, 5.0], help="JSON sizes, GB (1e9 bytes)")
-    p.add_argument("--gzip-sizes-gb", type=float, nargs="*", default=[],
-                   help="sizes also run as .json.gz (json.load, read_kineto, iter_kineto only)")
+    p.add_argument(
+        "--gzip-sizes-gb",
+        type=float,
+        nargs="*",
+        default=[],
+        help="sizes also run as .json.gz (json.load, read_kineto, iter_kineto only)",
+    )
     p.add_argument("--readers", nargs="+", default=list(READERS), choices=READERS)
     p.add_argument("--work-dir", type=Path, default=Path("/tmp/trace_read_bench"), help="where the traces go")
     p.add_argument("--csv", type=Path, required=False, help="results CSV, appended to (header written if new)")
     p.add_argument("--hta-python", default=None, help="Python with HolisticTraceAnalysis and ijson installed")
     p.add_argument("--keep-files", action="store_true")
-    p.add_argument("--files", type=Path, nargs="+", default=None,
-                   help="measure these existing traces instead of generating sizes (kept)")
+    p.add_argument(
+        "--files",
+        type=Path,
+        nargs="+",
+        default=None,
+        help="measure these existing traces instead of generating sizes (kept)",
+    )
     args = p.parse_args(argv)
     if args.child:
         print(json.dumps(_child(*args.child)))
@@ -234,18 +302,28 @@ def main(argv: list[str] | None = None) -> int:
 
     args.work_dir.mkdir(parents=True, exist_ok=True)
     commit = _git("rev-parse", "--short", "HEAD")
-    dirty = _git("status", "--porcelain", "profiles/kineto_reader.py", "profiles/trace_schema.py",
-                 *(f"profiles/{m}.py" for m in COUNT_MODULES))
+    dirty = _git(
+        "status",
+        "--porcelain",
+        "profiles/kineto_reader.py",
+        "profiles/trace_schema.py",
+        *(f"profiles/{m}.py" for m in COUNT_MODULES),
+    )
     if dirty:
         commit += "+uncommitted"
     sha = hashlib.sha256((_ROOT / "profiles" / "kineto_reader.py").read_bytes()).hexdigest()[:12]
-    count_shas = " ".join(f"{m}.py {hashlib.sha256((_ROOT / 'profiles' / f'{m}.py').read_bytes()).hexdigest()[:12]}"
-                          for m in COUNT_MODULES)
+    count_shas = " ".join(
+        f"{m}.py {hashlib.sha256((_ROOT / 'profiles' / f'{m}.py').read_bytes()).hexdigest()[:12]}"
+        for m in COUNT_MODULES
+    )
     date = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%MZ")
     ratio = dict(_GUESS)
     bpe = _bytes_per_event(args.work_dir)
-    print(f"# {platform.node()} {os.cpu_count()} CPUs, {_mem_available() / 1e9:.1f} GB available, "
-          f"{bpe:.1f} JSON bytes/event, commit {commit}, kineto_reader.py sha256 {sha}", flush=True)
+    print(
+        f"# {platform.node()} {os.cpu_count()} CPUs, {_mem_available() / 1e9:.1f} GB available, "
+        f"{bpe:.1f} JSON bytes/event, commit {commit}, kineto_reader.py sha256 {sha}",
+        flush=True,
+    )
     new = not args.csv.exists()
     args.csv.parent.mkdir(parents=True, exist_ok=True)
     failed = False
@@ -263,22 +341,38 @@ def main(argv: list[str] | None = None) -> int:
                 path = args.work_dir / f"synth_{gb:g}gb.json{'.gz' * gz}"
                 t0 = time.perf_counter()
                 s = write_trace(path, max(1, round(gb * 1e9 / bpe)))
-                print(f"# wrote {path}: {s.json_bytes / 1e9:.2f} GB JSON, {s.file_bytes / 1e9:.2f} GB on disk, "
-                      f"{s.events} events in {time.perf_counter() - t0:.0f} s", flush=True)
-            readers = [r for r in args.readers if not gz or r in ("json.load", "read_kineto", "iter_kineto",
-                                                                   "inspect", "inspect_in_memory")]
+                print(
+                    f"# wrote {path}: {s.json_bytes / 1e9:.2f} GB JSON, {s.file_bytes / 1e9:.2f} GB on disk, "
+                    f"{s.events} events in {time.perf_counter() - t0:.0f} s",
+                    flush=True,
+                )
+            readers = [
+                r
+                for r in args.readers
+                if not gz or r in ("json.load", "read_kineto", "iter_kineto", "inspect", "inspect_in_memory")
+            ]
             for reader in readers:
-                row = {"reader": reader, "file": path.name, "file_gb": round(s.json_bytes / 1e9, 3),
-                       "json_bytes": s.json_bytes, "events": s.events, "commit": commit, "reader_sha": sha,
-                       "date": date, "load1": round(os.getloadavg()[0], 2)}
+                row = {
+                    "reader": reader,
+                    "file": path.name,
+                    "file_gb": round(s.json_bytes / 1e9, 3),
+                    "json_bytes": s.json_bytes,
+                    "events": s.events,
+                    "commit": commit,
+                    "reader_sha": sha,
+                    "date": date,
+                    "load1": round(os.getloadavg()[0], 2),
+                }
                 avail = _mem_available()
                 need = ratio[reader] * s.json_bytes
                 python = args.hta_python if reader in EXTERNAL else sys.executable
                 if reader in EXTERNAL and not python:
                     row["note"] = "not run: no --hta-python (HolisticTraceAnalysis / ijson not installed here)"
                 elif need > 0.85 * avail:
-                    row["note"] = (f"not run: would need ~{need / 1e9:.0f} GB ({ratio[reader]:.1f}x the JSON, as "
-                                   f"measured at the smaller size), {avail / 1e9:.0f} GB available")
+                    row["note"] = (
+                        f"not run: would need ~{need / 1e9:.0f} GB ({ratio[reader]:.1f}x the JSON, as "
+                        f"measured at the smaller size), {avail / 1e9:.0f} GB available"
+                    )
                 else:
                     got, err, rss_mb, cpu = _run_child(python, reader, path, avail)
                     row.update(peak_rss_mb=round(rss_mb), cpu_s=round(cpu, 1))
@@ -287,16 +381,36 @@ def main(argv: list[str] | None = None) -> int:
                         failed = True
                     else:
                         ratio[reader] = max(rss_mb * 2**20 / s.json_bytes, 0.05)
-                        row.update(rows=got["rows"], wall_s=round(got["wall_s"], 1),
-                                   mb_per_s=round(s.json_bytes / 1e6 / got["wall_s"], 1),
-                                   rss_per_json_byte=round(rss_mb * 2**20 / s.json_bytes, 3),
-                                   note=f"ijson backend {got['ijson_backend']}" if "ijson_backend" in got
-                                   else count_shas if reader in ("inspect", "inspect_in_memory") else "")
+                        row.update(
+                            rows=got["rows"],
+                            wall_s=round(got["wall_s"], 1),
+                            mb_per_s=round(s.json_bytes / 1e6 / got["wall_s"], 1),
+                            rss_per_json_byte=round(rss_mb * 2**20 / s.json_bytes, 3),
+                            note=f"ijson backend {got['ijson_backend']}"
+                            if "ijson_backend" in got
+                            else count_shas
+                            if reader in ("inspect", "inspect_in_memory")
+                            else "",
+                        )
                 out.writerow(row)
                 f.flush()
-                print(", ".join(f"{k}={row.get(k, '')}" for k in ("reader", "file_gb", "rows", "wall_s", "cpu_s",
-                                                                   "mb_per_s", "peak_rss_mb", "load1", "note")),
-                      flush=True)
+                print(
+                    ", ".join(
+                        f"{k}={row.get(k, '')}"
+                        for k in (
+                            "reader",
+                            "file_gb",
+                            "rows",
+                            "wall_s",
+                            "cpu_s",
+                            "mb_per_s",
+                            "peak_rss_mb",
+                            "load1",
+                            "note",
+                        )
+                    ),
+                    flush=True,
+                )
             if not args.keep_files and not args.files:
                 path.unlink()
     return 1 if failed else 0

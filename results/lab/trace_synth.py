@@ -57,19 +57,38 @@ _FOOTER = """
 
 _PID, _TID, _BWD_TID, _STREAM = 4131, 4131, 4177, 7
 _KERNELS = (
-    ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, at::detail::Array<char*, 3> >"
-     "(int, at::native::CUDAFunctor_add<float>, at::detail::Array<char*, 3>)", (1024, 1, 1), (128, 1, 1)),
-    ("sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n_tilesize128x128x32_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas",
-     (8, 16, 1), (384, 1, 1)),
-    ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::func_wrapper_t<float, "
-     "at::native::sum_functor<float, float, float>::operator()(at::TensorIterator&)::{lambda(float, float)#1}>, "
-     "unsigned int, float, 4, 4> >(at::native::ReduceOp<float, at::native::func_wrapper_t<float, "
-     "at::native::sum_functor<float, float, float>::operator()(at::TensorIterator&)::{lambda(float, float)#1}>, "
-     "unsigned int, float, 4, 4>)", (1, 1, 1), (32, 16, 1)),
-    ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, at::detail::Array<char*, 1> >"
-     "(int, at::native::FillFunctor<float>, at::detail::Array<char*, 1>)", (64, 1, 1), (128, 1, 1)),
-    ("void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float, float, "
-     "at::native::(anonymous namespace)::SoftMaxForwardEpilogue>(float*, float const*, int)", (256, 1, 1), (512, 1, 1)),
+    (
+        "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, at::detail::Array<char*, 3> >"
+        "(int, at::native::CUDAFunctor_add<float>, at::detail::Array<char*, 3>)",
+        (1024, 1, 1),
+        (128, 1, 1),
+    ),
+    (
+        "sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n_tilesize128x128x32_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas",
+        (8, 16, 1),
+        (384, 1, 1),
+    ),
+    (
+        "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::func_wrapper_t<float, "
+        "at::native::sum_functor<float, float, float>::operator()(at::TensorIterator&)::{lambda(float, float)#1}>, "
+        "unsigned int, float, 4, 4> >(at::native::ReduceOp<float, at::native::func_wrapper_t<float, "
+        "at::native::sum_functor<float, float, float>::operator()(at::TensorIterator&)::{lambda(float, float)#1}>, "
+        "unsigned int, float, 4, 4>)",
+        (1, 1, 1),
+        (32, 16, 1),
+    ),
+    (
+        "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, at::detail::Array<char*, 1> >"
+        "(int, at::native::FillFunctor<float>, at::detail::Array<char*, 1>)",
+        (64, 1, 1),
+        (128, 1, 1),
+    ),
+    (
+        "void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float, float, "
+        "at::native::(anonymous namespace)::SoftMaxForwardEpilogue>(float*, float const*, int)",
+        (256, 1, 1),
+        (512, 1, 1),
+    ),
 )
 _TRITON = ("triton_per_fused_gather_max_mul_sub_0", (16, 1, 1), (256, 1, 1))
 _OPS = (  # (forward op, inner op, kernel index, input dims)
@@ -81,14 +100,22 @@ _OPS = (  # (forward op, inner op, kernel index, input dims)
     ("aten::zero_", "aten::fill_", 3, "[[128, 64]]"),
 )
 _PY_FRAMES = (
-    "train.py(88): step", "torch/nn/modules/module.py(1773): _wrapped_call_impl",
-    "torch/nn/modules/module.py(1784): _call_impl", "torch/nn/modules/linear.py(125): forward",
-    "torch/nn/functional.py(1704): relu", "<built-in method linear of type object at 0x7f3a9c2b1e40>",
-    "torch/_tensor.py(626): backward", "torch/autograd/__init__.py(354): backward",
-    "torch/optim/optimizer.py(487): wrapper", "torch/optim/adam.py(213): step",
+    "train.py(88): step",
+    "torch/nn/modules/module.py(1773): _wrapped_call_impl",
+    "torch/nn/modules/module.py(1784): _call_impl",
+    "torch/nn/modules/linear.py(125): forward",
+    "torch/nn/functional.py(1704): relu",
+    "<built-in method linear of type object at 0x7f3a9c2b1e40>",
+    "torch/_tensor.py(626): backward",
+    "torch/autograd/__init__.py(354): backward",
+    "torch/optim/optimizer.py(487): wrapper",
+    "torch/optim/adam.py(213): step",
 )
-_COPIES = (("HtoD", "Host -> Device", "Pageable"), ("DtoH", "Device -> Host", "Pageable"),
-           ("DtoD", "Device -> Device", "Device"))
+_COPIES = (
+    ("HtoD", "Host -> Device", "Pageable"),
+    ("DtoH", "Device -> Host", "Pageable"),
+    ("DtoD", "Device -> Device", "Device"),
+)
 
 
 @dataclass
@@ -154,44 +181,62 @@ class _Writer:
     def x(self, cat: str, name: str, ts: int, dur: int, args: str, pid=_PID, tid=_TID) -> None:
         pid_s = pid if isinstance(pid, int) else json.dumps(pid)
         tid_s = tid if isinstance(tid, int) else json.dumps(tid)
-        self._emit(f"X/{cat}", f"""
+        self._emit(
+            f"X/{cat}",
+            f"""
   {{
     "ph": "X", "cat": "{cat}", "name": {json.dumps(name)}, "pid": {pid_s}, "tid": {tid_s},
     "ts": {self._us(ts)}, "dur": {self._us(dur)},
     "args": {{
       {args}
     }}
-  }}""")
+  }}""",
+        )
 
     def flow(self, ph: str, corr: int, ts: int, pid=_PID, tid=_TID) -> None:
         bp = ', "bp": "e"' if ph == "f" else ""
-        self._emit(f"{ph}/ac2g", f"""
+        self._emit(
+            f"{ph}/ac2g",
+            f"""
   {{
     "ph": "{ph}", "id": {corr}, "pid": {pid}, "tid": {tid}, "ts": {self._us(ts)},
     "cat": "ac2g", "name": "ac2g"{bp}
-  }}""")
+  }}""",
+        )
 
     def meta(self, name: str, pid, tid, value: str) -> None:
-        self._emit("M/", f"""
+        self._emit(
+            "M/",
+            f"""
   {{
     "name": "{name}", "ph": "M", "ts": {self._us(self.ts)}, "pid": {pid}, "tid": {tid},
     "args": {{
       "name": "{value}"
     }}
-  }}""")
+  }}""",
+        )
 
     def instant(self, name: str) -> None:
-        self._emit("i/", f"""
+        self._emit(
+            "i/",
+            f"""
   {{
     "name": "{name}", "ph": "i", "s": "g",
     "pid": "Traces", "tid": "PyTorch Profiler", "ts": {self._us(self.ts)}
-  }}""")
+  }}""",
+        )
 
     # -- composite pieces -------------------------------------------------------------------------------------
     def python(self, name: str, ts: int, dur: int, tid=_TID) -> None:
         self.py_id += 1
-        self.x("python_function", name, ts, dur,
-               f'"Python parent id": {self.py_id - 1}, "Python id": {self.py_id}, "Python thread": 0', tid=tid)
+        self.x(
+            "python_function",
+            name,
+            ts,
+            dur,
+            f'"Python parent id": {self.py_id - 1}, "Python id": {self.py_id}, "Python thread": 0',
+            tid=tid,
+        )
 
     def cpu_op(self, name: str, ts: int, dur: int, dims: str, tid=_TID) -> int:
         self.ext += 1
@@ -199,27 +244,45 @@ class _Writer:
         n = dims.count("[") - 1 if dims != "[]" else 0
         types = ", ".join(['"float"'] * n)
         strides = dims.replace("256, 64", "64, 1").replace("128, 64", "64, 1").replace("256, 128", "128, 1")
-        self.x("cpu_op", name, ts, dur,
-               f'"External id": {self.ext},"Record function id": 0, "Concrete Inputs": [{", ".join([chr(34) * 2] * n)}], '
-               f'"Input type": [{types}], "Input Strides": {strides}, "Input Dims": {dims}, '
-               f'"Ev Idx": {self.ev_idx}', tid=tid)
+        self.x(
+            "cpu_op",
+            name,
+            ts,
+            dur,
+            f'"External id": {self.ext},"Record function id": 0, "Concrete Inputs": [{", ".join([chr(34) * 2] * n)}], '
+            f'"Input type": [{types}], "Input Strides": {strides}, "Input Dims": {dims}, '
+            f'"Ev Idx": {self.ev_idx}',
+            tid=tid,
+        )
         return self.ext
 
     def kernel(self, k: tuple, ts: int, dur: int, corr: int, ext: int) -> None:
         name, grid, block = k
         g, b = grid, block
-        self.x("kernel", name, ts, dur,
-               f'"External id": {ext},      "queued": 0, "device": 0, "context": 1,      "stream": {_STREAM}, '
-               f'"correlation": {corr},      "registers per thread": 40,      "shared memory": 0,      '
-               f'"blocks per SM": {g[0] * g[1] * g[2] / 132:.6f},      "warps per SM": {g[0] * b[0] / 32 / 132:.6f},      '
-               f'"grid": [{g[0]}, {g[1]}, {g[2]}],      "block": [{b[0]}, {b[1]}, {b[2]}],      '
-               f'"est. achieved occupancy %": 75', pid=0, tid=_STREAM)
+        self.x(
+            "kernel",
+            name,
+            ts,
+            dur,
+            f'"External id": {ext},      "queued": 0, "device": 0, "context": 1,      "stream": {_STREAM}, '
+            f'"correlation": {corr},      "registers per thread": 40,      "shared memory": 0,      '
+            f'"blocks per SM": {g[0] * g[1] * g[2] / 132:.6f},      "warps per SM": {g[0] * b[0] / 32 / 132:.6f},      '
+            f'"grid": [{g[0]}, {g[1]}, {g[2]}],      "block": [{b[0]}, {b[1]}, {b[2]}],      '
+            f'"est. achieved occupancy %": 75',
+            pid=0,
+            tid=_STREAM,
+        )
 
     def launch(self, api: str, cat: str, ts: int, ext: int) -> int:
         self.corr += 1
         cbid = 211 if cat == "cuda_runtime" else 307
-        self.x(cat, api, ts, 4200 + self.rng.randrange(3000), f'"External id": {ext}, "cbid": {cbid}, '
-               f'"correlation": {self.corr}')
+        self.x(
+            cat,
+            api,
+            ts,
+            4200 + self.rng.randrange(3000),
+            f'"External id": {ext}, "cbid": {cbid}, "correlation": {self.corr}',
+        )
         self.flow("s", self.corr, ts)
         return self.corr
 
@@ -250,15 +313,32 @@ def _step(w: _Writer, step: int, stats: Counter) -> None:
     w.ext += 1
     step_ext = w.ext
     ops = rng.randrange(8, 14)
-    w.x("user_annotation", f"ProfilerStep#{step}", start, ops * 90_000 + 400_000,
-        f'"External id": {step_ext}, "Record function id": 0, "Ev Idx": {w.ev_idx}')
-    w.x("gpu_user_annotation", f"ProfilerStep#{step}", start + 30_000, ops * 90_000 + 300_000,
-        f'"External id": {step_ext}', pid=0, tid=_STREAM)
+    w.x(
+        "user_annotation",
+        f"ProfilerStep#{step}",
+        start,
+        ops * 90_000 + 400_000,
+        f'"External id": {step_ext}, "Record function id": 0, "Ev Idx": {w.ev_idx}',
+    )
+    w.x(
+        "gpu_user_annotation",
+        f"ProfilerStep#{step}",
+        start + 30_000,
+        ops * 90_000 + 300_000,
+        f'"External id": {step_ext}',
+        pid=0,
+        tid=_STREAM,
+    )
     w.python("train.py(88): step", w.tick(1_000), ops * 90_000 + 350_000)
     phase_ts = w.tick(2_000)
     w.ext += 1
-    w.x("user_annotation", "forward", phase_ts, ops * 45_000, f'"External id": {w.ext}, "Record function id": 0, '
-        f'"Ev Idx": {w.ev_idx}')
+    w.x(
+        "user_annotation",
+        "forward",
+        phase_ts,
+        ops * 45_000,
+        f'"External id": {w.ext}, "Record function id": 0, "Ev Idx": {w.ev_idx}',
+    )
     for i in range(ops):
         op, inner, ki, dims = _OPS[rng.randrange(len(_OPS))]
         t0 = w.tick(3_000)
@@ -276,9 +356,16 @@ def _step(w: _Writer, step: int, stats: Counter) -> None:
             nbytes = 4 << rng.randrange(6, 22)
             t = w.tick(2_000)
             before = w.counts["X/gpu_memcpy"]
-            w.x("gpu_memcpy", f"Memcpy {code} ({arrow})", t + 8_000, 5_088,
+            w.x(
+                "gpu_memcpy",
+                f"Memcpy {code} ({arrow})",
+                t + 8_000,
+                5_088,
                 f'"External id": {ext},      "device": 0, "context": 1,      "stream": {_STREAM}, "correlation": {corr},      '
-                f'"bytes": {nbytes}, "memory bandwidth (GB/s)": {nbytes / 5088:.6f}', pid=0, tid=_STREAM)
+                f'"bytes": {nbytes}, "memory bandwidth (GB/s)": {nbytes / 5088:.6f}',
+                pid=0,
+                tid=_STREAM,
+            )
             if w.counts["X/gpu_memcpy"] > before and code == "DtoD":
                 stats["memcpy_dtod_events"] += 1
             w.flow("f", corr, t + 8_000, pid=0, tid=_STREAM)
@@ -286,9 +373,16 @@ def _step(w: _Writer, step: int, stats: Counter) -> None:
             corr = _api(w, "cudaMemsetAsync", w.tick(1_000), ext, stats)
             t = w.tick(2_000)
             before = w.counts["X/gpu_memset"]
-            w.x("gpu_memset", "Memset (Device)", t + 8_000, 4_960,
+            w.x(
+                "gpu_memset",
+                "Memset (Device)",
+                t + 8_000,
+                4_960,
                 f'"External id": {ext},      "device": 0, "context": 1,      "stream": {_STREAM}, "correlation": {corr},      '
-                f'"bytes": 6291456, "memory bandwidth (GB/s)": 1268.438710', pid=0, tid=_STREAM)
+                f'"bytes": 6291456, "memory bandwidth (GB/s)": 1268.438710',
+                pid=0,
+                tid=_STREAM,
+            )
             stats["memset_events"] += w.counts["X/gpu_memset"] > before
             w.flow("f", corr, t + 8_000, pid=0, tid=_STREAM)
         elif kind < 0.16:  # a Triton kernel through the driver API
@@ -304,11 +398,21 @@ def _step(w: _Writer, step: int, stats: Counter) -> None:
         w.tick(max(0, 40_000 - (w.ts - t0)))
     # backward on the autograd thread, optimizer through a CUDA graph, then a sync
     w.ext += 1
-    w.x("user_annotation", "backward", w.tick(2_000), ops * 30_000, f'"External id": {w.ext}, '
-        f'"Record function id": 0, "Ev Idx": {w.ev_idx}')
+    w.x(
+        "user_annotation",
+        "backward",
+        w.tick(2_000),
+        ops * 30_000,
+        f'"External id": {w.ext}, "Record function id": 0, "Ev Idx": {w.ev_idx}',
+    )
     for i in range(ops // 2):
-        ext = w.cpu_op("autograd::engine::evaluate_function: AddmmBackward0", w.tick(2_000), 50_000,
-                       "[[256, 128], [128, 64]]", tid=_BWD_TID)
+        ext = w.cpu_op(
+            "autograd::engine::evaluate_function: AddmmBackward0",
+            w.tick(2_000),
+            50_000,
+            "[[256, 128], [128, 64]]",
+            tid=_BWD_TID,
+        )
         w.python("torch/autograd/graph.py(829): _engine_run_backward", w.tick(500), 45_000, tid=_BWD_TID)
         corr = _api(w, "cudaLaunchKernel", w.tick(1_000), ext, stats)
         t = w.tick(5_000)
@@ -363,11 +467,19 @@ def write_trace(path: str | Path, events: int, *, seed: int = 0) -> SynthSummary
     finally:
         raw.close()
     return SynthSummary(
-        path=str(path), file_bytes=path.stat().st_size, json_bytes=counter.n, events=w.n,
-        by_ph_cat=dict(sorted(w.counts.items())), kernels=stats["kernels"], kernels_grid1=stats["kernels_grid1"],
-        memcpy_dtod_events=stats["memcpy_dtod_events"], memset_events=stats["memset_events"],
+        path=str(path),
+        file_bytes=path.stat().st_size,
+        json_bytes=counter.n,
+        events=w.n,
+        by_ph_cat=dict(sorted(w.counts.items())),
+        kernels=stats["kernels"],
+        kernels_grid1=stats["kernels_grid1"],
+        memcpy_dtod_events=stats["memcpy_dtod_events"],
+        memset_events=stats["memset_events"],
         sync_calls={k.removeprefix("sync:"): v for k, v in sorted(stats.items()) if k.startswith("sync:")},
-        graph_launches=stats["graph_launches"], kernels_in_graphs=stats["kernels_in_graphs"])
+        graph_launches=stats["graph_launches"],
+        kernels_in_graphs=stats["kernels_in_graphs"],
+    )
 
 
 class _CountingText:

@@ -24,8 +24,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 WORKFLOWS = [REPO / "ci" / "workflows" / "gpu-gate.yml", REPO / ".github" / "workflows" / "gpu-gate.yml"]
 GATE = REPO / "ci" / "gate.sh"
-TINY_GATE = ("--set learner_steps_per_epoch=20 --set learning_starts=64 --set batch_size=32 "
-             "--set eval_episodes=2")
+TINY_GATE = "--set learner_steps_per_epoch=20 --set learning_starts=64 --set batch_size=32 --set eval_episodes=2"
 
 
 def _lint(*files: Path) -> subprocess.CompletedProcess:
@@ -35,8 +34,13 @@ def _lint(*files: Path) -> subprocess.CompletedProcess:
     if importlib.util.find_spec("check_jsonschema") is None:
         why = "check-jsonschema is not installed (pip install -e '.[dev]')"
         pytest.fail(why) if os.environ.get("CI") else pytest.skip(why)
-    return subprocess.run([sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.github-workflows",
-                           *map(str, files)], capture_output=True, text=True, timeout=120, cwd=REPO)
+    return subprocess.run(
+        [sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.github-workflows", *map(str, files)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
 
 
 def test_both_workflow_files_pass_the_workflow_schema():
@@ -58,8 +62,9 @@ def test_the_lint_does_check_them(tmp_path):
 
 @pytest.mark.smoke
 def test_the_two_workflow_copies_are_identical():
-    assert WORKFLOWS[1].read_bytes() == WORKFLOWS[0].read_bytes(), \
+    assert WORKFLOWS[1].read_bytes() == WORKFLOWS[0].read_bytes(), (
         "edit ci/workflows/gpu-gate.yml, then copy it to .github/workflows/gpu-gate.yml"
+    )
 
 
 def test_workflow_pins_actions_and_keeps_artifacts():
@@ -70,13 +75,16 @@ def test_workflow_pins_actions_and_keeps_artifacts():
     assert re.search(r"^permissions:\n  contents: read\n", text, re.M)
     assert re.search(r"^concurrency:\n  group: .*github\.ref", text, re.M)
     assert "bash ci/gate.sh || rc=$?" in text and "run: bash .ci/run" in text
-    assert 'echo "exit-code=$rc" >> "$GITHUB_OUTPUT"' in text and "5) echo \"::error title=ci/gate.sh exit 5::" \
-        "the gate crashed: internal error, not a regression" in text
+    assert (
+        'echo "exit-code=$rc" >> "$GITHUB_OUTPUT"' in text
+        and '5) echo "::error title=ci/gate.sh exit 5::the gate crashed: internal error, not a regression' in text
+    )
     assert text.count("actions/upload-artifact@") == 2 and text.count("if: always()") == 2
     assert 'python-version: "3.11"' in text
 
 
 # --- ci/gate.sh end to end --------------------------------------------------------------------------------------
+
 
 def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HOTLOOP_", "GITHUB_"))}
@@ -86,8 +94,15 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def _gate(env: dict[str, str], timeout: float = 240) -> tuple[int, list[str]]:
-    result = subprocess.run(["bash", str(GATE)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, timeout=timeout, cwd=REPO)
+    result = subprocess.run(
+        ["bash", str(GATE)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+    )
     return result.returncode, result.stdout.rstrip("\n").splitlines()
 
 
@@ -100,8 +115,14 @@ def _test_file(tmp_path: Path, passing: bool) -> Path:
 
 def test_gate_sh_dry_run_on_cpu_passes_and_writes_the_summary(tmp_path):
     run, step_summary = tmp_path / "run", tmp_path / "step_summary.md"
-    rc, out = _gate(_env(HOTLOOP_RUN_DIR=str(run), HOTLOOP_GATE_ARGS=TINY_GATE, GITHUB_STEP_SUMMARY=str(step_summary),
-                         HOTLOOP_PYTEST_ARGS=f"-p no:cacheprovider {_test_file(tmp_path, True)}"))
+    rc, out = _gate(
+        _env(
+            HOTLOOP_RUN_DIR=str(run),
+            HOTLOOP_GATE_ARGS=TINY_GATE,
+            GITHUB_STEP_SUMMARY=str(step_summary),
+            HOTLOOP_PYTEST_ARGS=f"-p no:cacheprovider {_test_file(tmp_path, True)}",
+        )
+    )
     assert rc == 0, "\n".join(out[-40:])
     assert out[-1] == "ci/gate.sh: PASS"
     summary = (run / "summary.md").read_text()
@@ -117,15 +138,20 @@ def test_gate_sh_dry_run_on_cpu_passes_and_writes_the_summary(tmp_path):
 
 def test_gate_sh_fails_on_a_failed_test_and_a_hang_with_the_failing_rows_last(tmp_path):
     run = tmp_path / "run"
-    rc, out = _gate(_env(HOTLOOP_RUN_DIR=str(run),
-                         HOTLOOP_GATE_ARGS="--set learner_steps_per_epoch=100000 --epoch-timeout 0.05",
-                         HOTLOOP_PYTEST_ARGS=f"-p no:cacheprovider {_test_file(tmp_path, False)}"))
+    rc, out = _gate(
+        _env(
+            HOTLOOP_RUN_DIR=str(run),
+            HOTLOOP_GATE_ARGS="--set learner_steps_per_epoch=100000 --epoch-timeout 0.05",
+            HOTLOOP_PYTEST_ARGS=f"-p no:cacheprovider {_test_file(tmp_path, False)}",
+        )
+    )
     assert rc == 3, "\n".join(out[-40:])  # a hang outranks a failed test
     tail = out[-5:]
     assert tail[0] == "ci/gate.sh: FAIL (exit 3); the failing rows:", "\n".join(out[-40:])
     assert tail[1].startswith("--- pytest (exit 1): tests failed: 0 passed, 1 failed")
-    assert re.match(r"\s+FAILED .*test_ci_injected\.py::test_ci_injected - AssertionError: injected failure$",
-                    tail[2]), tail[2]
+    assert re.match(
+        r"\s+FAILED .*test_ci_injected\.py::test_ci_injected - AssertionError: injected failure$", tail[2]
+    ), tail[2]
     assert tail[3] == "--- hotloop gate (exit 3): hang (watchdog)"
     assert re.match(r"\s+hotloop: HANG: epoch 1 did not finish within 0.05 s; last phase entered: ", tail[4])
     summary = (run / "summary.md").read_text()
@@ -133,7 +159,7 @@ def test_gate_sh_fails_on_a_failed_test_and_a_hang_with_the_failing_rows_last(tm
     assert "_no criteria table: the gate did not finish" in summary and (run / "junit.xml").is_file()
 
 
-STUB_HOTLOOP = r'''
+STUB_HOTLOOP = r"""
 import csv, json, sys
 from pathlib import Path
 args = sys.argv[1:]
@@ -165,7 +191,7 @@ with (out / "criteria.csv").open("w", newline="") as fh:
                                           "learner_steps_per_s,1000,800,-50,FAIL\nkernels,12,12,0,PASS\n")
 print("FAILED: no stream sync")
 sys.exit(0 if "--lie" in args else 1)
-'''
+"""
 
 # More lines than a pipe holds (~2 MB): a reader that stops after the first line kills the stub with SIGPIPE every
 # time, as a real nvidia-smi on a several-GPU machine is killed some of the time.
@@ -184,9 +210,13 @@ def _stub_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     (bindir / "nvidia-smi").write_text(STUB_NVIDIA_SMI)
     (bindir / "nvidia-smi").chmod(0o755)
     (tmp_path / "stub_hotloop.py").write_text(STUB_HOTLOOP)
-    env = _env(HOTLOOP_DEVICE="cuda", HOTLOOP_RUN_DIR=str(tmp_path / "run"),
-               HOTLOOP_CLI=f"{shlex.quote(sys.executable)} {shlex.quote(str(tmp_path / 'stub_hotloop.py'))}",
-               HOTLOOP_PYTEST_ARGS=f"-p no:cacheprovider {_test_file(tmp_path, True)}", **extra)
+    env = _env(
+        HOTLOOP_DEVICE="cuda",
+        HOTLOOP_RUN_DIR=str(tmp_path / "run"),
+        HOTLOOP_CLI=f"{shlex.quote(sys.executable)} {shlex.quote(str(tmp_path / 'stub_hotloop.py'))}",
+        HOTLOOP_PYTEST_ARGS=f"-p no:cacheprovider {_test_file(tmp_path, True)}",
+        **extra,
+    )
     env["PATH"] = f"{bindir}{os.pathsep}{env.get('PATH', '')}"
     return env
 
@@ -231,8 +261,15 @@ def test_gate_sh_never_passes_with_a_fail_row_even_if_the_gate_exits_0(tmp_path)
 def test_gate_sh_stopped_by_the_runner_still_writes_the_summary(tmp_path):
     """A cancelled job (SIGTERM to the process group while the gate runs): exit 143, summary names the step."""
     env = _stub_env(tmp_path, HOTLOOP_GATE_ARGS="--sleep")
-    proc = subprocess.Popen(["bash", str(GATE)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            cwd=REPO, start_new_session=True)
+    proc = subprocess.Popen(
+        ["bash", str(GATE)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=REPO,
+        start_new_session=True,
+    )
     gate_log, deadline = tmp_path / "run" / "gate.log", time.monotonic() + 90
     while not (gate_log.is_file() and "stub gate running" in gate_log.read_text()):
         assert proc.poll() is None and time.monotonic() < deadline, "the stub gate never started"
@@ -300,9 +337,14 @@ def test_gate_sh_with_the_real_cli_crashing_points_at_its_error_log(tmp_path):
     """The real `hotloop gate`, its epoch raising: exit 70 with error.log in the gate's folder; ci/gate.sh exit 5."""
     run = tmp_path / "run"
     (tmp_path / "crashing_cli.py").write_text(CRASHING_CLI)
-    rc, out = _gate(_env(HOTLOOP_RUN_DIR=str(run), HOTLOOP_GATE_ARGS=TINY_GATE,
-                         HOTLOOP_CLI=f"{shlex.quote(sys.executable)} {shlex.quote(str(tmp_path / 'crashing_cli.py'))}",
-                         HOTLOOP_PYTEST_ARGS=f"-p no:cacheprovider {_test_file(tmp_path, True)}"))
+    rc, out = _gate(
+        _env(
+            HOTLOOP_RUN_DIR=str(run),
+            HOTLOOP_GATE_ARGS=TINY_GATE,
+            HOTLOOP_CLI=f"{shlex.quote(sys.executable)} {shlex.quote(str(tmp_path / 'crashing_cli.py'))}",
+            HOTLOOP_PYTEST_ARGS=f"-p no:cacheprovider {_test_file(tmp_path, True)}",
+        )
+    )
     assert rc == 5, "\n".join(out[-40:])
     assert out[-2] == f"--- hotloop gate (exit 70): the gate crashed: internal error, see {run}/gate/error.log"
     assert out[-1].startswith("  hotloop gate: internal error: RuntimeError: injected crash in epoch 1 (raised at ")

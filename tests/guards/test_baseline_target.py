@@ -13,9 +13,27 @@ from hotloop.guards.baselines import load_baseline, write_baseline
 from hotloop.guards.cli import main
 from hotloop.trainer.config import preset
 
-GATE = ["--epochs", "1", "--device", "cpu", "--set", "learner_steps_per_epoch=20", "--set", "learning_starts=64",
-        "--set", "batch_size=32", "--set", "trunk_hidden=[16]", "--set", "head_hidden=8", "--set", "eval_episodes=4",
-        "--no-progress", "--guard-steps", "2"]
+GATE = [
+    "--epochs",
+    "1",
+    "--device",
+    "cpu",
+    "--set",
+    "learner_steps_per_epoch=20",
+    "--set",
+    "learning_starts=64",
+    "--set",
+    "batch_size=32",
+    "--set",
+    "trunk_hidden=[16]",
+    "--set",
+    "head_hidden=8",
+    "--set",
+    "eval_episodes=4",
+    "--no-progress",
+    "--guard-steps",
+    "2",
+]
 METRICS = {"gpu_span_us": [10.0, 11.0], "kernels_per_step": [7.0, 7.0]}
 
 
@@ -49,8 +67,10 @@ def test_update_baseline_refuses_a_path_in_a_live_runs_folder(tmp_path, capsys, 
             out = tmp_path / "run"
             assert _gate_update(victim, out) == 2
             err = capsys.readouterr().err
-            assert (f"--baseline {victim} cannot be written: it lies in the run folder {live}, which another hotloop "
-                    f"run holds (pid {holder.pid})") in err, err
+            assert (
+                f"--baseline {victim} cannot be written: it lies in the run folder {live}, which another hotloop "
+                f"run holds (pid {holder.pid})"
+            ) in err, err
             assert not out.exists()
     after = {p.name: p.read_bytes() for p in live.iterdir() if p.name != ".hotloop.lock"}
     assert after == before
@@ -62,13 +82,20 @@ def test_check_baseline_target(tmp_path):
 
     fifo = tmp_path / "fifo.json"
     os.mkfifo(fifo)
-    for path, why in ((fifo, "it is a FIFO (named pipe), not a baseline file"), (tmp_path, "it is a folder"),
-                      (Path("/dev/null"), "it is a character device")):
+    for path, why in (
+        (fifo, "it is a FIFO (named pipe), not a baseline file"),
+        (tmp_path, "it is a folder"),
+        (Path("/dev/null"), "it is a character device"),
+    ):
         with pytest.raises(ValueError, match=re.escape(f"{path} cannot be written: {why}")):
             check_baseline_target(path)
     (tmp_path / "empty.json").write_text("")
-    for fine in (tmp_path / "new.json", tmp_path / "sub" / "new.json", tmp_path / "empty.json",
-                 write_baseline(tmp_path / "old.json", METRICS)):
+    for fine in (
+        tmp_path / "new.json",
+        tmp_path / "sub" / "new.json",
+        tmp_path / "empty.json",
+        write_baseline(tmp_path / "old.json", METRICS),
+    ):
         check_baseline_target(fine)  # nothing to lose, or a baseline: --update-baseline's purpose
     (tmp_path / "cfg.json").write_text('{"lr": 0.001}\n')
     with pytest.raises(ValueError, match="cfg.json cannot be written: it exists and is not a hotloop baseline"):

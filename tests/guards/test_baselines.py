@@ -3,19 +3,36 @@ file round trip and load errors that name the file; the per-epoch throughput aga
 
 import dataclasses
 import json
-
 from importlib import resources
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from hotloop.guards.baselines import (COMPARE_COLUMNS, EPOCH_FLOORS_S, EPOCH_METRICS, EPOCH_PREFIX, KERNEL_FLOOR_US,
-                                      KERNEL_THRESHOLD, KERNEL_US_PREFIX, MAD_TO_SIGMA, NO_EPOCH_BASELINE, RETIRED,
-                                      Baseline,
-                                      BaselineError, baseline_path, compare, compare_epochs, config_mismatch,
-                                      default_threshold, epoch_metrics, load_baseline, mad_spread, parse_threshold,
-                                      write_baseline)
+from hotloop.guards.baselines import (
+    COMPARE_COLUMNS,
+    EPOCH_FLOORS_S,
+    EPOCH_METRICS,
+    EPOCH_PREFIX,
+    KERNEL_FLOOR_US,
+    KERNEL_THRESHOLD,
+    KERNEL_US_PREFIX,
+    MAD_TO_SIGMA,
+    NO_EPOCH_BASELINE,
+    RETIRED,
+    Baseline,
+    BaselineError,
+    baseline_path,
+    compare,
+    compare_epochs,
+    config_mismatch,
+    default_threshold,
+    epoch_metrics,
+    load_baseline,
+    mad_spread,
+    parse_threshold,
+    write_baseline,
+)
 from hotloop.trainer.config import preset
 
 QUIET = [1000.0, 1001.0, 999.0, 1000.0, 1000.5]  # spread ~1.5 us: the 5% rule (50 us) governs
@@ -26,21 +43,26 @@ def verdict(df, metric):
     return df.set_index("metric").loc[metric, "verdict"]
 
 
-@pytest.mark.parametrize("expr, parsed", [
-    ("median:+5%", ("median", 1, 5.0, True)),
-    ("median:5%", ("median", 1, 5.0, True)),  # no sign: an increase is worse, as in pytest-benchmark
-    ("min:-2.5%", ("min", -1, 2.5, True)),
-    ("mean:+20", ("mean", 1, 20.0, False)),
-    ("max:1e-3", ("max", 1, 0.001, False)),
-    (" median:0% ", ("median", 1, 0.0, True)),
-])
+@pytest.mark.parametrize(
+    "expr, parsed",
+    [
+        ("median:+5%", ("median", 1, 5.0, True)),
+        ("median:5%", ("median", 1, 5.0, True)),  # no sign: an increase is worse, as in pytest-benchmark
+        ("min:-2.5%", ("min", -1, 2.5, True)),
+        ("mean:+20", ("mean", 1, 20.0, False)),
+        ("max:1e-3", ("max", 1, 0.001, False)),
+        (" median:0% ", ("median", 1, 0.0, True)),
+    ],
+)
 def test_parse_threshold(expr, parsed):
     t = parse_threshold(expr)
     assert (t.statistic, t.sign, t.amount, t.percent) == parsed
 
 
-@pytest.mark.parametrize("expr", ["median+5%", "p50:+5%", "median:+x%", "median:5%%", "", "median:", "median:++5",
-                                  "MEDIAN:5%", "median:5 %", None])
+@pytest.mark.parametrize(
+    "expr",
+    ["median+5%", "p50:+5%", "median:+x%", "median:5%%", "", "median:", "median:++5", "MEDIAN:5%", "median:5 %", None],
+)
 def test_bad_threshold_is_a_value_error_naming_it(expr):
     with pytest.raises(ValueError, match=r"threshold .*STAT:\[\+\|-\]AMOUNT\[%\]"):
         parse_threshold(expr)
@@ -164,8 +186,10 @@ def test_a_baseline_with_a_retired_column_still_compares(name):
 
 def test_per_metric_thresholds_are_parsed_before_comparing():
     base = Baseline("x", {"gpu_busy_us": QUIET})
-    assert verdict(compare({"gpu_busy_us": [1060.0]}, base, thresholds={"gpu_busy_us": "median:+10%"}),
-                   "gpu_busy_us") == "PASS"
+    assert (
+        verdict(compare({"gpu_busy_us": [1060.0]}, base, thresholds={"gpu_busy_us": "median:+10%"}), "gpu_busy_us")
+        == "PASS"
+    )
     with pytest.raises(ValueError, match="median:1x"):
         compare({"gpu_busy_us": [1060.0]}, base, thresholds={"gpu_busy_us": "median:1x"})
 
@@ -222,24 +246,37 @@ def test_a_baseline_remembers_its_config_and_names_the_fields_a_run_differs_in(t
     assert config_mismatch({**measured, "gone": 1}, measured, defaults) == []  # a field since removed
 
 
-@pytest.mark.parametrize("text, problem", [
-    (None, "no such baseline file"),
-    ("{not json", "invalid JSON at line 1 column 2"),
-    ('{"schema": 2, "metrics": {}}', "not a baseline"),
-    ('[1, 2]', "not a baseline"),
-    ('{"schema": 1, "metrics": {"kernels": {"values": []}}}', "'kernels'"),
-    ('{"schema": 1, "metrics": {"kernels": {"values": ["341"]}}}', "'kernels'"),
-    ('{"schema": 1, "config": [1], "metrics": {}}', '"config" must be an object'),
-    pytest.param('{"schema": 1, "metrics": {"k": {"values": ' + "[" * 100_000 + "]" * 100_000 + "}}}",
-                 "nested too deep", id="nested-100000-deep"),
-    pytest.param('{"schema": 1, "metrics": ' + "{" * 100_000, "nested too deep|invalid JSON", id="unclosed-100000"),
-    pytest.param(b'{"schema": 1, "gpu": "\xff", "metrics": {}}', "cannot read: 'utf-8' codec can't decode",
-                 id="not-utf8"),
-    pytest.param('{"schema": 1, "metrics": {"k": {"values": [' + "9" * 5000 + "]}}}",
-                 "cannot read: .*(digits|conversion)", id="5000-digit-int"),
-    pytest.param('{"schema": 1, "metrics": {"k": {"values": [' + "9" * 400 + "]}}}",
-                 "'k': a value is too large for a float", id="400-digit-int"),
-])
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        (None, "no such baseline file"),
+        ("{not json", "invalid JSON at line 1 column 2"),
+        ('{"schema": 2, "metrics": {}}', "not a baseline"),
+        ("[1, 2]", "not a baseline"),
+        ('{"schema": 1, "metrics": {"kernels": {"values": []}}}', "'kernels'"),
+        ('{"schema": 1, "metrics": {"kernels": {"values": ["341"]}}}', "'kernels'"),
+        ('{"schema": 1, "config": [1], "metrics": {}}', '"config" must be an object'),
+        pytest.param(
+            '{"schema": 1, "metrics": {"k": {"values": ' + "[" * 100_000 + "]" * 100_000 + "}}}",
+            "nested too deep",
+            id="nested-100000-deep",
+        ),
+        pytest.param('{"schema": 1, "metrics": ' + "{" * 100_000, "nested too deep|invalid JSON", id="unclosed-100000"),
+        pytest.param(
+            b'{"schema": 1, "gpu": "\xff", "metrics": {}}', "cannot read: 'utf-8' codec can't decode", id="not-utf8"
+        ),
+        pytest.param(
+            '{"schema": 1, "metrics": {"k": {"values": [' + "9" * 5000 + "]}}}",
+            "cannot read: .*(digits|conversion)",
+            id="5000-digit-int",
+        ),
+        pytest.param(
+            '{"schema": 1, "metrics": {"k": {"values": [' + "9" * 400 + "]}}}",
+            "'k': a value is too large for a float",
+            id="400-digit-int",
+        ),
+    ],
+)
 def test_load_errors_name_the_file(tmp_path, text, problem):
     path = tmp_path / "nvidia-h200.json"
     if isinstance(text, bytes):
@@ -266,17 +303,28 @@ def _epochs(steps_per_s, gpu_ms=None, overhead_s=None, phases=None):
     cols = {c: (phases or {}).get(c, [v] * n) for c, v in PHASES_S.items()}
     wall = [1000 / v for v in steps_per_s]
     over = overhead_s if overhead_s is not None else [0.05] * n
-    return pd.DataFrame({"epoch": range(1, n + 1), "learner_steps": [1000] * n,
-                         "wall_s": wall, "learner_steps_per_s": steps_per_s,
-                         "loss": [0.1] * n,
-                         "gpu_ms_per_step": gpu_ms if gpu_ms is not None else [1000 / v for v in steps_per_s],
-                         "epoch_total_s": [w + o for w, o in zip(wall, over)], **cols})
+    return pd.DataFrame(
+        {
+            "epoch": range(1, n + 1),
+            "learner_steps": [1000] * n,
+            "wall_s": wall,
+            "learner_steps_per_s": steps_per_s,
+            "loss": [0.1] * n,
+            "gpu_ms_per_step": gpu_ms if gpu_ms is not None else [1000 / v for v in steps_per_s],
+            "epoch_total_s": [w + o for w, o in zip(wall, over)],
+            **cols,
+        }
+    )
 
 
 def test_epoch_metrics_leave_out_the_first_epoch_and_flag_a_one_epoch_run():
     m = epoch_metrics(_epochs([300.0, 5000.0, 4900.0], gpu_ms=[3.3, 0.2, 0.21], overhead_s=[2.0, 0.05, 0.07]))
-    assert list(m) == list(EPOCH_METRICS) and EPOCH_METRICS[:4] == ("learner_steps_per_s", "gpu_ms_per_step",
-                                                                 "epoch_total_s", "epoch_overhead_s")
+    assert list(m) == list(EPOCH_METRICS) and EPOCH_METRICS[:4] == (
+        "learner_steps_per_s",
+        "gpu_ms_per_step",
+        "epoch_total_s",
+        "epoch_overhead_s",
+    )
     assert m["learner_steps_per_s"] == [5000.0, 4900.0] and m["gpu_ms_per_step"] == [0.2, 0.21]
     assert m["epoch_total_s"] == pytest.approx([0.25, 1000 / 4900 + 0.07])
     assert m["epoch_overhead_s"] == pytest.approx([0.05, 0.07])  # epoch_total_s - wall_s
@@ -294,8 +342,9 @@ def test_epoch_metrics_leave_out_the_first_epoch_and_flag_a_one_epoch_run():
 
 
 def _epoch_baseline(tmp_path, steps_per_s):
-    path = write_baseline(tmp_path / "b.json", {"kernels": [24] * 3}, gpu="NVIDIA H200",
-                          epochs=epoch_metrics(_epochs(steps_per_s)))
+    path = write_baseline(
+        tmp_path / "b.json", {"kernels": [24] * 3}, gpu="NVIDIA H200", epochs=epoch_metrics(_epochs(steps_per_s))
+    )
     return load_baseline(path)
 
 
@@ -308,9 +357,19 @@ def test_an_epoch_throughput_drop_beyond_the_noise_rule_fails(tmp_path):
     df = compare_epochs(_epochs([400.0, 4600.0, 4650.0, 4620.0]), base)  # best -7%: beyond 5% and 3 x MAD
     assert list(df.columns) == COMPARE_COLUMNS
     rows = df.set_index("metric")
-    assert list(rows.index) == [EPOCH_PREFIX + m for m in ("learner_steps_per_s", "gpu_ms_per_step",
-                                                          "epoch_total_s", "epoch_overhead_s", "evaluate_s",
-                                                          "checkpoint_s", "best_policy_s", "table_s")]
+    assert list(rows.index) == [
+        EPOCH_PREFIX + m
+        for m in (
+            "learner_steps_per_s",
+            "gpu_ms_per_step",
+            "epoch_total_s",
+            "epoch_overhead_s",
+            "evaluate_s",
+            "checkpoint_s",
+            "best_policy_s",
+            "table_s",
+        )
+    ]
     assert rows.loc["epoch_epoch_overhead_s", "verdict"] == "PASS"  # the same 0.05 s outside the loop
     steps, ms = rows.loc["epoch_learner_steps_per_s"], rows.loc["epoch_gpu_ms_per_step"]
     assert steps.verdict == "FAIL" and steps.kind == "timing" and steps.baseline == 5000.0 and steps.run == 4650.0
@@ -322,8 +381,11 @@ def test_an_epoch_throughput_drop_beyond_the_noise_rule_fails(tmp_path):
     step_rows = compare({"kernels": [24] * 3}, base)
     assert set(step_rows.verdict) == {"PASS"}
     combined = pd.concat([step_rows, df], ignore_index=True)  # what the gate prints and writes
-    assert set(combined.loc[combined.verdict == "FAIL", "metric"]) == {"epoch_learner_steps_per_s",
-                                                                       "epoch_gpu_ms_per_step", "epoch_epoch_total_s"}
+    assert set(combined.loc[combined.verdict == "FAIL", "metric"]) == {
+        "epoch_learner_steps_per_s",
+        "epoch_gpu_ms_per_step",
+        "epoch_epoch_total_s",
+    }
 
 
 def test_the_step_span_is_reported_without_a_verdict_and_the_busy_time_still_judged():
@@ -381,8 +443,12 @@ def test_one_phase_outside_the_loop_is_judged_on_its_own(tmp_path):
     regression of the median."""
     base = _epoch_baseline(tmp_path, BASE_EPOCHS)
     n = 5
-    blocking = compare_epochs(_epochs(BASE_EPOCHS[:n], overhead_s=[1.0] + [0.062] * (n - 1),
-                                      phases={"checkpoint_s": [0.05] + [0.014] * (n - 1)}), base).set_index("metric")
+    blocking = compare_epochs(
+        _epochs(
+            BASE_EPOCHS[:n], overhead_s=[1.0] + [0.062] * (n - 1), phases={"checkpoint_s": [0.05] + [0.014] * (n - 1)}
+        ),
+        base,
+    ).set_index("metric")
     assert blocking.loc["epoch_epoch_overhead_s", "verdict"] == "PASS"
     row = blocking.loc["epoch_checkpoint_s"]
     assert row.verdict == "FAIL" and row.baseline == pytest.approx(0.002) and row.run == pytest.approx(0.014)
@@ -399,14 +465,19 @@ def test_an_epoch_throughput_change_within_noise_passes(tmp_path):
     faster = compare_epochs(_epochs([400.0, 6000.0, 6100.0]), base)  # faster is fine, both ways
     assert set(faster.verdict) == {"PASS"}
     noisy = _epoch_baseline(tmp_path, [400.0, 5000.0, 4400.0, 5600.0, 5000.0, 4500.0])  # MAD 600: 3 x 890 allowed
-    assert compare_epochs(_epochs([400.0, 4300.0, 4350.0]), noisy).set_index("metric").loc[
-        "epoch_learner_steps_per_s", "verdict"] == "PASS"  # -13%, within the baseline's own noise
+    assert (
+        compare_epochs(_epochs([400.0, 4300.0, 4350.0]), noisy)
+        .set_index("metric")
+        .loc["epoch_learner_steps_per_s", "verdict"]
+        == "PASS"
+    )  # -13%, within the baseline's own noise
 
 
 def test_an_old_baseline_without_epoch_metrics_loads_and_says_so(tmp_path):
     path = tmp_path / "old.json"
-    path.write_text(json.dumps({"schema": 1, "gpu": "NVIDIA H200",
-                                "metrics": {"kernels": {"kind": "count", "values": [24, 24]}}}))
+    path.write_text(
+        json.dumps({"schema": 1, "gpu": "NVIDIA H200", "metrics": {"kernels": {"kind": "count", "values": [24, 24]}}})
+    )
     old = load_baseline(path)
     assert old.epochs is None and old.metrics == {"kernels": [24.0, 24.0]}
     df = compare_epochs(_epochs([300.0, 100.0]), old)  # even a huge drop: nothing to compare it with
@@ -437,8 +508,12 @@ def test_epoch_metrics_round_trip_and_bad_entries_name_the_file(tmp_path):
     assert entry["metrics"]["gpu_ms_per_step"]["values"] == [None, 0.2]
     loaded = load_baseline(path).epochs
     assert loaded["learner_steps_per_s"] == [5000.0, 4900.0] and np.isnan(loaded["gpu_ms_per_step"][0])
-    for bad in ([1], {"steady": "yes", "metrics": {}}, {"steady": True, "metrics": []},
-                {"steady": True, "epochs": ["2"], "metrics": {}}):
+    for bad in (
+        [1],
+        {"steady": "yes", "metrics": {}},
+        {"steady": True, "metrics": []},
+        {"steady": True, "epochs": ["2"], "metrics": {}},
+    ):
         path.write_text(json.dumps({**doc, "epoch_metrics": bad}))
         with pytest.raises(BaselineError, match='"epoch_metrics" must be an object'):
             load_baseline(path)
@@ -453,14 +528,16 @@ def test_per_kernel_timings_allow_10_percent_or_1_us_and_fail_beyond():
     with its top levels dropped, on the H200) FAILs though the step's total may move less than its 5%; a new kernel
     has no verdict, a vanished one FAILs."""
     big, small = f"{KERNEL_US_PREFIX}gemm", f"{KERNEL_US_PREFIX}tiny"
-    base = Baseline("NVIDIA H200", {big: [40.0, 40.2, 39.9, 40.0, 40.1], small: [2.0, 2.1, 2.0, 2.0, 1.9],
-                                    f"{KERNEL_US_PREFIX}gone": [5.0] * 5})
+    base = Baseline(
+        "NVIDIA H200",
+        {big: [40.0, 40.2, 39.9, 40.0, 40.1], small: [2.0, 2.1, 2.0, 2.0, 1.9], f"{KERNEL_US_PREFIX}gone": [5.0] * 5},
+    )
     assert default_threshold(big) == KERNEL_THRESHOLD
-    run = {big: [43.9], small: [2.9], f"{KERNEL_US_PREFIX}new": [3.0]}   # +9.75%, +0.9 us
+    run = {big: [43.9], small: [2.9], f"{KERNEL_US_PREFIX}new": [3.0]}  # +9.75%, +0.9 us
     t = compare(run, base)
     assert verdict(t, big) == "PASS" and verdict(t, small) == "PASS", t
     assert verdict(t, f"{KERNEL_US_PREFIX}new") == "-" and verdict(t, f"{KERNEL_US_PREFIX}gone") == "FAIL"
     row = t.set_index("metric").loc[small]
     assert row.allowed == KERNEL_FLOOR_US and row.kind == "timing" and "1 us" in row.rule
-    slow = compare({big: [46.4], small: [3.2]}, base)                      # +16%; +1.2 us
+    slow = compare({big: [46.4], small: [3.2]}, base)  # +16%; +1.2 us
     assert verdict(slow, big) == "FAIL" and verdict(slow, small) == "FAIL", slow

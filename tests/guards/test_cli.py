@@ -8,18 +8,32 @@ import sys
 import pandas as pd
 import pytest
 
-from hotloop.profiles.epoch_table import EPOCH_COLUMNS
 from hotloop.guards.cli import main
 from hotloop.guards.criteria import CRITERIA, LOOP_CENSUS
 from hotloop.guards.gate import CENSUS_COLUMN, LOOP_CENSUS_OFF, ONE_REPEAT_NOTE, STRUCTURE_CENSUS_OFF
+from hotloop.profiles.epoch_table import EPOCH_COLUMNS
 
-TINY = ["--set", "learner_steps_per_epoch=20", "--set", "learning_starts=64", "--set", "batch_size=32",
-        "--set", "trunk_hidden=[16]", "--set", "head_hidden=8", "--set", "eval_episodes=4", "--no-progress"]
+TINY = [
+    "--set",
+    "learner_steps_per_epoch=20",
+    "--set",
+    "learning_starts=64",
+    "--set",
+    "batch_size=32",
+    "--set",
+    "trunk_hidden=[16]",
+    "--set",
+    "head_hidden=8",
+    "--set",
+    "eval_episodes=4",
+    "--no-progress",
+]
 
 
 def _hotloop(*args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "hotloop.guards.cli", *args], capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "hotloop.guards.cli", *args], capture_output=True, text=True, timeout=timeout
+    )
 
 
 @pytest.mark.smoke
@@ -34,20 +48,27 @@ def test_help(argv, capsys):
         assert "learner_steps_per_epoch" in out and "--epoch-timeout" in out
 
 
-@pytest.mark.parametrize("argv,match", [
-    (["gate", "--set", "nope=1"], "unknown config key 'nope'"),
-    (["gate", "--set", "batch_size=-3"], "batch_size must be a positive int"),
-    (["train", "--epochs", "0"], "epochs must be a positive int"),
-    (["train", "--device", "cuda:0"] if not __import__("torch").cuda.is_available() else ["train", "--device", "tpu"],
-     "device"),
-    (["gate", "--epoch-timeout", "0"], "--epoch-timeout must be > 0"),
-    (["gate", "--config", "/nonexistent/config.json"], "config file /nonexistent/config.json"),
-    (["train", "--set", "env=gym:Pendulum-v1"], "config.env 'gym:Pendulum-v1' cannot be used"),
-    (["train", "--set", "env=gym:NoSuchEnv-v0"], "config.env 'gym:NoSuchEnv-v0' cannot be used"),
-    (["train", "--set", "env=foo"], "config.env 'foo' cannot be used"),
-    (["train", "--set", "per_eps=0"], "per_eps must be > 0"),
-    (["train", "--epoch-timeout", "nan"], "--epoch-timeout must be > 0"),
-])
+@pytest.mark.parametrize(
+    "argv,match",
+    [
+        (["gate", "--set", "nope=1"], "unknown config key 'nope'"),
+        (["gate", "--set", "batch_size=-3"], "batch_size must be a positive int"),
+        (["train", "--epochs", "0"], "epochs must be a positive int"),
+        (
+            ["train", "--device", "cuda:0"]
+            if not __import__("torch").cuda.is_available()
+            else ["train", "--device", "tpu"],
+            "device",
+        ),
+        (["gate", "--epoch-timeout", "0"], "--epoch-timeout must be > 0"),
+        (["gate", "--config", "/nonexistent/config.json"], "config file /nonexistent/config.json"),
+        (["train", "--set", "env=gym:Pendulum-v1"], "config.env 'gym:Pendulum-v1' cannot be used"),
+        (["train", "--set", "env=gym:NoSuchEnv-v0"], "config.env 'gym:NoSuchEnv-v0' cannot be used"),
+        (["train", "--set", "env=foo"], "config.env 'foo' cannot be used"),
+        (["train", "--set", "per_eps=0"], "per_eps must be > 0"),
+        (["train", "--epoch-timeout", "nan"], "--epoch-timeout must be > 0"),
+    ],
+)
 def test_bad_input_exits_2_with_a_named_error(argv, match, capsys, tmp_path):
     assert main(argv + ["--out", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err
@@ -58,10 +79,12 @@ def test_bad_input_found_late_still_exits_2_before_writing(tmp_path, capsys):
     (tmp_path / "afile").write_text("x")
     cfg = tmp_path / "config.json"
     cfg.write_text('{"lr": "x"}')
-    cases = [(["train", "--config", str(cfg)], "config.lr must be a finite float, got 'x'"),
-             (["train", "--out", str(tmp_path / "afile" / "sub")], "cannot create the run folder"),
-             (["gate", "--baseline", str(tmp_path), "--update-baseline"], "cannot be written"),
-             (["gate", "--baseline", str(tmp_path / "afile" / "b.json"), "--update-baseline"], "cannot be written")]
+    cases = [
+        (["train", "--config", str(cfg)], "config.lr must be a finite float, got 'x'"),
+        (["train", "--out", str(tmp_path / "afile" / "sub")], "cannot create the run folder"),
+        (["gate", "--baseline", str(tmp_path), "--update-baseline"], "cannot be written"),
+        (["gate", "--baseline", str(tmp_path / "afile" / "b.json"), "--update-baseline"], "cannot be written"),
+    ]
     for argv, match in cases:
         out = [] if "--out" in argv else ["--out", str(tmp_path / "never")]
         assert main([*argv, *out, *TINY]) == 2, argv
@@ -97,13 +120,30 @@ def test_bad_usage_exits_2(argv):
 def test_gate_runs_and_writes_its_tables(tmp_path, capsys):
     out = tmp_path / "run"
     # a 4-iteration window holds the target update only if it runs every 4 iterations or more often
-    assert main(["gate", "--epochs", "2", "--device", "cpu", "--out", str(out), "--guard-steps", "4", *TINY,
-                 "--set", "target_update_interval=2"]) == 0
+    assert (
+        main(
+            [
+                "gate",
+                "--epochs",
+                "2",
+                "--device",
+                "cpu",
+                "--out",
+                str(out),
+                "--guard-steps",
+                "4",
+                *TINY,
+                "--set",
+                "target_update_interval=2",
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "Per-epoch table" in printed and "4 guarded steps" in printed
     assert re.search(r"epoch 1 without hang +no_hang +yes +== yes +PASS", printed)  # the title, its id alongside
     table = pd.read_csv(out / "epochs.csv")
-    assert list(table.columns[:len(EPOCH_COLUMNS)]) == EPOCH_COLUMNS
+    assert list(table.columns[: len(EPOCH_COLUMNS)]) == EPOCH_COLUMNS
     assert table.epoch.tolist() == [1, 2] and (table.learner_steps == 20).all()
     verdicts = {v["id"]: v for v in json.loads((out / "criteria.json").read_text())}
     assert set(verdicts) >= {"no_stream_sync", "no_single_block_kernels", "smoke_suite"}
@@ -114,21 +154,26 @@ def test_gate_runs_and_writes_its_tables(tmp_path, capsys):
     for name in ("no_stream_sync", "no_event_sync", "no_loop_sync"):  # the census: on by default
         assert (verdicts[name]["status"], verdicts[name]["verdict"]) == ("not applicable (no CUDA)", "-"), name
     na = sum(1 for c in CRITERIA if c.hook_column or c.judge == LOOP_CENSUS)  # the sync rows: 3
-    assert printed.rstrip().endswith(f"PASS (1 measured, 0 reported, {len(CRITERIA) - 1 - na} not measured, {na} not "
-                                     "applicable (no CUDA))")
+    assert printed.rstrip().endswith(
+        f"PASS (1 measured, 0 reported, {len(CRITERIA) - 1 - na} not measured, {na} not applicable (no CUDA))"
+    )
     # the structure census (on by default) has no device work to count on a CPU: its column says so, the rows stay
     # the window's; only its three rows carry the column
     census = {c: v[CENSUS_COLUMN] for c, v in verdicts.items() if v[CENSUS_COLUMN]}
-    assert census == dict.fromkeys(["no_d2d_weight_sync", "no_single_block_kernels", "memsets_only_where_needed"],
-                                   "not applicable (no CUDA)")
+    assert census == dict.fromkeys(
+        ["no_d2d_weight_sync", "no_single_block_kernels", "memsets_only_where_needed"], "not applicable (no CUDA)"
+    )
     assert "Structure census" in printed and "no D2D weight sync: not applicable (no CUDA)" in printed
     assert not (out / "structure_census.csv").exists()
     # the gate hands the TF32 row to the precision probe (hotloop.guards.gate.judge_precision), never to names
-    assert verdicts["tf32_forward_only"]["status"] == \
-        "not measured (the precision probe covers the hotloop learner's kernels)"
+    assert (
+        verdicts["tf32_forward_only"]["status"]
+        == "not measured (the precision probe covers the hotloop learner's kernels)"
+    )
     assert len(json.loads((out / "guard.json").read_text())["per_step"]) == 4
-    from hotloop.profiles.trace_counts import step_ranges
     from hotloop.profiles.kineto_reader import read_kineto
+    from hotloop.profiles.trace_counts import step_ranges
+
     assert len(step_ranges(read_kineto(out / "trace.json.gz"), "step")) == 4  # the loop's own ranges, one repeat
     assert (out / "epochs.md").read_text().startswith("|")
     assert json.loads((out / "config.json").read_text())["learner_steps_per_epoch"] == 20
@@ -144,8 +189,25 @@ def test_gate_fails_naming_the_criterion_when_a_step_syncs(tmp_path, capsys, mon
     clean_step = Trainer.train_step
     monkeypatch.setattr(Trainer, "train_step", lambda self: (clean_step(self), torch.cuda.synchronize())[0])
     out = tmp_path / "run"
-    assert main(["gate", "--epochs", "1", "--device", "cpu", "--out", str(out), "--guard-steps", "3", *TINY,
-                 "--set", "target_update_interval=100"]) == 1
+    assert (
+        main(
+            [
+                "gate",
+                "--epochs",
+                "1",
+                "--device",
+                "cpu",
+                "--out",
+                str(out),
+                "--guard-steps",
+                "3",
+                *TINY,
+                "--set",
+                "target_update_interval=100",
+            ]
+        )
+        == 1
+    )
     printed = capsys.readouterr().out
     assert "FAIL no event sync [no_event_sync]: measured 1" in printed and "test_cli.py" in printed
     verdicts = {v["id"]: v for v in json.loads((out / "criteria.json").read_text())}
@@ -158,8 +220,26 @@ def test_gate_no_loop_census_flag_reaches_the_gate(tmp_path):
     """--no-loop-census turns the census off: the row then says so, where by default the census is on and on a CPU
     says why it measures nothing (no CUDA; test_gate_runs_and_writes_its_tables)."""
     out = tmp_path / "run"
-    assert main(["gate", "--epochs", "2", "--device", "cpu", "--out", str(out), "--guard-steps", "4", *TINY,
-                 "--set", "target_update_interval=2", "--no-loop-census"]) == 0
+    assert (
+        main(
+            [
+                "gate",
+                "--epochs",
+                "2",
+                "--device",
+                "cpu",
+                "--out",
+                str(out),
+                "--guard-steps",
+                "4",
+                *TINY,
+                "--set",
+                "target_update_interval=2",
+                "--no-loop-census",
+            ]
+        )
+        == 0
+    )
     verdicts = {v["id"]: v for v in json.loads((out / "criteria.json").read_text())}
     assert verdicts["no_loop_sync"]["status"] == LOOP_CENSUS_OFF
 
@@ -168,8 +248,28 @@ def test_gate_structure_census_flags_reach_the_gate(tmp_path, capsys):
     """--no-structure-census turns the census off (its column says so); --census-overhead times the loop with and
     without the censuses after the epochs and prints it; a negative count is refused before training."""
     out = tmp_path / "run"
-    assert main(["gate", "--epochs", "2", "--device", "cpu", "--out", str(out), "--guard-steps", "4", *TINY,
-                 "--set", "target_update_interval=2", "--no-structure-census", "--census-overhead", "1"]) == 0
+    assert (
+        main(
+            [
+                "gate",
+                "--epochs",
+                "2",
+                "--device",
+                "cpu",
+                "--out",
+                str(out),
+                "--guard-steps",
+                "4",
+                *TINY,
+                "--set",
+                "target_update_interval=2",
+                "--no-structure-census",
+                "--census-overhead",
+                "1",
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     verdicts = {v["id"]: v for v in json.loads((out / "criteria.json").read_text())}
     assert verdicts["no_d2d_weight_sync"][CENSUS_COLUMN] == STRUCTURE_CENSUS_OFF
@@ -193,8 +293,19 @@ def test_train_resumable_config_file(tmp_path, capsys):
 
 def test_hang_exits_3_with_stacks_and_phase(tmp_path):
     # Inject the fault: an epoch far longer than its limit.
-    res = _hotloop("gate", "--device", "cpu", "--epoch-timeout", "1", "--out", str(tmp_path / "run"),
-                   *TINY[:-1], "--set", "learner_steps_per_epoch=100000", "--no-progress")
+    res = _hotloop(
+        "gate",
+        "--device",
+        "cpu",
+        "--epoch-timeout",
+        "1",
+        "--out",
+        str(tmp_path / "run"),
+        *TINY[:-1],
+        "--set",
+        "learner_steps_per_epoch=100000",
+        "--no-progress",
+    )
     assert res.returncode == 3, res.stderr
     assert "HANG: epoch 1 did not finish within 1 s" in res.stderr
     assert "last phase entered:" in res.stderr and "Thread" in res.stderr and "loop.py" in res.stderr
@@ -267,20 +378,27 @@ _RUN = ["--epochs", "1", "--device", "cpu", *TINY]
 def _fast(command: str) -> list[str]:
     """One tiny epoch on the CPU (and two guarded steps for the gate)."""
     return [*_RUN, "--guard-steps", "2"] if command == "gate" else _RUN
+
+
 _ROOT = hasattr(__import__("os"), "geteuid") and __import__("os").geteuid() == 0
 
 
-@pytest.mark.parametrize("argv,match", [
-    (["gate", "--inject", "item"], "--inject item: the faults are GPU regressions and need a CUDA device"),
-    (["gate", "--inject", "sn_split"], "need a CUDA device"),
-    (["train", "--set", "replay_capacity=1e12"], "replay 56.8 TB (replay_capacity=1000000000000"),
-    (["gate", "--set", "replay_capacity=1000000000000"], "does not fit in cpu's memory"),
-    (["train", "--set", "trunk_hidden=[1e6,1e6]"], "networks 36 TB (trunk_hidden=[1000000, 1000000]"),
-    (["gate", "--set", "trunk_hidden=[1000000,1000000]"], "is available"),
-    (["train", "--set", "num_envs=10000000000000"], "envs 2.76 PB (num_envs=10000000000000"),
-    (["gate", "--set", "learning_starts=2000", "--set", "replay_capacity=1000"],
-     "config.learning_starts (2000) exceeds config.replay_capacity (1000)"),
-])
+@pytest.mark.parametrize(
+    "argv,match",
+    [
+        (["gate", "--inject", "item"], "--inject item: the faults are GPU regressions and need a CUDA device"),
+        (["gate", "--inject", "sn_split"], "need a CUDA device"),
+        (["train", "--set", "replay_capacity=1e12"], "replay 56.8 TB (replay_capacity=1000000000000"),
+        (["gate", "--set", "replay_capacity=1000000000000"], "does not fit in cpu's memory"),
+        (["train", "--set", "trunk_hidden=[1e6,1e6]"], "networks 36 TB (trunk_hidden=[1000000, 1000000]"),
+        (["gate", "--set", "trunk_hidden=[1000000,1000000]"], "is available"),
+        (["train", "--set", "num_envs=10000000000000"], "envs 2.76 PB (num_envs=10000000000000"),
+        (
+            ["gate", "--set", "learning_starts=2000", "--set", "replay_capacity=1000"],
+            "config.learning_starts (2000) exceeds config.replay_capacity (1000)",
+        ),
+    ],
+)
 def test_what_can_be_checked_before_training_exits_2_and_writes_nothing(argv, match, tmp_path, capsys):
     out = tmp_path / "run"
     assert main([argv[0], *_fast(argv[0]), *argv[1:], "--out", str(out)])  # argv's --set after TINY's == 2
@@ -295,8 +413,7 @@ def test_the_hotloop_learner_without_cuda_is_refused_before_the_run_folder(tmp_p
     assert main(["gate", "--set", "learner=hotloop", *_fast("gate"), "--out", str(out)]) == 2
     assert "config.learner 'hotloop' needs a CUDA device" in capsys.readouterr().err
     assert not out.exists()
-    assert main(["train", "--set", "learner=hotloop", "--set", "diversity_weight=0.1", *_RUN,
-                 "--out", str(out)]) == 2
+    assert main(["train", "--set", "learner=hotloop", "--set", "diversity_weight=0.1", *_RUN, "--out", str(out)]) == 2
     assert "needs a CUDA device" in capsys.readouterr().err and not out.exists()
 
 
@@ -310,8 +427,10 @@ def test_the_memory_check_compares_with_the_devices_free_memory(tmp_path, capsys
     assert "1 kB is available (a stub)" in err and "replay_capacity=100000" in err and not out.exists()
 
 
-_READ_ONLY_BASELINES = [pytest.param(p, id=p) for p in ("/sys/hotloop-test-baseline.json", "/proc/version",
-                                                         "/proc/hotloop-test/nvidia-h200.json")]
+_READ_ONLY_BASELINES = [
+    pytest.param(p, id=p)
+    for p in ("/sys/hotloop-test-baseline.json", "/proc/version", "/proc/hotloop-test/nvidia-h200.json")
+]
 
 
 @pytest.mark.skipif(not __import__("os").path.isdir("/proc/self"), reason="needs Linux /proc and /sys")
@@ -363,6 +482,7 @@ def test_a_config_or_baseline_nested_100000_deep_exits_2_naming_the_file(tmp_pat
 
 # --- crashes: exit 70, one line on stderr, the traceback in the run folder's error.log ---------------------------
 
+
 def test_a_crash_during_the_run_exits_70_with_the_traceback_in_error_log(tmp_path, capsys, monkeypatch):
     from hotloop.guards.commands.errors import ERROR_LOG, INTERNAL_ERROR
     from hotloop.trainer.loop import Trainer
@@ -373,13 +493,14 @@ def test_a_crash_during_the_run_exits_70_with_the_traceback_in_error_log(tmp_pat
     monkeypatch.setattr(Trainer, "run_epoch", crash)
     for command in ("gate", "train"):
         out = tmp_path / command
-        assert main([command, *_fast(command), "--out", str(out)]) \
-            == INTERNAL_ERROR == 70
+        assert main([command, *_fast(command), "--out", str(out)]) == INTERNAL_ERROR == 70
         err = capsys.readouterr().err
         lines = [line for line in err.splitlines() if "internal error" in line]
-        assert lines == [f"hotloop {command}: internal error: RuntimeError: injected crash with a second line "
-                         f"(raised at {__file__}:{crash.__code__.co_firstlineno + 1} in crash; "
-                         f"full traceback in {out / ERROR_LOG})"], err
+        assert lines == [
+            f"hotloop {command}: internal error: RuntimeError: injected crash with a second line "
+            f"(raised at {__file__}:{crash.__code__.co_firstlineno + 1} in crash; "
+            f"full traceback in {out / ERROR_LOG})"
+        ], err
         assert "Traceback" not in err and "a criterion" not in err
         log = (out / ERROR_LOG).read_text()
         assert log.startswith("Traceback (most recent call last):") and "in run_epoch" not in log
@@ -395,8 +516,10 @@ def test_a_late_write_failure_is_a_crash_not_a_failed_criterion(tmp_path, capsys
 
     monkeypatch.setattr(hotloop.guards.gate, "write_baseline", full_disk)
     out = tmp_path / "run"
-    assert main(["gate", *_fast("gate"), "--update-baseline", "--baseline", str(tmp_path / "b.json"),
-                 "--out", str(out)]) == 70
+    assert (
+        main(["gate", *_fast("gate"), "--update-baseline", "--baseline", str(tmp_path / "b.json"), "--out", str(out)])
+        == 70
+    )
     err = capsys.readouterr().err  # a full disk is still exit 70, said as such (issue 41 item 3)
     assert "hotloop gate: disk full: OSError: [Errno 28] No space left on device" in err and "internal error" not in err
     assert f"{out} keeps its last complete checkpoint (checkpoint.pt): free space on its disk and run it again" in err
@@ -418,8 +541,11 @@ def test_a_crash_before_the_run_folder_exists_saves_the_traceback_in_a_temp_file
     out = tmp_path / "run"
     assert main(["train", *_RUN, "--out", str(out)]) == 70
     err = capsys.readouterr().err
-    m = re.search(r"hotloop train: internal error: KeyError: 'a bug in the checks' \(raised at .*test_cli\.py:\d+ "
-                  r"in broken_env; full traceback in (\S+)\)$", err.strip())
+    m = re.search(
+        r"hotloop train: internal error: KeyError: 'a bug in the checks' \(raised at .*test_cli\.py:\d+ "
+        r"in broken_env; full traceback in (\S+)\)$",
+        err.strip(),
+    )
     assert m, err
     log = Path(m[1])
     assert log.parent == tmp_path and log.name.startswith("hotloop-train-error-")
@@ -474,13 +600,17 @@ def test_a_second_run_on_a_held_run_folder_exits_2_naming_the_holder(tmp_path, c
     if command == "resume":  # a finished run to resume, then another process takes its folder
         assert main(["train", "--epochs", "1", "--device", "cpu", *TINY, "--out", str(run), "--no-progress"]) == 0
         capsys.readouterr()
-    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(run)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, str(run)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     try:
         assert holder.stdout.readline().strip() == "locked"
         before = sorted(p.name for p in run.iterdir())
-        argv = (["train", "--resume", str(run), "--epochs", "2"] if command == "resume" else
-                [command, "--epochs", "1", "--device", "cpu", *TINY, "--out", str(run), "--no-progress"])
+        argv = (
+            ["train", "--resume", str(run), "--epochs", "2"]
+            if command == "resume"
+            else [command, "--epochs", "1", "--device", "cpu", *TINY, "--out", str(run), "--no-progress"]
+        )
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert f"in use by another hotloop run (pid {holder.pid}" in err

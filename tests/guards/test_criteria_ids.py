@@ -23,22 +23,36 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from test_step_metrics import TraceBuilder, learner_trace
 
 import hotloop.guards.criteria as criteria_module
 import hotloop.guards.step_metrics as step_metrics_module
 from hotloop.guards.commands.main import build_parser, main
-from hotloop.guards.criteria import (CRITERIA, JUDGES, Criterion, criteria_frame, criterion, id_of, judged_by, label,
-                                     markdown_table, verdict_table)
+from hotloop.guards.criteria import (
+    CRITERIA,
+    JUDGES,
+    Criterion,
+    criteria_frame,
+    criterion,
+    id_of,
+    judged_by,
+    label,
+    markdown_table,
+    verdict_table,
+)
 from hotloop.guards.fault_list import FAULTS, inject_help
 from hotloop.guards.guard import evaluate
 from hotloop.guards.mutate import EXPECTABLE, GATE_CRITERIA, HANG, HANG_IDS, failed_rows, load_manifest, verdict
 from hotloop.guards.step_metrics import step_metrics
 from hotloop.guards.sync_hooks import HOOKED_APIS, SyncHooks
-from test_step_metrics import TraceBuilder, learner_trace
 
 ROOT = Path(__file__).parents[2]
-CODE = [p for folder in ("guards", "ci") for p in sorted((ROOT / folder).rglob("*.py"))
-        if p != ROOT / "guards" / "criteria.py"]
+CODE = [
+    p
+    for folder in ("guards", "ci")
+    for p in sorted((ROOT / folder).rglob("*.py"))
+    if p != ROOT / "guards" / "criteria.py"
+]
 """The code scanned for display names: every module of guards/ and ci/ but the registry itself."""
 
 
@@ -46,12 +60,19 @@ def title_literals(source: str, titles: set[str]) -> list[str]:
     """'line N: "title"' for each string literal of `source` equal to one of `titles`, docstrings left out (they
     may name a criterion for the reader)."""
     tree = ast.parse(source)
-    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
-                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
-                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
-    return [f"line {n.lineno}: {n.value!r}" for n in ast.walk(tree)
-            if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value in titles
-            and id(n) not in docstrings]
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return [
+        f"line {n.lineno}: {n.value!r}"
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value in titles and id(n) not in docstrings
+    ]
 
 
 def test_no_code_names_a_criterion_by_its_title():
@@ -61,9 +82,10 @@ def test_no_code_names_a_criterion_by_its_title():
 
 
 def test_the_title_scan_can_fail():
-    assert title_literals('"""no stream sync"""\nif c.title == "TF32 forward only":\n    x = "no stream sync"\n',
-                          {"TF32 forward only", "no stream sync"}) == [
-        "line 2: 'TF32 forward only'", "line 3: 'no stream sync'"]
+    assert title_literals(
+        '"""no stream sync"""\nif c.title == "TF32 forward only":\n    x = "no stream sync"\n',
+        {"TF32 forward only", "no stream sync"},
+    ) == ["line 2: 'TF32 forward only'", "line 3: 'no stream sync'"]
 
 
 def test_ids_are_unique_stable_and_looked_up():
@@ -74,7 +96,10 @@ def test_ids_are_unique_stable_and_looked_up():
     with pytest.raises(ValueError, match="unknown criterion id 'no stream sync'; known: no_stream_sync"):
         criterion("no stream sync")
     assert [id_of("DDQN overlapped"), id_of("ddqn_overlapped"), id_of("epoch throughput")] == [
-        "ddqn_overlapped", "ddqn_overlapped", "epoch throughput"]  # old titles read as ids; other rows unchanged
+        "ddqn_overlapped",
+        "ddqn_overlapped",
+        "epoch throughput",
+    ]  # old titles read as ids; other rows unchanged
     assert (label("no_event_sync"), label("hang")) == ("no event sync [no_event_sync]", "hang")
     assert {c.judge for c in CRITERIA} == set(JUDGES)
     with pytest.raises(ValueError, match="must be lower-case"):
@@ -100,18 +125,24 @@ def test_hooks_faults_and_mutants_name_registry_ids():
 def test_the_mutants_readme_shows_each_mutants_title_from_the_registry():
     """ci/mutants/README.md's table writes a mutant's expected criterion as "title (`id`)", the title looked up in
     the registry from the manifest's id."""
-    want = {m.id: f"{criterion(m.criterion).title} (`{m.criterion}`)"
-            for m in load_manifest(ROOT / "ci" / "mutants" / "mutants.toml") if m.criterion in GATE_CRITERIA}
-    rows = [[c.strip() for c in line.strip("|").split("|")]
-            for line in (ROOT / "ci" / "mutants" / "README.md").read_text().splitlines()
-            if line.startswith("| ") and not line.startswith("| id ")]
+    want = {
+        m.id: f"{criterion(m.criterion).title} (`{m.criterion}`)"
+        for m in load_manifest(ROOT / "ci" / "mutants" / "mutants.toml")
+        if m.criterion in GATE_CRITERIA
+    }
+    rows = [
+        [c.strip() for c in line.strip("|").split("|")]
+        for line in (ROOT / "ci" / "mutants" / "README.md").read_text().splitlines()
+        if line.startswith("| ") and not line.startswith("| id ")
+    ]
     shown = {cells[0]: cells[3] for cells in rows if cells[0] in want}
     assert shown and shown == {k: want[k] for k in shown}
 
 
 def test_old_criteria_csv_with_titles_still_reads_as_ids(tmp_path):
     pd.DataFrame({"criterion": ["no stream sync", "DDQN overlapped"], "verdict": ["FAIL", "PASS"]}).to_csv(
-        tmp_path / "criteria.csv", index=False)
+        tmp_path / "criteria.csv", index=False
+    )
     assert failed_rows(tmp_path) == ["no_stream_sync"]
     assert verdict("no_stream_sync", 1, failed_rows(tmp_path)) == "killed"
     assert verdict(HANG_IDS[0], 3, []) == "killed" and HANG not in GATE_CRITERIA
@@ -127,9 +158,16 @@ def test_hotloop_criteria_prints_the_registry(capsys):
     assert capsys.readouterr().out == markdown_table() + "\n"
 
 
-H2D = Criterion("no_h2d_copies", "no host-to-device copies", "h2d_copies", "==", 0,
-                "the step's inputs live on the device; a copy from the host every step waits for it",
-                sees="`gpu_memcpy` events of kind HtoD", evidence="copy names in their phase")
+H2D = Criterion(
+    "no_h2d_copies",
+    "no host-to-device copies",
+    "h2d_copies",
+    "==",
+    0,
+    "the step's inputs live on the device; a copy from the host every step waits for it",
+    sees="`gpu_memcpy` events of kind HtoD",
+    evidence="copy names in their phase",
+)
 """A hypothetical trace-count criterion (not in the registry): no host-to-device copy in any phase."""
 
 
@@ -158,8 +196,15 @@ def _with_h2d_copy() -> pd.DataFrame:
     b.t = max(r["start_us"] + r["dur_us"] for r in b.rows) + 1
     b.corr = 10_000
     with b.step():
-        b.gpu("Memcpy HtoD (Pinned -> Device)", 9000.0, 2, "memcpy", launch="cudaMemcpyAsync", copy_kind="HtoD",
-              phase="forward")
+        b.gpu(
+            "Memcpy HtoD (Pinned -> Device)",
+            9000.0,
+            2,
+            "memcpy",
+            launch="cudaMemcpyAsync",
+            copy_kind="HtoD",
+            phase="forward",
+        )
     return b.frame()
 
 
@@ -167,7 +212,10 @@ def test_a_new_trace_count_criterion_is_judged_and_shown_everywhere(h2d_criterio
     hits = SyncHooks().frame()
     clean = evaluate(step_metrics(learner_trace()), hits, cuda=True, criteria=h2d_criterion).set_index("id")
     assert clean.loc["no_h2d_copies", ["criterion", "verdict", "measured"]].tolist() == [
-        "no host-to-device copies", "PASS", 0]
+        "no host-to-device copies",
+        "PASS",
+        0,
+    ]
     faulty = evaluate(step_metrics(_with_h2d_copy()), hits, cuda=True, criteria=h2d_criterion).set_index("id")
     row = faulty.loc["no_h2d_copies"]
     assert (row.verdict, row.measured, row.source, row.worst_step) == ("FAIL", 1, "trace", "2")  # the third step
@@ -178,7 +226,18 @@ def test_a_new_trace_count_criterion_is_judged_and_shown_everywhere(h2d_criterio
     # the tables: the gate's verdicts, `hotloop criteria`, docs/criteria.md's (generated)
     assert verdict_table({"no_h2d_copies": 2}, h2d_criterion).set_index("id").loc["no_h2d_copies", "verdict"] == "FAIL"
     assert criteria_frame(h2d_criterion).iloc[-1].tolist() == [
-        "no_h2d_copies", "no host-to-device copies", "h2d_copies", "== 0", "every", "window count"]
-    assert markdown_table(h2d_criterion).splitlines()[-1].startswith(
-        "| `no_h2d_copies` | no host-to-device copies | `h2d_copies` | `every` phase + outside steps | worst step |")
+        "no_h2d_copies",
+        "no host-to-device copies",
+        "h2d_copies",
+        "== 0",
+        "every",
+        "window count",
+    ]
+    assert (
+        markdown_table(h2d_criterion)
+        .splitlines()[-1]
+        .startswith(
+            "| `no_h2d_copies` | no host-to-device copies | `h2d_copies` | `every` phase + outside steps | worst step |"
+        )
+    )
     assert judged_by("window count", h2d_criterion)[-1] is H2D

@@ -9,13 +9,21 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from hotloop.guards.criteria import (AGGREGATES, CRITERIA, READBACK_QUERIES_PER_PUBLISH, REPORT, Criterion,
-                                     markdown_table, query_allowance, verdict_table)
-from hotloop.guards.guard import HOOK_COLUMNS, QUERY_HOOK_COLUMNS
-from hotloop.trainer.readback import AsyncReadback
-from hotloop.guards.step_metrics import PhaseRoles, step_metrics
 from test_step_metrics import learner_trace
+
+from hotloop.guards.criteria import (
+    AGGREGATES,
+    CRITERIA,
+    READBACK_QUERIES_PER_PUBLISH,
+    REPORT,
+    Criterion,
+    markdown_table,
+    query_allowance,
+    verdict_table,
+)
+from hotloop.guards.guard import HOOK_COLUMNS, QUERY_HOOK_COLUMNS
+from hotloop.guards.step_metrics import PhaseRoles, step_metrics
+from hotloop.trainer.readback import AsyncReadback
 
 DOC = Path(__file__).parents[2] / "docs" / "criteria.md"
 
@@ -30,8 +38,9 @@ def check_docs(text: str) -> list[str]:
     """The lines of `text`'s (docs/criteria.md) criteria table that differ from the registry's rendering
     (`markdown_table`, the source), as "docs: <line>" / "registry: <line>"; [] when the table is the rendering."""
     have, want = doc_table(text).splitlines(), markdown_table().splitlines()
-    return ([f"docs: {line}" for line in have if line not in want]
-            + [f"registry: {line}" for line in want if line not in have])
+    return [f"docs: {line}" for line in have if line not in want] + [
+        f"registry: {line}" for line in want if line not in have
+    ]
 
 
 def test_docs_criteria_table_is_the_registrys_rendering():
@@ -43,7 +52,9 @@ def test_the_docs_check_can_fail():
     text = DOC.read_text()
     grid1 = next(line for line in markdown_table().splitlines() if line.startswith("| `no_single_block_kernels`"))
     assert check_docs(text.replace("| `kernels_grid1` |", "| `learner_kernels_grid1` |")) == [
-        f"docs: {grid1.replace('| `kernels_grid1` |', '| `learner_kernels_grid1` |')}", f"registry: {grid1}"]
+        f"docs: {grid1.replace('| `kernels_grid1` |', '| `learner_kernels_grid1` |')}",
+        f"registry: {grid1}",
+    ]
     assert len(check_docs(text.replace("| smoke suite |", "| smoke suites |"))) == 2
     assert check_docs(text.replace(grid1 + "\n", "")) == [f"registry: {grid1}"]
 
@@ -54,7 +65,8 @@ def test_every_metric_column_is_computed_and_every_scope_resolves():
     roles = PhaseRoles(learner=("update",))
     for c in CRITERIA:
         columns = [x.strip() for x in (c.column or "").split("+") if x.strip()] + [
-            x for x in (c.hook_column, c.query_column, c.query_hook_column) if x]
+            x for x in (c.hook_column, c.query_column, c.query_hook_column) if x
+        ]
         assert set(columns) <= computed, c.id
         assert c.aggregate in AGGREGATES, c.id
         roles.scope(c.phases)  # raises for an unknown scope
@@ -68,15 +80,26 @@ def test_every_phase_is_judged_and_the_env_row_is_a_limit():
     rows = {c.id: c for c in CRITERIA}
     grid1, env = rows["no_single_block_kernels"], rows["env_kernels_per_env_step"]
     assert (grid1.column, grid1.phases, grid1.limit_text) == ("kernels_grid1", "every", "== 0")
-    assert (env.column, env.phases, env.aggregate, env.limit_text) == ("env_kernels_per_env_step", "env",
-                                                                       "worst step", "<= 3")
+    assert (env.column, env.phases, env.aggregate, env.limit_text) == (
+        "env_kernels_per_env_step",
+        "env",
+        "worst step",
+        "<= 3",
+    )
     assert (env.check(3), env.check(3.5)) == (True, False)
     assert [c.id for c in CRITERIA if c.comparison == REPORT] == []
 
 
 def test_a_reported_row_has_no_verdict_and_no_limit_to_check():
-    reported = Criterion("env_grid1", "grid (1,1,1) kernels of the env", "env_kernels_grid1", REPORT, None,
-                         "shown, not judged", phases="env")
+    reported = Criterion(
+        "env_grid1",
+        "grid (1,1,1) kernels of the env",
+        "env_kernels_grid1",
+        REPORT,
+        None,
+        "shown, not judged",
+        phases="env",
+    )
     table = verdict_table({reported.id: 7}, (reported,)).set_index("id")
     row = table.loc[reported.id]
     assert (row["status"], row["verdict"], row["limit"], row["measured"]) == ("reported", "-", "none (reported)", 7)

@@ -11,25 +11,40 @@ from hotloop.trainer.config import preset
 from hotloop.trainer.replay import PrioritizedReplay
 from hotloop.trainer.step import HotLearner
 
-
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _learner(device=DEVICE, spectral_norm=True):
-    cfg = preset("seed-scale", batch_size=32, trunk_hidden=(24, 16), head_hidden=16, obs_dim=12,
-                 action_nvec=(3, 3), replay_capacity=300, seed=4, spectral_norm=spectral_norm)
-    rp = PrioritizedReplay(cfg.replay_capacity, cfg.obs_dim, 2, alpha=cfg.per_alpha, eps=cfg.per_eps, device=device,
-                           use_kernels=True)
+    cfg = preset(
+        "seed-scale",
+        batch_size=32,
+        trunk_hidden=(24, 16),
+        head_hidden=16,
+        obs_dim=12,
+        action_nvec=(3, 3),
+        replay_capacity=300,
+        seed=4,
+        spectral_norm=spectral_norm,
+    )
+    rp = PrioritizedReplay(
+        cfg.replay_capacity, cfg.obs_dim, 2, alpha=cfg.per_alpha, eps=cfg.per_eps, device=device, use_kernels=True
+    )
     g = torch.Generator().manual_seed(4)
     n = 200
-    rp.add(torch.randn(n, 12, generator=g).to(device), torch.randint(0, 3, (n, 2), generator=g).to(device),
-           torch.randn(n, generator=g).to(device), torch.randn(n, 12, generator=g).to(device),
-           (torch.rand(n, generator=g) < 0.1).to(device))
+    rp.add(
+        torch.randn(n, 12, generator=g).to(device),
+        torch.randint(0, 3, (n, 2), generator=g).to(device),
+        torch.randn(n, generator=g).to(device),
+        torch.randn(n, 12, generator=g).to(device),
+        (torch.rand(n, generator=g) < 0.1).to(device),
+    )
     return HotLearner(cfg, 12, (3, 3), torch.device(device), rp)
 
 
-@pytest.mark.parametrize("name,spectral_norm", [("sn_split", True), ("fwd_fp32", True), ("bwd_tf32", True),
-                                                ("ddqn_serial", True), ("bwd_tf32", False)])
+@pytest.mark.parametrize(
+    "name,spectral_norm",
+    [("sn_split", True), ("fwd_fp32", True), ("bwd_tf32", True), ("ddqn_serial", True), ("bwd_tf32", False)],
+)
 def test_learner_faults_keep_the_math(name, spectral_norm):
     """spectral_norm=False: the gains are fixed and the step passes no gain gradient buffer (dg None); the
     stand-in kernels of a fault must take that as the Triton ones do."""
@@ -42,8 +57,11 @@ def test_learner_faults_keep_the_math(name, spectral_norm):
         faulty.step()
     # The precision faults change the GEMMs' precision on a GPU (TF32 <-> FP32: ~1e-3 relative); on the CPU
     # interpreter every dot is FP32, so all four faults must give the clean math there.
-    tol = dict(rtol=2e-2, atol=1e-3) if DEVICE == "cuda" and name in ("fwd_fp32", "bwd_tf32") else \
-        dict(rtol=1e-4, atol=1e-5)
+    tol = (
+        dict(rtol=2e-2, atol=1e-3)
+        if DEVICE == "cuda" and name in ("fwd_fp32", "bwd_tf32")
+        else dict(rtol=1e-4, atol=1e-5)
+    )
     torch.testing.assert_close(faulty.nets, clean.nets, **tol)
     torch.testing.assert_close(faulty.grads, clean.grads, **tol)
 
@@ -64,9 +82,15 @@ def test_bad_requests_are_refused():
         inject(_FakeTrainer(), "item")
     with pytest.raises(ValueError, match="sn_split: this run has spectral norm off"):
         inject(_FakeTrainer(device="cuda", spectral_norm=False), "sn_split")
-    assert {f.criterion for f in FAULTS.values()} >= {"no_stream_sync", "no_event_sync", "no_d2d_weight_sync",
-                                                      "spectral_norm_fused", "no_single_block_kernels",
-                                                      "tf32_forward_only", "ddqn_overlapped"}
+    assert {f.criterion for f in FAULTS.values()} >= {
+        "no_stream_sync",
+        "no_event_sync",
+        "no_d2d_weight_sync",
+        "spectral_norm_fused",
+        "no_single_block_kernels",
+        "tf32_forward_only",
+        "ddqn_overlapped",
+    }
 
 
 @pytest.mark.gpu
@@ -76,8 +100,16 @@ def test_each_fault_fails_its_criterion_on_the_gpu(name):
     from hotloop.trainer.loop import Trainer
     from hotloop.trainer.step import PHASE_RULES
 
-    cfg = preset("seed-scale", batch_size=2048, replay_capacity=8192, num_envs=256, learning_starts=2048,
-                 learner_steps_per_epoch=5, eval_episodes=0, device="cuda")
+    cfg = preset(
+        "seed-scale",
+        batch_size=2048,
+        replay_capacity=8192,
+        num_envs=256,
+        learning_starts=2048,
+        learner_steps_per_epoch=5,
+        eval_episodes=0,
+        device="cuda",
+    )
     trainer = Trainer(cfg)
     for _ in range(3):
         trainer.train_step()
@@ -97,8 +129,23 @@ def test_gate_cli_refuses_bad_fault_requests_before_training(tmp_path, capsys):
     out = tmp_path / "run"
     assert main(["gate", "--inject", "nope", "--device", "cpu", "--out", str(out)]) == 2
     assert "unknown fault 'nope'" in capsys.readouterr().err
-    assert main(["gate", "--inject", "item", "--update-baseline", "--baseline", str(tmp_path / "b.json"),
-                 "--device", "cpu", "--out", str(out)]) == 2
+    assert (
+        main(
+            [
+                "gate",
+                "--inject",
+                "item",
+                "--update-baseline",
+                "--baseline",
+                str(tmp_path / "b.json"),
+                "--device",
+                "cpu",
+                "--out",
+                str(out),
+            ]
+        )
+        == 2
+    )
     assert "update-baseline" in capsys.readouterr().err
     assert not out.exists() or not any(out.iterdir())
 
@@ -123,8 +170,27 @@ def test_gate_cli_refuses_a_fault_on_the_cpu_before_training(tmp_path, capsys):
     from hotloop.guards.cli import main
 
     out = tmp_path / "run"
-    assert main(["gate", "--inject", "item", "--device", "cpu", "--epochs", "1", "--no-progress",
-                 "--set", "learner_steps_per_epoch=20", "--set", "learning_starts=64", "--out", str(out)]) == 2
+    assert (
+        main(
+            [
+                "gate",
+                "--inject",
+                "item",
+                "--device",
+                "cpu",
+                "--epochs",
+                "1",
+                "--no-progress",
+                "--set",
+                "learner_steps_per_epoch=20",
+                "--set",
+                "learning_starts=64",
+                "--out",
+                str(out),
+            ]
+        )
+        == 2
+    )
     assert "need a CUDA device" in capsys.readouterr().err and not out.exists()
 
 
@@ -140,9 +206,28 @@ def test_the_gate_cli_catches_each_fault_with_exit_1_not_a_crash(name, tmp_path,
 
     out = tmp_path / "run"
     sn = ["--set", "spectral_norm=true"] if name == "sn_split" else []  # whatever the preset says
-    rc = main(["gate", "--preset", "cartpole", "--device", "cuda", "--epochs", "1", "--guard-steps", "5",
-               "--no-progress", "--no-baseline", "--set", "learner_steps_per_epoch=200", *sn, "--inject", name,
-               "--out", str(out)])
+    rc = main(
+        [
+            "gate",
+            "--preset",
+            "cartpole",
+            "--device",
+            "cuda",
+            "--epochs",
+            "1",
+            "--guard-steps",
+            "5",
+            "--no-progress",
+            "--no-baseline",
+            "--set",
+            "learner_steps_per_epoch=200",
+            *sn,
+            "--inject",
+            name,
+            "--out",
+            str(out),
+        ]
+    )
     assert rc != INTERNAL_ERROR, f"the gate crashed: {(out / ERROR_LOG).read_text()}"
     assert rc == 1, capsys.readouterr().out[-2000:]
     verdicts = {v["id"]: v["verdict"] for v in json.loads((out / "criteria.json").read_text())}

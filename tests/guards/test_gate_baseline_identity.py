@@ -28,8 +28,9 @@ def test_a_cpu_run_is_not_compared_with_the_gpu_baseline():
     cpu_base = Baseline("cpu", {}, run_config(preset("cartpole", device="cpu")))
     assert cpu_base.config["learner"] == "reference" and cpu_base.config["device"] == "cpu"  # resolved when written
     assert baseline_mismatch(cpu_base, preset("cartpole", device="cpu", learner="reference", seed=3)) == []
-    assert baseline_mismatch(cpu_base, preset("cartpole", device="cpu", batch_size=64)) == \
-        ["batch_size: baseline 128, run 64"]
+    assert baseline_mismatch(cpu_base, preset("cartpole", device="cpu", batch_size=64)) == [
+        "batch_size: baseline 128, run 64"
+    ]
     assert baseline_mismatch(Baseline("cpu", {}), preset("cartpole", device="cpu")) is None  # no config recorded
 
 
@@ -46,6 +47,7 @@ def test_this_gpu_run_matches_the_committed_h200_baseline_identity():
     if torch.cuda.get_device_name(0) != "NVIDIA H200":
         pytest.skip("the committed baseline is the H200's")
     from hotloop.guards.baselines import load_baseline
+
     base = load_baseline(BASELINES_DIR / "nvidia-h200.json")
     assert baseline_mismatch(base, preset("cartpole", device="cuda", epochs=1)) == []
 
@@ -62,4 +64,5 @@ def test_a_baseline_measured_over_the_old_window_mismatches_and_a_new_one_record
     assert baseline_mismatch(Baseline("cpu", {}, new), cfg) == []
     old = {k: v for k, v in new.items() if k != "guard_window"}
     assert baseline_mismatch(Baseline("cpu", {}, old), cfg) == [
-        f"guard_window: baseline {LEGACY_WINDOW!r}, run {GUARD_WINDOW!r}"]
+        f"guard_window: baseline {LEGACY_WINDOW!r}, run {GUARD_WINDOW!r}"
+    ]

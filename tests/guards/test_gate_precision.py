@@ -13,11 +13,26 @@ PRECISION_CRITERION = "tf32_forward_only"
 
 
 def _verdicts(named: str = "yes") -> pd.DataFrame:
-    return pd.DataFrame([
-        {"id": "no_stream_sync", "measured": 0, "verdict": "PASS", "status": "measured", "source": "hook",
-         "evidence": ""},
-        {"id": PRECISION_CRITERION, "measured": named, "verdict": "PASS" if named == "yes" else "FAIL",
-         "status": "measured", "source": "trace", "evidence": "fwd: _fwd_online_tf32_gemm_kernel x3"}])
+    return pd.DataFrame(
+        [
+            {
+                "id": "no_stream_sync",
+                "measured": 0,
+                "verdict": "PASS",
+                "status": "measured",
+                "source": "hook",
+                "evidence": "",
+            },
+            {
+                "id": PRECISION_CRITERION,
+                "measured": named,
+                "verdict": "PASS" if named == "yes" else "FAIL",
+                "status": "measured",
+                "source": "trace",
+                "evidence": "fwd: _fwd_online_tf32_gemm_kernel x3",
+            },
+        ]
+    )
 
 
 @pytest.mark.parametrize("probe,measured,verdict", [("FAIL", "no", "FAIL"), ("PASS", "yes", "PASS")])

@@ -17,11 +17,38 @@ from hotloop.guards.gate import guard_loop, window_size
 from hotloop.trainer.config import preset
 from hotloop.trainer.loop import Trainer, learner_phases, loop_periods, progress_period
 
-SMALL = dict(device="cpu", epochs=1, learner_steps_per_epoch=20, learning_starts=64, batch_size=32,
-             trunk_hidden=(16,), head_hidden=8, eval_episodes=0, replay_capacity=4096)
-TINY_GATE = ["--epochs", "1", "--device", "cpu", "--set", "learner_steps_per_epoch=20", "--set", "learning_starts=64",
-             "--set", "batch_size=32", "--set", "trunk_hidden=[16]", "--set", "head_hidden=8", "--set",
-             "eval_episodes=0", "--set", "replay_capacity=4096", "--no-progress"]
+SMALL = dict(
+    device="cpu",
+    epochs=1,
+    learner_steps_per_epoch=20,
+    learning_starts=64,
+    batch_size=32,
+    trunk_hidden=(16,),
+    head_hidden=8,
+    eval_episodes=0,
+    replay_capacity=4096,
+)
+TINY_GATE = [
+    "--epochs",
+    "1",
+    "--device",
+    "cpu",
+    "--set",
+    "learner_steps_per_epoch=20",
+    "--set",
+    "learning_starts=64",
+    "--set",
+    "batch_size=32",
+    "--set",
+    "trunk_hidden=[16]",
+    "--set",
+    "head_hidden=8",
+    "--set",
+    "eval_episodes=0",
+    "--set",
+    "replay_capacity=4096",
+    "--no-progress",
+]
 
 
 class FakeCudaTensor(torch.Tensor):
@@ -43,8 +70,9 @@ def test_loop_periods_and_the_default_window():
     k, periods, why = window_size(cfg, "hotloop")
     assert k >= 100 and k >= max(periods.values()) and "readback_publish" in why
     k10, _, why10 = window_size(cfg, "hotloop", 10)
-    assert k10 == 10 and why10 == ("K = --guard-steps 10; longer periods: readback_publish (every 100) may be "
-                                   "missing from the window")
+    assert k10 == 10 and why10 == (
+        "K = --guard-steps 10; longer periods: readback_publish (every 100) may be missing from the window"
+    )
     assert window_size(preset("seed-scale", device="cpu"), "reference")[0] == 1000  # target update every 1000
     assert "update" in learner_phases("hotloop") and "target_update" in learner_phases("reference")
     with pytest.raises(ValueError, match="learner kind"):
@@ -71,7 +99,9 @@ def test_a_sync_in_the_progress_callback_is_inside_a_step_and_counted(monkeypatc
     assert (v.loc["no_event_sync", "verdict"], v.loc["no_event_sync", "measured"]) == ("FAIL", 1)
     assert v.loc["no_event_sync", "evidence"] == f"hook: torch.cuda.synchronize at {__file__}:{line} in progress x4"
     assert (v.loc["no_stream_sync", "verdict"], v.loc["no_stream_sync", "status"]) == (
-        "-", "not applicable (no CUDA)")  # every periodic phase ran; no CUDA, no hit: nothing to find
+        "-",
+        "not applicable (no CUDA)",
+    )  # every periodic phase ran; no CUDA, no hit: nothing to find
     cov = report.coverage.set_index("phase")
     assert cov.loc["progress", "sync_hook_hits"] == 4 and cov.loc["progress", "steps"] == 4
     assert cov.loc["target_update", "steps"] == 2 and cov.loc["target_update", "period"] == 2
@@ -142,14 +172,31 @@ def test_gate_default_window_covers_the_target_update(tmp_path, capsys):
         assert (verdicts[name]["verdict"], verdicts[name]["status"]) == ("-", "not applicable (no CUDA)")
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="runs the hotloop learner on --device cpu, which needs the "
-                    "Triton CPU interpreter: tests/conftest.py sets TRITON_INTERPRET only where CUDA is absent")
+@pytest.mark.skipif(
+    torch.cuda.is_available(),
+    reason="runs the hotloop learner on --device cpu, which needs the "
+    "Triton CPU interpreter: tests/conftest.py sets TRITON_INTERPRET only where CUDA is absent",
+)
 def test_gate_with_a_window_shorter_than_the_readback_period_says_so(tmp_path, capsys):
     """The hotloop learner (Triton CPU interpreter) publishes its readback every log_interval = 100 steps; a
     10-step window cannot hold it, and the gate says so instead of passing the sync criteria."""
     out = tmp_path / "run"
-    argv = ["gate", *TINY_GATE, "--set", "learner=hotloop", "--set", "learner_steps_per_epoch=5",
-            "--set", "log_interval=100", "--guard-steps", "10", "--guard-warmup", "0", "--out", str(out)]
+    argv = [
+        "gate",
+        *TINY_GATE,
+        "--set",
+        "learner=hotloop",
+        "--set",
+        "learner_steps_per_epoch=5",
+        "--set",
+        "log_interval=100",
+        "--guard-steps",
+        "10",
+        "--guard-warmup",
+        "0",
+        "--out",
+        str(out),
+    ]
     assert main(argv) == 0  # nothing failed; nothing about the readback passed either
     printed = capsys.readouterr().out
     assert "not in the window: readback_publish" in printed

@@ -16,8 +16,15 @@ from hotloop.guards.guard import NO_CUDA, NOT_APPLICABLE, VERDICT_COLUMNS, evalu
 from hotloop.guards.step_metrics import step_metrics
 from hotloop.guards.sync_hooks import SyncHooks
 
-GPU_ROWS = ["no_d2d_weight_sync", "spectral_norm_fused", "no_single_block_kernels", "memsets_only_where_needed",
-            "tf32_forward_only", "ddqn_overlapped", "env_kernels_per_env_step"]
+GPU_ROWS = [
+    "no_d2d_weight_sync",
+    "spectral_norm_fused",
+    "no_single_block_kernels",
+    "memsets_only_where_needed",
+    "tf32_forward_only",
+    "ddqn_overlapped",
+    "env_kernels_per_env_step",
+]
 NO_HITS = SyncHooks().frame()
 
 
@@ -82,6 +89,7 @@ def test_guarded_step_calling_synchronize_fails_no_event_sync(monkeypatch):
 
 def test_guarded_step_reading_a_cuda_tensor_fails_no_stream_sync():
     """Mutation: `.item()` of a (fake) CUDA tensor in the loop fails "no_stream_sync" with its call site."""
+
     class FakeCudaTensor(torch.Tensor):
         is_cuda = property(lambda self: True)
 
@@ -121,21 +129,24 @@ def test_clean_synthetic_learner_trace_passes_every_measured_row():
     assert list(measured.loc[["no_stream_sync", "memsets_only_where_needed"], "source"]) == ["both", "trace"]
 
 
-@pytest.mark.parametrize("fault, criterion", [
-    ("stream sync", "no_stream_sync"),
-    ("event sync", "no_event_sync"),
-    ("device sync (driver)", "no_event_sync"),
-    ("blocking cudaMemcpy", "no_event_sync"),
-    ("pageable non_blocking copy", "no_event_sync"),
-    ("D2D copy", "no_d2d_weight_sync"),
-    ("D2D copy in a graph", "no_d2d_weight_sync"),
-    ("spectral norm split", "spectral_norm_fused"),
-    ("grid (1,1,1) kernel", "no_single_block_kernels"),
-    ("memset", "memsets_only_where_needed"),
-    ("forward FP32", "tf32_forward_only"),
-    ("backward TF32", "tf32_forward_only"),
-    ("DDQN serialized", "ddqn_overlapped"),
-])
+@pytest.mark.parametrize(
+    "fault, criterion",
+    [
+        ("stream sync", "no_stream_sync"),
+        ("event sync", "no_event_sync"),
+        ("device sync (driver)", "no_event_sync"),
+        ("blocking cudaMemcpy", "no_event_sync"),
+        ("pageable non_blocking copy", "no_event_sync"),
+        ("D2D copy", "no_d2d_weight_sync"),
+        ("D2D copy in a graph", "no_d2d_weight_sync"),
+        ("spectral norm split", "spectral_norm_fused"),
+        ("grid (1,1,1) kernel", "no_single_block_kernels"),
+        ("memset", "memsets_only_where_needed"),
+        ("forward FP32", "tf32_forward_only"),
+        ("backward TF32", "tf32_forward_only"),
+        ("DDQN serialized", "ddqn_overlapped"),
+    ],
+)
 def test_each_injected_fault_fails_exactly_its_criterion(fault, criterion):
     verdicts = evaluate(step_metrics(learner_trace(fault=fault)), NO_HITS, cuda=True)
     failed = verdicts[verdicts["verdict"].eq("FAIL")]
@@ -150,8 +161,7 @@ def test_sync_seen_by_hook_and_trace_counts_once_with_source_both():
     verdicts = evaluate(step_metrics(learner_trace(fault="stream sync")), hits, cuda=True).set_index("id")
     row = verdicts.loc["no_stream_sync"]
     assert (row["measured"], row["verdict"], row["source"]) == (1, "FAIL", "both")
-    assert row["evidence"] == ("hook: torch.cuda.Stream.synchronize at user.py:7 x1; "
-                               "trace: cudaStreamSynchronize x3")
+    assert row["evidence"] == ("hook: torch.cuda.Stream.synchronize at user.py:7 x1; trace: cudaStreamSynchronize x3")
     hook_only = evaluate(step_metrics(learner_trace()), hits, cuda=True).set_index("id")
     assert hook_only.loc["no_stream_sync", "source"] == "hook"
 

@@ -33,9 +33,19 @@ from hotloop.trainer.readback import AsyncReadback
 
 ROOT = Path(__file__).parents[2]
 MUTANTS = ROOT / "ci" / "mutants"
-SMALL = dict(device="cpu", epochs=1, learner_steps_per_epoch=12, learning_starts=64, batch_size=32,
-             trunk_hidden=(16,), head_hidden=8, eval_episodes=0, replay_capacity=4096, target_update_interval=1,
-             log_interval=4)
+SMALL = dict(
+    device="cpu",
+    epochs=1,
+    learner_steps_per_epoch=12,
+    learning_starts=64,
+    batch_size=32,
+    trunk_hidden=(16,),
+    head_hidden=8,
+    eval_episodes=0,
+    replay_capacity=4096,
+    target_update_interval=1,
+    log_interval=4,
+)
 
 
 class FakeEvent:
@@ -161,8 +171,10 @@ def test_the_readback_spin_mutant_fails_no_event_sync_naming_its_line(fake_queri
     assert (row["verdict"], row["measured"], row["source"], row["worst_step"]) == ("FAIL", spin, "hook", "3")
     assert row["total"] == 2 * spin
     line = next(i for i, text in enumerate(path.read_text().splitlines(), 1) if "while not event.query()" in text)
-    assert f"hook: torch.cuda.Event.query at {path}:{line} in readback_publish x{2 * spin} polling, " \
-           f"{2 * FakeEvent.lag} not ready" in row["evidence"], row["evidence"]
+    assert (
+        f"hook: torch.cuda.Event.query at {path}:{line} in readback_publish x{2 * spin} polling, "
+        f"{2 * FakeEvent.lag} not ready" in row["evidence"]
+    ), row["evidence"]
     assert " in readback_publish x2 allowed" in row["evidence"]
     assert list(report.per_step["polling_query_hook_hits"]) == [0, 0, 0, spin, 0, 0, 0, spin]
     assert report.per_step["query_wait_us"].gt(0).sum() >= 2 and report.window["queries"]["polling_hook"] == 2 * spin
@@ -184,8 +196,10 @@ def test_a_stream_spin_in_the_progress_callback_fails_with_its_call_site(fake_qu
     row = _row(report)
     per = FakeStream.lag + 1
     assert (row["verdict"], row["measured"], row["total"], row["source"]) == ("FAIL", per, 4 * per, "hook")
-    assert f"hook: torch.cuda.Stream.query at {site} in progress x{4 * per} polling, {4 * FakeStream.lag} not " \
-           f"ready" in row["evidence"], row["evidence"]
+    assert (
+        f"hook: torch.cuda.Stream.query at {site} in progress x{4 * per} polling, {4 * FakeStream.lag} not "
+        f"ready" in row["evidence"]
+    ), row["evidence"]
     assert report.coverage.set_index("phase").loc["progress", "query_hook_hits"] == 4 * per
 
 
@@ -211,23 +225,33 @@ def test_the_trace_side_fails_no_event_sync_on_polling_queries():
     """On CUDA the trace's cudaEventQuery / cudaStreamQuery calls are judged too (test_step_metrics.polling_trace:
     a spin of 3 beyond the readback's own query in step 1, a stream query in "progress" in step 2, one between
     the steps), and a window without them passes."""
+    from test_step_metrics import learner_trace, polling_trace
+
     from hotloop.guards.guard import evaluate
     from hotloop.guards.step_metrics import step_metrics
     from hotloop.guards.sync_hooks import SyncHooks
-    from test_step_metrics import learner_trace, polling_trace
 
     periods = {"readback_publish": 2}
     table = evaluate(step_metrics(polling_trace()), SyncHooks().frame(), True, periods=periods).set_index("id")
     row = table.loc["no_event_sync"]
     assert (row["verdict"], row["measured"], row["worst_step"], row["total"], row["source"]) == (
-        "FAIL", 3, "1", 5, "trace")
+        "FAIL",
+        3,
+        "1",
+        5,
+        "trace",
+    )
     assert "trace: cudaEventQuery in readback_publish x5 (polling x3)" in row["evidence"]
-    assert "completion queries 7 (trace) / 0 (hooks), allowed 2 (1 per readback_publish x 2 runs, every 2 steps), " \
-           "polling 5 / 0; host time in queries 1.167 us per step (trace)" in row["evidence"], row["evidence"]
+    assert (
+        "completion queries 7 (trace) / 0 (hooks), allowed 2 (1 per readback_publish x 2 runs, every 2 steps), "
+        "polling 5 / 0; host time in queries 1.167 us per step (trace)" in row["evidence"]
+    ), row["evidence"]
     assert table.loc["no_stream_sync", "verdict"] == "PASS"  # a query is no sync: only the polling ones count
     clean = evaluate(step_metrics(learner_trace()), SyncHooks().frame(), True).set_index("id")
-    assert clean.loc["no_event_sync", "verdict"] == "PASS" and "completion queries" not in \
-        clean.loc["no_event_sync", "evidence"]
+    assert (
+        clean.loc["no_event_sync", "verdict"] == "PASS"
+        and "completion queries" not in clean.loc["no_event_sync", "evidence"]
+    )
 
 
 @pytest.mark.gpu
@@ -263,9 +287,20 @@ def test_the_hotloop_learners_loop_makes_only_its_allowed_queries():
     """On a GPU, the real loop (hotloop learner, readback every 5 iterations): the window's completion queries, trace
     and hooks, are the readback's own, one per publication at most, and "no_event_sync" PASSes: no C++ query of the
     loop's thread (the caching allocator's stay inside torch ops) is taken for polling."""
-    cfg = preset("cartpole", device="cuda", learner="hotloop", epochs=1, learner_steps_per_epoch=40,
-                 learning_starts=256, batch_size=64, trunk_hidden=(32,), head_hidden=16, eval_episodes=0,
-                 replay_capacity=4096, log_interval=5)
+    cfg = preset(
+        "cartpole",
+        device="cuda",
+        learner="hotloop",
+        epochs=1,
+        learner_steps_per_epoch=40,
+        learning_starts=256,
+        batch_size=64,
+        trunk_hidden=(32,),
+        head_hidden=16,
+        eval_episodes=0,
+        replay_capacity=4096,
+        log_interval=5,
+    )
     trainer = Trainer(cfg)
     trainer.run_epoch(1)
     report = guard_loop(trainer, steps=20, warmup=3)

@@ -44,8 +44,17 @@ ACTOR_KERNELS = ("_actor_step_kernel", "_tree_insert_kernel", "_actor_commit_ker
 """The fused actor's launches per vectorized env step (each of >= 2 programs)."""
 
 
-def loop_trace(steps=3, *, sync_in=None, between=False, readback_every=None, env_grid1=False, window=True,
-               after_learner=False, env_kernels=None):
+def loop_trace(
+    steps=3,
+    *,
+    sync_in=None,
+    between=False,
+    readback_every=None,
+    env_grid1=False,
+    window=True,
+    after_learner=False,
+    env_kernels=None,
+):
     """A synthetic hotloop loop: per step an env_step range launching the actor graph (a `_fwd_online_` kernel:
     the learner's name), an update range replaying the learner graph (kernels named by PHASE_RULES), and every
     `readback_every` steps a readback_publish range (a pinned DtoH copy). `sync_in`: a cudaStreamSynchronize
@@ -75,13 +84,25 @@ def loop_trace(steps=3, *, sync_in=None, between=False, readback_every=None, env
                     if sync_in == "update":
                         b.call("cudaStreamSynchronize")
                 if after_learner:
-                    b.gpu("Memcpy DtoD (Device -> Device)", g + 75, 1, "memcpy", launch="cudaMemcpyAsync",
-                          copy_kind="DtoD")
+                    b.gpu(
+                        "Memcpy DtoD (Device -> Device)",
+                        g + 75,
+                        1,
+                        "memcpy",
+                        launch="cudaMemcpyAsync",
+                        copy_kind="DtoD",
+                    )
                     b.gpu("vectorized_elementwise_kernel<add>", g + 80, 1, grid=(1, 1, 1))
                 if readback_every and (k + 1) % readback_every == 0:
                     with b.step("readback_publish"):
-                        b.gpu("Memcpy DtoH (Device -> Pinned)", g + 90, 1, "memcpy", launch="cudaMemcpyAsync",
-                              copy_kind="DtoH")
+                        b.gpu(
+                            "Memcpy DtoH (Device -> Pinned)",
+                            g + 90,
+                            1,
+                            "memcpy",
+                            launch="cudaMemcpyAsync",
+                            copy_kind="DtoH",
+                        )
                         if sync_in == "readback_publish":
                             b.call("cudaStreamSynchronize")
             if between:
@@ -141,8 +162,17 @@ def test_a_periodic_phase_missing_from_the_window_leaves_its_criteria_not_measur
         assert (v.loc[name, "status"], v.loc[name, "verdict"]) == ("measured", "PASS"), name
     present = verdicts(loop_trace(readback_every=2), periods={"env_step": 1, "update": 1, "readback_publish": 2})
     assert list(present.loc[SYNC_ROWS, "verdict"]) == ["PASS", "PASS"]
-    only_readback = (Criterion("no_readback_sync", "no sync in readback", "stream_sync_calls", "==", 0, "test",
-                               phases=("readback_publish",)),)
+    only_readback = (
+        Criterion(
+            "no_readback_sync",
+            "no sync in readback",
+            "stream_sync_calls",
+            "==",
+            0,
+            "test",
+            phases=("readback_publish",),
+        ),
+    )
     row = verdicts(loop_trace(), periods=HOT_PERIODS, criteria=only_readback).loc["no_readback_sync"]
     assert (row["status"], row["verdict"]) == ("not measured (phase readback_publish not in window)", "-")
     no_periods = verdicts(loop_trace(), criteria=only_readback).loc["no_readback_sync"]  # nothing ran in it
@@ -191,14 +221,17 @@ def test_a_single_block_kernel_between_steps_fails_no_single_block_kernels():
     assert row["evidence"] == f"between_steps_add {OUTSIDE_LABEL} x2"
 
 
-@pytest.mark.parametrize("env_steps, kernels, verdict, measured", [
-    (1, 3, "PASS", 3),
-    (1, 4, "FAIL", 4),
-    (2, 6, "PASS", 3),
-    (2, 7, "FAIL", 3.5),
-    (2, 8, "FAIL", 4),
-    (3, 9, "PASS", 3),
-])
+@pytest.mark.parametrize(
+    "env_steps, kernels, verdict, measured",
+    [
+        (1, 3, "PASS", 3),
+        (1, 4, "FAIL", 4),
+        (2, 6, "PASS", 3),
+        (2, 7, "FAIL", 3.5),
+        (2, 8, "FAIL", 4),
+        (3, 9, "PASS", 3),
+    ],
+)
 def test_env_kernels_per_env_step_are_limited_to_three(env_steps, kernels, verdict, measured):
     """The fused actor launches at most 3 kernels per vectorized env step; a step of `env_steps` env steps may hold
     3 x env_steps of them (PhaseRoles.env_steps_per_update, the gate's cfg.env_steps_per_update)."""
@@ -206,10 +239,15 @@ def test_env_kernels_per_env_step_are_limited_to_three(env_steps, kernels, verdi
     v = verdicts(loop_trace(env_kernels=kernels), roles=roles)
     row = v.loc["env_kernels_per_env_step"]
     assert (row["verdict"], row["measured"], row["status"]) == (verdict, measured, "measured")
-    assert (row["limit"], row["metric"], row["phases"], row["total"]) == ("<= 3", "env_kernels_per_env_step",
-                                                                          "env_step", 3 * kernels)
+    assert (row["limit"], row["metric"], row["phases"], row["total"]) == (
+        "<= 3",
+        "env_kernels_per_env_step",
+        "env_step",
+        3 * kernels,
+    )
     assert row["worst_step"] == "0" and row["evidence"].endswith(
-        f"env_steps_per_update {env_steps}; env_kernels_grid1 0 over the window")
+        f"env_steps_per_update {env_steps}; env_kernels_grid1 0 over the window"
+    )
     assert "_actor_step_kernel in env_step x" in row["evidence"]
     failed = set(v.index[v["verdict"].eq("FAIL")])
     assert failed == ({"env_kernels_per_env_step"} if verdict == "FAIL" else set())

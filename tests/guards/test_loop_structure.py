@@ -22,10 +22,23 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from hotloop.guards import loop_structure as ls
 from hotloop.guards.criteria import verdict_table
-from hotloop.guards.gate import (CENSUS_COLUMN, STRUCTURE_CENSUS_OFF, STRUCTURE_FILE, census_overhead,
-                                 judge_loop_structure)
-from hotloop.guards.loop_structure import (D2D, GRID1, MEMSET, CensusGroup, LoopStructureCensus, classify_op,
-                                           classify_triton, new_work)
+from hotloop.guards.gate import (
+    CENSUS_COLUMN,
+    STRUCTURE_CENSUS_OFF,
+    STRUCTURE_FILE,
+    census_overhead,
+    judge_loop_structure,
+)
+from hotloop.guards.loop_structure import (
+    D2D,
+    GRID1,
+    MEMSET,
+    CensusGroup,
+    LoopStructureCensus,
+    classify_op,
+    classify_triton,
+    new_work,
+)
 from hotloop.profiles.ranges import phase_range
 
 D2D_ROW, MEMSET_ROW, GRID1_ROW = "no_d2d_weight_sync", "memsets_only_where_needed", "no_single_block_kernels"
@@ -56,22 +69,25 @@ def _kinds(fn) -> list[tuple[str, str]]:
     return [k for func, a, kw, out in ops.calls for k, _ in classify_op(func, a, kw, out, "cpu")]
 
 
-@pytest.mark.parametrize("fn,expected", [
-    (lambda x, s: x.clone(), [D2D]),                               # a memcpy: dense, same dtype
-    (lambda x, s: s.copy_(x), [D2D]),
-    (lambda x, s: x.t().contiguous(), []),                         # a copy kernel (transposed), 4096 elements
-    (lambda x, s: x[:2, :2].t().contiguous(), [GRID1]),            # a copy kernel of 4 elements: one block
-    (lambda x, s: x.to(torch.float64), []),                        # a cast: a kernel, not a memcpy
-    (lambda x, s: torch.zeros(3), [MEMSET, GRID1]),
-    (lambda x, s: torch.zeros(4096), [MEMSET]),
-    (lambda x, s: x.zero_(), [MEMSET]),
-    (lambda x, s: x.masked_fill_(x > 0, 0.0), [MEMSET]),           # the comparison: 4096 elements, no event
-    (lambda x, s: x.view(-1)[:5], []),                            # views launch nothing
-    (lambda x, s: torch.empty(7), []),
-    (lambda x, s: x.sum(), []),                                    # reads 4096 elements
-    (lambda x, s: x[0, :8].sum(), [GRID1]),                        # 8 elements in, 1 out: one block
-    (lambda x, s: x.to("meta"), []),                               # to another device: not this device's work
-])
+@pytest.mark.parametrize(
+    "fn,expected",
+    [
+        (lambda x, s: x.clone(), [D2D]),  # a memcpy: dense, same dtype
+        (lambda x, s: s.copy_(x), [D2D]),
+        (lambda x, s: x.t().contiguous(), []),  # a copy kernel (transposed), 4096 elements
+        (lambda x, s: x[:2, :2].t().contiguous(), [GRID1]),  # a copy kernel of 4 elements: one block
+        (lambda x, s: x.to(torch.float64), []),  # a cast: a kernel, not a memcpy
+        (lambda x, s: torch.zeros(3), [MEMSET, GRID1]),
+        (lambda x, s: torch.zeros(4096), [MEMSET]),
+        (lambda x, s: x.zero_(), [MEMSET]),
+        (lambda x, s: x.masked_fill_(x > 0, 0.0), [MEMSET]),  # the comparison: 4096 elements, no event
+        (lambda x, s: x.view(-1)[:5], []),  # views launch nothing
+        (lambda x, s: torch.empty(7), []),
+        (lambda x, s: x.sum(), []),  # reads 4096 elements
+        (lambda x, s: x[0, :8].sum(), [GRID1]),  # 8 elements in, 1 out: one block
+        (lambda x, s: x.to("meta"), []),  # to another device: not this device's work
+    ],
+)
 def test_classify_op(fn, expected):
     x, s = torch.randn(64, 64), torch.empty(64, 64)
     assert _kinds(lambda: fn(x, s)) == expected
@@ -82,8 +98,15 @@ def test_classify_triton_grid_one_only():
     assert classify_triton("_k", (1, 1, 1)) and not classify_triton("_k", (2,)) and not classify_triton("_k", (1, 3))
 
 
-def _loop(n: int, *, clone_every: int = 0, zeros_every: int = 0, first_iteration_fill: bool = False,
-          readback_every: int = 0, params: torch.Tensor | None = None) -> None:
+def _loop(
+    n: int,
+    *,
+    clone_every: int = 0,
+    zeros_every: int = 0,
+    first_iteration_fill: bool = False,
+    readback_every: int = 0,
+    params: torch.Tensor | None = None,
+) -> None:
     """A loop shaped as Trainer.iterate: a setup op, then per iteration a "step" range holding env_step, update
     (the learner's phase), readback_publish every `readback_every` and progress every 10."""
     params = torch.randn(1000) if params is None else params
@@ -91,20 +114,20 @@ def _loop(n: int, *, clone_every: int = 0, zeros_every: int = 0, first_iteration
     for i in range(n):
         with phase_range("step"):
             with phase_range("env_step"):
-                params[:8].mul_(1.0)           # a small op every iteration: a one-block kernel in the window too
+                params[:8].mul_(1.0)  # a small op every iteration: a one-block kernel in the window too
             with phase_range("update"):
                 params.mul_(0.999)
                 if first_iteration_fill and i == 0:
-                    params[:4].fill_(0.5)      # a first-iteration-of-epoch effect
+                    params[:4].fill_(0.5)  # a first-iteration-of-epoch effect
                 if clone_every and i % clone_every == clone_every - 1:
                     snapshot = params.clone()  # the fault: a D2D copy of the flat parameters  # noqa: F841
             if readback_every and (i + 1) % readback_every == 0:
                 with phase_range("readback_publish"):
-                    params[:5] * 2.0           # a one-block kernel every 100 (= K): held
+                    params[:5] * 2.0  # a one-block kernel every 100 (= K): held
             if (i + 1) % 10 == 0:
                 with phase_range("progress"):
                     if zeros_every and (i + 1) % zeros_every == 0:
-                        torch.zeros(4)         # the fault: a one-block fill in the progress callback
+                        torch.zeros(4)  # the fault: a one-block fill in the progress callback
 
 
 def _census(epochs: int = 3, iterations: int = 1000, **fault) -> LoopStructureCensus:
@@ -173,8 +196,13 @@ def test_the_window_size_decides():
 
 def _events(rows: list[tuple]) -> pd.DataFrame:
     """EVENT_COLUMNS from (epoch, iteration, path, kind, site), in_step when iteration >= 0."""
-    return pd.DataFrame([(e, i, i >= 0 and path != ("(out)",), () if path == ("(out)",) else path, kind, "op", site)
-                         for e, i, path, kind, site in rows], columns=ls.EVENT_COLUMNS)
+    return pd.DataFrame(
+        [
+            (e, i, i >= 0 and path != ("(out)",), () if path == ("(out)",) else path, kind, "op", site)
+            for e, i, path, kind, site in rows
+        ],
+        columns=ls.EVENT_COLUMNS,
+    )
 
 
 def test_new_work_rules_on_synthetic_events():
@@ -228,8 +256,10 @@ def test_the_census_costs_nothing_without_cuda_and_leaves_no_hook_behind():
     census = LoopStructureCensus(cuda=True, device_type="cpu")
     census.begin(1)
     census.end()
-    assert census.judge(100, LEARNER)[D2D_ROW] == (None, "not measured (no epoch after the first: the first compiles "
-                                                       "and captures; run --epochs 2 or more)")
+    assert census.judge(100, LEARNER)[D2D_ROW] == (
+        None,
+        "not measured (no epoch after the first: the first compiles and captures; run --epochs 2 or more)",
+    )
     census.begin(2)
     assert phase_range.__dict__["__enter__"] is not enter and JITFunction.__dict__["run"] is not run
     with pytest.raises(RuntimeError, match="already open"):
@@ -354,6 +384,7 @@ def test_census_group_begins_in_order_and_ends_every_one():
 
 # --- the gate's rows ------------------------------------------------------------------------------------------------
 
+
 def _verdicts(measured: dict) -> pd.DataFrame:
     table = verdict_table(measured)
     for col in ("source", "evidence", "worst_step"):
@@ -379,10 +410,17 @@ class _Judged:
 
 def test_judge_loop_structure_fails_the_windows_own_rows():
     verdicts = _verdicts({D2D_ROW: 0, MEMSET_ROW: 1, GRID1_ROW: 0, "no_stream_sync": 0})
-    census = _Judged({D2D_ROW: (1, "aten.clone (4000 bytes) at trainer/loop.py:250 in learner_step in update: every "
-                                   "200 iterations (x10 ...)"),
-                      MEMSET_ROW: (1, "aten.zero_ ... every 250 iterations"),
-                      GRID1_ROW: (0, "none new in the loop of epochs 2-3 (2000 iterations)")})
+    census = _Judged(
+        {
+            D2D_ROW: (
+                1,
+                "aten.clone (4000 bytes) at trainer/loop.py:250 in learner_step in update: every "
+                "200 iterations (x10 ...)",
+            ),
+            MEMSET_ROW: (1, "aten.zero_ ... every 250 iterations"),
+            GRID1_ROW: (0, "none new in the loop of epochs 2-3 (2000 iterations)"),
+        }
+    )
     judge_loop_structure(verdicts, census, 100, LEARNER)
     rows = verdicts.set_index("id")
     assert rows.loc[D2D_ROW, "verdict"] == "FAIL" and rows.loc[D2D_ROW, "measured"] == 1
@@ -395,24 +433,40 @@ def test_judge_loop_structure_fails_the_windows_own_rows():
 
 def test_judge_loop_structure_room_under_a_limit_and_the_other_states():
     verdicts = _verdicts({D2D_ROW: 0, MEMSET_ROW: 0, GRID1_ROW: 0})
-    judge_loop_structure(verdicts, _Judged({D2D_ROW: (0, "none"), MEMSET_ROW: (1, "aten.fill_ ..."),
-                                            GRID1_ROW: (0, "none")}), 100, LEARNER)
+    judge_loop_structure(
+        verdicts,
+        _Judged({D2D_ROW: (0, "none"), MEMSET_ROW: (1, "aten.fill_ ..."), GRID1_ROW: (0, "none")}),
+        100,
+        LEARNER,
+    )
     memset = verdicts.set_index("id").loc[MEMSET_ROW]
     assert memset.verdict == "PASS" and memset[CENSUS_COLUMN].startswith("within the limit (0 in the window's worst")
     verdicts = _verdicts({})
     judge_loop_structure(verdicts, None, 100, LEARNER)
-    assert (verdicts.set_index("id").loc[[D2D_ROW, MEMSET_ROW, GRID1_ROW], CENSUS_COLUMN]
-            == STRUCTURE_CENSUS_OFF).all()
+    assert (verdicts.set_index("id").loc[[D2D_ROW, MEMSET_ROW, GRID1_ROW], CENSUS_COLUMN] == STRUCTURE_CENSUS_OFF).all()
     verdicts = _verdicts({})
     judge_loop_structure(verdicts, LoopStructureCensus(cuda=False), 100, LEARNER)
-    assert (verdicts.set_index("id").loc[[D2D_ROW, GRID1_ROW], CENSUS_COLUMN]
-            == "not applicable (no CUDA)").all()
+    assert (verdicts.set_index("id").loc[[D2D_ROW, GRID1_ROW], CENSUS_COLUMN] == "not applicable (no CUDA)").all()
     assert verdicts.set_index("id").loc[D2D_ROW, "verdict"] == "-"
 
 
-TINY = ["--set", "learner_steps_per_epoch=20", "--set", "learning_starts=64", "--set", "batch_size=32",
-        "--set", "trunk_hidden=[16]", "--set", "head_hidden=8", "--set", "eval_episodes=2", "--no-progress",
-        "--set", "target_update_interval=2"]
+TINY = [
+    "--set",
+    "learner_steps_per_epoch=20",
+    "--set",
+    "learning_starts=64",
+    "--set",
+    "batch_size=32",
+    "--set",
+    "trunk_hidden=[16]",
+    "--set",
+    "head_hidden=8",
+    "--set",
+    "eval_episodes=2",
+    "--no-progress",
+    "--set",
+    "target_update_interval=2",
+]
 
 
 @pytest.fixture
@@ -427,8 +481,9 @@ def census_counts_cpu(monkeypatch):
     monkeypatch.setattr(gate, "LoopStructureCensus", CountsCpu)
 
 
-def test_a_cpu_gate_counting_cpu_tensors_passes_clean_and_fails_a_clone_every_10(tmp_path, capsys, monkeypatch,
-                                                                                  census_counts_cpu):
+def test_a_cpu_gate_counting_cpu_tensors_passes_clean_and_fails_a_clone_every_10(
+    tmp_path, capsys, monkeypatch, census_counts_cpu
+):
     from hotloop.guards.cli import main
     from hotloop.trainer.loop import Trainer
 
@@ -464,15 +519,27 @@ def test_census_overhead_times_the_three_modes(monkeypatch):
     from hotloop.trainer.config import preset
     from hotloop.trainer.loop import Trainer
 
-    cfg = preset("cartpole", device="cpu", num_envs=8, learner_steps_per_epoch=12, learning_starts=64,
-                 batch_size=16, trunk_hidden=(16,), head_hidden=8, eval_episodes=0, epochs=2)
+    cfg = preset(
+        "cartpole",
+        device="cpu",
+        num_envs=8,
+        learner_steps_per_epoch=12,
+        learning_starts=64,
+        batch_size=16,
+        trunk_hidden=(16,),
+        head_hidden=8,
+        eval_episodes=0,
+        epochs=2,
+    )
     trainer = Trainer(cfg)
     trainer.prefill()
     before = trainer.learner_steps
     out = census_overhead(trainer, 3, pairs=2)
     assert trainer.learner_steps - before == 3 * 3 * (1 + 2)
-    assert set(out["us_per_iteration"]) == {"none", "structure", "both"} and set(out["overhead_ratio"]) == \
-        {"structure", "both"}
+    assert set(out["us_per_iteration"]) == {"none", "structure", "both"} and set(out["overhead_ratio"]) == {
+        "structure",
+        "both",
+    }
     assert all(v > 0 for v in out["us_per_iteration"].values())
     with pytest.raises(ValueError, match="pairs"):
         census_overhead(trainer, 3, pairs=0)

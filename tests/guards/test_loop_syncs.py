@@ -16,21 +16,31 @@ from collections import Counter
 import pandas as pd
 import pytest
 import torch
+from test_guard_polling import FakeEvent, FakeStream, fake_queries, load_patched, with_readback  # noqa: F401
 
 from hotloop.guards import sync_hooks
 from hotloop.guards.criteria import CRITERIA, verdict_table
 from hotloop.guards.gate import LOOP_CENSUS_OFF, judge_loop_syncs
 from hotloop.guards.loop_syncs import SYNC_WARNING, LoopSyncCensus, period_text
 from hotloop.guards.run import run_training
-from hotloop.trainer import loop as loop_module
 from hotloop.profiles import ranges
+from hotloop.trainer import loop as loop_module
 from hotloop.trainer.config import preset
 from hotloop.trainer.episodes import EpisodeReturns
 from hotloop.trainer.loop import Trainer
-from test_guard_polling import FakeEvent, FakeStream, fake_queries, load_patched, with_readback  # noqa: F401
 
-TINY = dict(device="cpu", num_envs=8, epochs=3, learner_steps_per_epoch=12, learning_starts=64, batch_size=16,
-            trunk_hidden=(16,), head_hidden=8, eval_episodes=2, spectral_norm=False)
+TINY = dict(
+    device="cpu",
+    num_envs=8,
+    epochs=3,
+    learner_steps_per_epoch=12,
+    learning_starts=64,
+    batch_size=16,
+    trunk_hidden=(16,),
+    head_hidden=8,
+    eval_episodes=2,
+    spectral_norm=False,
+)
 
 
 @pytest.fixture
@@ -61,18 +71,18 @@ def _past_first(census: LoopSyncCensus, first: int = 1) -> LoopSyncCensus:
 def test_counts_only_epochs_after_the_first_and_only_while_open(cpu_tensors_sync):
     census = LoopSyncCensus(cuda=True, loop=loop_module)
     t = torch.randn(5)
-    census.begin(1)            # the first epoch compiles and captures: not watched
+    census.begin(1)  # the first epoch compiles and captures: not watched
     _read_back(t)
     census.end()
     census.begin(2)
     for _ in range(3):
         _read_back(t)
     census.end()
-    census.end()               # idempotent
-    _read_back(t)              # after the epoch's loop: not counted
+    census.end()  # idempotent
+    _read_back(t)  # after the epoch's loop: not counted
     assert census.epochs == [2] and census.total == 3
     measured, text = census.verdict()
-    (site, n), = census.sites.items()
+    ((site, n),) = census.sites.items()
     assert measured == 3 and n == 3 and site.startswith("torch.Tensor.item at ") and __file__ in site
     assert text.startswith("in the loop of epoch 2: ") and "x3" in text
     assert torch.Tensor.item is not None and "hooked" not in repr(torch.Tensor.item)  # the hooks are gone
@@ -81,6 +91,7 @@ def test_counts_only_epochs_after_the_first_and_only_while_open(cpu_tensors_sync
 def test_sync_debug_warnings_are_counted_once_and_other_warnings_pass(cpu_tensors_sync, monkeypatch):
     """A warning outside any hooked call is a C++ sync of its own (counted at the line that made it); one raised
     inside a hooked call is that call's (counted once); any other warning reaches the caller's filters."""
+
     def tolist_that_syncs(self):  # stands in for torch's C++ read-back, which warns in sync debug mode
         warnings.warn(SYNC_WARNING, UserWarning)
         return []
@@ -88,7 +99,7 @@ def test_sync_debug_warnings_are_counted_once_and_other_warnings_pass(cpu_tensor
     monkeypatch.setattr(torch.Tensor, "tolist", tolist_that_syncs)
     census = _past_first(LoopSyncCensus(cuda=True, loop=loop_module), first=2)
     census.begin(3)
-    warnings.warn(SYNC_WARNING, UserWarning)          # an implicit sync (nonzero, a mask index, ...)
+    warnings.warn(SYNC_WARNING, UserWarning)  # an implicit sync (nonzero, a mask index, ...)
     torch.ones(2).tolist()
     with pytest.warns(RuntimeWarning, match="unrelated"):
         warnings.warn("unrelated", RuntimeWarning)
@@ -112,7 +123,7 @@ def test_a_sync_warning_inside_a_hooked_call_that_is_no_sync_is_counted(monkeypa
     census.begin(2)
     torch.zeros(2).copy_(torch.ones(2))
     census.end()
-    (site, n), = census.sites.items()
+    ((site, n),) = census.sites.items()
     assert site.startswith("sync debug warning at ") and __file__ in site and n == 1, census.sites
 
 
@@ -130,7 +141,7 @@ def test_not_measured_without_cuda_or_a_second_epoch():
 
 def test_a_resumed_runs_first_epoch_is_skipped_whatever_its_number(cpu_tensors_sync):
     census = LoopSyncCensus(cuda=True, loop=loop_module)
-    census.begin(5)            # a resumed run captures its graphs again in its first epoch
+    census.begin(5)  # a resumed run captures its graphs again in its first epoch
     _read_back(torch.ones(1))
     census.end()
     census.begin(6)
@@ -154,6 +165,7 @@ def test_a_periodic_read_back_in_the_loop_is_counted_over_the_run(monkeypatch, t
     2 and 3 (12 iterations each) hold 2 + 3 of them (calls 15, 20 / 25, 30, 35 of 36); epoch 1's (5, 10) are not
     counted, nor the epoch's own read in its readback phase (EpisodeReturns.mean). Only the tensors these two
     read count as device tensors here (the CPU loop's other read-backs wait for no device)."""
+
     def marked() -> torch.Tensor:
         t = torch.zeros(1)
         t.counts_as_device = True
@@ -179,7 +191,7 @@ def test_a_periodic_read_back_in_the_loop_is_counted_over_the_run(monkeypatch, t
     census = LoopSyncCensus(cuda=True, loop=loop_module)
     run_training(preset("cartpole", **TINY), tmp_path, epoch_limit_s=120, show_progress=False, loop_census=census)
     assert census.epochs == [2, 3] and calls["n"] == 36
-    (site, n), = census.sites.items()
+    ((site, n),) = census.sites.items()
     assert n == 5 and site.startswith("torch.Tensor.item at ") and __file__ in site, census.sites
 
 
@@ -190,7 +202,10 @@ def test_the_gate_row_takes_the_census_verdict(cpu_tensors_sync):
         judge_loop_syncs(v, census)
         return v.set_index("id").loc["no_loop_sync"]
 
-    found, clean = _past_first(LoopSyncCensus(cuda=True, loop=loop_module)), _past_first(LoopSyncCensus(cuda=True, loop=loop_module))
+    found, clean = (
+        _past_first(LoopSyncCensus(cuda=True, loop=loop_module)),
+        _past_first(LoopSyncCensus(cuda=True, loop=loop_module)),
+    )
     found.begin(2)
     _read_back(torch.ones(1))
     found.end()
@@ -202,7 +217,7 @@ def test_the_gate_row_takes_the_census_verdict(cpu_tensors_sync):
     assert (row.verdict, row.measured, row.evidence) == ("PASS", 0, "none in the loop of epoch 2"), row
     row = row_after(LoopSyncCensus(cuda=False, loop=loop_module))
     assert (row.verdict, row.status) == ("-", "not applicable (no CUDA)"), row
-    row = row_after(None)                       # the gate with --no-loop-census
+    row = row_after(None)  # the gate with --no-loop-census
     assert (row.verdict, row.status) == ("-", LOOP_CENSUS_OFF), row
     assert "no_loop_sync" in {c.id for c in CRITERIA}
 
@@ -255,12 +270,16 @@ LONG = {**TINY, "epochs": 2, "learner_steps_per_epoch": 600, "eval_episodes": 0,
 
 
 def test_period_text_names_the_gap_and_the_iterations():
-    assert period_text({2: [300, 600, 900], 3: [300, 600, 900]}) == \
-        "every 300 iterations (iterations 300, 600, 900 of epochs 2-3)"
+    assert (
+        period_text({2: [300, 600, 900], 3: [300, 600, 900]})
+        == "every 300 iterations (iterations 300, 600, 900 of epochs 2-3)"
+    )
     assert period_text({2: [5, 6, 7]}) == "every iteration (iterations 5, 6, 7 of epoch 2)"
     assert period_text({2: [40], 3: [40]}) == "once per epoch (iteration 40 of epochs 2-3)"
-    assert period_text({2: [3, 8], 3: [1, 6, 11]}) == \
-        "every 5 iterations (epoch 2: iterations 3, 8; epoch 3: iterations 1, 6, 11)"
+    assert (
+        period_text({2: [3, 8], 3: [1, 6, 11]})
+        == "every 5 iterations (epoch 2: iterations 3, 8; epoch 3: iterations 1, 6, 11)"
+    )
     assert period_text({2: [1, 2, 9]}) == "irregular (iterations 1, 2, 9 of epoch 2)"
     assert period_text({}) == ""
 
@@ -274,8 +293,10 @@ def test_the_readbacks_own_queries_pass_the_census(monkeypatch, tmp_path):
     measured, text = census.verdict()
     assert census.epochs == [2] and census.queries == census.allowed == 6
     assert made[0]._published + made[0].dropped == 12  # a publication in flight is dropped, never waited for
-    assert (measured, text) == (0, "none in the loop of epoch 2 (completion queries 6, 6 allowed: 1 per "
-                                   "readback_publish)")
+    assert (measured, text) == (
+        0,
+        "none in the loop of epoch 2 (completion queries 6, 6 allowed: 1 per readback_publish)",
+    )
     assert loop_module.phase_range is ranges.phase_range  # the census's tracker is gone after the run
 
 
@@ -286,8 +307,11 @@ def test_the_loop_spin_mutant_fails_the_census_with_its_period(monkeypatch, tmp_
     iterate runs in the real loop module's namespace (its ranges are the ones the census tracks)."""
     module, path = load_patched("loop_stream_spin_every_300", "trainer/loop.py", tmp_path, "loop_spin")
     patched = module.Trainer.iterate
-    monkeypatch.setattr(Trainer, "iterate", types.FunctionType(patched.__code__, vars(loop_module), "iterate",
-                                                                patched.__defaults__, patched.__closure__))
+    monkeypatch.setattr(
+        Trainer,
+        "iterate",
+        types.FunctionType(patched.__code__, vars(loop_module), "iterate", patched.__defaults__, patched.__closure__),
+    )
     stream, step = FakeStream(), Trainer.train_step
 
     def busy_step(self):  # the GPU has work queued after each iteration's launches
@@ -299,15 +323,18 @@ def test_the_loop_spin_mutant_fails_the_census_with_its_period(monkeypatch, tmp_
     with_readback(monkeypatch)
     census = LoopSyncCensus(cuda=True, loop=loop_module)
     (tmp_path / "run").mkdir()
-    run_training(preset("cartpole", **LONG), tmp_path / "run", epoch_limit_s=120, show_progress=False,
-                 loop_census=census)
+    run_training(
+        preset("cartpole", **LONG), tmp_path / "run", epoch_limit_s=120, show_progress=False, loop_census=census
+    )
     line = next(i for i, t in enumerate(path.read_text().splitlines(), 1) if "current_stream(self.device).query" in t)
     spin = 2 * (FakeStream.lag + 1)  # iterations 300 and 600 of epoch 2, lag + 1 queries each
     measured, text = census.verdict()
     assert (measured, census.queries, census.allowed) == (spin, spin + 6, 6)
-    assert text.startswith(f"in the loop of epoch 2: polling: torch.cuda.Stream.query at {path}:{line} x{spin}, "
-                           f"every 300 iterations (iterations 300, 600 of epoch 2) (completion queries {spin + 6}, "
-                           f"6 allowed: 1 per readback_publish; {spin} polling, "), text
+    assert text.startswith(
+        f"in the loop of epoch 2: polling: torch.cuda.Stream.query at {path}:{line} x{spin}, "
+        f"every 300 iterations (iterations 300, 600 of epoch 2) (completion queries {spin + 6}, "
+        f"6 allowed: 1 per readback_publish; {spin} polling, "
+    ), text
     assert census.poll_wait_s > 0
 
 
@@ -320,14 +347,21 @@ def test_the_progress_spin_mutant_fails_the_census_in_the_progress_phase(monkeyp
     module.torch = types.SimpleNamespace(cuda=types.SimpleNamespace(is_available=lambda: True, Event=FakeEvent))
     census = LoopSyncCensus(cuda=True, loop=loop_module)
     (tmp_path / "run").mkdir()
-    module.run_training(preset("cartpole", **{**LONG, "learner_steps_per_epoch": 400}), tmp_path / "run",
-                        epoch_limit_s=120, show_progress=False, loop_census=census)
+    module.run_training(
+        preset("cartpole", **{**LONG, "learner_steps_per_epoch": 400}),
+        tmp_path / "run",
+        epoch_limit_s=120,
+        show_progress=False,
+        loop_census=census,
+    )
     line = next(i for i, t in enumerate(path.read_text().splitlines(), 1) if "while not finished.query()" in t)
     spin = 2 * (FakeEvent.lag + 1)
     measured, text = census.verdict()
     assert measured == spin and census.allowed == 0
-    assert text.startswith(f"in the loop of epoch 2: polling: torch.cuda.Event.query at {path}:{line} in progress "
-                           f"x{spin}, every 200 iterations (iterations 200, 400 of epoch 2)"), text
+    assert text.startswith(
+        f"in the loop of epoch 2: polling: torch.cuda.Event.query at {path}:{line} in progress "
+        f"x{spin}, every 200 iterations (iterations 200, 400 of epoch 2)"
+    ), text
 
 
 @pytest.mark.usefixtures("fake_queries")
@@ -337,7 +371,7 @@ def test_a_query_outside_every_iteration_is_polling():
     FakeEvent().query()
     census.end()
     measured, text = census.verdict()
-    (key, n), = census.polls.items()
+    ((key, n),) = census.polls.items()
     assert measured == 1 and n == 1 and key == f"torch.cuda.Event.query at {__file__}:{_line_of('FakeEvent().query()')}"
     assert census.sites == Counter() and "polling: " in text
 
@@ -345,5 +379,8 @@ def test_a_query_outside_every_iteration_is_polling():
 def _line_of(snippet: str) -> int:
     import inspect
 
-    return next(i for i, t in enumerate(inspect.getsource(inspect.getmodule(_line_of)).splitlines(), 1)
-                if snippet in t and "_line_of" not in t)
+    return next(
+        i
+        for i, t in enumerate(inspect.getsource(inspect.getmodule(_line_of)).splitlines(), 1)
+        if snippet in t and "_line_of" not in t
+    )

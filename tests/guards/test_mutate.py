@@ -18,11 +18,37 @@ import pandas as pd
 import pytest
 
 from hotloop.guards import mutate
-from hotloop.guards.mutate import (ALONE, BY_COUNT, BY_TIMING, CLEAN_FAILED, CRASHED, EXPECTABLE, GATE_CRITERIA,
-                                   HANG, KILLED, NOT_JUDGED, PARALLEL, SURVIVED, TIMED_OUT, USAGE, GpuLedger,
-                                   UsageError, apply_patch, check_patches, copy_checkout, failed_rows, gate_env,
-                                   import_root, is_timing_row, judgement, load_manifest, patched_files, run_suite,
-                                   verdict, verify_imports)
+from hotloop.guards.mutate import (
+    ALONE,
+    BY_COUNT,
+    BY_TIMING,
+    CLEAN_FAILED,
+    CRASHED,
+    EXPECTABLE,
+    GATE_CRITERIA,
+    HANG,
+    KILLED,
+    NOT_JUDGED,
+    PARALLEL,
+    SURVIVED,
+    TIMED_OUT,
+    USAGE,
+    GpuLedger,
+    UsageError,
+    apply_patch,
+    check_patches,
+    copy_checkout,
+    failed_rows,
+    gate_env,
+    import_root,
+    is_timing_row,
+    judgement,
+    load_manifest,
+    patched_files,
+    run_suite,
+    verdict,
+    verify_imports,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFEST = ROOT / "ci" / "mutants" / "mutants.toml"
@@ -31,6 +57,7 @@ needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="needs git (g
 
 # ------------------------------------------------------------------------------------ the suite as committed
 
+
 def test_the_manifest_reads_and_spans_every_criterion():
     mutants = load_manifest(MANIFEST)
     assert len(mutants) >= 15
@@ -38,8 +65,15 @@ def test_the_manifest_reads_and_spans_every_criterion():
     assert covered >= (set(GATE_CRITERIA) - {"no_hang"}) | {"epoch throughput", HANG}, covered
     assert covered <= set(EXPECTABLE)
     files = {m.file for m in mutants}  # spread over the loop, the actor, the readback, the CLI run, the kernels
-    assert {"trainer/loop.py", "trainer/actor.py", "trainer/readback.py", "trainer/step.py", "guards/run.py",
-            "kernels/linear.py", "kernels/fused_adam.py"} <= files
+    assert {
+        "trainer/loop.py",
+        "trainer/actor.py",
+        "trainer/readback.py",
+        "trainer/step.py",
+        "guards/run.py",
+        "kernels/linear.py",
+        "kernels/fused_adam.py",
+    } <= files
     assert all(m.patch.is_file() and m.what and m.depends for m in mutants)
 
 
@@ -62,10 +96,12 @@ def test_every_patch_applies_to_the_current_checkout(tmp_path):
 
 # ----------------------------------------------------------------------------------------------- import root
 
+
 def _diff(rel: str, before: str, after: str) -> str:
     """A git-style unified diff of file `rel` from text `before` to `after`."""
-    lines = difflib.unified_diff(before.splitlines(keepends=True), after.splitlines(keepends=True), f"a/{rel}",
-                                 f"b/{rel}")
+    lines = difflib.unified_diff(
+        before.splitlines(keepends=True), after.splitlines(keepends=True), f"a/{rel}", f"b/{rel}"
+    )
     return f"diff --git a/{rel} b/{rel}\n" + "".join(lines)
 
 
@@ -74,8 +110,13 @@ def test_a_copy_imports_itself_through_its_import_root(tmp_path):
     source = (ROOT / "guards" / "watchdog.py").read_text()
     assert source.count("\nHANG_EXIT_CODE = 3\n") == 1
     patch = tmp_path / "watchdog.patch"  # a mutant of a constant the subprocess can print
-    patch.write_text(_diff("guards/watchdog.py", source,
-                           source.replace("\nHANG_EXIT_CODE = 3\n", "\nHANG_EXIT_CODE = 33  # the mutant's copy\n")))
+    patch.write_text(
+        _diff(
+            "guards/watchdog.py",
+            source,
+            source.replace("\nHANG_EXIT_CODE = 3\n", "\nHANG_EXIT_CODE = 33  # the mutant's copy\n"),
+        )
+    )
     tree = copy_checkout(ROOT, tmp_path / "copy")
     assert apply_patch(patch, tree) is None
     site = import_root(tree)
@@ -83,9 +124,11 @@ def test_a_copy_imports_itself_through_its_import_root(tmp_path):
     for name in ("kernels", "profiles", "trainer", "guards"):
         assert Path(paths[name]).is_relative_to(tree.resolve()), paths
     assert paths["baselines"] == str((tree / "guards" / "baseline_files").resolve())
-    probe = ("from importlib import resources\nfrom hotloop.guards.watchdog import HANG_EXIT_CODE\n"
-             "print(HANG_EXIT_CODE, (resources.files('hotloop.guards') / 'baseline_files' / 'nvidia-h200.json')"
-             ".is_file())")
+    probe = (
+        "from importlib import resources\nfrom hotloop.guards.watchdog import HANG_EXIT_CODE\n"
+        "print(HANG_EXIT_CODE, (resources.files('hotloop.guards') / 'baseline_files' / 'nvidia-h200.json')"
+        ".is_file())"
+    )
     run = subprocess.run([sys.executable, "-c", probe], cwd=tree, env=gate_env(site), capture_output=True, text=True)
     assert run.stdout.split() == ["33", "True"], run.stderr  # the copy's constant, the copy's package data
     plain = subprocess.run([sys.executable, "-c", probe], cwd=tree, capture_output=True, text=True)
@@ -96,8 +139,18 @@ def test_a_copy_imports_itself_through_its_import_root(tmp_path):
 
 def test_the_copy_leaves_out_the_output_folder_and_build_outputs(tmp_path):
     root = tmp_path / "tree"  # no .git: the walk
-    for rel in ("kernels/a.py", "guards/__pycache__/x.pyc", "hotloop.egg-info/PKG-INFO", "runs/r/x",
-                "out/mutants.csv", "README.md", ".venv/pyvenv.cfg", "env2/pyvenv.cfg", "cache/x.bin", "k/y.log"):
+    for rel in (
+        "kernels/a.py",
+        "guards/__pycache__/x.pyc",
+        "hotloop.egg-info/PKG-INFO",
+        "runs/r/x",
+        "out/mutants.csv",
+        "README.md",
+        ".venv/pyvenv.cfg",
+        "env2/pyvenv.cfg",
+        "cache/x.bin",
+        "k/y.log",
+    ):
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text("x")
     (root / ".gitignore").write_text("# build outputs\n/cache/\n*.log\n!keep.log\n")
@@ -139,14 +192,16 @@ def test_a_copy_holds_what_git_tracks_as_the_working_tree_has_it_and_no_untracke
 
 
 @pytest.mark.parametrize("timeout", ["nan", "inf", "-1", "0"])
-def test_a_timeout_that_is_not_a_finite_positive_number_is_exit_2_before_anything_runs(tmp_path, monkeypatch,
-                                                                                      capsys, timeout):
+def test_a_timeout_that_is_not_a_finite_positive_number_is_exit_2_before_anything_runs(
+    tmp_path, monkeypatch, capsys, timeout
+):
     """Issue 41 item 8: --timeout nan passed the `> 0` check (the clean tree then "did not pass the gate")."""
     root = _stub_checkout(tmp_path)
     monkeypatch.setenv("STUB_CALLS", str(tmp_path / "calls.txt"))
     manifest = _manifest(tmp_path / "mutants", [_entry("a", "no_stream_sync", "1 no_stream_sync")])
-    code = mutate.main(["--manifest", str(manifest), "--root", str(root), "--out", str(tmp_path / "out"),
-                        "--timeout", timeout])
+    code = mutate.main(
+        ["--manifest", str(manifest), "--root", str(root), "--out", str(tmp_path / "out"), "--timeout", timeout]
+    )
     err = capsys.readouterr().err
     assert code == USAGE and "--timeout a finite number > 0" in err and timeout in err, err
     assert not (tmp_path / "calls.txt").exists() and not (tmp_path / "out").exists()
@@ -154,88 +209,135 @@ def test_a_timeout_that_is_not_a_finite_positive_number_is_exit_2_before_anythin
 
 # --------------------------------------------------------------------------------------------------- verdicts
 
+
 def _run_folder(path: Path, failed: list[str] = (), regressions: list[str] = ()) -> Path:
     path.mkdir(parents=True)
-    pd.DataFrame({"criterion": list(GATE_CRITERIA),
-                  "verdict": ["FAIL" if c in failed else "PASS" for c in GATE_CRITERIA]}).to_csv(
-        path / "criteria.csv", index=False)
+    pd.DataFrame(
+        {"criterion": list(GATE_CRITERIA), "verdict": ["FAIL" if c in failed else "PASS" for c in GATE_CRITERIA]}
+    ).to_csv(path / "criteria.csv", index=False)
     if regressions:
-        pd.DataFrame({"metric": ["kernels", *regressions],
-                      "verdict": ["PASS", *["FAIL"] * len(regressions)]}).to_csv(path / "baseline.csv", index=False)
+        pd.DataFrame({"metric": ["kernels", *regressions], "verdict": ["PASS", *["FAIL"] * len(regressions)]}).to_csv(
+            path / "baseline.csv", index=False
+        )
     return path
 
 
 def test_failed_rows_read_criteria_and_baseline_tables(tmp_path):
-    run = _run_folder(tmp_path / "a", ["no_stream_sync", "no_single_block_kernels"],
-                      ["epoch_learner_steps_per_s", "kernels_grid1"])
-    assert failed_rows(run) == ["no_stream_sync", "no_single_block_kernels", "epoch throughput",
-                                "regression kernels_grid1"]
+    run = _run_folder(
+        tmp_path / "a", ["no_stream_sync", "no_single_block_kernels"], ["epoch_learner_steps_per_s", "kernels_grid1"]
+    )
+    assert failed_rows(run) == [
+        "no_stream_sync",
+        "no_single_block_kernels",
+        "epoch throughput",
+        "regression kernels_grid1",
+    ]
     assert failed_rows(tmp_path / "nothing") == []  # a hang or a crash writes no table
     slow = _run_folder(tmp_path / "b", [], ["kernel_us:_fwd_online_tf32_gemm_kernel"])
     assert failed_rows(slow) == ["kernel time", "regression kernel_us:_fwd_online_tf32_gemm_kernel"]
     assert verdict("kernel time", 1, failed_rows(slow)) == KILLED
 
 
-@pytest.mark.parametrize("expected, rc, failed, want", [
-    ("no_stream_sync", 1, ["no_stream_sync", "no_single_block_kernels"], KILLED),  # other FAILs beside it: killed
-    ("no_stream_sync", 0, [], SURVIVED),
-    ("no_stream_sync", 1, ["no_single_block_kernels", "regression kernels"],
-     "wrong criterion: no_single_block_kernels"),
-    ("no_stream_sync", 1, ["regression dur_us"], "wrong criterion: regression dur_us"),
-    ("no_stream_sync", 1, [], "wrong criterion: nothing FAILed in the run folder"),
-    ("no_stream_sync", 70, ["no_stream_sync"], CRASHED),  # an internal error is never a kill
-    ("no_stream_sync", 2, [], CRASHED),
-    ("no_stream_sync", -9, [], CRASHED),
-    ("no_stream_sync", 3, [], "wrong criterion: hang"),
-    ("no_stream_sync", None, [], TIMED_OUT),
-    (HANG, 3, [], KILLED),
-    ("no_hang", 3, [], KILLED),
-    (HANG, 1, ["no_event_sync"], "wrong criterion: no_event_sync"),
-    (HANG, 0, [], SURVIVED),
-    (HANG, 70, [], CRASHED),
-    ("epoch throughput", 1, ["epoch throughput", "regression kernels"], KILLED),
-    ("epoch throughput", 1, ["regression graph_launches"], "wrong criterion: regression graph_launches"),
-])
+@pytest.mark.parametrize(
+    "expected, rc, failed, want",
+    [
+        ("no_stream_sync", 1, ["no_stream_sync", "no_single_block_kernels"], KILLED),  # other FAILs beside it: killed
+        ("no_stream_sync", 0, [], SURVIVED),
+        (
+            "no_stream_sync",
+            1,
+            ["no_single_block_kernels", "regression kernels"],
+            "wrong criterion: no_single_block_kernels",
+        ),
+        ("no_stream_sync", 1, ["regression dur_us"], "wrong criterion: regression dur_us"),
+        ("no_stream_sync", 1, [], "wrong criterion: nothing FAILed in the run folder"),
+        ("no_stream_sync", 70, ["no_stream_sync"], CRASHED),  # an internal error is never a kill
+        ("no_stream_sync", 2, [], CRASHED),
+        ("no_stream_sync", -9, [], CRASHED),
+        ("no_stream_sync", 3, [], "wrong criterion: hang"),
+        ("no_stream_sync", None, [], TIMED_OUT),
+        (HANG, 3, [], KILLED),
+        ("no_hang", 3, [], KILLED),
+        (HANG, 1, ["no_event_sync"], "wrong criterion: no_event_sync"),
+        (HANG, 0, [], SURVIVED),
+        (HANG, 70, [], CRASHED),
+        ("epoch throughput", 1, ["epoch throughput", "regression kernels"], KILLED),
+        ("epoch throughput", 1, ["regression graph_launches"], "wrong criterion: regression graph_launches"),
+    ],
+)
 def test_verdicts_on_stubbed_gate_results(expected, rc, failed, want):
     assert verdict(expected, rc, failed) == want
 
 
 def test_timing_rows_are_told_from_count_rows():
-    for row in ("epoch throughput", "kernel time", "regression dur_us", "regression gpu_span_us",
-                "regression kernel_us:_fwd_online_tf32_gemm_kernel", "regression ddqn_overlap_ratio"):
+    for row in (
+        "epoch throughput",
+        "kernel time",
+        "regression dur_us",
+        "regression gpu_span_us",
+        "regression kernel_us:_fwd_online_tf32_gemm_kernel",
+        "regression ddqn_overlap_ratio",
+    ):
         assert is_timing_row(row), row
-    for row in ("no_stream_sync", "ddqn_overlapped", "no_loop_sync", "regression kernels_grid1",
-                "regression d2d_copies", "regression stream_sync_calls", "hang"):
+    for row in (
+        "no_stream_sync",
+        "ddqn_overlapped",
+        "no_loop_sync",
+        "regression kernels_grid1",
+        "regression d2d_copies",
+        "regression stream_sync_calls",
+        "hang",
+    ):
         assert not is_timing_row(row), row
 
 
 SLOW = ["epoch throughput", "regression dur_us"]  # what contention FAILs in every parallel gate
 
 
-@pytest.mark.parametrize("expected, rc, failed, alone, want, how", [
-    # a timing-only failure: a kill (or a wrong criterion) alone, not judged in parallel
-    ("epoch throughput", 1, SLOW, True, KILLED, BY_TIMING),
-    ("epoch throughput", 1, SLOW, False, NOT_JUDGED, NOT_JUDGED),
-    ("kernel time", 1, ["kernel time", "regression kernel_us:k"], True, KILLED, BY_TIMING),
-    ("kernel time", 1, ["kernel time", "regression kernel_us:k"], False, NOT_JUDGED, NOT_JUDGED),
-    ("no_stream_sync", 1, SLOW, True, "wrong criterion: epoch throughput", "wrong criterion: epoch throughput"),
-    ("no_stream_sync", 1, SLOW, False, SURVIVED, NOT_JUDGED),
-    # counts and criteria count in a parallel run too; its timing FAILs beside them name nothing
-    ("no_stream_sync", 1, ["no_stream_sync", *SLOW], False, KILLED, BY_COUNT),
-    ("no_stream_sync", 1, ["no_stream_sync"], False, KILLED, BY_COUNT),
-    ("epoch throughput", 1, ["no_event_sync", *SLOW], False, "wrong criterion: no_event_sync", NOT_JUDGED),
-    ("no_stream_sync", 1, ["regression kernels_grid1", "regression dur_us"], False,
-     "wrong criterion: regression kernels_grid1", NOT_JUDGED),
-    ("no_stream_sync", 1, ["regression kernels_grid1", "regression dur_us"], True,
-     "wrong criterion: regression kernels_grid1, regression dur_us", "wrong criterion: regression kernels_grid1, "
-                                                                     "regression dur_us"),
-    ("no_stream_sync", 1, [], False, "wrong criterion: nothing FAILed in the run folder",
-     "wrong criterion: nothing FAILed in the run folder"),
-    (HANG, 3, [], False, KILLED, BY_COUNT),  # the watchdog's exit 3 counts always
-    ("no_stream_sync", 70, ["no_stream_sync", *SLOW], False, CRASHED, CRASHED),  # a crash is never a kill
-    ("epoch throughput", None, [], False, TIMED_OUT, TIMED_OUT),
-    ("epoch throughput", 0, [], False, SURVIVED, SURVIVED),
-])
+@pytest.mark.parametrize(
+    "expected, rc, failed, alone, want, how",
+    [
+        # a timing-only failure: a kill (or a wrong criterion) alone, not judged in parallel
+        ("epoch throughput", 1, SLOW, True, KILLED, BY_TIMING),
+        ("epoch throughput", 1, SLOW, False, NOT_JUDGED, NOT_JUDGED),
+        ("kernel time", 1, ["kernel time", "regression kernel_us:k"], True, KILLED, BY_TIMING),
+        ("kernel time", 1, ["kernel time", "regression kernel_us:k"], False, NOT_JUDGED, NOT_JUDGED),
+        ("no_stream_sync", 1, SLOW, True, "wrong criterion: epoch throughput", "wrong criterion: epoch throughput"),
+        ("no_stream_sync", 1, SLOW, False, SURVIVED, NOT_JUDGED),
+        # counts and criteria count in a parallel run too; its timing FAILs beside them name nothing
+        ("no_stream_sync", 1, ["no_stream_sync", *SLOW], False, KILLED, BY_COUNT),
+        ("no_stream_sync", 1, ["no_stream_sync"], False, KILLED, BY_COUNT),
+        ("epoch throughput", 1, ["no_event_sync", *SLOW], False, "wrong criterion: no_event_sync", NOT_JUDGED),
+        (
+            "no_stream_sync",
+            1,
+            ["regression kernels_grid1", "regression dur_us"],
+            False,
+            "wrong criterion: regression kernels_grid1",
+            NOT_JUDGED,
+        ),
+        (
+            "no_stream_sync",
+            1,
+            ["regression kernels_grid1", "regression dur_us"],
+            True,
+            "wrong criterion: regression kernels_grid1, regression dur_us",
+            "wrong criterion: regression kernels_grid1, regression dur_us",
+        ),
+        (
+            "no_stream_sync",
+            1,
+            [],
+            False,
+            "wrong criterion: nothing FAILed in the run folder",
+            "wrong criterion: nothing FAILed in the run folder",
+        ),
+        (HANG, 3, [], False, KILLED, BY_COUNT),  # the watchdog's exit 3 counts always
+        ("no_stream_sync", 70, ["no_stream_sync", *SLOW], False, CRASHED, CRASHED),  # a crash is never a kill
+        ("epoch throughput", None, [], False, TIMED_OUT, TIMED_OUT),
+        ("epoch throughput", 0, [], False, SURVIVED, SURVIVED),
+    ],
+)
 def test_timing_rows_count_only_in_a_run_alone(expected, rc, failed, alone, want, how):
     said = verdict(expected, rc, failed, alone)
     assert said == want
@@ -265,7 +367,7 @@ def test_the_ledger_says_which_runs_overlapped(monkeypatch):
 
 # ------------------------------------------------------------------------ the runner on a stub gate (no GPU)
 
-STUB_GATE = '''\
+STUB_GATE = """\
 import sys, os, pathlib
 argv = sys.argv[1:]
 if argv[:1] == ["-c"]:  # the runner's import check: the real interpreter
@@ -298,7 +400,7 @@ metrics = [m for m in failed.split(",") if m not in crit and m.replace("_", "a")
 if metrics:  # baseline rows: epoch_*, kernel_us:*, dur_us (timings) or kernels_grid1 (a count)
     out.joinpath("baseline.csv").write_text("metric,verdict\\n" + "".join(f"{m},FAIL\\n" for m in metrics))
 sys.exit(int(rc))
-'''
+"""
 
 
 def _stub_checkout(tmp_path: Path, clean: str = "0") -> Path:
@@ -307,8 +409,10 @@ def _stub_checkout(tmp_path: Path, clean: str = "0") -> Path:
         (root / pkg).mkdir(parents=True)
         (root / pkg / "__init__.py").write_text(f'"""{pkg}"""\n')
     (root / "guards" / "stub_gate.txt").write_text(_stub_state(clean))
-    (root / "pyproject.toml").write_text('[tool.setuptools.package-dir]\n' + "".join(
-        f'"hotloop.{p}" = "{p}"\n' for p in ("kernels", "profiles", "trainer", "guards")))
+    (root / "pyproject.toml").write_text(
+        "[tool.setuptools.package-dir]\n"
+        + "".join(f'"hotloop.{p}" = "{p}"\n' for p in ("kernels", "profiles", "trainer", "guards"))
+    )
     stub = tmp_path / "stub-python"
     stub.write_text(f"#!{sys.executable}\n" + STUB_GATE)
     stub.chmod(stub.stat().st_mode | stat.S_IEXEC)
@@ -346,8 +450,16 @@ def _toml(v) -> str:
 
 
 def _entry(id: str, criterion: str, after: str, **extra) -> dict:
-    return {"id": id, "patch": f"{id}.patch", "file": "guards/stub_gate.txt", "criterion": criterion,
-            "what": f"stub {id}", "depends": "none", "after": after, **extra}
+    return {
+        "id": id,
+        "patch": f"{id}.patch",
+        "file": "guards/stub_gate.txt",
+        "criterion": criterion,
+        "what": f"stub {id}",
+        "depends": "none",
+        "after": after,
+        **extra,
+    }
 
 
 @needs_git
@@ -355,18 +467,26 @@ def test_the_runner_scores_each_mutant_after_a_clean_pass(tmp_path, monkeypatch)
     root = _stub_checkout(tmp_path)
     calls = tmp_path / "calls.txt"
     monkeypatch.setenv("STUB_CALLS", str(calls))
-    manifest = _manifest(tmp_path / "mutants", [
-        _entry("sync_item", "no_stream_sync", "1 no_stream_sync,ddqn_overlapped"),
-        _entry("other_row", "no_event_sync", "1 ddqn_overlapped"),
-        _entry("unseen", "no_stream_sync", "0 (an edit the gate does not see)"),
-        _entry("crash", "no_event_sync", "70 no_event_sync"),
-        _entry("spin", "hang", "3", args=["--device", "cuda", "--epoch-timeout", "5"], exclusive=True),
-    ])
+    manifest = _manifest(
+        tmp_path / "mutants",
+        [
+            _entry("sync_item", "no_stream_sync", "1 no_stream_sync,ddqn_overlapped"),
+            _entry("other_row", "no_event_sync", "1 ddqn_overlapped"),
+            _entry("unseen", "no_stream_sync", "0 (an edit the gate does not see)"),
+            _entry("crash", "no_event_sync", "70 no_event_sync"),
+            _entry("spin", "hang", "3", args=["--device", "cuda", "--epoch-timeout", "5"], exclusive=True),
+        ],
+    )
     code, table = run_suite(manifest, root, tmp_path / "out", jobs=2, python=str(tmp_path / "stub-python"))
     assert code == 0
     got = dict(zip(table["mutant"], table["verdict"]))
-    assert got == {"sync_item": KILLED, "other_row": "wrong criterion: ddqn_overlapped", "unseen": SURVIVED,
-                   "crash": CRASHED, "spin": KILLED}
+    assert got == {
+        "sync_item": KILLED,
+        "other_row": "wrong criterion: ddqn_overlapped",
+        "unseen": SURVIVED,
+        "crash": CRASHED,
+        "spin": KILLED,
+    }
     assert list(table.columns) == mutate.RESULT_COLUMNS
     assert table.set_index("mutant").loc["sync_item", "failed criteria"] == "no_stream_sync, ddqn_overlapped"
     assert table.set_index("mutant").loc["sync_item", "judgement"] == BY_COUNT
@@ -378,8 +498,11 @@ def test_the_runner_scores_each_mutant_after_a_clean_pass(tmp_path, monkeypatch)
     assert sorted(r.split()[0] for r in runs[2:]) == ["crash", "other_row", "spin", "sync_item", "unseen"]
     assert runs[-1].startswith("spin")  # exclusive: alone, after the shared ones
     out = tmp_path / "out"
-    assert (out / "mutants.csv").is_file() and "mutation score: 2/5 killed (40%): 2 by a count/criterion, 0 by " \
-        "timing (alone)" in (out / "mutants.md").read_text()
+    assert (
+        out / "mutants.csv"
+    ).is_file() and "mutation score: 2/5 killed (40%): 2 by a count/criterion, 0 by timing (alone)" in (
+        out / "mutants.md"
+    ).read_text()
     assert pd.read_csv(out / "clean.csv")["exit code"].tolist() == [0, 0]
     assert (root / "guards" / "stub_gate.txt").read_text() == _stub_state("0")  # the checkout is never patched
     with pytest.raises(UsageError, match="already holds runs"):  # a second suite never mixes into the first's
@@ -396,9 +519,11 @@ def test_self_baseline_writes_the_clean_trees_baseline_and_judges_against_it(tmp
     code, table = run_suite(manifest, root, out, python=str(tmp_path / "stub-python"), self_baseline=True)
     own = out / "baselines" / "clean.json"
     assert code == 0 and table["verdict"].tolist() == [KILLED] and own.is_file()
-    assert calls.read_text().splitlines() == [f"clean --device cuda --update-baseline --repeats 5 --baseline {own}",
-                                              f"clean --device cuda --baseline {own}",
-                                              f"a --device cuda --baseline {own}"]
+    assert calls.read_text().splitlines() == [
+        f"clean --device cuda --update-baseline --repeats 5 --baseline {own}",
+        f"clean --device cuda --baseline {own}",
+        f"a --device cuda --baseline {own}",
+    ]
     chooses = _manifest(tmp_path / "m2", [_entry("b", "no_stream_sync", "1", args=["--no-baseline"])])
     with pytest.raises(UsageError, match="already choose a baseline"):
         run_suite(chooses, root, out, python=str(tmp_path / "stub-python"), self_baseline=True)
@@ -417,11 +542,14 @@ def test_timing_fails_of_parallel_runs_are_not_judged_and_timing_mutants_run_alo
     calls = tmp_path / "calls.txt"
     monkeypatch.setenv("STUB_CALLS", str(calls))
     _barrier(monkeypatch, tmp_path, 2)
-    manifest = _manifest(tmp_path / "mutants", [
-        _entry("slow_epochs", "epoch throughput", "1 epoch_learner_steps_per_s,dur_us"),  # not marked exclusive
-        _entry("contended", "no_stream_sync", "1 epoch_learner_steps_per_s,dur_us"),  # timing FAILs only
-        _entry("sync_and_slow", "no_event_sync", "1 no_event_sync,epoch_learner_steps_per_s,dur_us"),
-    ])
+    manifest = _manifest(
+        tmp_path / "mutants",
+        [
+            _entry("slow_epochs", "epoch throughput", "1 epoch_learner_steps_per_s,dur_us"),  # not marked exclusive
+            _entry("contended", "no_stream_sync", "1 epoch_learner_steps_per_s,dur_us"),  # timing FAILs only
+            _entry("sync_and_slow", "no_event_sync", "1 no_event_sync,epoch_learner_steps_per_s,dur_us"),
+        ],
+    )
     out = tmp_path / "out"
     code, table = run_suite(manifest, root, out, jobs=2, python=str(tmp_path / "stub-python"))
     assert code == 0
@@ -433,8 +561,10 @@ def test_timing_fails_of_parallel_runs_are_not_judged_and_timing_mutants_run_alo
     }
     runs = [r.split()[0] for r in calls.read_text().splitlines()]
     assert runs[0] == "clean" and sorted(runs[1:3]) == ["contended", "sync_and_slow"] and runs[3] == "slow_epochs"
-    line = ("mutation score: 2/3 killed (67%): 1 by a count/criterion, 1 by timing (alone); timing not judged for 1 "
-            "parallel runs (of 2 run in parallel)")
+    line = (
+        "mutation score: 2/3 killed (67%): 1 by a count/criterion, 1 by timing (alone); timing not judged for 1 "
+        "parallel runs (of 2 run in parallel)"
+    )
     assert mutate.score_line(table) == line and line in (out / "mutants.md").read_text()
     written = pd.read_csv(out / "mutants.csv").set_index("mutant")
     assert written.loc["contended", "judgement"] == NOT_JUDGED and written.loc["slow_epochs", "ran"] == ALONE
@@ -450,10 +580,13 @@ def test_the_same_timing_failure_kills_alone_and_is_not_judged_in_parallel(tmp_p
     if jobs > 1:
         _barrier(monkeypatch, tmp_path, 2)
     monkeypatch.setattr(mutate, "runs_alone", lambda m: False)
-    manifest = _manifest(tmp_path / "mutants", [
-        _entry("slow_epochs", "epoch throughput", "1 epoch_learner_steps_per_s"),
-        _entry("slow_kernel", "kernel time", "1 kernel_us:_fwd_gemm,dur_us"),
-    ])
+    manifest = _manifest(
+        tmp_path / "mutants",
+        [
+            _entry("slow_epochs", "epoch throughput", "1 epoch_learner_steps_per_s"),
+            _entry("slow_kernel", "kernel time", "1 kernel_us:_fwd_gemm,dur_us"),
+        ],
+    )
     code, table = run_suite(manifest, root, tmp_path / "out", jobs=jobs, python=str(tmp_path / "stub-python"))
     assert code == 0
     for _, row in table.iterrows():
@@ -462,19 +595,24 @@ def test_the_same_timing_failure_kills_alone_and_is_not_judged_in_parallel(tmp_p
 
 
 def test_the_cli_prints_the_score_both_ways(tmp_path, monkeypatch, capsys):
-    table = pd.DataFrame([
-        {"mutant": "a", "verdict": KILLED, "judgement": BY_COUNT, "ran": PARALLEL},
-        {"mutant": "b", "verdict": KILLED, "judgement": BY_TIMING, "ran": ALONE},
-        {"mutant": "c", "verdict": SURVIVED, "judgement": NOT_JUDGED, "ran": PARALLEL},
-        {"mutant": "d", "verdict": SURVIVED, "judgement": SURVIVED, "ran": ALONE},
-    ], columns=mutate.RESULT_COLUMNS)
+    table = pd.DataFrame(
+        [
+            {"mutant": "a", "verdict": KILLED, "judgement": BY_COUNT, "ran": PARALLEL},
+            {"mutant": "b", "verdict": KILLED, "judgement": BY_TIMING, "ran": ALONE},
+            {"mutant": "c", "verdict": SURVIVED, "judgement": NOT_JUDGED, "ran": PARALLEL},
+            {"mutant": "d", "verdict": SURVIVED, "judgement": SURVIVED, "ran": ALONE},
+        ],
+        columns=mutate.RESULT_COLUMNS,
+    )
     monkeypatch.setattr(mutate, "run_suite", lambda *a, **k: (0, table))
     (tmp_path / "ci" / "mutants").mkdir(parents=True)
     (tmp_path / "ci" / "mutants" / "mutants.toml").write_text("")  # the default manifest must exist
     assert mutate.main(["--root", str(tmp_path), "--out", str(tmp_path / "out"), "--min-score", "0.5"]) == 0
     printed = capsys.readouterr().out
-    assert ("mutation score: 2/4 killed (50%): 1 by a count/criterion, 1 by timing (alone); timing not judged for 1 "
-            "parallel runs (of 2 run in parallel); tables in") in printed
+    assert (
+        "mutation score: 2/4 killed (50%): 1 by a count/criterion, 1 by timing (alone); timing not judged for 1 "
+        "parallel runs (of 2 run in parallel); tables in"
+    ) in printed
     assert mutate.main(["--root", str(tmp_path), "--out", str(tmp_path / "out"), "--min-score", "0.6"]) == 1
 
 
@@ -483,8 +621,9 @@ def test_no_score_when_the_clean_tree_fails(tmp_path, monkeypatch):
     root = _stub_checkout(tmp_path, clean="1 no_stream_sync")
     calls = tmp_path / "calls.txt"
     monkeypatch.setenv("STUB_CALLS", str(calls))
-    manifest = _manifest(tmp_path / "mutants", [_entry("a", "no_event_sync", "1 no_event_sync",
-                                                       before="1 no_stream_sync")])
+    manifest = _manifest(
+        tmp_path / "mutants", [_entry("a", "no_event_sync", "1 no_event_sync", before="1 no_stream_sync")]
+    )
     code, table = run_suite(manifest, root, tmp_path / "out", python=str(tmp_path / "stub-python"))
     assert (code, table) == (CLEAN_FAILED, None)
     assert calls.read_text().split() == ["clean", "--device", "cuda"]  # no mutant ran
@@ -492,18 +631,21 @@ def test_no_score_when_the_clean_tree_fails(tmp_path, monkeypatch):
 
 # ------------------------------------------------------------------------------- bad input: exit 2, nothing run
 
-@pytest.mark.parametrize("entry, problem", [
-    ({"criterion": "no stream synk"}, "criterion 'no stream synk' is not one of"),
-    ({"id": "Bad-Id"}, "id must be lower-case"),
-    ({"patch": "missing.patch"}, "missing.patch does not exist"),
-    ({"args": ["--device", "cuda", "--out", "x"]}, "args may not hold \\['--out'\\]"),
-    ({"args": "--device cuda"}, "args must be a list of strings"),
-    ({"exclusive": "yes"}, "exclusive must be true or false"),
-    ({"criterion": None}, "missing field 'criterion'"),
-    ({"criteria": "no_stream_sync"}, "unknown field 'criteria'"),
-])
-def test_a_bad_manifest_entry_is_exit_2_naming_it_before_anything_runs(tmp_path, monkeypatch, capsys, entry,
-                                                                      problem):
+
+@pytest.mark.parametrize(
+    "entry, problem",
+    [
+        ({"criterion": "no stream synk"}, "criterion 'no stream synk' is not one of"),
+        ({"id": "Bad-Id"}, "id must be lower-case"),
+        ({"patch": "missing.patch"}, "missing.patch does not exist"),
+        ({"args": ["--device", "cuda", "--out", "x"]}, "args may not hold \\['--out'\\]"),
+        ({"args": "--device cuda"}, "args must be a list of strings"),
+        ({"exclusive": "yes"}, "exclusive must be true or false"),
+        ({"criterion": None}, "missing field 'criterion'"),
+        ({"criteria": "no_stream_sync"}, "unknown field 'criteria'"),
+    ],
+)
+def test_a_bad_manifest_entry_is_exit_2_naming_it_before_anything_runs(tmp_path, monkeypatch, capsys, entry, problem):
     root = _stub_checkout(tmp_path)
     monkeypatch.setenv("STUB_CALLS", str(tmp_path / "calls.txt"))
     good = _entry("fine", "no_stream_sync", "1 no_stream_sync")
@@ -534,10 +676,13 @@ def test_duplicate_ids_and_an_empty_manifest_are_usage_errors(tmp_path):
 def test_a_patch_that_does_not_apply_is_exit_2_naming_it_before_anything_runs(tmp_path, monkeypatch, capsys):
     root = _stub_checkout(tmp_path)
     monkeypatch.setenv("STUB_CALLS", str(tmp_path / "calls.txt"))
-    manifest = _manifest(tmp_path / "mutants", [
-        _entry("fine", "no_stream_sync", "1 no_stream_sync"),
-        _entry("stale", "no_event_sync", "1 no_event_sync", before="code that moved"),
-    ])
+    manifest = _manifest(
+        tmp_path / "mutants",
+        [
+            _entry("fine", "no_stream_sync", "1 no_stream_sync"),
+            _entry("stale", "no_event_sync", "1 no_event_sync", before="code that moved"),
+        ],
+    )
     code = mutate.main(["--manifest", str(manifest), "--root", str(root), "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err
     assert code == USAGE and "stale: stale.patch does not apply" in err and "fine:" not in err

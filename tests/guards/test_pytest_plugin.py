@@ -20,8 +20,7 @@ pytest_plugins = ["pytester"]
 def _report(fault=None) -> GuardReport:
     metrics = step_metrics(learner_trace(fault=fault))
     hits = SyncHooks().frame()
-    return GuardReport(evaluate(metrics, hits, cuda=True), metrics.per_step, metrics.medians, hits, metrics.gemms,
-                       True)
+    return GuardReport(evaluate(metrics, hits, cuda=True), metrics.per_step, metrics.medians, hits, metrics.gemms, True)
 
 
 @pytest.mark.smoke
@@ -29,7 +28,11 @@ def test_assert_criteria_fails_naming_the_criterion_and_its_evidence(assert_crit
     assert_criteria(_report())  # the clean trace passes
     faulty = _report("stream sync")
     rows = failing_rows(faulty)
-    assert len(rows) == 1 and rows[0].startswith("no stream sync [no_stream_sync]: measured") and "cudaStreamSynchronize" in rows[0]
+    assert (
+        len(rows) == 1
+        and rows[0].startswith("no stream sync [no_stream_sync]: measured")
+        and "cudaStreamSynchronize" in rows[0]
+    )
     with pytest.raises(pytest.fail.Exception, match="criteria failed:\nno stream sync \\[no_stream_sync\\]: measured"):
         assert_criteria(faulty)
     assert_criteria(faulty, only=["no_single_block_kernels"])  # only the named criteria are judged
@@ -54,8 +57,10 @@ def test_the_plugin_is_a_pytest11_entry_point_and_inert_until_used():
 
     found = [ep.value for ep in entry_points(group="pytest11") if ep.name == "hotloop"]
     assert found == ["hotloop.guards.pytest_plugin"]
-    code = ("import sys, hotloop.guards.pytest_plugin; "
-            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('hotloop.')))")
+    code = (
+        "import sys, hotloop.guards.pytest_plugin; "
+        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('hotloop.')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "['hotloop.guards', 'hotloop.guards.pytest_plugin']"
 
@@ -64,7 +69,8 @@ def test_gpu_and_perf_tests_skip_with_the_reason_without_cuda(pytester):
     if torch.cuda.is_available():
         pytest.skip("checks the skip on a machine without CUDA")
     # no conftest: the installed pytest11 entry point loads the plugin, as in any project that installs hotloop
-    pytester.makepyfile(textwrap.dedent("""
+    pytester.makepyfile(
+        textwrap.dedent("""
         import pytest
 
         @pytest.mark.gpu
@@ -82,7 +88,8 @@ def test_gpu_and_perf_tests_skip_with_the_reason_without_cuda(pytester):
         @pytest.mark.parametrize("device", ["cpu", "gpu"])  # "gpu" here is a keyword, not the marker: runs
         def test_unmarked(device):
             pass
-    """))
+    """)
+    )
     result = pytester.runpytest("-rs", "--strict-markers")
     result.assert_outcomes(passed=3, skipped=2)
     result.stdout.fnmatch_lines([f"*{NO_CUDA_REASON}*"])

@@ -10,27 +10,49 @@ import hotloop.guards.gate
 from hotloop.guards.cli import main
 from hotloop.trainer.memory_estimate import format_bytes, window_bytes_per_step
 
-TINY = ["--epochs", "1", "--device", "cpu", "--set", "learner_steps_per_epoch=20", "--set", "learning_starts=64",
-        "--set", "batch_size=32", "--set", "trunk_hidden=[16]", "--set", "head_hidden=8", "--set",
-        "eval_episodes=4", "--no-progress", "--no-baseline"]
+TINY = [
+    "--epochs",
+    "1",
+    "--device",
+    "cpu",
+    "--set",
+    "learner_steps_per_epoch=20",
+    "--set",
+    "learning_starts=64",
+    "--set",
+    "batch_size=32",
+    "--set",
+    "trunk_hidden=[16]",
+    "--set",
+    "head_hidden=8",
+    "--set",
+    "eval_episodes=4",
+    "--no-progress",
+    "--no-baseline",
+]
 
 
 @pytest.fixture
 def no_run(monkeypatch):
     """The gate's run, replaced: a window that is not refused fails at once instead of growing until killed."""
+
     def started(*args, **kwargs):
         raise AssertionError("the run started")
 
     monkeypatch.setattr(hotloop.guards.gate, "run_training", started)
 
 
-@pytest.mark.parametrize("extra, named", [
-    (["--guard-steps", str(10**9)], "--guard-steps 1000000000 with --repeats 1"),
-    (["--guard-steps", "3000"], "--guard-steps 3000 with --repeats 1"),
-    (["--repeats", str(10**9)], "--guard-steps (default 20) with --repeats 1000000000"),
-])
-def test_a_guarded_window_that_cannot_fit_exits_2_naming_the_flag_and_the_estimate(tmp_path, capsys, monkeypatch,
-                                                                                   no_run, extra, named):
+@pytest.mark.parametrize(
+    "extra, named",
+    [
+        (["--guard-steps", str(10**9)], "--guard-steps 1000000000 with --repeats 1"),
+        (["--guard-steps", "3000"], "--guard-steps 3000 with --repeats 1"),
+        (["--repeats", str(10**9)], "--guard-steps (default 20) with --repeats 1000000000"),
+    ],
+)
+def test_a_guarded_window_that_cannot_fit_exits_2_naming_the_flag_and_the_estimate(
+    tmp_path, capsys, monkeypatch, no_run, extra, named
+):
     import hotloop.trainer.memory_estimate as mem
 
     monkeypatch.setattr(mem, "available_memory", lambda device: (24 * 10**9, "a 24 GB stub"))

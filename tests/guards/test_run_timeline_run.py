@@ -11,8 +11,19 @@ from hotloop.guards.run import run_training
 from hotloop.profiles.run_timeline import EPOCH_TIME_COLUMNS
 from hotloop.trainer.config import preset
 
-TINY = dict(device="cpu", learner="reference", epochs=3, learner_steps_per_epoch=20, learning_starts=64,
-            batch_size=16, eval_episodes=2, replay_capacity=500, trunk_hidden=(16,), head_hidden=8, num_envs=8)
+TINY = dict(
+    device="cpu",
+    learner="reference",
+    epochs=3,
+    learner_steps_per_epoch=20,
+    learning_starts=64,
+    batch_size=16,
+    eval_episodes=2,
+    replay_capacity=500,
+    trunk_hidden=(16,),
+    head_hidden=8,
+    num_envs=8,
+)
 
 
 def test_a_run_records_where_its_wall_time_went(tmp_path, capsys):
@@ -41,8 +52,9 @@ def test_a_blocking_phase_lands_in_its_own_column(tmp_path, monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(run_module, "save_best", slow_save_best)
-    table, _ = run_training(preset("cartpole", **{**TINY, "epochs": 1}), tmp_path, epoch_limit_s=120,
-                            show_progress=False)
+    table, _ = run_training(
+        preset("cartpole", **{**TINY, "epochs": 1}), tmp_path, epoch_limit_s=120, show_progress=False
+    )
     row = table.iloc[0]
     assert row.best_policy_s == pytest.approx(0.3, abs=0.2)
     assert row.epoch_total_s - row.wall_s >= 0.3 and row.wall_s < row.epoch_total_s - 0.25

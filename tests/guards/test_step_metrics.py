@@ -11,20 +11,37 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from hotloop.guards.step_metrics import (FP32, GEMM, HIT_MARK, NO_PHASE, OUTSIDE_LABEL, TF32, WINDOW_RANGE,
-                                         PhaseRoles, event_phases, gemm_precision, kernel_phases, kernel_times,
-                                         phase_coverage, step_metrics)
 from hotloop.guards.baselines import KERNEL_US_PREFIX, is_count
+from hotloop.guards.step_metrics import (
+    FP32,
+    GEMM,
+    HIT_MARK,
+    NO_PHASE,
+    OUTSIDE_LABEL,
+    TF32,
+    WINDOW_RANGE,
+    PhaseRoles,
+    event_phases,
+    gemm_precision,
+    kernel_phases,
+    kernel_times,
+    phase_coverage,
+    step_metrics,
+)
 from hotloop.profiles.kineto_reader import read_kineto
 from hotloop.profiles.nsight_reader import read_nsight_sqlite
 from hotloop.profiles.trace_schema import event_frame
 
 TRACES = Path(__file__).parents[1] / "data" / "traces"
 PROBE = TRACES / "h200" / "probe_eager_graph_twostream.json.gz"
-TF32_H200 = ("void cutlass::Kernel2<cutlass_80_tensorop_s1688gemm_64x64_32x6_nn_align4>"
-             "(cutlass_80_tensorop_s1688gemm_64x64_32x6_nn_align4::Params)")
-FP32_H200 = ("sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize64x64x8_stage3_warpsize1x4x1_ffma_aligna4_alignc4_"
-             "execute_kernel__5x_cublas")
+TF32_H200 = (
+    "void cutlass::Kernel2<cutlass_80_tensorop_s1688gemm_64x64_32x6_nn_align4>"
+    "(cutlass_80_tensorop_s1688gemm_64x64_32x6_nn_align4::Params)"
+)
+FP32_H200 = (
+    "sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize64x64x8_stage3_warpsize1x4x1_ffma_aligna4_alignc4_"
+    "execute_kernel__5x_cublas"
+)
 
 
 @functools.cache
@@ -60,15 +77,37 @@ class TraceBuilder:
         self.t += 1
         return self.corr
 
-    def gpu(self, name, start, dur=10.0, kind="kernel", stream=7, phase=None, grid=(64, 1, 1),
-            launch="cudaLaunchKernel", copy_kind=""):
+    def gpu(
+        self,
+        name,
+        start,
+        dur=10.0,
+        kind="kernel",
+        stream=7,
+        phase=None,
+        grid=(64, 1, 1),
+        launch="cudaLaunchKernel",
+        copy_kind="",
+    ):
         corr = self.call(launch)
         dims = dict(zip(("grid_x", "grid_y", "grid_z"), grid)) if kind == "kernel" else {}
-        self.rows.append(dict(name=name, kind=kind, start_us=start, dur_us=dur, stream=stream, device=0,
-                              correlation=corr, pid="0", tid=str(stream), copy_kind=copy_kind, **dims))
+        self.rows.append(
+            dict(
+                name=name,
+                kind=kind,
+                start_us=start,
+                dur_us=dur,
+                stream=stream,
+                device=0,
+                correlation=corr,
+                pid="0",
+                tid=str(stream),
+                copy_kind=copy_kind,
+                **dims,
+            )
+        )
         if phase:
-            self.rows.append(dict(name=phase, kind="annotation", start_us=start, dur_us=dur, pid="0",
-                                  tid=str(stream)))
+            self.rows.append(dict(name=phase, kind="annotation", start_us=start, dur_us=dur, pid="0", tid=str(stream)))
         return corr
 
     def frame(self):
@@ -79,8 +118,10 @@ class TraceBuilder:
 
 
 SGEMM = "ampere_sgemm_128x64_nn"
-TF32_SM90 = ("sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n_tilesize128x128x32_warpgroupsize1x1x1_execute_segment_k_off_"
-             "kernel__5x_cublas")
+TF32_SM90 = (
+    "sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n_tilesize128x128x32_warpgroupsize1x1x1_execute_segment_k_off_"
+    "kernel__5x_cublas"
+)
 
 
 def learner_trace(steps=3, fault=None):
@@ -107,11 +148,13 @@ def learner_trace(steps=3, fault=None):
             if fault == "blocking cudaMemcpy":
                 b.gpu("Memcpy DtoH (Device -> Pinned)", g + 100, 1, "memcpy", launch="cudaMemcpy", copy_kind="DtoH")
             if fault == "pageable non_blocking copy":
-                b.gpu("Memcpy DtoH (Device -> Pageable)", g + 100, 1, "memcpy", launch="cudaMemcpyAsync",
-                      copy_kind="DtoH")
+                b.gpu(
+                    "Memcpy DtoH (Device -> Pageable)", g + 100, 1, "memcpy", launch="cudaMemcpyAsync", copy_kind="DtoH"
+                )
             if fault == "D2D copy":
-                b.gpu("Memcpy DtoD (Device -> Device)", g + 100, 1, "memcpy", launch="cudaMemcpyAsync",
-                      copy_kind="DtoD")
+                b.gpu(
+                    "Memcpy DtoD (Device -> Device)", g + 100, 1, "memcpy", launch="cudaMemcpyAsync", copy_kind="DtoD"
+                )
             if fault == "D2D copy in a graph":
                 b.gpu("memcpy128", g + 100, 1, launch="cudaGraphLaunch")
             if fault == "grid (1,1,1) kernel":
@@ -121,8 +164,13 @@ def learner_trace(steps=3, fault=None):
     return b.frame()
 
 
-ROLES_PROBE = PhaseRoles(forward=("phase_tf32_mm",), backward=("phase_fp32_mm",), spectral_norm="phase_triton",
-                         online_forward="stream_a", ddqn_forward="stream_b")
+ROLES_PROBE = PhaseRoles(
+    forward=("phase_tf32_mm",),
+    backward=("phase_fp32_mm",),
+    spectral_norm="phase_triton",
+    online_forward="stream_a",
+    ddqn_forward="stream_b",
+)
 PROBE_STREAMS = {(lambda d: d["stream"].eq(25)): "stream_a", (lambda d: d["stream"].eq(29)): "stream_b"}
 
 
@@ -131,14 +179,33 @@ def test_h200_probe_whole_trace_counts_are_exact():
     row = m.per_step.iloc[0]
     assert len(m.per_step) == 1 and row["range_name"] == "trace"
     # 17 kernel events, one of them the graph's memcpy128 copy node: a copy (d2d_copies), not a kernel
-    expected = dict(kernels=16, kernels_grid1=2, d2d_copies=2, memcpy_dtod_events=1, memcpy_kernels=1, memsets=2,
-                    fill_kernels=2, memset_events=0, event_sync_calls=5, cudaDeviceSynchronize_calls=5,
-                    stream_sync_calls=0, blocking_memcpy_calls=0, pageable_async_copies=0, graph_launches=1,
-                    kernels_in_graphs=6, spectral_norm_launches=1, fwd_gemms=1, fwd_gemms_not_tf32=0, bwd_gemms=2,
-                    bwd_gemms_tf32=0)
+    expected = dict(
+        kernels=16,
+        kernels_grid1=2,
+        d2d_copies=2,
+        memcpy_dtod_events=1,
+        memcpy_kernels=1,
+        memsets=2,
+        fill_kernels=2,
+        memset_events=0,
+        event_sync_calls=5,
+        cudaDeviceSynchronize_calls=5,
+        stream_sync_calls=0,
+        blocking_memcpy_calls=0,
+        pageable_async_copies=0,
+        graph_launches=1,
+        kernels_in_graphs=6,
+        spectral_norm_launches=1,
+        fwd_gemms=1,
+        fwd_gemms_not_tf32=0,
+        bwd_gemms=2,
+        bwd_gemms_tf32=0,
+    )
     assert {k: int(row[k]) for k in expected} == expected
-    assert m.evidence["no_d2d_weight_sync"] == ["Memcpy DtoD (Device -> Device) in phase_d2d x1",
-                                                "memcpy128 in graph_replay x1"]  # evidence names the phase
+    assert m.evidence["no_d2d_weight_sync"] == [
+        "Memcpy DtoD (Device -> Device) in phase_d2d x1",
+        "memcpy128 in graph_replay x1",
+    ]  # evidence names the phase
     assert [e.split("<")[0] for e in m.evidence["no_single_block_kernels"]] == ["void at::native::reduce_kernel"]
     assert m.medians["kernels"] == 16.0
 
@@ -146,8 +213,14 @@ def test_h200_probe_whole_trace_counts_are_exact():
 def test_h200_probe_gemm_precision_per_phase():
     m = step_metrics(trace(PROBE), step_range_name=None, roles=ROLES_PROBE, phases=PROBE_STREAMS)
     per_phase = m.gemms.groupby(["phase", "precision"])["kernels"].sum().to_dict()
-    assert per_phase == {("phase_tf32_mm", TF32): 1, ("phase_fp32_mm", FP32): 2, ("graph_replay", TF32): 1,
-                         ("graph_replay", FP32): 2, ("stream_a", FP32): 1, ("stream_b", FP32): 1}
+    assert per_phase == {
+        ("phase_tf32_mm", TF32): 1,
+        ("phase_fp32_mm", FP32): 2,
+        ("graph_replay", TF32): 1,
+        ("graph_replay", FP32): 2,
+        ("stream_a", FP32): 1,
+        ("stream_b", FP32): 1,
+    }
     swapped = PhaseRoles(forward=("phase_fp32_mm",), backward=("phase_tf32_mm",))  # mutation: roles reversed
     row = step_metrics(trace(PROBE), step_range_name=None, roles=swapped).per_step.iloc[0]
     assert (row["fwd_gemms_not_tf32"], row["bwd_gemms_tf32"]) == (2, 1)
@@ -215,16 +288,19 @@ def test_clean_learner_trace_per_step():
     assert m.medians["gpu_busy_us"] == 66.0
 
 
-@pytest.mark.parametrize("fault, column, evidence", [
-    ("stream sync", "stream_sync_calls", "cudaStreamSynchronize x3"),
-    ("event sync", "event_sync_calls", "cudaEventSynchronize x3"),
-    ("device sync (driver)", "event_sync_calls", "cuCtxSynchronize x3"),
-    ("blocking cudaMemcpy", "blocking_memcpy_calls", "cudaMemcpy x3"),
-    ("pageable non_blocking copy", "pageable_async_copies", "Memcpy DtoH (Device -> Pageable) x3"),
-    ("D2D copy", "d2d_copies", "Memcpy DtoD (Device -> Device) x3"),
-    ("D2D copy in a graph", "d2d_copies", "memcpy128 x3"),
-    ("grid (1,1,1) kernel", "kernels_grid1", "reduce_kernel x3"),
-])
+@pytest.mark.parametrize(
+    "fault, column, evidence",
+    [
+        ("stream sync", "stream_sync_calls", "cudaStreamSynchronize x3"),
+        ("event sync", "event_sync_calls", "cudaEventSynchronize x3"),
+        ("device sync (driver)", "event_sync_calls", "cuCtxSynchronize x3"),
+        ("blocking cudaMemcpy", "blocking_memcpy_calls", "cudaMemcpy x3"),
+        ("pageable non_blocking copy", "pageable_async_copies", "Memcpy DtoH (Device -> Pageable) x3"),
+        ("D2D copy", "d2d_copies", "Memcpy DtoD (Device -> Device) x3"),
+        ("D2D copy in a graph", "d2d_copies", "memcpy128 x3"),
+        ("grid (1,1,1) kernel", "kernels_grid1", "reduce_kernel x3"),
+    ],
+)
 def test_each_injected_fault_counts_once_per_step(fault, column, evidence):
     clean, faulty = step_metrics(learner_trace()), step_metrics(learner_trace(fault=fault))
     assert list(faulty.per_step[column] - clean.per_step[column]) == [1, 1, 1]
@@ -264,8 +340,21 @@ def test_phase_rules_by_name_for_graph_replays():
     b = TraceBuilder()
     with b.step():
         for i in range(3):  # a replay: no annotations, all kernels share one cudaGraphLaunch correlation
-            b.rows.append(dict(name=f"sn_power_iter_{i}", kind="kernel", start_us=10 + i, dur_us=1, stream=7,
-                               correlation=1, pid="0", tid="7", grid_x=8, grid_y=1, grid_z=1))
+            b.rows.append(
+                dict(
+                    name=f"sn_power_iter_{i}",
+                    kind="kernel",
+                    start_us=10 + i,
+                    dur_us=1,
+                    stream=7,
+                    correlation=1,
+                    pid="0",
+                    tid="7",
+                    grid_x=8,
+                    grid_y=1,
+                    grid_z=1,
+                )
+            )
         b.call("cudaGraphLaunch")
     m = step_metrics(b.frame(), phases={r"^sn_": "spectral_norm"})
     assert list(m.per_step["spectral_norm_launches"]) == [3]
@@ -277,25 +366,28 @@ def test_no_step_ranges_gives_empty_per_step_and_nan_medians():
     assert m.per_step.empty and pd.isna(m.medians["kernels"])
 
 
-@pytest.mark.parametrize("name, expected", [
-    (TF32_H200, TF32),  # seen on the H200 (DESIGN.md)
-    (FP32_H200, FP32),  # seen on the H200 (DESIGN.md)
-    (TF32_SM90, TF32),
-    ("sm80_xmma_gemm_tf32f32_tf32f32_f32_tn_n_tilesize128x128x16_stage4_warpsize2x2x1_tensor16x8x8_kernel", TF32),
-    ("cutlass_80_tensorop_tf32_s1688gemm_tf32_256x128_16x3_nt_align4", TF32),
-    ("ampere_sgemm_128x64_nn", FP32),
-    ("void cutlass::Kernel2<cutlass_80_simt_sgemm_256x128_8x4_nn_align1>(...)", FP32),
-    ("my_gemm_fp32_kernel", FP32),
-    ("cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_32x6_tn_align8", GEMM),
-    ("turing_fp16_s1688gemm_fp16_128x128_ldg8_f2f_nn", GEMM),  # s1688 with fp16 data: not TF32
-    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", GEMM),
-    ("gemv2T_kernel_val<int, int, float, float, float, float, 128, 16, 4, 4, false, false>", GEMM),
-    ("triton_tem_fused_addmm_relu_0", GEMM),
-    ("triton_poi_fused_add_0", ""),
-    ("void at::native::reduce_kernel<512, 1>", ""),
-    ("memcpy128", ""),
-    ("fp32_to_half_kernel", ""),
-])
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        (TF32_H200, TF32),  # seen on the H200 (DESIGN.md)
+        (FP32_H200, FP32),  # seen on the H200 (DESIGN.md)
+        (TF32_SM90, TF32),
+        ("sm80_xmma_gemm_tf32f32_tf32f32_f32_tn_n_tilesize128x128x16_stage4_warpsize2x2x1_tensor16x8x8_kernel", TF32),
+        ("cutlass_80_tensorop_tf32_s1688gemm_tf32_256x128_16x3_nt_align4", TF32),
+        ("ampere_sgemm_128x64_nn", FP32),
+        ("void cutlass::Kernel2<cutlass_80_simt_sgemm_256x128_8x4_nn_align1>(...)", FP32),
+        ("my_gemm_fp32_kernel", FP32),
+        ("cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_32x6_tn_align8", GEMM),
+        ("turing_fp16_s1688gemm_fp16_128x128_ldg8_f2f_nn", GEMM),  # s1688 with fp16 data: not TF32
+        ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", GEMM),
+        ("gemv2T_kernel_val<int, int, float, float, float, float, 128, 16, 4, 4, false, false>", GEMM),
+        ("triton_tem_fused_addmm_relu_0", GEMM),
+        ("triton_poi_fused_add_0", ""),
+        ("void at::native::reduce_kernel<512, 1>", ""),
+        ("memcpy128", ""),
+        ("fp32_to_half_kernel", ""),
+    ],
+)
 def test_gemm_precision_name_rules(name, expected):
     assert gemm_precision(name) == expected
 
@@ -396,8 +488,9 @@ def test_calls_take_their_innermost_cpu_phase_and_gpu_events_their_launching_cal
         b.gpu("tail_kernel", 140)  # in the step, in no phase
     df = b.frame()
     ev = event_phases(df)
-    by_name = {n: (ph, path) for n, ph, path in zip(df["name"], ev["phase"], ev["path"])
-               if n not in ("cudaLaunchKernel",)}
+    by_name = {
+        n: (ph, path) for n, ph, path in zip(df["name"], ev["phase"], ev["path"]) if n not in ("cudaLaunchKernel",)
+    }
     assert by_name["cudaStreamSynchronize"] == ("optimizer", ("update", "optimizer"))
     assert by_name["adam_kernel"] == ("optimizer", ("update", "optimizer"))
     assert by_name["adam_step_kernel"] == ("update", ("update",))
@@ -419,8 +512,11 @@ def test_phase_rules_apply_only_inside_rule_phases():
     rules = {r"_fwd_online_": "forward"}
     scoped = kernel_phases(df, rules, rule_phases=("update", "forward"))
     names = dict(zip(df["name"], scoped))
-    assert (names["_fwd_online_actor_kernel"], names["_fwd_online_kernel"], names["memcpy128"]) == \
-        ("env_step", "forward", "update")
+    assert (names["_fwd_online_actor_kernel"], names["_fwd_online_kernel"], names["memcpy128"]) == (
+        "env_step",
+        "forward",
+        "update",
+    )
     unscoped = dict(zip(df["name"], kernel_phases(df, rules)))
     assert unscoped["_fwd_online_actor_kernel"] == "forward"  # mutation: without the scope the actor is "learner"
 
@@ -468,8 +564,11 @@ def test_learner_and_env_scopes_and_the_env_kernels_per_env_step():
     two = step_metrics(df, roles=PhaseRoles(learner=("update",), env_steps_per_update=2))
     assert list(two.per_step["env_kernels_per_env_step"]) == [0.5, 0.5] and two.medians["env_kernels"] == 1.0
     assert "learner_kernels_grid1" not in scoped  # retired: "no_single_block_kernels" judges kernels_grid1
-    assert two.evidence["env_kernels_per_env_step"] == ["env_reset in env_step x2", "env_steps_per_update 2",
-                                                        "env_kernels_grid1 2 over the window"]
+    assert two.evidence["env_kernels_per_env_step"] == [
+        "env_reset in env_step x2",
+        "env_steps_per_update 2",
+        "env_kernels_grid1 2 over the window",
+    ]
 
 
 def _graph_copy_step(as_kernel: bool) -> pd.DataFrame:
@@ -483,8 +582,14 @@ def _graph_copy_step(as_kernel: bool) -> pd.DataFrame:
                 if as_kernel:
                     b.gpu("memcpy32_post", 100.0 * (k + 1) + 20, 1, grid=(1, 1, 1), launch="cudaGraphLaunch")
                 else:
-                    b.gpu("Memcpy DtoD (Device -> Device)", 100.0 * (k + 1) + 20, 1, "memcpy",
-                          launch="cudaGraphLaunch", copy_kind="DtoD")
+                    b.gpu(
+                        "Memcpy DtoD (Device -> Device)",
+                        100.0 * (k + 1) + 20,
+                        1,
+                        "memcpy",
+                        launch="cudaGraphLaunch",
+                        copy_kind="DtoD",
+                    )
     return b.frame()
 
 
@@ -540,8 +645,11 @@ def test_phase_steps_coverage_and_markers():
                 pass
     m = step_metrics(b.frame(), phases={r"_tree_update": "priority_update"})
     assert set(map(tuple, m.phase_steps.to_numpy())) == {
-        *((k, "env_step") for k in range(4)), *((k, "priority_update") for k in range(4)), (1, "readback_publish"),
-        (3, "readback_publish")}
+        *((k, "env_step") for k in range(4)),
+        *((k, "priority_update") for k in range(4)),
+        (1, "readback_publish"),
+        (3, "readback_publish"),
+    }
     mk = m.markers.set_index("hit")
     assert list(mk.loc[[1, 3], "phase"]) == ["readback_publish"] * 2 and list(mk.loc[[1, 3], "step"]) == [1, 3]
     between = [10, 11, 12, 13]
@@ -566,7 +674,7 @@ def test_per_kernel_times_are_median_us_per_undamaged_step_by_name():
         g = 10_000.0 * (k + 1)
         with b.step():
             b.gpu("gemm_a", g, 2500.0 if k == 2 else 10.0 + k)  # 10, 11, (a 2.5 ms stall), 13, (14: damaged)
-            b.gpu("gemm_a", g + 3000, 5.0)                       # the same kernel twice per step (two layers)
+            b.gpu("gemm_a", g + 3000, 5.0)  # the same kernel twice per step (two layers)
             if k == 1:
                 b.gpu("readback_kernel", g + 3040, 8.0)
             b.gpu("memcpy128", g + 3060, 3.0, launch="cudaGraphLaunch")
@@ -574,11 +682,17 @@ def test_per_kernel_times_are_median_us_per_undamaged_step_by_name():
                 b.gpu("lost_kernel", 0.0, 0.0)
     m = step_metrics(b.frame())
     times = {name: us for name, us in m.medians.items() if name.startswith(KERNEL_US_PREFIX)}
-    assert times == {f"{KERNEL_US_PREFIX}gemm_a": pytest.approx((16 + 18) / 2),    # median of 15, 16, 2505, 18
-                     f"{KERNEL_US_PREFIX}readback_kernel": pytest.approx(8 / 4)}, times
+    assert times == {
+        f"{KERNEL_US_PREFIX}gemm_a": pytest.approx((16 + 18) / 2),  # median of 15, 16, 2505, 18
+        f"{KERNEL_US_PREFIX}readback_kernel": pytest.approx(8 / 4),
+    }, times
     assert not is_count(f"{KERNEL_US_PREFIX}gemm_a")
-    assert kernel_times(b.frame(), pd.Series(False, index=b.frame().index), pd.Series(dtype="Int64"),
-                        pd.Series([], dtype="int64")) == {}
+    assert (
+        kernel_times(
+            b.frame(), pd.Series(False, index=b.frame().index), pd.Series(dtype="Int64"), pd.Series([], dtype="int64")
+        )
+        == {}
+    )
 
 
 def polling_trace() -> pd.DataFrame:
@@ -603,8 +717,9 @@ def polling_trace() -> pd.DataFrame:
                         b.call("cudaStreamQuery_ptsz")
                     start = b.t
                     b.call("cudaEventQuery")
-                    b.rows.append(dict(name="aten::empty_strided", kind="cpu_op", start_us=start - 0.25, dur_us=1.0,
-                                       tid="1"))
+                    b.rows.append(
+                        dict(name="aten::empty_strided", kind="cpu_op", start_us=start - 0.25, dur_us=1.0, tid="1")
+                    )
         b.call("cudaEventQuery")
         b.rows.append(dict(name="cudaEventQuery", kind="runtime", start_us=b.t - 0.5, dur_us=0.5, tid="99"))
     return b.frame()
@@ -616,8 +731,11 @@ def test_completion_queries_beyond_the_allowance_are_polling():
     assert list(ps["completion_queries"]) == [0, 4, 2] and list(ps["polling_queries"]) == [0, 3, 1]
     assert list(ps["query_host_us"]) == [0.0, 2.0, 1.0]  # 0.5 us per counted call
     assert (m.outside["completion_queries"], m.outside["polling_queries"]) == (1.0, 1.0)
-    assert set(m.phase_runs.itertuples(index=False, name=None)) >= {(1, "readback_publish", 1),
-                                                                     (2, "readback_publish", 1), (2, "progress", 1)}
+    assert set(m.phase_runs.itertuples(index=False, name=None)) >= {
+        (1, "readback_publish", 1),
+        (2, "readback_publish", 1),
+        (2, "progress", 1),
+    }
     assert "completion_queries" not in m.medians and "query_host_us" not in m.medians
     evidence = m.evidence["no_event_sync"]
     assert "cudaEventQuery in readback_publish x5 (polling x3)" in evidence
@@ -637,8 +755,19 @@ def test_polling_flags_allow_the_first_queries_of_each_run():
 
     runs = pd.DataFrame({"step": [0, 1], "phase": ["readback_publish", "readback_publish"], "runs": [1, 2]})
     steps = pd.Series([0, 0, 1, 1, 1, 2, OUTSIDE, None], dtype="Int64")
-    paths = pd.Series([("readback_publish",), ("readback_publish", "inner"), ("readback_publish",),
-                       ("readback_publish",), ("readback_publish",), ("readback_publish",), (), ()], dtype=object)
+    paths = pd.Series(
+        [
+            ("readback_publish",),
+            ("readback_publish", "inner"),
+            ("readback_publish",),
+            ("readback_publish",),
+            ("readback_publish",),
+            ("readback_publish",),
+            (),
+            (),
+        ],
+        dtype=object,
+    )
     flags = polling_flags(steps, paths, runs, {"readback_publish": 1})
     # step 0: one run, the second query polls (its innermost allowance phase is readback_publish); step 1: two
     # runs allow two; step 2: no run there; outside the steps and with no step: polling

@@ -7,11 +7,27 @@ import pandas as pd
 import pytest
 import torch
 
-from hotloop.guards.sync_hooks import (EVENT_SYNC, HIT_COLUMNS, HOOKED_APIS, QUERY_APIS, QUERY_HIT_COLUMNS, STREAM_SYNC,
-                                       SyncHooks, counts_as_sync, is_device_sync, is_pageable_async_copy, spin_spans)
+from hotloop.guards.sync_hooks import (
+    EVENT_SYNC,
+    HIT_COLUMNS,
+    HOOKED_APIS,
+    QUERY_APIS,
+    QUERY_HIT_COLUMNS,
+    STREAM_SYNC,
+    SyncHooks,
+    counts_as_sync,
+    is_device_sync,
+    is_pageable_async_copy,
+    spin_spans,
+)
 
-OWNERS = {"torch.cuda": torch.cuda, "torch.accelerator": torch.accelerator, "torch.cuda.Stream": torch.cuda.Stream,
-          "torch.cuda.Event": torch.cuda.Event, "torch.Tensor": torch.Tensor}
+OWNERS = {
+    "torch.cuda": torch.cuda,
+    "torch.accelerator": torch.accelerator,
+    "torch.cuda.Stream": torch.cuda.Stream,
+    "torch.cuda.Event": torch.cuda.Event,
+    "torch.Tensor": torch.Tensor,
+}
 MISSING = object()
 
 
@@ -61,8 +77,12 @@ def test_sync_calls_are_recorded_with_call_site_and_step(stubs):
     assert stubs == ["device", "stream", "event", "accelerator"]  # the originals still ran
     hits = hooks.frame()
     assert list(hits.columns) == list(HIT_COLUMNS)
-    assert list(hits["api"]) == ["torch.cuda.synchronize", "torch.cuda.Stream.synchronize",
-                                 "torch.cuda.Event.synchronize", "torch.accelerator.synchronize"]
+    assert list(hits["api"]) == [
+        "torch.cuda.synchronize",
+        "torch.cuda.Stream.synchronize",
+        "torch.cuda.Event.synchronize",
+        "torch.accelerator.synchronize",
+    ]
     assert list(hits["criterion"]) == [EVENT_SYNC, STREAM_SYNC, EVENT_SYNC, EVENT_SYNC]
     assert list(hits["step"]) == [4, 4, 5, 5]
     assert hits["site"].iloc[0] == f"{__file__}:{line}"
@@ -96,8 +116,7 @@ def test_cuda_tensor_read_backs_count_once_each():
         t.cpu(), t.tolist(), t.numpy()
         if t:
             pass
-    assert [h.api for h in hooks.hits] == [f"torch.Tensor.{m}" for m in ("item", "cpu", "tolist", "numpy",
-                                                                         "__bool__")]
+    assert [h.api for h in hooks.hits] == [f"torch.Tensor.{m}" for m in ("item", "cpu", "tolist", "numpy", "__bool__")]
     assert {h.criterion for h in hooks.hits} == {STREAM_SYNC}
     assert all(h.site.startswith(__file__) for h in hooks.hits)
 
@@ -127,10 +146,10 @@ def test_copy_rules_read_every_form_of_to_and_cuda():
     assert counts_as_sync(to, (host, "cuda"), {"non_blocking": True})
     assert counts_as_sync(to, (host, "cuda:1", torch.float16, True), {})
     assert counts_as_sync(to, (host,), {"device": 0, "non_blocking": True})
-    assert counts_as_sync(to, (host, dev, True), {})                  # to(other, non_blocking)
-    assert not counts_as_sync(to, (host, "cuda"), {})                 # blocking: torch's own sync warning
-    assert not counts_as_sync(to, (dev, "cpu", True), {})             # to the host: torch pins the output
-    assert not counts_as_sync(to, (host, torch.float64, True), {})    # no device at all
+    assert counts_as_sync(to, (host, dev, True), {})  # to(other, non_blocking)
+    assert not counts_as_sync(to, (host, "cuda"), {})  # blocking: torch's own sync warning
+    assert not counts_as_sync(to, (dev, "cpu", True), {})  # to the host: torch pins the output
+    assert not counts_as_sync(to, (host, torch.float64, True), {})  # no device at all
     assert not counts_as_sync(to, (host, "no-such-device", True), {})  # unreadable: the call raises its own error
     assert counts_as_sync("torch.Tensor.cuda", (host,), {"non_blocking": True})
     assert counts_as_sync("torch.Tensor.cuda", (host, 0, True), {})
@@ -159,6 +178,7 @@ def test_copy_rules_read_torchs_keyword_names_and_only_the_bool_true():
 def test_a_non_blocking_value_that_cannot_be_read_changes_nothing_in_the_call():
     """The rule never calls bool() on the argument (a CUDA tensor there would be a read-back of its own, an object
     whose __bool__ raises would raise from the hook): the call raises torch's own TypeError and nothing is hit."""
+
     class Unreadable:
         def __bool__(self):
             raise ZeroDivisionError("read")
@@ -262,10 +282,14 @@ def test_spin_spans_join_the_not_ready_queries_of_one_site_and_step():
     """A polling run: the queries of one thread at one site in one step, each but the last not ready; its span runs
     from the first one's start to the last one's end. A ready query, another site or another step starts anew."""
     rows = [  # site, step, ready, start_s, dur_s
-        ("a:1", 0, False, 10.0, 1.0), ("a:1", 0, False, 12.0, 1.0), ("a:1", 0, True, 14.0, 1.0),  # 10 .. 15
-        ("a:1", 0, True, 20.0, 0.5),                                                              # alone
-        ("b:2", 1, False, 30.0, 1.0), ("a:1", 1, True, 31.0, 1.0),                              # another site
-        ("a:1", 1, False, 40.0, 1.0), ("a:1", 2, True, 50.0, 1.0),                              # another step
+        ("a:1", 0, False, 10.0, 1.0),
+        ("a:1", 0, False, 12.0, 1.0),
+        ("a:1", 0, True, 14.0, 1.0),  # 10 .. 15
+        ("a:1", 0, True, 20.0, 0.5),  # alone
+        ("b:2", 1, False, 30.0, 1.0),
+        ("a:1", 1, True, 31.0, 1.0),  # another site
+        ("a:1", 1, False, 40.0, 1.0),
+        ("a:1", 2, True, 50.0, 1.0),  # another step
     ]
     q = pd.DataFrame(rows, columns=["site", "step", "ready", "start_s", "dur_s"]).assign(thread="MainThread")
     q["step"] = q["step"].astype("Int64")

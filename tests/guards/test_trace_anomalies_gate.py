@@ -40,8 +40,9 @@ def overlap_trace(serial_steps=(), damaged_steps=(), steps=2):
 
 def report(frame) -> GuardReport:
     m = step_metrics(frame)
-    return GuardReport(evaluate(m, NO_HITS, cuda=True), m.per_step, m.medians, NO_HITS, m.gemms, True, m.anomalies,
-                       m.timing_note)
+    return GuardReport(
+        evaluate(m, NO_HITS, cuda=True), m.per_step, m.medians, NO_HITS, m.gemms, True, m.anomalies, m.timing_note
+    )
 
 
 def test_the_overlap_criterion_is_judged_on_the_undamaged_steps_and_says_so():

@@ -16,9 +16,25 @@ from hotloop.guards.watchdog import HangWatchdog
 
 INTERNAL_ERROR = 70
 
-TINY = ["--epochs", "1", "--device", "cpu", "--set", "learner_steps_per_epoch=20", "--set", "learning_starts=64",
-        "--set", "batch_size=32", "--set", "trunk_hidden=[16]", "--set", "head_hidden=8", "--set", "eval_episodes=0",
-        "--no-progress"]
+TINY = [
+    "--epochs",
+    "1",
+    "--device",
+    "cpu",
+    "--set",
+    "learner_steps_per_epoch=20",
+    "--set",
+    "learning_starts=64",
+    "--set",
+    "batch_size=32",
+    "--set",
+    "trunk_hidden=[16]",
+    "--set",
+    "head_hidden=8",
+    "--set",
+    "eval_episodes=0",
+    "--no-progress",
+]
 
 
 @pytest.mark.parametrize("command", ["train", "gate"])
@@ -103,8 +119,12 @@ sys.exit(main(sys.argv[1:]))
 def test_a_run_whose_watchdog_dies_stops_with_exit_70_saying_why(command, tmp_path):
     """Before: "Exception in thread hotloop-watchdog", then the epoch went on unguarded and the run exited 0."""
     out = tmp_path / "run"
-    res = subprocess.run([sys.executable, "-c", _DYING_WATCHDOG, command, "--out", str(out), *TINY],
-                         capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [sys.executable, "-c", _DYING_WATCHDOG, command, "--out", str(out), *TINY],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == INTERNAL_ERROR, res.stderr
     assert "hotloop: internal error: the hang watchdog died during 'epoch 1': TypeError" in res.stderr
     assert f"full traceback in {out / 'error.log'}" in res.stderr and "Traceback" in (out / "error.log").read_text()

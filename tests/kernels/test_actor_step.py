@@ -17,24 +17,49 @@ from hotloop.trainer.loop import Trainer
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SEED = 20261205  # fixed: the draws must not depend on PYTHONHASHSEED (a test that fails one run in six is no test)
-TF32_TIE = 2.0 ** -8  # two Q values this close (relative to the env's largest |Q|) are tied under TF32 rounding
-TINY = dict(learner="hotloop", trunk_hidden=(32, 16), head_hidden=16, batch_size=16, learner_steps_per_epoch=2,
-            learning_starts=0, eval_episodes=0, log_interval=1, epochs=1)
+TF32_TIE = 2.0**-8  # two Q values this close (relative to the env's largest |Q|) are tied under TF32 rounding
+TINY = dict(
+    learner="hotloop",
+    trunk_hidden=(32, 16),
+    head_hidden=16,
+    batch_size=16,
+    learner_steps_per_epoch=2,
+    learning_starts=0,
+    eval_episodes=0,
+    log_interval=1,
+    epochs=1,
+)
 
 
 def _trainer(env: str, num_envs: int, capacity: int, **kw) -> Trainer:
     shape = {"obs_dim": 12, "action_nvec": (3, 3, 3)} if env == "synthetic" else {}
-    return Trainer(preset("cartpole", **{**TINY, **shape, **kw}, env=env, num_envs=num_envs,
-                          replay_capacity=capacity, device=DEVICE))
+    return Trainer(
+        preset(
+            "cartpole", **{**TINY, **shape, **kw}, env=env, num_envs=num_envs, replay_capacity=capacity, device=DEVICE
+        )
+    )
 
 
 def _state(tr: Trainer) -> dict[str, torch.Tensor]:
     """Every tensor a step reads or writes, by name (live tensors)."""
     rp, ret, env = tr.replay, tr.returns, tr.env
-    out = {"obs": tr.obs, "elapsed": env.elapsed_steps, "t": tr.actor.t, "pos": rp.pos_t, "eps": tr.actor.epsilon,
-           "r_obs": rp.obs, "r_action": rp.action, "r_reward": rp.reward, "r_next": rp.next_obs,
-           "r_term": rp.terminated, "nodes": rp.tree.nodes, "max": rp.tree.max_value, "running": ret.running,
-           "ring": ret.ring, "finished": ret.finished}
+    out = {
+        "obs": tr.obs,
+        "elapsed": env.elapsed_steps,
+        "t": tr.actor.t,
+        "pos": rp.pos_t,
+        "eps": tr.actor.epsilon,
+        "r_obs": rp.obs,
+        "r_action": rp.action,
+        "r_reward": rp.reward,
+        "r_next": rp.next_obs,
+        "r_term": rp.terminated,
+        "nodes": rp.tree.nodes,
+        "max": rp.tree.max_value,
+        "running": ret.running,
+        "ring": ret.ring,
+        "finished": ret.finished,
+    }
     out["state"] = env.state if hasattr(env, "state") else env._obs
     return out
 
@@ -73,10 +98,16 @@ def _poison(tr: Trainer) -> None:
         tr.actor.fused.scratch.fill_(float("nan"))
 
 
-@pytest.mark.parametrize("env,num_envs,capacity,tiles", [
-    ("cartpole", 40, 64, None), ("cartpole", 8, 8, None), ("synthetic", 24, 40, None),
-    ("synthetic", 72, 96, (32, 128, 32, 4)),  # the seed-scale tiles (kernels/actor_step.py `_blocks`)
-    ("cartpole", 40, 64, (16, 64, 32, 4))])  # the small-N tiles of the GPU
+@pytest.mark.parametrize(
+    "env,num_envs,capacity,tiles",
+    [
+        ("cartpole", 40, 64, None),
+        ("cartpole", 8, 8, None),
+        ("synthetic", 24, 40, None),
+        ("synthetic", 72, 96, (32, 128, 32, 4)),  # the seed-scale tiles (kernels/actor_step.py `_blocks`)
+        ("cartpole", 40, 64, (16, 64, 32, 4)),
+    ],
+)  # the small-N tiles of the GPU
 def test_the_fused_step_equals_the_reference_step_on_random_input(env, num_envs, capacity, tiles, seed=None):
     tr = _trainer(env, num_envs, capacity, batch_size=min(16, capacity))
     assert tr.actor is not None and tr.actor.fused is not None
@@ -132,10 +163,19 @@ def test_the_fused_step_equals_the_reference_step_on_random_input(env, num_envs,
 
 
 def test_the_cartpole_constants_are_the_env_modules():
-    assert CARTPOLE_CONSTANTS == (cartpole.GRAVITY, cartpole.MASSPOLE, cartpole.TOTAL_MASS, cartpole.LENGTH,
-                                   cartpole.POLEMASS_LENGTH, cartpole.FORCE_MAG, cartpole.TAU,
-                                   cartpole.THETA_THRESHOLD, cartpole.X_THRESHOLD, 2 * cartpole.RESET_BOUND,
-                                   cartpole.RESET_BOUND)
+    assert CARTPOLE_CONSTANTS == (
+        cartpole.GRAVITY,
+        cartpole.MASSPOLE,
+        cartpole.TOTAL_MASS,
+        cartpole.LENGTH,
+        cartpole.POLEMASS_LENGTH,
+        cartpole.FORCE_MAG,
+        cartpole.TAU,
+        cartpole.THETA_THRESHOLD,
+        cartpole.X_THRESHOLD,
+        2 * cartpole.RESET_BOUND,
+        cartpole.RESET_BOUND,
+    )
 
 
 def test_the_commit_advances_the_counters_once_and_fills_the_ring_in_env_order():
@@ -146,11 +186,30 @@ def test_the_commit_advances_the_counters_once_and_fills_the_ring_in_env_order()
     ended = torch.rand(n, dtype=torch.float64).to(dev)
     ring = torch.full((50 + 1,), float("nan"), dtype=torch.float64, device=dev)
     z = torch.zeros((), dtype=torch.int64, device=dev)
-    buf = ActorBuffers(t=z.clone().fill_(5), pos=z.clone().fill_(60), epsilon=z, obs=z, state=z, elapsed=z,
-                       start=z, env_a=z, env_b=z, env_c=z, replay_obs=z, replay_action=z,
-                       replay_reward=torch.zeros(64, device=dev), replay_next_obs=z, replay_terminated=z,
-                       running=z, ended=ended, done=done, ring=ring, finished=z.clone().fill_(45),
-                       ticket=torch.zeros((), dtype=torch.int32, device=dev), scratch=z)
+    buf = ActorBuffers(
+        t=z.clone().fill_(5),
+        pos=z.clone().fill_(60),
+        epsilon=z,
+        obs=z,
+        state=z,
+        elapsed=z,
+        start=z,
+        env_a=z,
+        env_b=z,
+        env_c=z,
+        replay_obs=z,
+        replay_action=z,
+        replay_reward=torch.zeros(64, device=dev),
+        replay_next_obs=z,
+        replay_terminated=z,
+        running=z,
+        ended=ended,
+        done=done,
+        ring=ring,
+        finished=z.clone().fill_(45),
+        ticket=torch.zeros((), dtype=torch.int32, device=dev),
+        scratch=z,
+    )
     actor_commit(buf)
     k = int(done.sum())
     want = torch.full_like(ring, float("nan"))
@@ -163,9 +222,9 @@ def _bad(name: str):
     def make(tr: Trainer):
         buf = tr.actor.fused
         fields = {f: getattr(buf, f) for f in buf.__dataclass_fields__}
-        fields[name] = fields[name].to(torch.float64) if fields[name].dtype != torch.float64 else \
-            fields[name].float()
+        fields[name] = fields[name].to(torch.float64) if fields[name].dtype != torch.float64 else fields[name].float()
         return ActorBuffers(**fields)
+
     return make
 
 

@@ -9,17 +9,23 @@ import torch
 from hotloop.kernels._common import check_tensor, check_torch_input
 
 
-@pytest.mark.parametrize("t,kwargs,match", [
-    ([1.0], {}, "x must be a torch.Tensor, got list"),
-    (torch.ones(2), {"dtype": (torch.int32, torch.int64)},
-     "x must have dtype torch.int32 or torch.int64, got torch.float32"),
-    (torch.ones(2, dtype=torch.int64), {"kind": "float"}, "x must have a floating-point dtype, got torch.int64"),
-    (torch.ones(2, dtype=torch.bool), {"kind": "int"}, "x must have an integer dtype, got torch.bool"),
-    (torch.ones(2, 3), {"ndim": 1}, r"x must be 1-D, got shape \(2, 3\)"),
-    (torch.ones(2, 3), {"shape": (None, 4)}, r"x must have shape \(None, 4\) \(None = any\), got \(2, 3\)"),
-    (torch.ones(2, device="meta"), {"device": "cpu"}, "x must be on cpu, got meta"),
-    (torch.ones(3, 2).t(), {}, r"x must be contiguous \(strides \(1, 2\)\)"),
-])
+@pytest.mark.parametrize(
+    "t,kwargs,match",
+    [
+        ([1.0], {}, "x must be a torch.Tensor, got list"),
+        (
+            torch.ones(2),
+            {"dtype": (torch.int32, torch.int64)},
+            "x must have dtype torch.int32 or torch.int64, got torch.float32",
+        ),
+        (torch.ones(2, dtype=torch.int64), {"kind": "float"}, "x must have a floating-point dtype, got torch.int64"),
+        (torch.ones(2, dtype=torch.bool), {"kind": "int"}, "x must have an integer dtype, got torch.bool"),
+        (torch.ones(2, 3), {"ndim": 1}, r"x must be 1-D, got shape \(2, 3\)"),
+        (torch.ones(2, 3), {"shape": (None, 4)}, r"x must have shape \(None, 4\) \(None = any\), got \(2, 3\)"),
+        (torch.ones(2, device="meta"), {"device": "cpu"}, "x must be on cpu, got meta"),
+        (torch.ones(3, 2).t(), {}, r"x must be contiguous \(strides \(1, 2\)\)"),
+    ],
+)
 def test_each_constraint_names_the_argument_and_the_fault(t, kwargs, match):
     with pytest.raises(ValueError, match=match):
         check_tensor("x", t, triton=False, **kwargs)
@@ -27,8 +33,10 @@ def test_each_constraint_names_the_argument_and_the_fault(t, kwargs, match):
 
 def test_a_matching_tensor_is_returned():
     t = torch.ones(2, 3)
-    assert check_tensor("x", t, dtype=torch.float32, kind="float", ndim=2, shape=(None, 3), device="cpu",
-                        triton=False) is t
+    assert (
+        check_tensor("x", t, dtype=torch.float32, kind="float", ndim=2, shape=(None, 3), device="cpu", triton=False)
+        is t
+    )
     assert check_tensor("x", t.t(), contiguous=False, triton=False).shape == (3, 2)
 
 

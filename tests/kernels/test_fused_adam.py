@@ -37,39 +37,53 @@ def _shapes(n: int) -> list[tuple[int, ...]]:
 class _Run:
     """The fused optimizer and two torch references (float64 and float32) over identical starting buffers."""
 
-    def __init__(self, n, *, weight_decay=0.0, tau=None, seed=0, lr=LR, shapes=None, lr_end_factor=1.0,
-                 lr_decay_steps=0):
+    def __init__(
+        self, n, *, weight_decay=0.0, tau=None, seed=0, lr=LR, shapes=None, lr_end_factor=1.0, lr_decay_steps=0
+    ):
         self.gen = torch.Generator(device="cpu").manual_seed(seed)
         self.n, self.tau = n, tau
-        self.max_grad_norm = math.sqrt(n)                      # ~ norm of randn(n): grads are scaled by 0.3..3
+        self.max_grad_norm = math.sqrt(n)  # ~ norm of randn(n): grads are scaled by 0.3..3
         params = torch.randn(n, generator=self.gen)
         target = torch.randn(n, generator=self.gen)
-        self.fused = FusedAdam(n, DEVICE, lr=lr, weight_decay=weight_decay, max_grad_norm=self.max_grad_norm,
-                               lr_end_factor=lr_end_factor, lr_decay_steps=lr_decay_steps)
+        self.fused = FusedAdam(
+            n,
+            DEVICE,
+            lr=lr,
+            weight_decay=weight_decay,
+            max_grad_norm=self.max_grad_norm,
+            lr_end_factor=lr_end_factor,
+            lr_decay_steps=lr_decay_steps,
+        )
         self.params, self.target = params.to(DEVICE, copy=True), target.to(DEVICE, copy=True)
         self.refs = []
         for dtype in (torch.float64, torch.float32):
             p, g = params.to(DEVICE, dtype, copy=True), torch.empty(n, dtype=dtype, device=DEVICE)
-            opt = torch.optim.Adam(reference_params(p, g, shapes or _shapes(n)), lr=float(lr),
-                                   weight_decay=weight_decay)
-            sched = (torch.optim.lr_scheduler.LinearLR(opt, 1.0, lr_end_factor, lr_decay_steps)
-                     if lr_decay_steps else None)
-            self.refs.append(dict(params=p, grads=g, target=target.to(DEVICE, dtype, copy=True), opt=opt,
-                                  sched=sched))
+            opt = torch.optim.Adam(
+                reference_params(p, g, shapes or _shapes(n)), lr=float(lr), weight_decay=weight_decay
+            )
+            sched = (
+                torch.optim.lr_scheduler.LinearLR(opt, 1.0, lr_end_factor, lr_decay_steps) if lr_decay_steps else None
+            )
+            self.refs.append(dict(params=p, grads=g, target=target.to(DEVICE, dtype, copy=True), opt=opt, sched=sched))
         self.clipped = []
 
     def step(self) -> None:
         scale = math.exp(torch.empty(()).uniform_(math.log(0.3), math.log(3.0), generator=self.gen).item())
         grads = (torch.randn(self.n, generator=self.gen) * scale).to(DEVICE)
         for t in (self.fused.partials, self.fused.grad_norm, self.fused._scalars):
-            t.fill_(float("nan"))                                         # poison every scratch/output
+            t.fill_(float("nan"))  # poison every scratch/output
         grads_before = grads.clone()
         norm = self.fused.step(self.params, grads, None if self.tau is None else self.target, tau=self.tau or 1.0)
         torch.testing.assert_close(grads, grads_before, rtol=0, atol=0)  # grad_buf is only read
         for ref in self.refs:
             ref["grads"].copy_(grads)
-            ref_norm = adam_reference(ref["opt"], self.max_grad_norm, ref["params"],
-                                      None if self.tau is None else ref["target"], tau=self.tau or 1.0)
+            ref_norm = adam_reference(
+                ref["opt"],
+                self.max_grad_norm,
+                ref["params"],
+                None if self.tau is None else ref["target"],
+                tau=self.tau or 1.0,
+            )
             torch.testing.assert_close(norm.double(), ref_norm.double(), **NORM_TOL)
             if ref["sched"] is not None:
                 ref["sched"].step()
@@ -99,15 +113,18 @@ class _GridSpy:
         return self.kernel[grid]
 
 
-@pytest.mark.parametrize("n, steps, weight_decay, tau", [
-    (1, 12, 0.0, None),
-    (7, 12, 0.01, 1.0),
-    (1000, 12, 0.0, 0.005),
-    (1000, 12, 0.01, None),
-    (4097, 100, 0.01, 0.005),
-    (4097, 30, 0.0, 1.0),
-    (250_001, 2, 0.01, 0.005),
-])
+@pytest.mark.parametrize(
+    "n, steps, weight_decay, tau",
+    [
+        (1, 12, 0.0, None),
+        (7, 12, 0.01, 1.0),
+        (1000, 12, 0.0, 0.005),
+        (1000, 12, 0.01, None),
+        (4097, 100, 0.01, 0.005),
+        (4097, 30, 0.0, 1.0),
+        (250_001, 2, 0.01, 0.005),
+    ],
+)
 def test_matches_clip_grad_norm_and_torch_adam(n, steps, weight_decay, tau, monkeypatch):
     grids = []
     for name in ("_grad_sumsq_kernel", "_clip_adam_kernel"):
@@ -115,13 +132,13 @@ def test_matches_clip_grad_norm_and_torch_adam(n, steps, weight_decay, tau, monk
     run = _Run(n, weight_decay=weight_decay, tau=tau, seed=n)
     for i in range(steps):
         run.step()
-        assert run.fused.step_count.item() == i + 1                       # exactly one increment per call
+        assert run.fused.step_count.item() == i + 1  # exactly one increment per call
     run.check(steps)
     if steps >= 12:
         assert any(run.clipped) and not all(run.clipped), "want steps with and without clipping"
     assert len(grids) == 2 * steps and all(len(g) == 1 and g[0] >= 2 for g in grids), "a single-block launch"
     if n > 200_000:
-        assert min(g[0] for g in grids) >= 132                            # every SM of an H100/H200 gets a block
+        assert min(g[0] for g in grids) >= 132  # every SM of an H100/H200 gets a block
 
 
 @pytest.mark.smoke
@@ -145,7 +162,7 @@ def test_linear_lr_decay_matches_torch_linear_lr():
         const.step()
     run.check(12)
     assert run.refs[0]["opt"].param_groups[0]["lr"] == pytest.approx(0.1 * LR)
-    assert (run.params - const.params).abs().max() > 1e-3   # the decay moved the trajectory
+    assert (run.params - const.params).abs().max() > 1e-3  # the decay moved the trajectory
 
 
 def test_state_dict_round_trip_and_torch_float_step():
@@ -154,7 +171,7 @@ def test_state_dict_round_trip_and_torch_float_step():
     for _ in range(3):
         a.step()
     state = a.fused.state_dict()
-    state["step"] = state["step"].float().cpu()                            # torch.optim.Adam keeps a float step
+    state["step"] = state["step"].float().cpu()  # torch.optim.Adam keeps a float step
     b.fused.load_state_dict(state)
     b.params.copy_(a.params)
     assert b.fused.step_count.item() == 3
@@ -169,8 +186,11 @@ def test_value_errors():
     opt = FusedAdam(n, DEVICE, lr=LR)
     p, g = torch.randn(n, device=DEVICE), torch.randn(n, device=DEVICE)
     bad = {
-        "dtype": (p.double(), g), "shape": (p, torch.randn(n + 1, device=DEVICE)), "2-D": (p.view(1, n), g),
-        "contiguous": (torch.randn(2 * n, device=DEVICE)[::2], g), "type": (p.tolist(), g),
+        "dtype": (p.double(), g),
+        "shape": (p, torch.randn(n + 1, device=DEVICE)),
+        "2-D": (p.view(1, n), g),
+        "contiguous": (torch.randn(2 * n, device=DEVICE)[::2], g),
+        "type": (p.tolist(), g),
     }
     for pp, gg in bad.values():
         with pytest.raises(ValueError, match="params_buf|grad_buf"):
@@ -183,14 +203,22 @@ def test_value_errors():
         with pytest.raises(ValueError, match="tau"):
             opt.step(p, g, target_buf=torch.randn(n, device=DEVICE), tau=tau)
     for kwargs, match in [
-        (dict(num_params=0), "num_params"), (dict(num_params=2 ** 31), "num_params"),
+        (dict(num_params=0), "num_params"),
+        (dict(num_params=2**31), "num_params"),
         (dict(num_params=7.0), "num_params"),
-        (dict(lr=-1.0), "lr"), (dict(lr=torch.ones(1, device=DEVICE)), "lr"),
-        (dict(lr=torch.tensor(1, device=DEVICE)), "lr"), (dict(betas=(0.9, 1.0)), "betas"),
-        (dict(betas=(-0.1, 0.9)), "betas"), (dict(eps=-1e-8), "eps"), (dict(weight_decay=-0.1), "weight_decay"),
-        (dict(max_grad_norm=0.0), "max_grad_norm"), (dict(max_grad_norm=float("nan")), "max_grad_norm"),
-        (dict(lr_end_factor=1.5), "lr_end_factor"), (dict(lr_end_factor=float("nan")), "lr_end_factor"),
-        (dict(lr_decay_steps=-1), "lr_decay_steps"), (dict(lr_decay_steps=2.0), "lr_decay_steps"),
+        (dict(lr=-1.0), "lr"),
+        (dict(lr=torch.ones(1, device=DEVICE)), "lr"),
+        (dict(lr=torch.tensor(1, device=DEVICE)), "lr"),
+        (dict(betas=(0.9, 1.0)), "betas"),
+        (dict(betas=(-0.1, 0.9)), "betas"),
+        (dict(eps=-1e-8), "eps"),
+        (dict(weight_decay=-0.1), "weight_decay"),
+        (dict(max_grad_norm=0.0), "max_grad_norm"),
+        (dict(max_grad_norm=float("nan")), "max_grad_norm"),
+        (dict(lr_end_factor=1.5), "lr_end_factor"),
+        (dict(lr_end_factor=float("nan")), "lr_end_factor"),
+        (dict(lr_decay_steps=-1), "lr_decay_steps"),
+        (dict(lr_decay_steps=2.0), "lr_decay_steps"),
     ]:
         args = dict(num_params=n, device=DEVICE, lr=LR) | kwargs
         with pytest.raises(ValueError, match=match):
@@ -228,14 +256,15 @@ def test_cuda_graph_replay_matches_eager_gpu():
 
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):                                          # compile both kernels before capture
-        FusedAdam(n, "cuda", lr=1e-3, weight_decay=0.01).step(inp["params_buf"].clone(), grads[0],
-                                                                inp["target_buf"].clone(), tau=0.005)
+    with torch.cuda.stream(side):  # compile both kernels before capture
+        FusedAdam(n, "cuda", lr=1e-3, weight_decay=0.01).step(
+            inp["params_buf"].clone(), grads[0], inp["target_buf"].clone(), tau=0.005
+        )
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         graph_norm = graphed.step(bufs["graphed"][0], static_grads, bufs["graphed"][1], tau=0.005)
-    assert graphed.step_count.item() == 0                                  # capture records, does not run
+    assert graphed.step_count.item() == 0  # capture records, does not run
 
     for g in grads:
         static_grads.copy_(g)

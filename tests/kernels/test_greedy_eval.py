@@ -19,8 +19,17 @@ from hotloop.trainer.evaluation import evaluate_reference
 from hotloop.trainer.loop import Trainer
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-NET = dict(learner="hotloop", trunk_hidden=(16,), head_hidden=8, num_envs=4, eval_episodes=0, replay_capacity=64,
-           batch_size=16, learning_starts=16, spectral_norm=False)
+NET = dict(
+    learner="hotloop",
+    trunk_hidden=(16,),
+    head_hidden=8,
+    num_envs=4,
+    eval_episodes=0,
+    replay_capacity=64,
+    batch_size=16,
+    learning_starts=16,
+    spectral_norm=False,
+)
 MARGIN = 1e-4
 """Relative gap under which two Q values, or a state and a termination threshold, count as tied on the CPU (the
 kernel's and the reference's float32 sums differ in their last bits; their trajectories drift by ~1e-6 over an
@@ -54,8 +63,9 @@ def _clear_of_ties(env: CartPoleVec, learner, seed: int, steps: int) -> torch.Te
         q = learner.acting.q(learner.params, obs)[:, 0]
         gap = (q[:, 0] - q[:, 1]).abs() <= MARGIN * q.abs().amax(dim=1).clamp_min(1e-30)
         res = env.step(q.argmax(dim=1, keepdim=True))
-        edge = ((res.final_obs[:, 0].abs() - X_THRESHOLD).abs() <= MARGIN * X_THRESHOLD) | \
-            ((res.final_obs[:, 2].abs() - THETA_THRESHOLD).abs() <= MARGIN * THETA_THRESHOLD)
+        edge = ((res.final_obs[:, 0].abs() - X_THRESHOLD).abs() <= MARGIN * X_THRESHOLD) | (
+            (res.final_obs[:, 2].abs() - THETA_THRESHOLD).abs() <= MARGIN * THETA_THRESHOLD
+        )
         clear &= ~(running & (gap | edge))
         running &= ~(res.terminated | res.truncated)
         obs = res.obs
@@ -112,23 +122,32 @@ def test_max_steps_cuts_the_episodes_and_zero_steps_returns_zeros():
 
 def _args(learner, n: int = 8):
     net = ActingNet.from_layout(learner.layout, torch.device(DEVICE))
-    return dict(net=net, weights=learner.params, obs=torch.zeros(n, 4, device=DEVICE), steps=10,
-                total=torch.zeros(n, dtype=torch.float64, device=DEVICE),
-                scratch=torch.zeros(2, n, net.max_width, device=DEVICE))
+    return dict(
+        net=net,
+        weights=learner.params,
+        obs=torch.zeros(n, 4, device=DEVICE),
+        steps=10,
+        total=torch.zeros(n, dtype=torch.float64, device=DEVICE),
+        scratch=torch.zeros(2, n, net.max_width, device=DEVICE),
+    )
 
 
-@pytest.mark.parametrize("name,bad,match", [
-    ("weights", lambda a: a["weights"].double(), "weights"),
-    ("obs", lambda a: torch.zeros(8, 6, device=DEVICE), "obs"),
-    ("obs", lambda a: torch.zeros(0, 4, device=DEVICE), "obs"),
-    ("obs", lambda a: torch.zeros(4, 8, device=DEVICE).t(), "obs"),
-    ("total", lambda a: a["total"].float(), "total"),
-    ("total", lambda a: torch.zeros(7, dtype=torch.float64, device=DEVICE), "total"),
-    ("scratch", lambda a: a["scratch"][:1], "scratch"),
-    ("steps", lambda a: -1, "steps"),
-    ("steps", lambda a: 2.5, "steps"),
-    ("block_n", lambda a: 48, "block_n"),
-    ("block_n", lambda a: 8, "block_n")])
+@pytest.mark.parametrize(
+    "name,bad,match",
+    [
+        ("weights", lambda a: a["weights"].double(), "weights"),
+        ("obs", lambda a: torch.zeros(8, 6, device=DEVICE), "obs"),
+        ("obs", lambda a: torch.zeros(0, 4, device=DEVICE), "obs"),
+        ("obs", lambda a: torch.zeros(4, 8, device=DEVICE).t(), "obs"),
+        ("total", lambda a: a["total"].float(), "total"),
+        ("total", lambda a: torch.zeros(7, dtype=torch.float64, device=DEVICE), "total"),
+        ("scratch", lambda a: a["scratch"][:1], "scratch"),
+        ("steps", lambda a: -1, "steps"),
+        ("steps", lambda a: 2.5, "steps"),
+        ("block_n", lambda a: 48, "block_n"),
+        ("block_n", lambda a: 8, "block_n"),
+    ],
+)
 def test_bad_inputs_are_refused_by_name_before_any_launch(name, bad, match):
     args = _args(_learner(4))
     args[name] = bad(args)
@@ -139,8 +158,9 @@ def test_bad_inputs_are_refused_by_name_before_any_launch(name, bad, match):
 
 
 def test_a_net_that_is_not_cartpoles_is_refused():
-    learner = Trainer(preset("seed-scale", device=DEVICE, obs_dim=4, action_nvec=(3, 3),
-                             **{**NET, "learner": "hotloop"})).learner
+    learner = Trainer(
+        preset("seed-scale", device=DEVICE, obs_dim=4, action_nvec=(3, 3), **{**NET, "learner": "hotloop"})
+    ).learner
     with pytest.raises(ValueError, match="CartPole"):
         greedy_eval(**_args(learner))
 

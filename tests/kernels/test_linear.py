@@ -14,8 +14,13 @@ import torch
 
 import hotloop.kernels.heads
 from hotloop.kernels.heads import heads_backward, heads_forward, heads_reference
-from hotloop.kernels.linear import (WeightTranspose, linear_backward_input, linear_backward_weight, linear_forward,
-                            linear_reference)
+from hotloop.kernels.linear import (
+    WeightTranspose,
+    linear_backward_input,
+    linear_backward_weight,
+    linear_forward,
+    linear_reference,
+)
 from hotloop.kernels.tf32_split import split_tf32, tf32_round_copy
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -25,7 +30,7 @@ FWD_TOL = CPU_TOL if DEVICE == "cpu" else dict(rtol=1e-2, atol=1e-2)
 
 
 def _rand(*shape, gen, scale=1.0):
-    return (torch.randn(*shape, generator=gen, dtype=torch.float64) * scale)
+    return torch.randn(*shape, generator=gen, dtype=torch.float64) * scale
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -34,13 +39,12 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def _layer(gen, n, k, gain_group):
     groups = -(-n // gain_group)
-    return _rand(n, k, gen=gen, scale=k ** -0.5), _rand(n, gen=gen, scale=0.1), 1.0 + _rand(groups, gen=gen,
-                                                                                              scale=0.2)
+    return _rand(n, k, gen=gen, scale=k**-0.5), _rand(n, gen=gen, scale=0.1), 1.0 + _rand(groups, gen=gen, scale=0.2)
 
 
 def _scaled_wt(w, g, gain_group):
     """The g-scaled W^T (K, N), in w's dtype."""
-    return (w * g.repeat_interleave(gain_group)[:w.shape[0], None]).T.contiguous()
+    return (w * g.repeat_interleave(gain_group)[: w.shape[0], None]).T.contiguous()
 
 
 def _wt(w, g, gain_group):
@@ -49,10 +53,17 @@ def _wt(w, g, gain_group):
     return split_tf32(_scaled_wt(w.float(), g.float(), gain_group))
 
 
-@pytest.mark.parametrize("m,n,k,gain_group,relu,gather", [(37, 20, 13, 20, True, False), (200, 48, 40, 16, False, True),
-                                                           (130, 96, 70, 32, True, True), (70, 72, 24, 7, True, False),
-                                                           (90, 256, 20, 48, True, False),
-                                                           (5632, 192, 16, 64, True, True)])
+@pytest.mark.parametrize(
+    "m,n,k,gain_group,relu,gather",
+    [
+        (37, 20, 13, 20, True, False),
+        (200, 48, 40, 16, False, True),
+        (130, 96, 70, 32, True, True),
+        (70, 72, 24, 7, True, False),
+        (90, 256, 20, 48, True, False),
+        (5632, 192, 16, 64, True, True),
+    ],
+)
 def test_linear_forward_and_backward_match_float64(m, n, k, gain_group, relu, gather):
     # (90, 256, ...): two 128-row weight-gradient tiles; the second holds parts of 4 gain groups of 48 rows (2..5);
     # (5632, 192, ...): 64-wide forward tiles (they pad 192 less than 128-wide ones; 44 x 3 = 132 programs, so the
@@ -65,8 +76,9 @@ def test_linear_forward_and_backward_match_float64(m, n, k, gain_group, relu, ga
     dev = lambda t: t.float().to(DEVICE)  # noqa: E731
     y = torch.full((m, n), float("nan"), device=DEVICE)
     yt = torch.full((2, n, m), float("nan"), device=DEVICE)
-    linear_forward(dev(src), dev(w), dev(b), dev(g), y, gain_group, relu,
-                   rows=None if rows is None else rows.to(DEVICE), yt=yt)
+    linear_forward(
+        dev(src), dev(w), dev(b), dev(g), y, gain_group, relu, rows=None if rows is None else rows.to(DEVICE), yt=yt
+    )
     ref = linear_reference(x, w, b, g, gain_group, relu)
     torch.testing.assert_close(y.cpu().double(), ref, **FWD_TOL)
     assert torch.equal(yt, split_tf32(y.T))  # y^T split into TF32 parts, bit for bit as the torch reference
@@ -98,13 +110,19 @@ def test_input_gradient_fuses_the_weight_gradient_of_the_layer_below(m, n, k, k0
     gives them; dz^T not written. Cases: one gain group over all rows, groups of 7 (per-row dg atomics), groups of
     48 splitting the 128-row tiles."""
     gen = torch.Generator().manual_seed(m + k)
-    dy, w = _rand(m, n, gen=gen), _rand(n, k, gen=gen, scale=k ** -0.5)
+    dy, w = _rand(m, n, gen=gen), _rand(n, k, gen=gen, scale=k**-0.5)
     x, x0 = torch.relu(_rand(m, k, gen=gen)), _rand(m, k0, gen=gen)
     w0, g0 = _rand(k, k0, gen=gen), 1 + _rand(-(-k // gain0), gen=gen, scale=0.2)
     dev = lambda t: t.float().contiguous().to(DEVICE)  # noqa: E731
     db, dw0, dg0 = (torch.zeros(s, device=DEVICE) for s in ((k,), (k, k0), g0.shape))
-    got = linear_backward_input(dev(dy), split_tf32(dev(w.T)), dev(x), None, db,
-                                weight_grad_below=(split_tf32(dev(x0.T)), dev(w0), dev(g0), dw0, dg0, gain0))
+    got = linear_backward_input(
+        dev(dy),
+        split_tf32(dev(w.T)),
+        dev(x),
+        None,
+        db,
+        weight_grad_below=(split_tf32(dev(x0.T)), dev(w0), dev(g0), dw0, dg0, gain0),
+    )
     assert got is None
     dz = (dy @ w) * (x > 0)
     part = dz.T @ x0
@@ -113,13 +131,25 @@ def test_input_gradient_fuses_the_weight_gradient_of_the_layer_below(m, n, k, k0
     torch.testing.assert_close(dg0.cpu().double(), dg_ref, rtol=1e-4, atol=1e-3)
     torch.testing.assert_close(db.cpu().double(), dz.sum(0), **CPU_TOL)
     with pytest.raises(ValueError, match="w0 must be"):
-        linear_backward_input(dev(dy), split_tf32(dev(w.T)), dev(x), None, db,
-                              weight_grad_below=(split_tf32(dev(x0.T)), dev(w0[:-1]), dev(g0), dw0, dg0, gain0))
+        linear_backward_input(
+            dev(dy),
+            split_tf32(dev(w.T)),
+            dev(x),
+            None,
+            db,
+            weight_grad_below=(split_tf32(dev(x0.T)), dev(w0[:-1]), dev(g0), dw0, dg0, gain0),
+        )
     with pytest.raises(ValueError, match="dxt"):
         linear_backward_input(dev(dy), split_tf32(dev(w.T)), dev(x), None, db)
     with pytest.raises(ValueError, match="dxt must be None"):
-        linear_backward_input(dev(dy), split_tf32(dev(w.T)), dev(x), torch.empty(k, m, device=DEVICE), db,
-                              weight_grad_below=(split_tf32(dev(x0.T)), dev(w0), dev(g0), dw0, dg0, gain0))
+        linear_backward_input(
+            dev(dy),
+            split_tf32(dev(w.T)),
+            dev(x),
+            torch.empty(k, m, device=DEVICE),
+            db,
+            weight_grad_below=(split_tf32(dev(x0.T)), dev(w0), dev(g0), dw0, dg0, gain0),
+        )
     with pytest.raises(ValueError, match="hi and lo"):
         linear_backward_input(dev(dy), dev(w.T).expand(3, -1, -1).contiguous(), dev(x), None, db)
 
@@ -138,12 +168,12 @@ def test_weight_transpose_writes_every_matrix_scaled_in_one_launch():
     dst = torch.full((op.numel,), float("nan"), device=DEVICE)
     op(flat, dst)
     for (w_off, g_off, n, k, gg), got in zip(entries, op.views(dst)):
-        w, g = flat[w_off:w_off + n * k].view(n, k), flat[g_off:g_off + -(-n // gg)]
+        w, g = flat[w_off : w_off + n * k].view(n, k), flat[g_off : g_off + -(-n // gg)]
         ref = _wt(w, g, gg)
         assert torch.equal(got[0], ref[0])  # hi: the float32 product rounded to TF32
         # lo: on the GPU the compiler contracts w * g - hi into one FMA, so lo is the remainder of the exact
         # product, not of its float32 rounding: within an ulp of the product (2^-23) plus lo's own rounding
-        bound = 2.0 ** -21 * _scaled_wt(w, g, gg).abs()
+        bound = 2.0**-21 * _scaled_wt(w, g, gg).abs()
         assert ((got[1] - ref[1]).abs() <= bound).all()
         if DEVICE == "cpu":  # the interpreter rounds the product first, as the reference
             assert torch.equal(got[1], ref[1])
@@ -165,27 +195,31 @@ def test_two_nets_in_one_launch_use_each_buffer():
         bufs.append(torch.cat([w.flatten(), b, g]))
     flat = torch.cat(bufs).float().to(DEVICE)
     p = bufs[0].numel()
-    w0, b0, g0 = flat[:n * k].view(n, k), flat[n * k:n * k + n], flat[n * k + n:p]
+    w0, b0, g0 = flat[: n * k].view(n, k), flat[n * k : n * k + n], flat[n * k + n : p]
     x = _rand(m, k, gen=gen)
     y = torch.full((2, m, n), float("nan"), device=DEVICE)
     linear_forward(x.float().to(DEVICE), w0, b0, g0, y, n, True, nets=2, p_zstride=p, ddqn=True)
     for z in range(2):
         bz = bufs[z]
-        ref = linear_reference(x, bz[:n * k].view(n, k), bz[n * k:n * k + n], bz[n * k + n:], n, True)
+        ref = linear_reference(x, bz[: n * k].view(n, k), bz[n * k : n * k + n], bz[n * k + n :], n, True)
         torch.testing.assert_close(y[z].cpu().double(), ref, **FWD_TOL)
 
 
-@pytest.mark.parametrize("m,branches,actions,hidden,programs", [
-    (50, 3, 4, 20, None), (140, 1, 2, 32, None),
-    (300, 1, 2, 16, 4), (517, 3, 5, 20, 4)])  # few backward programs: each runs several row blocks, as at seed scale
+@pytest.mark.parametrize(
+    "m,branches,actions,hidden,programs",
+    [(50, 3, 4, 20, None), (140, 1, 2, 32, None), (300, 1, 2, 16, 4), (517, 3, 5, 20, 4)],
+)  # few backward programs: each runs several row blocks, as at seed scale
 def test_heads_forward_and_backward_match_float64(m, branches, actions, hidden, programs, monkeypatch):
     if programs is not None:
         monkeypatch.setattr(hotloop.kernels.heads, "BWD_PROGRAMS", programs)
     gen = torch.Generator().manual_seed(m)
     j = 1 + branches * actions
     h = torch.relu(_rand(m, (1 + branches) * hidden, gen=gen))
-    w, b, g = _rand(j, hidden, gen=gen, scale=hidden ** -0.5), _rand(j, gen=gen), 1 + _rand(1 + branches, gen=gen,
-                                                                                               scale=0.2)
+    w, b, g = (
+        _rand(j, hidden, gen=gen, scale=hidden**-0.5),
+        _rand(j, gen=gen),
+        1 + _rand(1 + branches, gen=gen, scale=0.2),
+    )
     dev = lambda t: t.float().to(DEVICE)  # noqa: E731
     q = torch.full((m, branches * actions), float("nan"), device=DEVICE)
     heads_forward(dev(h), dev(w), dev(b), dev(g), q, branches)
@@ -212,6 +246,7 @@ def test_fixed_gains_get_no_gradient_and_the_rest_is_unchanged():
     backward launchers writes no gain gradient (the gain slots next to dW in one gradient buffer keep their
     sentinel) and every other gradient equals the learned-gain launch's (bit for bit on the CPU; on the GPU to the
     last bits that the atomic adds' order changes)."""
+
     def _same(a, b):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
 
@@ -223,39 +258,54 @@ def test_fixed_gains_get_no_gradient_and_the_rest_is_unchanged():
 
     def weight_grads(learn):  # dW then the groups' dg slots, as the flat layout keeps them
         buf = torch.full((n * k + g.numel(),), 7.0, device=DEVICE)
-        buf[:n * k] = 0
-        dw, dg = buf[:n * k].view(n, k), buf[n * k:]
+        buf[: n * k] = 0
+        dw, dg = buf[: n * k].view(n, k), buf[n * k :]
         linear_backward_weight(dev(dy.T), split_tf32(dev(x.T)), dev(w), dev(g), dw, dg if learn else None, gain_group)
         return buf.cpu()
 
     learned, fixed = weight_grads(True), weight_grads(False)
-    assert torch.equal(fixed[n * k:], torch.full((g.numel(),), 7.0)) and not torch.equal(learned[n * k:], fixed[n * k:])
-    _same(fixed[:n * k], learned[:n * k])
+    assert torch.equal(fixed[n * k :], torch.full((g.numel(),), 7.0)) and not torch.equal(
+        learned[n * k :], fixed[n * k :]
+    )
+    _same(fixed[: n * k], learned[: n * k])
 
     w0, g0 = _rand(k, k0, gen=gen), 1 + _rand(1, gen=gen, scale=0.2)
     x0, xr = _rand(m, k0, gen=gen), torch.relu(x)
 
     def fused(learn):
         db, buf = torch.zeros(k, device=DEVICE), torch.full((k * k0 + 1,), 7.0, device=DEVICE)
-        buf[:k * k0] = 0
-        below = (split_tf32(dev(x0.T)), dev(w0), dev(g0), buf[:k * k0].view(k, k0), buf[k * k0:] if learn else None, k)
+        buf[: k * k0] = 0
+        below = (
+            split_tf32(dev(x0.T)),
+            dev(w0),
+            dev(g0),
+            buf[: k * k0].view(k, k0),
+            buf[k * k0 :] if learn else None,
+            k,
+        )
         linear_backward_input(dev(dy), dev(_wt(w, g, gain_group)), dev(xr), None, db, weight_grad_below=below)
         return torch.cat([buf, db]).cpu()
 
     learned, fixed = fused(True), fused(False)
     assert float(fixed[k * k0]) == 7.0 and float(learned[k * k0]) != 7.0
-    _same(torch.cat([fixed[:k * k0], fixed[k * k0 + 1:]]), torch.cat([learned[:k * k0], learned[k * k0 + 1:]]))
+    _same(torch.cat([fixed[: k * k0], fixed[k * k0 + 1 :]]), torch.cat([learned[: k * k0], learned[k * k0 + 1 :]]))
 
     branches, actions, hidden = 2, 3, 20
     j = 1 + branches * actions
     h = torch.relu(_rand(m, (1 + branches) * hidden, gen=gen))
-    wo, go, dq = _rand(j, hidden, gen=gen, scale=hidden ** -0.5), 1 + _rand(1 + branches, gen=gen, scale=0.2), \
-        _rand(m, branches * actions, gen=gen)
+    wo, go, dq = (
+        _rand(j, hidden, gen=gen, scale=hidden**-0.5),
+        1 + _rand(1 + branches, gen=gen, scale=0.2),
+        _rand(m, branches * actions, gen=gen),
+    )
 
     def heads(learn):
         dh, dht = torch.empty(m, h.shape[1], device=DEVICE), torch.empty(h.shape[1], m, device=DEVICE)
-        db_h, dw, db = torch.zeros(h.shape[1], device=DEVICE), torch.zeros(j, hidden, device=DEVICE), \
-            torch.zeros(j, device=DEVICE)
+        db_h, dw, db = (
+            torch.zeros(h.shape[1], device=DEVICE),
+            torch.zeros(j, hidden, device=DEVICE),
+            torch.zeros(j, device=DEVICE),
+        )
         dg = torch.full((1 + branches,), 7.0, device=DEVICE)
         heads_backward(dev(h), dev(dq), dev(wo), dev(go), dh, dht, db_h, dw, db, dg if learn else None, branches)
         return [t.cpu() for t in (dh, db_h, dw, db, dg)]
@@ -277,8 +327,14 @@ def test_launchers_reject_bad_inputs():
     with pytest.raises(ValueError, match="b must have dtype"):
         linear_forward(torch.randn(4, 16, device=DEVICE), w, b.double(), g, y, 8, True)
     with pytest.raises(ValueError, match="w_out must be"):
-        heads_forward(torch.randn(4, 32, device=DEVICE), torch.randn(6, 16, device=DEVICE),
-                      torch.randn(6, device=DEVICE), torch.ones(2, device=DEVICE), torch.empty(4, 5, device=DEVICE), 4)
+        heads_forward(
+            torch.randn(4, 32, device=DEVICE),
+            torch.randn(6, 16, device=DEVICE),
+            torch.randn(6, device=DEVICE),
+            torch.ones(2, device=DEVICE),
+            torch.empty(4, 5, device=DEVICE),
+            4,
+        )
     e = lambda *shape: torch.empty(*shape, device=DEVICE)  # noqa: E731
     with pytest.raises(ValueError, match="h must have at least one row"):  # was a ZeroDivisionError
         heads_backward(e(0, 8), e(0, 2), e(3, 4), e(2), e(0, 8), e(8, 0), e(8), e(3, 4), e(3), e(2), 1)
@@ -316,7 +372,7 @@ def test_forward_error_on_gpu_is_tf32_without_a_sign():
     kernel), a bias of Q that the TD fixed point amplifies 100x (results/cpu/learning_causes/README.md, H6)."""
     gen = torch.Generator().manual_seed(2)
     m, n, k = 8192, 256, 512
-    w, b = _rand(n, k, gen=gen, scale=k ** -0.5).abs(), _rand(n, gen=gen, scale=0.1).abs()
+    w, b = _rand(n, k, gen=gen, scale=k**-0.5).abs(), _rand(n, gen=gen, scale=0.1).abs()
     x = torch.relu(_rand(m, k, gen=gen)) + 0.1
     dev = lambda t: t.float().cuda()  # noqa: E731
     y = torch.empty(m, n, device="cuda")
@@ -331,7 +387,7 @@ def test_forward_error_on_gpu_is_tf32_without_a_sign():
     yc = torch.full((m, n), float("nan"), device="cuda")
     linear_forward(dev(x), wc, dev(b), torch.ones(1, device="cuda"), yc, n, False, w_tf32=True, out_tf32=True)
     assert not bool((yc.view(torch.int32) & 0x1FFF).any()), "the output is not stored as TF32 values"
-    assert bool(((yc - y).abs() <= 2.0 ** -11 * y.abs()).all())
+    assert bool(((yc - y).abs() <= 2.0**-11 * y.abs()).all())
 
 
 @pytest.mark.gpu
@@ -340,13 +396,19 @@ def test_fused_first_layer_weight_gradient_is_fp32_accurate_on_gpu():
     256 -> 512 -> 64) keeps the backward's FP32 bound (<= 1e-5 relative to float64), as the unfused kernels do."""
     gen = torch.Generator().manual_seed(1)
     m, n, k, k0 = 8192, 256, 512, 64
-    dy, w = _rand(m, n, gen=gen), _rand(n, k, gen=gen, scale=k ** -0.5)
-    x, x0, w0 = torch.relu(_rand(m, k, gen=gen)), _rand(m, k0, gen=gen), _rand(k, k0, gen=gen, scale=k0 ** -0.5)
+    dy, w = _rand(m, n, gen=gen), _rand(n, k, gen=gen, scale=k**-0.5)
+    x, x0, w0 = torch.relu(_rand(m, k, gen=gen)), _rand(m, k0, gen=gen), _rand(k, k0, gen=gen, scale=k0**-0.5)
     g0 = 1 + _rand(1, gen=gen, scale=0.2)
     dev = lambda t: t.float().contiguous().cuda()  # noqa: E731
     db, dw0, dg0 = torch.zeros(k, device="cuda"), torch.zeros(k, k0, device="cuda"), torch.zeros(1, device="cuda")
-    linear_backward_input(dev(dy), split_tf32(dev(w.T)), dev(x), None, db,
-                          weight_grad_below=(split_tf32(dev(x0.T)), dev(w0), dev(g0), dw0, dg0, k))
+    linear_backward_input(
+        dev(dy),
+        split_tf32(dev(w.T)),
+        dev(x),
+        None,
+        db,
+        weight_grad_below=(split_tf32(dev(x0.T)), dev(w0), dev(g0), dw0, dg0, k),
+    )
     f64 = lambda t: dev(t).double()  # noqa: E731  (the float32-rounded inputs, exactly)
     part = ((f64(dy) @ f64(w)) * (f64(x) > 0)).T @ f64(x0)
     dw_err = _rel(dw0, f64(g0) * part)

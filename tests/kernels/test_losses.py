@@ -6,7 +6,7 @@ from hotloop.kernels.losses import branch_diversity_term, chosen_q, cql_term, do
 
 def test_double_dqn_target_hand_made_example():
     # Two transitions, one branch of 3 actions. The online net picks the argmax on s'; the target net scores it.
-    next_online = [torch.tensor([[1.0, 5.0, 2.0], [0.0, -1.0, 3.0]])]   # argmax: action 1, action 2
+    next_online = [torch.tensor([[1.0, 5.0, 2.0], [0.0, -1.0, 3.0]])]  # argmax: action 1, action 2
     next_target = [torch.tensor([[10.0, 7.0, 30.0], [4.0, 8.0, 6.0]])]  # max would be 30 and 8: not used
     reward = torch.tensor([1.0, 2.0])
     terminated = torch.tensor([0.0, 0.0])

@@ -19,9 +19,12 @@ def test_gather_matches_indexing(batch, branches, capacity, obs_dim):
     reward = torch.randn(capacity, generator=gen).to(DEVICE)
     term = (torch.rand(capacity, generator=gen) < 0.3).float().to(DEVICE)
     obs = torch.randn(capacity, obs_dim, generator=gen).to(DEVICE)
-    outs = (torch.full((batch, branches), -99, dtype=torch.int64, device=DEVICE),
-            torch.full((batch,), float("nan"), device=DEVICE), torch.full((batch,), float("nan"), device=DEVICE),
-            torch.full((2, obs_dim, batch), float("nan"), device=DEVICE))
+    outs = (
+        torch.full((batch, branches), -99, dtype=torch.int64, device=DEVICE),
+        torch.full((batch,), float("nan"), device=DEVICE),
+        torch.full((batch,), float("nan"), device=DEVICE),
+        torch.full((2, obs_dim, batch), float("nan"), device=DEVICE),
+    )
     gather_transitions(idx, action, reward, term, obs, *outs)
     with pytest.raises(ValueError, match="obs_src must be 2-D"):
         gather_transitions(idx, action, reward, term, obs[:, 0], *outs)
@@ -43,7 +46,7 @@ def test_uniforms_depend_on_the_counter_only_and_beta_anneals():
         assert float(beta) == pytest.approx(uniforms_reference(step, 0.4, 1.0, 500))
         assert 0.0 <= float(out.min()) and float(out.max()) < 1.0 and abs(float(out.mean()) - 0.5) < 0.03
         draws.append(out.clone())
-    assert torch.equal(draws[0], draws[2])            # same counter, same numbers (eager == graph replay)
-    assert not torch.equal(draws[0], draws[1])        # the next step draws new ones
+    assert torch.equal(draws[0], draws[2])  # same counter, same numbers (eager == graph replay)
+    assert not torch.equal(draws[0], draws[1])  # the next step draws new ones
     with pytest.raises(ValueError, match="anneal_steps"):
         batch_uniforms(torch.tensor(0, device=DEVICE), out, beta, 7, 0.4, 1.0, 0)

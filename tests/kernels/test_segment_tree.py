@@ -57,8 +57,9 @@ def _assert_consistent(nodes: torch.Tensor, capacity: int, bound: float = 1e-5) 
     assert _drift(nodes) <= bound
 
 
-def _assert_leaves_from_batch(leaves: torch.Tensor, before: torch.Tensor, indices: torch.Tensor,
-                              values: torch.Tensor) -> None:
+def _assert_leaves_from_batch(
+    leaves: torch.Tensor, before: torch.Tensor, indices: torch.Tensor, values: torch.Tensor
+) -> None:
     """Each written leaf holds one of the values written to it; every other leaf is unchanged."""
     written = torch.zeros_like(leaves, dtype=torch.bool)
     written[indices] = True
@@ -68,14 +69,25 @@ def _assert_leaves_from_batch(leaves: torch.Tensor, before: torch.Tensor, indice
 
 
 def _poisoned(batch: int) -> tuple[torch.Tensor, torch.Tensor]:
-    return (torch.full((batch,), -1, dtype=torch.int64, device=DEV),
-            torch.full((batch,), float("nan"), dtype=torch.float32, device=DEV))
+    return (
+        torch.full((batch,), -1, dtype=torch.int64, device=DEV),
+        torch.full((batch,), float("nan"), dtype=torch.float32, device=DEV),
+    )
 
 
 def _sample(nodes, capacity, size, uniforms, beta: float, weight_norm: str = "batch"):
     out_i, out_w = _poisoned(uniforms.shape[0])
-    tree_sample(nodes, capacity, size, uniforms.shape[0], uniforms, torch.tensor(beta, device=DEV), out_i, out_w,
-                weight_norm=weight_norm)
+    tree_sample(
+        nodes,
+        capacity,
+        size,
+        uniforms.shape[0],
+        uniforms,
+        torch.tensor(beta, device=DEV),
+        out_i,
+        out_w,
+        weight_norm=weight_norm,
+    )
     return out_i, out_w
 
 
@@ -118,8 +130,14 @@ def test_integer_priorities_keep_tree_exact_across_many_blocks(capacity: int, mo
         tree_update(nodes, indices, values, capacity, max_value, bad)
         exact = _exact_sums(nodes)
         assert torch.equal(nodes.double()[1 : ref.num_leaves], exact[1 : ref.num_leaves])
-    tree_update(nodes, torch.full((200,), capacity - 1, device=DEV), torch.arange(1.0, 201.0, device=DEV),
-                capacity, max_value, bad)
+    tree_update(
+        nodes,
+        torch.full((200,), capacity - 1, device=DEV),
+        torch.arange(1.0, 201.0, device=DEV),
+        capacity,
+        max_value,
+        bad,
+    )
     assert 1 <= float(nodes[ref.num_leaves + capacity - 1]) <= 200 and float(max_value) == 200.0
     assert torch.equal(nodes.double()[1 : ref.num_leaves], _exact_sums(nodes)[1 : ref.num_leaves])
 
@@ -135,11 +153,10 @@ def test_window_combined_adds_stay_exact_near_and_far(order: str, monkeypatch) -
     ref = SumTree(capacity, DEV)
     nodes, max_value, bad = _state(ref)
     for _ in range(3):
-        crowded = torch.randint(0, 40, (150,), generator=g, device=DEV)      # many duplicates, one region
+        crowded = torch.randint(0, 40, (150,), generator=g, device=DEV)  # many duplicates, one region
         spread = torch.randint(0, capacity, (90,), generator=g, device=DEV)  # most past any window
         indices = torch.cat([crowded, spread])
-        indices = indices.sort().values if order == "sorted" else indices[torch.randperm(240, generator=g,
-                                                                                          device=DEV)]
+        indices = indices.sort().values if order == "sorted" else indices[torch.randperm(240, generator=g, device=DEV)]
         values = torch.randint(1, 9, (240,), generator=g, device=DEV).float()
         tree_update(nodes, indices, values, capacity, max_value, bad)
         assert torch.equal(nodes.double()[1 : ref.num_leaves], _exact_sums(nodes)[1 : ref.num_leaves])
@@ -180,16 +197,23 @@ def test_out_of_range_indices_are_skipped_and_counted() -> None:
     ref = SumTree(5, DEV)
     ref.update(torch.arange(5, device=DEV), torch.rand(5, generator=_gen(2), device=DEV) + 0.1)
     nodes, max_value, bad = _state(ref)
-    tree_update(nodes, torch.tensor([-1, 5, 7, 8, 2], device=DEV), torch.tensor([4.0, 4.0, 4.0, 4.0, 0.25],
-                device=DEV), 5, max_value, bad)
+    tree_update(
+        nodes,
+        torch.tensor([-1, 5, 7, 8, 2], device=DEV),
+        torch.tensor([4.0, 4.0, 4.0, 4.0, 0.25], device=DEV),
+        5,
+        max_value,
+        bad,
+    )
     ref.update(torch.tensor([2], device=DEV), torch.tensor([0.25], device=DEV))
     assert torch.equal(nodes[8:], ref.nodes[8:]) and int(bad) == 4
     _assert_consistent(nodes, 5)
 
 
-@pytest.mark.parametrize(("capacity", "start", "count", "on_device"),
-                         [(5, 3, 4, True), (5, 3, 12, False), (1, 0, 3, True), (1000, 990, 25, True),
-                          (1025, 1030, 1030, False)])
+@pytest.mark.parametrize(
+    ("capacity", "start", "count", "on_device"),
+    [(5, 3, 4, True), (5, 3, 12, False), (1, 0, 3, True), (1000, 990, 25, True), (1025, 1030, 1030, False)],
+)
 def test_insert_at_max_priority_with_wraparound(capacity: int, start: int, count: int, on_device: bool) -> None:
     g = _gen(capacity + count)
     ref = SumTree(capacity, DEV)
@@ -276,9 +300,13 @@ def test_sample_matches_prioritized_replay(weight_norm: str, size_on_device: boo
     g = _gen(5)
     replay = PrioritizedReplay(32, 3, 1, alpha=0.6, device=DEV, generator=_gen(6))
     n = 20  # partly filled: N < capacity
-    replay.add(torch.rand(n, 3, generator=g, device=DEV), torch.zeros(n, dtype=torch.int64, device=DEV),
-               torch.rand(n, generator=g, device=DEV), torch.rand(n, 3, generator=g, device=DEV),
-               torch.zeros(n, device=DEV))
+    replay.add(
+        torch.rand(n, 3, generator=g, device=DEV),
+        torch.zeros(n, dtype=torch.int64, device=DEV),
+        torch.rand(n, generator=g, device=DEV),
+        torch.rand(n, 3, generator=g, device=DEV),
+        torch.zeros(n, device=DEV),
+    )
     replay.update_priorities(torch.arange(n, device=DEV), torch.randn(n, generator=g, device=DEV) * 3)
     state = replay.generator.get_state()
     u = torch.rand(257, generator=replay.generator, device=DEV)  # the uniforms sample() will draw
@@ -307,16 +335,34 @@ def test_sample_with_counter_uniforms_and_annealed_beta_equals_batch_uniforms(we
     want_i, want_w = _poisoned(batch)
     tree_sample(ref.nodes, capacity, capacity, batch, u, beta, want_i, want_w, weight_norm=weight_norm)
     got_i, got_w = _poisoned(batch)
-    tree_sample(ref.nodes, capacity, capacity, batch, CounterUniforms(counter, seed),
-                AnnealedBeta(counter, 0.4, 1.0, 1000), got_i, got_w, weight_norm=weight_norm)
+    tree_sample(
+        ref.nodes,
+        capacity,
+        capacity,
+        batch,
+        CounterUniforms(counter, seed),
+        AnnealedBeta(counter, 0.4, 1.0, 1000),
+        got_i,
+        got_w,
+        weight_norm=weight_norm,
+    )
     assert torch.equal(got_i, want_i) and torch.equal(got_w, want_w)
     assert float(beta) == pytest.approx(uniforms_reference(step, 0.4, 1.0, 1000), rel=1e-6)
     ref_i, ref_w = sample_reference(ref, capacity, u, float(beta), weight_norm)
     assert torch.equal(got_i, ref_i)
     torch.testing.assert_close(got_w, ref_w, rtol=1e-5, atol=0)
     other_i, _ = _poisoned(batch)  # another step count draws other uniforms
-    tree_sample(ref.nodes, capacity, capacity, batch, CounterUniforms(counter + 1, seed), AnnealedBeta(
-        counter, 0.4, 1.0, 1000), other_i, _poisoned(batch)[1], weight_norm=weight_norm)
+    tree_sample(
+        ref.nodes,
+        capacity,
+        capacity,
+        batch,
+        CounterUniforms(counter + 1, seed),
+        AnnealedBeta(counter, 0.4, 1.0, 1000),
+        other_i,
+        _poisoned(batch)[1],
+        weight_norm=weight_norm,
+    )
     assert not torch.equal(other_i, got_i)
 
 
@@ -365,11 +411,23 @@ def test_drift_after_5e4_updates_is_bounded_and_rebuild_restores_float_sum_round
     g = _gen(3)
     ref = SumTree(capacity, DEV)
     nodes, max_value, bad = _state(ref)
-    tree_update(nodes, torch.arange(capacity, device=DEV), torch.exp(torch.randn(capacity, generator=g, device=DEV)
-                * 2), capacity, max_value, bad)
+    tree_update(
+        nodes,
+        torch.arange(capacity, device=DEV),
+        torch.exp(torch.randn(capacity, generator=g, device=DEV) * 2),
+        capacity,
+        max_value,
+        bad,
+    )
     for _ in range(25):
-        tree_update(nodes, torch.randint(0, capacity, (2000,), generator=g, device=DEV),
-                    torch.exp(torch.randn(2000, generator=g, device=DEV) * 2), capacity, max_value, bad)
+        tree_update(
+            nodes,
+            torch.randint(0, capacity, (2000,), generator=g, device=DEV),
+            torch.exp(torch.randn(2000, generator=g, device=DEV) * 2),
+            capacity,
+            max_value,
+            bad,
+        )
     assert _drift(nodes) < 1e-5
     _assert_rebuild_restores(nodes, capacity)
 
@@ -386,14 +444,25 @@ def _assert_rebuild_restores(nodes: torch.Tensor, capacity: int) -> None:
 @pytest.mark.parametrize("capacity", [1, 3, 1025, 1 << 21])
 def test_every_launch_has_at_least_two_programs(capacity: int, monkeypatch) -> None:
     grids: list[tuple[str, tuple]] = []
-    for name in ("_tree_update_kernel", "_tree_insert_kernel", "_tree_sample_kernel", "_tree_weights_kernel",
-                 "_tree_rebuild_kernel"):
+    for name in (
+        "_tree_update_kernel",
+        "_tree_insert_kernel",
+        "_tree_sample_kernel",
+        "_tree_weights_kernel",
+        "_tree_rebuild_kernel",
+    ):
         kernel = getattr(st, name)
         monkeypatch.setattr(kernel, "run", lambda *a, _k=kernel, _n=name, grid, **kw: grids.append((_n, grid)))
     nodes = torch.zeros(2 * (1 << (capacity - 1).bit_length()), device=DEV)
     one = torch.ones((), device=DEV)
-    tree_update(nodes, torch.zeros(1, dtype=torch.int64, device=DEV), one.reshape(1), capacity, one,
-                torch.zeros((), dtype=torch.int64, device=DEV))
+    tree_update(
+        nodes,
+        torch.zeros(1, dtype=torch.int64, device=DEV),
+        one.reshape(1),
+        capacity,
+        one,
+        torch.zeros((), dtype=torch.int64, device=DEV),
+    )
     tree_insert(nodes, 0, 1, capacity, one)
     for norm in ("batch", "global"):
         tree_sample(nodes, capacity, 1, 1, one.reshape(1) / 2, one, *_poisoned(1), weight_norm=norm)
@@ -452,8 +521,10 @@ _B = torch.tensor(0.5, device=DEV)
         (lambda: tree_sample(_nodes(), 5, 5, 2, _V / 2, _B.reshape(1), *_poisoned(2)), "beta"),
         (lambda: tree_sample(_nodes(), 5, 5, 2, CounterUniforms(_C.int(), 0), _B, *_poisoned(2)), "uniforms.counter"),
         (lambda: tree_sample(_nodes(), 5, 5, 2, CounterUniforms(_C, -1), _B, *_poisoned(2)), "seed"),
-        (lambda: tree_sample(_nodes(), 5, 5, 2, _V / 2, AnnealedBeta(_C.reshape(1), 0.4, 1.0, 10), *_poisoned(2)),
-         "beta.counter"),
+        (
+            lambda: tree_sample(_nodes(), 5, 5, 2, _V / 2, AnnealedBeta(_C.reshape(1), 0.4, 1.0, 10), *_poisoned(2)),
+            "beta.counter",
+        ),
         (lambda: tree_sample(_nodes(), 5, 5, 2, _V / 2, AnnealedBeta(_C, 0.4, 1.0, 0), *_poisoned(2)), "anneal_steps"),
         (lambda: tree_sample(_nodes(), 5, 5, 2, _V / 2, _B, _I.int(), _V.clone()), "out_indices"),
         (lambda: tree_sample(_nodes(), 5, 5, 2, _V / 2, _B, _I.clone(), torch.ones(3, device=DEV)), "out_weights"),
@@ -542,7 +613,8 @@ def test_insert_floors_a_zero_max_value_as_reference(on_device: bool) -> None:
 @pytest.mark.parametrize("weight_norm", ["batch", "global"])
 @pytest.mark.parametrize("size_on_device", [False, True])
 def test_sample_with_zero_leaves_matches_reference_with_weights_in_the_unit_interval(
-        capacity: int, weight_norm: str, size_on_device: bool) -> None:
+    capacity: int, weight_norm: str, size_on_device: bool
+) -> None:
     """Zero leaves among the stored ones ("global": the old p_min was 0, every weight 0): p_min is the smallest
     positive priority; the kernel equals the reference; every weight is finite, in (0, 1], and not all are 1."""
     ref = _random_tree(capacity, seed=capacity + 7, zero_fraction=0.3)
@@ -551,8 +623,9 @@ def test_sample_with_zero_leaves_matches_reference_with_weights_in_the_unit_inte
     size = capacity
     g = _gen(capacity + 8)
     u = torch.rand(513, generator=g, device=DEV)
-    idx, w = _sample(ref.nodes, capacity, torch.tensor(size, device=DEV) if size_on_device else size, u, 0.6,
-                     weight_norm)
+    idx, w = _sample(
+        ref.nodes, capacity, torch.tensor(size, device=DEV) if size_on_device else size, u, 0.6, weight_norm
+    )
     ref_idx, ref_w = sample_reference(ref, size, u, 0.6, weight_norm)
     assert torch.equal(idx, ref_idx) and torch.all(ref.leaves()[idx] > 0)
     torch.testing.assert_close(w, ref_w, rtol=1e-5, atol=0)
@@ -565,9 +638,9 @@ def test_sample_with_zero_leaves_matches_reference_with_weights_in_the_unit_inte
 @pytest.mark.parametrize("weight_norm", ["batch", "global"])
 @pytest.mark.parametrize("size_on_device", [False, True])
 @pytest.mark.parametrize("counter", [False, True])
-def test_sample_without_mass_is_uniform_over_the_filled_slots_with_unit_weights(weight_norm: str,
-                                                                               size_on_device: bool,
-                                                                               counter: bool) -> None:
+def test_sample_without_mass_is_uniform_over_the_filled_slots_with_unit_weights(
+    weight_norm: str, size_on_device: bool, counter: bool
+) -> None:
     """An all-zero tree (old code: index capacity - 1 and NaN weights, 0/0): the uniform stratified index
     min(floor((k + u_k) * N / B), N - 1) over the N filled slots, all weights 1, as the reference."""
     capacity, size, batch, seed = 1025, 700, 333, 5
@@ -578,9 +651,17 @@ def test_sample_without_mass_is_uniform_over_the_filled_slots_with_unit_weights(
     u = torch.full((batch,), float("nan"), device=DEV)
     batch_uniforms(step, u, torch.empty((), device=DEV), seed, 0.4, 1.0, 100)
     out_i, out_w = _poisoned(batch)
-    tree_sample(ref.nodes, capacity, torch.tensor(size, device=DEV) if size_on_device else size, batch,
-                CounterUniforms(step, seed) if counter else u, AnnealedBeta(step, 0.4, 1.0, 100) if counter else
-                torch.tensor(0.7, device=DEV), out_i, out_w, weight_norm=weight_norm)
+    tree_sample(
+        ref.nodes,
+        capacity,
+        torch.tensor(size, device=DEV) if size_on_device else size,
+        batch,
+        CounterUniforms(step, seed) if counter else u,
+        AnnealedBeta(step, 0.4, 1.0, 100) if counter else torch.tensor(0.7, device=DEV),
+        out_i,
+        out_w,
+        weight_norm=weight_norm,
+    )
     ref_i, ref_w = sample_reference(ref, size, u, 0.7, weight_norm)
     assert torch.equal(out_i, ref_i) and torch.equal(out_w, ref_w) and torch.all(out_w == 1.0)
     k = torch.arange(batch, device=DEV, dtype=torch.float64)
@@ -625,8 +706,12 @@ def test_gpu_seed_scale_update_insert_sample_vs_reference() -> None:
     fill = torch.rand(capacity, generator=g, device=DEV) * 5 + 0.01
     tree_update(nodes, torch.arange(capacity, device=DEV), fill, capacity, max_value, bad)
     ref.update(torch.arange(capacity, device=DEV), fill)
-    indices = torch.cat([torch.randint(0, 1024, (batch // 2,), generator=g, device=DEV),
-                         torch.randint(0, capacity, (batch // 2,), generator=g, device=DEV)])
+    indices = torch.cat(
+        [
+            torch.randint(0, 1024, (batch // 2,), generator=g, device=DEV),
+            torch.randint(0, capacity, (batch // 2,), generator=g, device=DEV),
+        ]
+    )
     indices = indices[torch.randperm(batch, generator=g, device=DEV)]
     values = torch.rand(batch, generator=g, device=DEV) * 8 + 0.01
     values[::1000] = float("nan")
@@ -653,9 +738,18 @@ def test_gpu_stress_1e5_duplicate_heavy_batches_finish_and_stay_exact() -> None:
     g = _gen(1)
     ref = SumTree(capacity, DEV)
     nodes, max_value, bad = _state(ref)
-    pool = [(torch.cat([torch.randint(0, 512, (batch // 2,), generator=g, device=DEV),
-                        torch.randint(0, capacity, (batch // 2,), generator=g, device=DEV)]),
-             torch.randint(1, 9, (batch,), generator=g, device=DEV).float()) for _ in range(16)]
+    pool = [
+        (
+            torch.cat(
+                [
+                    torch.randint(0, 512, (batch // 2,), generator=g, device=DEV),
+                    torch.randint(0, capacity, (batch // 2,), generator=g, device=DEV),
+                ]
+            ),
+            torch.randint(1, 9, (batch,), generator=g, device=DEV).float(),
+        )
+        for _ in range(16)
+    ]
     for step in range(100_000):
         tree_update(nodes, *pool[step % 16], capacity, max_value, bad)
     done = torch.cuda.Event()
@@ -678,11 +772,23 @@ def test_gpu_drift_after_1e6_updates_and_rebuild() -> None:
     g = _gen(2)
     ref = SumTree(capacity, DEV)
     nodes, max_value, bad = _state(ref)
-    tree_update(nodes, torch.arange(capacity, device=DEV), torch.exp(torch.randn(capacity, generator=g,
-                device=DEV) * 2), capacity, max_value, bad)
+    tree_update(
+        nodes,
+        torch.arange(capacity, device=DEV),
+        torch.exp(torch.randn(capacity, generator=g, device=DEV) * 2),
+        capacity,
+        max_value,
+        bad,
+    )
     for _ in range(-(-1_000_000 // batch)):
-        tree_update(nodes, torch.randint(0, capacity, (batch,), generator=g, device=DEV),
-                    torch.exp(torch.randn(batch, generator=g, device=DEV) * 2), capacity, max_value, bad)
+        tree_update(
+            nodes,
+            torch.randint(0, capacity, (batch,), generator=g, device=DEV),
+            torch.exp(torch.randn(batch, generator=g, device=DEV) * 2),
+            capacity,
+            max_value,
+            bad,
+        )
     assert _drift(nodes) < 2e-5
     _assert_rebuild_restores(nodes, capacity)
 

@@ -17,6 +17,7 @@ NAN = float("nan")
 # Kernel tests run natively on a CUDA machine and on the Triton interpreter elsewhere.
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
+
 def setup(shapes, device=DEV, seed=0, gap=3, **table_kw):
     """Table with `gap` floats between matrices (poisoned with a sentinel), random N(0, 1) weights and normalized
     random u, v; the table's sigma and scratch poisoned with NaN (the kernel must write before it reads)."""
@@ -28,7 +29,7 @@ def setup(shapes, device=DEV, seed=0, gap=3, **table_kw):
     g = torch.Generator().manual_seed(seed)
     buf = torch.full((o,), 1234.5)
     for (r, c), off in zip(shapes, offsets):
-        buf[off:off + r * c] = torch.randn(r * c, generator=g)
+        buf[off : off + r * c] = torch.randn(r * c, generator=g)
     u, v = table.new_vectors(g)
     for t in (table.sigma, table.partials, table.slab_norms):
         t.fill_(NAN)
@@ -53,7 +54,7 @@ def assert_clean(table, buf, gap_value=1234.5):
     assert table.counters.eq(0).all() and table.done.eq(0).all() and table.ticket.eq(0).all()
     mask = torch.ones(buf.numel(), dtype=torch.bool, device=buf.device)
     for (r, c), o in zip(table.shapes, table.offsets):
-        mask[o:o + r * c] = False
+        mask[o : o + r * c] = False
     assert buf[mask].eq(gap_value).all()
 
 
@@ -108,14 +109,11 @@ def test_sigma_matches_torch_parametrization(n_iter):
 def test_repeated_calls_converge_to_unit_spectral_norm():
     shapes = [(1, 1), (3, 5), (9, 17), (20, 6)]
     table, buf, u, v = setup(shapes, seed=3, min_slabs=4)
-    ref = reference(table, buf, u, v, 4)
-    for call in range(12):
+    ref = reference(table, buf, u, v, 4)  # the first call's; then the reference applied to the previous call's output
+    for _ in range(12):
         sigma = spectral_norm_(buf, table, u, v, n_power_iterations=4)
-        if call == 0:
-            assert_matches(table, buf, u, v, ref)
-        else:  # each call equals the reference applied to the previous call's output
-            assert_matches(table, buf, u, v, ref_next)
-        ref_next = reference(table, buf, u, v, 4)
+        assert_matches(table, buf, u, v, ref)
+        ref = reference(table, buf, u, v, 4)
     mats, _, _ = table.views(buf, u, v)
     torch.testing.assert_close(sigma, torch.ones_like(sigma), rtol=1e-4, atol=0)
     true_norms = torch.stack([torch.linalg.matrix_norm(w.double(), 2) for w in mats])
@@ -153,10 +151,18 @@ def test_seed_shapes_are_the_networks():
     assert sorted(shapes) == sorted(SEED_SHAPES)
 
 
-@pytest.mark.parametrize("kwargs", [dict(shapes=[]), dict(shapes=[(0, 3)]), dict(shapes=[(2, 3)], offsets=[-1]),
-                                    dict(shapes=[(2, 3), (2, 2)], offsets=[0, 5]),
-                                    dict(shapes=[(2, 3)], offsets=[0, 6]), dict(shapes=[(2, 3)], tile=100),
-                                    dict(shapes=[(2, 3)], min_slabs=0)])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(shapes=[]),
+        dict(shapes=[(0, 3)]),
+        dict(shapes=[(2, 3)], offsets=[-1]),
+        dict(shapes=[(2, 3), (2, 2)], offsets=[0, 5]),
+        dict(shapes=[(2, 3)], offsets=[0, 6]),
+        dict(shapes=[(2, 3)], tile=100),
+        dict(shapes=[(2, 3)], min_slabs=0),
+    ],
+)
 def test_table_rejects_bad_layouts(kwargs):
     with pytest.raises(ValueError):
         SpectralNormTable.from_shapes(device=DEV, **kwargs)
@@ -165,9 +171,16 @@ def test_table_rejects_bad_layouts(kwargs):
 def test_launcher_rejects_bad_inputs():
     table, buf, u, v = setup([(3, 5), (4, 2)], min_slabs=2)
     bad = [
-        (buf.double(), u, v, {}), (buf[:-5], u, v, {}), (buf.view(1, -1), u, v, {}), (buf[::2], u, v, {}),
-        (buf, u[:-1], v, {}), (buf, u, v.double(), {}), (buf, u, torch.zeros(7, 2)[:, 0], {}),
-        (buf.to("meta"), u, v, {}), (buf, u, v, dict(n_power_iterations=0)), (buf, u, v, dict(eps=0.0)),
+        (buf.double(), u, v, {}),
+        (buf[:-5], u, v, {}),
+        (buf.view(1, -1), u, v, {}),
+        (buf[::2], u, v, {}),
+        (buf, u[:-1], v, {}),
+        (buf, u, v.double(), {}),
+        (buf, u, torch.zeros(7, 2)[:, 0], {}),
+        (buf.to("meta"), u, v, {}),
+        (buf, u, v, dict(n_power_iterations=0)),
+        (buf, u, v, dict(eps=0.0)),
         (buf, u, v, dict(n_power_iterations=1.5)),
     ]
     for b, uu, vv, kw in bad:
@@ -220,4 +233,3 @@ def test_gpu_stress_deterministic_and_graph_capturable():
         results.append((buf.clone(), u.clone(), v.clone(), table.sigma.clone()))
     for a, b in zip(*results):
         assert torch.equal(a, b)
-

@@ -7,8 +7,7 @@ import io
 import pytest
 import torch
 
-from hotloop.kernels.sum_tree import (MIN_WEIGHT, PRIORITY_FLOOR, importance_weights, positive_min,
-                                      stratified_indices)
+from hotloop.kernels.sum_tree import MIN_WEIGHT, PRIORITY_FLOOR, importance_weights, positive_min, stratified_indices
 from hotloop.trainer.replay import SumTree
 
 CAPACITIES = [1, 3, 5, 1000, 1023, 1025]
@@ -90,8 +89,17 @@ def test_find_equal_priorities_capacity_3() -> None:
 def test_find_masses_at_or_beyond_total_and_negative() -> None:
     tree = _tree_with([1.0, 0.0, 2.0, 0.0, 0.0])  # last non-zero leaf is 2, first is 0
     total = tree.total().item()
-    masses = torch.tensor([0.99, 1.0, total, torch.nextafter(torch.tensor(total), torch.tensor(0.0)).item(),
-                           total * 1.5, float("inf"), -1.0])
+    masses = torch.tensor(
+        [
+            0.99,
+            1.0,
+            total,
+            torch.nextafter(torch.tensor(total), torch.tensor(0.0)).item(),
+            total * 1.5,
+            float("inf"),
+            -1.0,
+        ]
+    )
     assert tree.find(masses).tolist() == [0, 2, 2, 2, 2, 2, 0]
 
 
@@ -103,11 +111,16 @@ def test_find_never_enters_empty_subtree_at_rounding_boundaries() -> None:
     tree.update(torch.arange(capacity), leaves, floor=0.0)
     total = tree.total()
     edges = torch.cumsum(tree.leaves(), 0)  # float32 prefix sums: the left/right decision boundaries
-    masses = torch.cat([
-        edges, torch.nextafter(edges, edges + 1), torch.nextafter(edges, edges - 1),
-        torch.linspace(0, float(total) * (1 + 1e-5), 5001), total.reshape(1) * torch.tensor([1.0, 2.0]),
-        torch.rand(5000, generator=g) * total,
-    ])
+    masses = torch.cat(
+        [
+            edges,
+            torch.nextafter(edges, edges + 1),
+            torch.nextafter(edges, edges - 1),
+            torch.linspace(0, float(total) * (1 + 1e-5), 5001),
+            total.reshape(1) * torch.tensor([1.0, 2.0]),
+            torch.rand(5000, generator=g) * total,
+        ]
+    )
     found = tree.find(masses)
     assert torch.all((found >= 0) & (found < capacity))
     assert torch.all(tree.leaves()[found] > 0)
@@ -197,8 +210,7 @@ def test_state_dict_round_trip() -> None:
         (lambda: SumTree(4, "cpu", dtype=torch.int64), "dtype"),
         (lambda: SumTree(4, "cpu").update(torch.tensor([0, 1], dtype=torch.int32), torch.ones(2)), "indices"),
         (lambda: SumTree(4, "cpu").update(torch.zeros(2, 1, dtype=torch.int64), torch.ones(2)), "indices"),
-        (lambda: SumTree(4, "cpu").update(torch.zeros(2, dtype=torch.int64, device="meta"), torch.ones(2)),
-         "indices"),
+        (lambda: SumTree(4, "cpu").update(torch.zeros(2, dtype=torch.int64, device="meta"), torch.ones(2)), "indices"),
         (lambda: SumTree(4, "cpu").update([0, 1], torch.ones(2)), "indices"),
         (lambda: SumTree(4, "cpu").update(torch.tensor([0, 1]), torch.ones(3)), "values"),
         (lambda: SumTree(4, "cpu").update(torch.tensor([0, 1]), torch.ones(2, dtype=torch.int64)), "values"),
@@ -272,13 +284,19 @@ def test_importance_weights_rule_is_finite_and_in_the_unit_interval() -> None:
     special = torch.tensor([0.0, PRIORITY_FLOOR, 3e38, 1.0])
     ratio = torch.tensor([2.0**-100, 2.0**-140, 2.0**-149, 0.0])  # p_min / p: normal, subnormal, the least, 0
     w = importance_weights(torch.full((4,), 2.0**100), 2.0**100 * ratio, 0.25)  # logs where the ratio < 2^-126
-    torch.testing.assert_close(w.double(), torch.tensor([2.0**-25, 2.0**-35, 2.0 ** (-149 / 4), MIN_WEIGHT],
-                                                        dtype=torch.float64), rtol=1e-5, atol=0)
-    for p_min_, beta, want in [(PRIORITY_FLOOR, 0.5, [1.0, 1.0, MIN_WEIGHT, 2.0**-63]),  # (2^-126 / 3e38)^0.5 < 2^-126
-                               (PRIORITY_FLOOR, 1.0, [1.0, 1.0, MIN_WEIGHT, PRIORITY_FLOOR]),
-                               (float("inf"), 0.7, [1.0, 1.0, 1.0, 1.0]),
-                               (2.0, 1.0, [1.0, 1.0, MIN_WEIGHT, 1.0]),  # p_i < p_min: 1; 2 / 3e38 subnormal
-                               (PRIORITY_FLOOR, 0.0, [1.0, 1.0, 1.0, 1.0])]:
+    torch.testing.assert_close(
+        w.double(),
+        torch.tensor([2.0**-25, 2.0**-35, 2.0 ** (-149 / 4), MIN_WEIGHT], dtype=torch.float64),
+        rtol=1e-5,
+        atol=0,
+    )
+    for p_min_, beta, want in [
+        (PRIORITY_FLOOR, 0.5, [1.0, 1.0, MIN_WEIGHT, 2.0**-63]),  # (2^-126 / 3e38)^0.5 < 2^-126
+        (PRIORITY_FLOOR, 1.0, [1.0, 1.0, MIN_WEIGHT, PRIORITY_FLOOR]),
+        (float("inf"), 0.7, [1.0, 1.0, 1.0, 1.0]),
+        (2.0, 1.0, [1.0, 1.0, MIN_WEIGHT, 1.0]),  # p_i < p_min: 1; 2 / 3e38 subnormal
+        (PRIORITY_FLOOR, 0.0, [1.0, 1.0, 1.0, 1.0]),
+    ]:
         w = importance_weights(special, torch.tensor(p_min_), beta)
         assert w.dtype == torch.float32 and torch.all(torch.isfinite(w)) and torch.all((w > 0) & (w <= 1))
         torch.testing.assert_close(w, torch.tensor(want), rtol=1e-5, atol=0)

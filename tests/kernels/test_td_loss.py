@@ -6,8 +6,15 @@ On CPU the kernel runs under the Triton interpreter (tests/conftest.py); `gpu` t
 import pytest
 import torch
 
-from hotloop.kernels.td_loss import (METRIC_NAMES, TDLossOutputs, TDLossWorkspace, _num_programs, fused_td_loss,
-                                     td_loss_forward, td_loss_reference)
+from hotloop.kernels.td_loss import (
+    METRIC_NAMES,
+    TDLossOutputs,
+    TDLossWorkspace,
+    _num_programs,
+    fused_td_loss,
+    td_loss_forward,
+    td_loss_reference,
+)
 from lab.kernel_bench_inputs import td_loss_inputs
 
 FIELDS = ("objective", "target", "td", "per_sample", "priorities", "metrics")
@@ -17,17 +24,20 @@ SCALARS = dict(gamma=0.93, per_eps=1e-3, per_alpha=0.6)
 # Kernel tests run natively on a CUDA machine and on the Triton interpreter elsewhere.
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
+
 def make_inputs(batch, branches, actions, device=DEV, seed=0, terminal_p=0.3):
     """Fresh random float32 inputs (no zeros, Q spread wide enough to hit both Huber regimes)."""
     g = torch.Generator(device=device).manual_seed(seed)
     shape = (batch, branches, actions)
-    return dict(q=torch.randn(shape, generator=g, device=device) * 2.0,
-                q_next_online=torch.randn(shape, generator=g, device=device),
-                q_next_target=torch.randn(shape, generator=g, device=device) * 1.5,
-                action=torch.randint(0, actions, (batch, branches), generator=g, device=device),
-                reward=torch.randn(batch, generator=g, device=device),
-                terminated=(torch.rand(batch, generator=g, device=device) < terminal_p).float(),
-                weights=torch.rand(batch, generator=g, device=device) * 0.9 + 0.1)
+    return dict(
+        q=torch.randn(shape, generator=g, device=device) * 2.0,
+        q_next_online=torch.randn(shape, generator=g, device=device),
+        q_next_target=torch.randn(shape, generator=g, device=device) * 1.5,
+        action=torch.randint(0, actions, (batch, branches), generator=g, device=device),
+        reward=torch.randn(batch, generator=g, device=device),
+        terminated=(torch.rand(batch, generator=g, device=device) < terminal_p).float(),
+        weights=torch.rand(batch, generator=g, device=device) * 0.9 + 0.1,
+    )
 
 
 def poisoned(batch, branches, actions, device=DEV):
@@ -58,9 +68,11 @@ def assert_matches(res, ref, ref_grad, atol=2e-5, rtol=2e-5):
 SHAPES = [(1, 2), (3, 4), (2, 5)]
 LOSSES = [(kind, delta, cql) for kind, delta in (("huber", 1.0), ("huber", 0.35), ("mse", 1.0)) for cql in (0.0, 0.37)]
 # Every loss configuration at the small batches; two at B = 1000 (32 programs: slow on the interpreter).
-CASES = ([(b, *shape, *loss) for b in (1, 3, 257) for shape in SHAPES for loss in LOSSES]
-         + [(1000, *shape, *loss) for shape in SHAPES for loss in (("huber", 0.35, 0.37), ("mse", 1.0, 0.0))]
-         + [(5, 2, 1, "huber", 0.35, 0.37)])  # single-action branches
+CASES = (
+    [(b, *shape, *loss) for b in (1, 3, 257) for shape in SHAPES for loss in LOSSES]
+    + [(1000, *shape, *loss) for shape in SHAPES for loss in (("huber", 0.35, 0.37), ("mse", 1.0, 0.0))]
+    + [(5, 2, 1, "huber", 0.35, 0.37)]
+)  # single-action branches
 
 
 @pytest.mark.parametrize("batch,branches,actions,kind,delta,cql_weight", CASES)
@@ -164,26 +176,29 @@ def _bad(name, value):
     return inp, kw
 
 
-@pytest.mark.parametrize("name,value,match", [
-    ("q", torch.randn(5, 2, 3, dtype=torch.float64), "q must have dtype"),
-    ("q", torch.randn(5, 6), "q must be 3-D"),
-    ("q", torch.randn(5, 3, 2).transpose(1, 2), "q must be contiguous"),
-    ("q_next_online", torch.randn(5, 2, 4), "q_next_online must have shape"),
-    ("q_next_target", torch.randn(4, 2, 3), "q_next_target must have shape"),
-    ("action", torch.zeros(5, 2, dtype=torch.int32), "action must have dtype"),
-    ("reward", torch.randn(6), "reward must have shape"),
-    ("terminated", torch.ones(5, dtype=torch.bool), "terminated must have dtype"),
-    ("weights", [1.0] * 5, "weights must be a torch.Tensor"),
-    ("kind", "l1", "kind must be"),
-    ("gamma", 1.5, "gamma must be"),
-    ("gamma", True, "gamma must be"),
-    ("huber_delta", 0.0, "huber_delta must be"),
-    ("cql_weight", -0.1, "cql_weight must be"),
-    ("per_eps", 0.0, "per_eps must be"),
-    ("per_alpha", float("nan"), "per_alpha must be"),
-    ("target_max", -1.0, "target_max must be"),
-    ("target_max", float("inf"), "target_max must be"),
-])
+@pytest.mark.parametrize(
+    "name,value,match",
+    [
+        ("q", torch.randn(5, 2, 3, dtype=torch.float64), "q must have dtype"),
+        ("q", torch.randn(5, 6), "q must be 3-D"),
+        ("q", torch.randn(5, 3, 2).transpose(1, 2), "q must be contiguous"),
+        ("q_next_online", torch.randn(5, 2, 4), "q_next_online must have shape"),
+        ("q_next_target", torch.randn(4, 2, 3), "q_next_target must have shape"),
+        ("action", torch.zeros(5, 2, dtype=torch.int32), "action must have dtype"),
+        ("reward", torch.randn(6), "reward must have shape"),
+        ("terminated", torch.ones(5, dtype=torch.bool), "terminated must have dtype"),
+        ("weights", [1.0] * 5, "weights must be a torch.Tensor"),
+        ("kind", "l1", "kind must be"),
+        ("gamma", 1.5, "gamma must be"),
+        ("gamma", True, "gamma must be"),
+        ("huber_delta", 0.0, "huber_delta must be"),
+        ("cql_weight", -0.1, "cql_weight must be"),
+        ("per_eps", 0.0, "per_eps must be"),
+        ("per_alpha", float("nan"), "per_alpha must be"),
+        ("target_max", -1.0, "target_max must be"),
+        ("target_max", float("inf"), "target_max must be"),
+    ],
+)
 def test_value_errors(name, value, match):
     inp, kw = _bad(name, value)
     with pytest.raises(ValueError, match=match):

@@ -33,7 +33,7 @@ def _rel(got: torch.Tensor, ref: torch.Tensor) -> float:
 @pytest.mark.parametrize("m,n,k,gain_group", [(200, 48, 40, 16), (130, 96, 70, 32)])
 def test_backward_gemms_stay_fp32_accurate_under_hardware_tf32(hardware_tf32, m, n, k, gain_group):
     gen = torch.Generator().manual_seed(m)
-    w, g = _rand(n, k, gen=gen, scale=k ** -0.5), 1 + _rand(-(-n // gain_group), gen=gen, scale=0.2)
+    w, g = _rand(n, k, gen=gen, scale=k**-0.5), 1 + _rand(-(-n // gain_group), gen=gen, scale=0.2)
     x, dy = torch.relu(_rand(m, k, gen=gen)), _rand(m, n, gen=gen)
     w32, g32, x32, dy32 = (t.float() for t in (w, g, x, dy))
     scale = g32.repeat_interleave(gain_group)[:n]
@@ -51,12 +51,13 @@ def test_backward_gemms_stay_fp32_accurate_under_hardware_tf32(hardware_tf32, m,
 def test_fused_first_layer_weight_gradient_under_hardware_tf32(hardware_tf32):
     gen = torch.Generator().manual_seed(3)
     m, n, k, k0, gain0 = 200, 48, 96, 13, 96
-    dy, w = _rand(m, n, gen=gen).float(), _rand(n, k, gen=gen, scale=k ** -0.5).float()
+    dy, w = _rand(m, n, gen=gen).float(), _rand(n, k, gen=gen, scale=k**-0.5).float()
     x, x0 = torch.relu(_rand(m, k, gen=gen)).float(), _rand(m, k0, gen=gen).float()
     w0, g0 = _rand(k, k0, gen=gen).float(), (1 + _rand(1, gen=gen, scale=0.2)).float()
     db, dw0, dg0 = torch.zeros(k), torch.zeros(k, k0), torch.zeros(1)
-    linear_backward_input(dy, split_tf32(w.T), x, None, db, weight_grad_below=(split_tf32(x0.T), w0, g0, dw0, dg0,
-                                                                                gain0))
+    linear_backward_input(
+        dy, split_tf32(w.T), x, None, db, weight_grad_below=(split_tf32(x0.T), w0, g0, dw0, dg0, gain0)
+    )
     dz = (dy.double() @ w.double()) * (x > 0)
     assert _rel(dw0, g0.double() * (dz.T @ x0.double())) < FP32_BOUND
     assert hardware_tf32["tf32"] > 0 and hardware_tf32["tf32_inexact"] == 0
@@ -71,7 +72,7 @@ def _heads_inputs(gen):
     m, branches, actions, hidden = HEADS.values()
     j = 1 + branches * actions
     h = torch.relu(_rand(m, (1 + branches) * hidden, gen=gen)).float()
-    w = _rand(j, hidden, gen=gen, scale=hidden ** -0.5).float()
+    w = _rand(j, hidden, gen=gen, scale=hidden**-0.5).float()
     return h, w, (1 + _rand(1 + branches, gen=gen, scale=0.2)).float()
 
 
@@ -92,10 +93,10 @@ def test_heads_backward_under_hardware_tf32(hardware_tf32):
     dh_ref = torch.zeros(m, width, dtype=torch.float64)
     for blk in range(1 + branches):
         sel = grp == blk
-        dh_ref[:, blk * hidden:(blk + 1) * hidden] = dout_g[:, sel] @ w.double()[sel]
+        dh_ref[:, blk * hidden : (blk + 1) * hidden] = dout_g[:, sel] @ w.double()[sel]
     dh_ref *= h > 0
     assert _rel(dh, dh_ref) < FP32_BOUND
-    dw_ref = torch.stack([dout_g[:, i] @ h.double()[:, grp[i] * hidden:(grp[i] + 1) * hidden] for i in range(j)])
+    dw_ref = torch.stack([dout_g[:, i] @ h.double()[:, grp[i] * hidden : (grp[i] + 1) * hidden] for i in range(j)])
     assert _rel(dw, dw_ref) < FP32_BOUND
     # no tensor-core dot at all (IEEE FP32 FMAs): the bound above must hold without one
     assert hardware_tf32["tf32"] == 0 and hardware_tf32["tf32x3"] == 0
@@ -107,7 +108,7 @@ def test_forward_rounds_its_operands_to_tf32_under_hardware_tf32(hardware_tf32):
     and, on positive data, the mean signed error is near 0, where truncation's is about -1e-3 (2 x 2^-11)."""
     gen = torch.Generator().manual_seed(5)
     m, n, k = 150, 40, 64
-    w, b, g = _rand(n, k, gen=gen, scale=k ** -0.5).abs(), _rand(n, gen=gen, scale=0.1).abs(), torch.ones(1)
+    w, b, g = _rand(n, k, gen=gen, scale=k**-0.5).abs(), _rand(n, gen=gen, scale=0.1).abs(), torch.ones(1)
     x = torch.relu(_rand(m, k, gen=gen)) + 0.1
     y = torch.full((m, n), float("nan"))
     linear_forward(x.float(), w.float(), b.float(), g.float(), y, n, False)
@@ -135,7 +136,7 @@ def test_forward_flags_skip_the_rounding_of_operands_already_tf32(hardware_tf32)
     operand flagged reaches the truncating dot and has truncation's sign, which shows the flags take effect."""
     gen = torch.Generator().manual_seed(8)
     m, n, k = 150, 40, 64
-    w, b, g = _rand(n, k, gen=gen, scale=k ** -0.5).abs(), _rand(n, gen=gen, scale=0.1).abs(), torch.ones(1)
+    w, b, g = _rand(n, k, gen=gen, scale=k**-0.5).abs(), _rand(n, gen=gen, scale=0.1).abs(), torch.ones(1)
     x = (torch.relu(_rand(m, k, gen=gen)) + 0.1).float()
     w, b, g = w.float(), b.float(), g.float()
     rna = lambda t: split_tf32(t)[0]  # noqa: E731

@@ -26,10 +26,13 @@ def _split_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
 def _values() -> torch.Tensor:
     gen = torch.Generator().manual_seed(0)
     ordinary = torch.randn(3000, generator=gen) * torch.logspace(-30, 30, 3000)
-    bits = torch.randint(-2**31, 2**31 - 1, (2000,), generator=gen, dtype=torch.int64).to(torch.int32)
+    bits = torch.randint(-(2**31), 2**31 - 1, (2000,), generator=gen, dtype=torch.int64).to(torch.int32)
     special = torch.tensor([0.0, -0.0, 1.0, -1.0, 1e-40, -3e-42, float("inf"), float("-inf"), 3.4028235e38])
-    nans = torch.tensor([0x7FC00000, 0x7FFFFFFF, 0xFFFFFFFF - 2**32, 0x7F800001, 0xFF800FFF - 2**32],
-                        dtype=torch.int64).to(torch.int32).view(torch.float32)
+    nans = (
+        torch.tensor([0x7FC00000, 0x7FFFFFFF, 0xFFFFFFFF - 2**32, 0x7F800001, 0xFF800FFF - 2**32], dtype=torch.int64)
+        .to(torch.int32)
+        .view(torch.float32)
+    )
     return torch.cat([ordinary, bits.view(torch.float32), special, nans])
 
 
@@ -49,15 +52,15 @@ def test_split_is_round_to_nearest_ties_away_and_reproduces_x():
     finite = x[x.isfinite() & (x.abs() > 1e-37) & (x.abs() < 1e38)]
     hi, lo = split_tf32(finite)
     assert not bool((hi.view(torch.int32) & 0x1FFF).any()) and not bool((lo.view(torch.int32) & 0x1FFF).any())
-    m, e = torch.frexp(finite.double())                     # finite = m 2^e, 0.5 <= |m| < 1
-    scaled = m * 2.0 ** 11                                  # 11 significant bits: TF32's 10 + the implicit one
+    m, e = torch.frexp(finite.double())  # finite = m 2^e, 0.5 <= |m| < 1
+    scaled = m * 2.0**11  # 11 significant bits: TF32's 10 + the implicit one
     want = torch.sign(scaled) * torch.floor(scaled.abs() + 0.5) * 2.0 ** (e - 11).double()
     assert torch.equal(hi.double(), want)
     normal = finite.abs() > 1e-30  # lo = x - hi ~ 2^-11 x must itself be a normal float for the 2^-22 bound
     rel = ((finite.double() - hi.double() - lo.double()).abs() / finite.double().abs())[normal].max()
-    assert float(rel) <= 2.0 ** -22
-    ties = torch.tensor([1.0 + 2.0 ** -11, -(1.0 + 3 * 2.0 ** -11)])  # halfway cases round away from zero
-    assert split_tf32(ties)[0].tolist() == [1.0 + 2.0 ** -10, -(1.0 + 2 * 2.0 ** -10)]
+    assert float(rel) <= 2.0**-22
+    ties = torch.tensor([1.0 + 2.0**-11, -(1.0 + 3 * 2.0**-11)])  # halfway cases round away from zero
+    assert split_tf32(ties)[0].tolist() == [1.0 + 2.0**-10, -(1.0 + 2 * 2.0**-10)]
     inf = torch.tensor([float("inf"), float("-inf")])
     assert split_tf32(inf)[0].tolist() == inf.tolist()
 
@@ -84,8 +87,11 @@ def test_round_copy_refuses_bad_input():
     from hotloop.kernels.tf32_split import tf32_round_copy
 
     x = torch.randn(2, 300, device=DEVICE)
-    for dst, what in ((torch.empty(2, 301, device=DEVICE), "shape"), (torch.empty(2, 300, device=DEVICE).double(),
-                                                                     "dtype"), (x, "must not be src")):
+    for dst, what in (
+        (torch.empty(2, 301, device=DEVICE), "shape"),
+        (torch.empty(2, 300, device=DEVICE).double(), "dtype"),
+        (x, "must not be src"),
+    ):
         try:
             tf32_round_copy(x, dst)
         except ValueError as e:

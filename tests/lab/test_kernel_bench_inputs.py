@@ -16,7 +16,7 @@ def test_adam_pairs_seed_scale_smoke():
     pairs = adam_pairs(DEVICE)
     assert [name for name, _, _ in pairs] == ["gradnorm_clip_adam_248k", "gradnorm_clip_adam_248k_vs_torch_fused"]
     params_before = inp["params_buf"].clone()
-    pairs[0][1]()                                                          # the kernel closure is shared
+    pairs[0][1]()  # the kernel closure is shared
     for _, _, reference in pairs:
         reference()
     assert torch.equal(adam_inputs(DEVICE)["params_buf"], params_before)  # fixed seed: the same inputs each time
@@ -26,13 +26,17 @@ def test_spectral_norm_inputs_are_the_seed_table():
     x = spectral_norm_inputs(DEVICE)
     assert x["params_buf"].shape == (sum(r * c for r, c in SEED_SHAPES),) == (246800,)
     assert x["u"].shape == (x["table"].total_rows,)
-    (name, kernel, ref), = spectral_norm_pairs(DEVICE)
+    ((name, kernel, ref),) = spectral_norm_pairs(DEVICE)
     assert name == "spectral_norm_10_matrices" and callable(kernel) and callable(ref)
 
 
 def test_the_bench_times_the_four_kernel_modules():
-    assert list(PAIRS) == ["hotloop.kernels.segment_tree", "hotloop.kernels.spectral_norm",
-                           "hotloop.kernels.fused_adam", "hotloop.kernels.td_loss"]
+    assert list(PAIRS) == [
+        "hotloop.kernels.segment_tree",
+        "hotloop.kernels.spectral_norm",
+        "hotloop.kernels.fused_adam",
+        "hotloop.kernels.td_loss",
+    ]
 
 
 @pytest.mark.gpu

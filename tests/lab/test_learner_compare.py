@@ -7,11 +7,18 @@ import torch
 
 from hotloop.trainer.config import preset
 from hotloop.trainer.flat_net import FlatLayout, forward_reference
-from lab.learner_compare import COMPARE_COLUMNS, compare_learners, reference_weights
 from hotloop.trainer.network import BranchingDuelingQNet
+from lab.learner_compare import COMPARE_COLUMNS, compare_learners, reference_weights
 
-TINY = dict(device="cuda" if torch.cuda.is_available() else "cpu", num_envs=8, learning_starts=256, batch_size=32,
-            trunk_hidden=(16,), head_hidden=16, spectral_norm=False)
+TINY = dict(
+    device="cuda" if torch.cuda.is_available() else "cpu",
+    num_envs=8,
+    learning_starts=256,
+    batch_size=32,
+    trunk_hidden=(16,),
+    head_hidden=16,
+    spectral_norm=False,
+)
 
 
 def test_reference_weights_give_the_flat_nets_q_values():

@@ -23,10 +23,30 @@ def test_an_unknown_configuration_is_refused_naming_the_known_ones():
 def test_cli_prints_each_configuration(capsys):
     if torch.cuda.is_available():
         pytest.skip("CPU smoke of the CLI; the GPU run is the lead's measurement")
-    rc = main(["--preset", "seed-scale", "--set", "batch_size=32", "--set", "trunk_hidden=(24, 16)",
-                  "--set", "head_hidden=16", "--set", "obs_dim=12", "--set", "action_nvec=(3, 3)",
-                  "--set", "replay_capacity=128", "--steps", "1", "--device", "cpu",
-                  "--configs", "step,tf32_backward"])
+    rc = main(
+        [
+            "--preset",
+            "seed-scale",
+            "--set",
+            "batch_size=32",
+            "--set",
+            "trunk_hidden=(24, 16)",
+            "--set",
+            "head_hidden=16",
+            "--set",
+            "obs_dim=12",
+            "--set",
+            "action_nvec=(3, 3)",
+            "--set",
+            "replay_capacity=128",
+            "--steps",
+            "1",
+            "--device",
+            "cpu",
+            "--configs",
+            "step,tf32_backward",
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0
     assert "== step: not measured" in out and "== tf32_backward: not measured" in out

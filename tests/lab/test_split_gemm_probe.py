@@ -15,7 +15,7 @@ def test_split_tf32_keeps_ten_mantissa_bits_and_loses_nothing():
     hi, lo = split_tf32(x)
     assert int((hi.view(torch.int32) & 0x1FFF).abs().sum()) == 0  # the low 13 of 23 mantissa bits are zero
     assert torch.equal(hi + lo, x)
-    assert float((lo.abs() / x.abs()).max()) <= 2.0 ** -11
+    assert float((lo.abs() / x.abs()).max()) <= 2.0**-11
 
 
 BF16_MODES = ("bf16x3", "bf16x6")
@@ -39,8 +39,13 @@ def test_probe_gemm_matches_torch(mode, splits):
     c = torch.full((64, 32), float("nan"), device=DEVICE)
     _run(mode, aa, bb, c, 64, 32, 64, splits, (32, 16, 16, 4, 1), a_lo, b_lo)()
     loose = DEVICE == "cuda" and mode == "tf32"  # one TF32 product: ~1e-3 relative error on a GPU
-    tol = dict(rtol=2e-3, atol=5e-2) if loose else dict(rtol=1e-4, atol=1e-3) if mode == "bf16x3" else \
-        dict(rtol=1e-5, atol=1e-4)  # bf16x3 keeps ~16 of fp32's 24 bits: ~1e-5 relative
+    tol = (
+        dict(rtol=2e-3, atol=5e-2)
+        if loose
+        else dict(rtol=1e-4, atol=1e-3)
+        if mode == "bf16x3"
+        else dict(rtol=1e-5, atol=1e-4)
+    )  # bf16x3 keeps ~16 of fp32's 24 bits: ~1e-5 relative
     torch.testing.assert_close(c, a @ b, **tol)
 
 
@@ -73,8 +78,9 @@ def test_bf16_modes_compile_to_bf16_mmas_for_sm90():
     import sys
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    res = subprocess.run([sys.executable, "-c", SM90_COMPILE, *BF16_MODES], capture_output=True, text=True, env=env,
-                         timeout=300)
+    res = subprocess.run(
+        [sys.executable, "-c", SM90_COMPILE, *BF16_MODES], capture_output=True, text=True, env=env, timeout=300
+    )
     if res.returncode != 0:
         pytest.skip(f"this Triton cannot compile for sm90 here: {res.stderr.strip().splitlines()[-1][:200]}")
     mmas = json.loads(res.stdout.strip().splitlines()[-1])
@@ -96,9 +102,14 @@ def test_probe_cat_tma_partial_tiles(splits):
     torch.testing.assert_close(c, a @ b, rtol=1e-5, atol=1e-4)
 
 
-@pytest.mark.parametrize("mode, m, k, splits, problem", [("cat-ws", 48, 64, 1, "multiples of the tile"),
-                                                          ("cat-ws", 64, 64, 3, "whole 16-wide steps"),
-                                                          ("cat-tma", 64, 40, 1, "whole 16-wide steps")])
+@pytest.mark.parametrize(
+    "mode, m, k, splits, problem",
+    [
+        ("cat-ws", 48, 64, 1, "multiples of the tile"),
+        ("cat-ws", 64, 64, 3, "whole 16-wide steps"),
+        ("cat-tma", 64, 40, 1, "whole 16-wide steps"),
+    ],
+)
 def test_probe_tma_modes_refuse_shapes_they_cannot_tile(mode, m, k, splits, problem):
     """Without the check, cat-ws writes past C on a partial tile and either mode drops the reduction's tail."""
     a = torch.randn(m, k, generator=torch.Generator().manual_seed(3)).to(DEVICE)

@@ -9,8 +9,21 @@ from lab.trace_read_bench import COLUMNS, main
 
 def test_tiny_benchmark_writes_one_row_per_reader_with_a_reason_for_each_cell_not_run(tmp_path):
     out = tmp_path / "r.csv"
-    rc = main(["--sizes-gb", "0.002", "--readers", "json.load", "read_kineto", "iter_kineto", "ijson_columns",
-               "--work-dir", str(tmp_path / "work"), "--csv", str(out)])
+    rc = main(
+        [
+            "--sizes-gb",
+            "0.002",
+            "--readers",
+            "json.load",
+            "read_kineto",
+            "iter_kineto",
+            "ijson_columns",
+            "--work-dir",
+            str(tmp_path / "work"),
+            "--csv",
+            str(out),
+        ]
+    )
     assert rc == 0
     with open(out, newline="") as f:
         rows = {r["reader"]: r for r in csv.DictReader(f)}
@@ -31,8 +44,22 @@ def test_the_count_readers_on_an_existing_file_count_the_same_events_and_keep_th
     trace = tmp_path / "given.json"
     summary = write_trace(trace, 5000)
     out = tmp_path / "r.csv"
-    assert main(["--files", str(trace), "--readers", "inspect", "inspect_in_memory", "--work-dir",
-                 str(tmp_path / "work"), "--csv", str(out)]) == 0
+    assert (
+        main(
+            [
+                "--files",
+                str(trace),
+                "--readers",
+                "inspect",
+                "inspect_in_memory",
+                "--work-dir",
+                str(tmp_path / "work"),
+                "--csv",
+                str(out),
+            ]
+        )
+        == 0
+    )
     with open(out, newline="") as f:
         rows = {r["reader"]: r for r in csv.DictReader(f)}
     assert list(rows) == ["inspect", "inspect_in_memory"] and trace.exists()

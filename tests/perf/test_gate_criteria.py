@@ -42,8 +42,7 @@ def _config() -> Config:
     path, base = _baseline()
     if base is not None and base.config:  # its fields this Config still has, on this GPU
         known = {f.name for f in dataclasses.fields(Config)}
-        return Config.from_dict({**{k: v for k, v in base.config.items() if k in known}, "epochs": 1,
-                                 "device": "cuda"})
+        return Config.from_dict({**{k: v for k, v in base.config.items() if k in known}, "epochs": 1, "device": "cuda"})
     return preset("cartpole", device="cuda", epochs=1)
 
 
@@ -95,10 +94,13 @@ def test_structural_counts_equal_this_gpus_baseline(hot_report):
         pytest.skip(f"no baseline for this GPU at {path}: write one with `hotloop gate --update-baseline`")
     window = (base.config or {}).get("guard_window", LEGACY_WINDOW)
     if window != GUARD_WINDOW:
-        pytest.skip(f"the baseline {path} was measured over another window ({window!r}, not {GUARD_WINDOW!r}): "
-                    f"re-record it with `hotloop gate --repeats 5 --update-baseline`")
+        pytest.skip(
+            f"the baseline {path} was measured over another window ({window!r}, not {GUARD_WINDOW!r}): "
+            f"re-record it with `hotloop gate --repeats 5 --update-baseline`"
+        )
     counts = {m: [v] for m, v in hot_report.medians.items() if is_count(m)}
     table = compare(counts, base)
     table = table[table.kind.eq("count")]
-    assert len(table) >= 10 and not table.verdict.eq("FAIL").any(), \
-        table[table.verdict.eq("FAIL")].to_string(index=False)
+    assert len(table) >= 10 and not table.verdict.eq("FAIL").any(), table[table.verdict.eq("FAIL")].to_string(
+        index=False
+    )

@@ -21,15 +21,20 @@ def clone(tmp_path: Path) -> Path:
 
 
 def _run(repo: Path, *specs: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(ROOT / "results" / "h200" / "device" / "ab_trees.sh"), *specs], cwd=repo,
-                          capture_output=True, text=True)
+    return subprocess.run(
+        ["bash", str(ROOT / "results" / "h200" / "device" / "ab_trees.sh"), *specs],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+    )
 
 
 def test_makes_one_tree_per_commit_with_its_id(clone: Path) -> None:
     res = _run(clone, "a=HEAD", "b=HEAD")
     assert res.returncode == 0, res.stderr
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=clone, capture_output=True,
-                          text=True).stdout.strip()
+    head = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=clone, capture_output=True, text=True
+    ).stdout.strip()
     for name in ("a", "b"):
         tree = clone / ".abtrees" / name
         assert (tree / "COMMIT").read_text().strip() == head
@@ -37,8 +42,10 @@ def test_makes_one_tree_per_commit_with_its_id(clone: Path) -> None:
         assert not (tree / "results").exists()  # results stay out of the trees
 
 
-@pytest.mark.parametrize("spec,message", [("noequals", "want NAME=REF"), ("bad/name=HEAD", "want NAME=REF"),
-                                          ("x=no-such-ref", "is not a commit")])
+@pytest.mark.parametrize(
+    "spec,message",
+    [("noequals", "want NAME=REF"), ("bad/name=HEAD", "want NAME=REF"), ("x=no-such-ref", "is not a commit")],
+)
 def test_bad_spec_exits_2_and_keeps_the_trees(clone: Path, spec: str, message: str) -> None:
     assert _run(clone, "keep=HEAD").returncode == 0
     res = _run(clone, "new=HEAD", spec)

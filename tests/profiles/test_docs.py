@@ -22,8 +22,14 @@ def test_the_reference_is_relative_inside_the_working_folder_and_absolute_outsid
     assert doc_ref("nsight.md", cwd=tmp_path) == str(path.with_name("nsight.md"))
 
 
-@pytest.mark.parametrize("name,match", [("nosuch.md", "'nosuch.md' is not installed"),
-                                        ("../README.md", "must be a file name of docs/"), ("", "file name")])
+@pytest.mark.parametrize(
+    "name,match",
+    [
+        ("nosuch.md", "'nosuch.md' is not installed"),
+        ("../README.md", "must be a file name of docs/"),
+        ("", "file name"),
+    ],
+)
 def test_an_unknown_or_path_like_name_is_refused_naming_it(name, match):
     with pytest.raises(ValueError, match=match):
         doc_path(name)

@@ -18,9 +18,16 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 def rows(n=3, gpu=True):
     out = []
     for e in range(1, n + 1):
-        row = {"extra_z": e, **{c: float(e) for c in EPOCH_COLUMNS}, "learner_steps": 100, "wall_s": 0.5 + 0.1 * e,
-               "learner_steps_per_s": 100 / (0.5 + 0.1 * e), "sm_clock_mhz": 1980.0 - e if gpu else math.nan,
-               "gpu_ms_per_step": 4.0 + e if gpu else math.nan, "clocks_event_reasons": "none" if gpu else ""}
+        row = {
+            "extra_z": e,
+            **{c: float(e) for c in EPOCH_COLUMNS},
+            "learner_steps": 100,
+            "wall_s": 0.5 + 0.1 * e,
+            "learner_steps_per_s": 100 / (0.5 + 0.1 * e),
+            "sm_clock_mhz": 1980.0 - e if gpu else math.nan,
+            "gpu_ms_per_step": 4.0 + e if gpu else math.nan,
+            "clocks_event_reasons": "none" if gpu else "",
+        }
         row["epoch"] = e
         out.append(row)
     return out
@@ -28,8 +35,7 @@ def rows(n=3, gpu=True):
 
 def test_optional_columns_follow_epoch_columns_in_order_then_the_rest():
     df = epoch_frame(rows())
-    assert list(df.columns) == EPOCH_COLUMNS + ["gpu_ms_per_step", "sm_clock_mhz", "clocks_event_reasons",
-                                                "extra_z"]
+    assert list(df.columns) == EPOCH_COLUMNS + ["gpu_ms_per_step", "sm_clock_mhz", "clocks_event_reasons", "extra_z"]
     assert set(OPTIONAL_COLUMNS) >= {"kernels_per_step", "syncs_per_step", "power_w", "gpu_mem_used_gib"}
     assert list(epoch_frame([{c: 1 for c in EPOCH_COLUMNS}]).columns) == EPOCH_COLUMNS  # absent: not added
 
@@ -81,7 +87,14 @@ def test_solved_at_sums_the_epochs_up_to_the_first_that_reached_the_threshold():
         want = summary.loc[run]
         assert (got["learner_steps"], got["env_steps"]) == (want.learner_steps_to_475, want.env_steps_to_475)
         assert round(got["wall_s"], 2) == want.train_wall_s_to_475
-    t = pd.DataFrame({"epoch": [1, 2, 3], "learner_steps": [10, 10, 10], "env_steps": [80, 80, 80],
-                      "wall_s": [1.5, 0.5, 0.5], "mean_return_100": [20.0, 475.0, 500.0]})
+    t = pd.DataFrame(
+        {
+            "epoch": [1, 2, 3],
+            "learner_steps": [10, 10, 10],
+            "env_steps": [80, 80, 80],
+            "wall_s": [1.5, 0.5, 0.5],
+            "mean_return_100": [20.0, 475.0, 500.0],
+        }
+    )
     assert solved_at(t) == {"epoch": 2, "learner_steps": 20, "env_steps": 160, "wall_s": 2.0}
     assert solved_at(t, threshold=501) is None

@@ -41,7 +41,8 @@ def test_json_report(capsys):
     files = json.loads(capsys.readouterr().out)["files"]
     assert files[PROBE]["steps"] is None
     assert files[PROBE]["totals"]["kernels"] == 17 and files[PROBE]["totals"]["sync_calls"] == {
-        "cudaDeviceSynchronize": 5}
+        "cudaDeviceSynchronize": 5
+    }
     steps = files[NSYS]["steps"]
     assert [s["kernels"] for s in steps] == [2] * 5 and [s["memset_events"] for s in steps] == [1] * 5
     assert files[NSYS]["totals"]["kernels"] == 11
@@ -68,9 +69,9 @@ def test_format_is_told_by_the_header_not_the_suffix(tmp_path):
 
 
 def test_a_step_range_that_matches_nothing_is_said(capsys):
-    from hotloop.guards.cli import main
-
     from pathlib import Path
+
+    from hotloop.guards.cli import main
 
     trace = Path(__file__).parents[1] / "data" / "traces" / "h200" / "nsys_matmul_nvtx.sqlite"
     assert main(["inspect", "--step-range", "nosuch", str(trace)]) == 0
@@ -149,19 +150,21 @@ def test_trace_anomalies_line_and_counts_per_file(tmp_path, capsys):
     """A kernel with ts 0 and dur 0 (Kineto's unset CUPTI timestamps) and a launch whose kernel is missing while
     later kernels were recorded: counted in the file's line and in --json, and the step holding them named."""
     t = 1_700_000_000_000.0
-    trace = _kineto(tmp_path / "damaged.json", [
-        dict(cat="user_annotation", name="ProfilerStep#1", ts=t, dur=100),
-        dict(cat="cuda_runtime", name="cudaLaunchKernel", ts=t + 1, dur=2, args={"correlation": 10}),
-        dict(cat="kernel", name="k0", ts=0, dur=0, pid=0, tid=7, args={"correlation": 10, "grid": [8, 1, 1]}),
-        dict(cat="cuda_runtime", name="cudaLaunchKernel", ts=t + 5, dur=2, args={"correlation": 11}),  # no kernel
-        dict(cat="user_annotation", name="ProfilerStep#2", ts=t + 200, dur=100),
-        dict(cat="cuda_runtime", name="cudaLaunchKernel", ts=t + 201, dur=2, args={"correlation": 12}),
-        dict(cat="kernel", name="k2", ts=t + 210, dur=3, pid=0, tid=7, args={"correlation": 12, "grid": [8, 1, 1]}),
-    ])
+    trace = _kineto(
+        tmp_path / "damaged.json",
+        [
+            dict(cat="user_annotation", name="ProfilerStep#1", ts=t, dur=100),
+            dict(cat="cuda_runtime", name="cudaLaunchKernel", ts=t + 1, dur=2, args={"correlation": 10}),
+            dict(cat="kernel", name="k0", ts=0, dur=0, pid=0, tid=7, args={"correlation": 10, "grid": [8, 1, 1]}),
+            dict(cat="cuda_runtime", name="cudaLaunchKernel", ts=t + 5, dur=2, args={"correlation": 11}),  # no kernel
+            dict(cat="user_annotation", name="ProfilerStep#2", ts=t + 200, dur=100),
+            dict(cat="cuda_runtime", name="cudaLaunchKernel", ts=t + 201, dur=2, args={"correlation": 12}),
+            dict(cat="kernel", name="k2", ts=t + 210, dur=3, pid=0, tid=7, args={"correlation": 12, "grid": [8, 1, 1]}),
+        ],
+    )
     assert inspect(trace) == 0
     out = capsys.readouterr().out
-    assert ("trace anomalies: 2 events: cudaLaunchKernel with no GPU event x1; kernel with ts 0, dur 0 x1"
-            in out)
+    assert "trace anomalies: 2 events: cudaLaunchKernel with no GPU event x1; kernel with ts 0, dur 0 x1" in out
     assert "steps with anomalies (1; their timing is not comparable): step 0: " in out
     assert inspect("--json", trace) == 0
     doc = json.loads(capsys.readouterr().out)["files"][trace]
@@ -178,14 +181,19 @@ def test_a_closed_stdout_is_a_quiet_exit_141(tmp_path):
     for k in range(5000):
         t = 1_000 + 10 * k
         events.append(dict(cat="user_annotation", name=f"ProfilerStep#{k}", ts=t, dur=5))
-        events.append(dict(cat="cuda_runtime", name="cudaStreamSynchronize", ts=t + 1, dur=1,
-                           args={"correlation": k + 1}))
+        events.append(
+            dict(cat="cuda_runtime", name="cudaStreamSynchronize", ts=t + 1, dur=1, args={"correlation": k + 1})
+        )
     trace = _kineto(tmp_path / "many.json", events)
     hotloop = shutil.which("hotloop")
     assert hotloop, "the hotloop console script is installed with the package"
     for flags in ("", "--json"):
-        res = subprocess.run(["bash", "-c", f'set -o pipefail; "{hotloop}" inspect {flags} "{trace}" | head -1'],
-                             capture_output=True, text=True, timeout=120)
+        res = subprocess.run(
+            ["bash", "-c", f'set -o pipefail; "{hotloop}" inspect {flags} "{trace}" | head -1'],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert "Traceback" not in res.stderr and "BrokenPipeError" not in res.stderr, res.stderr
         assert res.stdout.strip() in (f"== {trace} (10000 events counted)", "{")
         assert res.returncode == 141
@@ -202,12 +210,18 @@ def test_a_table_printed_in_chunks_is_the_whole_tables_text():
 
     rng = np.random.default_rng(0)
     n = 600
-    df = pd.DataFrame({
-        "step": np.arange(n), "range_name": pd.Series(
-            [f"ProfilerStep#{i}" if i % 7 else "a step" for i in range(n)], dtype="str"),
-        "start_us": 1.7e15 + rng.random(n) * 1e9, "dur_us": np.where(rng.random(n) < 0.01, np.nan, rng.random(n) * 1e5),
-        "kernels": rng.integers(0, 10 ** rng.integers(1, 7, n)), "delta": rng.integers(-50, 5, n),
-        "small": rng.random(n) * 1e-6, "empty": np.nan})
+    df = pd.DataFrame(
+        {
+            "step": np.arange(n),
+            "range_name": pd.Series([f"ProfilerStep#{i}" if i % 7 else "a step" for i in range(n)], dtype="str"),
+            "start_us": 1.7e15 + rng.random(n) * 1e9,
+            "dur_us": np.where(rng.random(n) < 0.01, np.nan, rng.random(n) * 1e5),
+            "kernels": rng.integers(0, 10 ** rng.integers(1, 7, n)),
+            "delta": rng.integers(-50, 5, n),
+            "small": rng.random(n) * 1e-6,
+            "empty": np.nan,
+        }
+    )
     for chunk in (3, 7, 599, 600):
         assert "\n".join(table_parts(df, chunk)) == format_table(df), chunk
     assert "\n".join(table_parts(df.iloc[::-1], 64)) == format_table(df.iloc[::-1])  # the widest value last

@@ -150,10 +150,14 @@ def test_sass_text():
 
 
 def _compiled(ptx: str, **meta):
-    src = SimpleNamespace(fn=SimpleNamespace(arg_names=["x_ptr", "M", "BLOCK_M", "BLOCK_K"]),
-                          constants={(2,): 128, (3,): 32})
-    return SimpleNamespace(asm={"ptx": ptx, "cubin": b"\x7fELF"}, src=src,
-                           metadata=SimpleNamespace(num_warps=meta.get("num_warps", 4), num_stages=3))
+    src = SimpleNamespace(
+        fn=SimpleNamespace(arg_names=["x_ptr", "M", "BLOCK_M", "BLOCK_K"]), constants={(2,): 128, (3,): 32}
+    )
+    return SimpleNamespace(
+        asm={"ptx": ptx, "cubin": b"\x7fELF"},
+        src=src,
+        metadata=SimpleNamespace(num_warps=meta.get("num_warps", 4), num_stages=3),
+    )
 
 
 def test_compiled_kernel_and_jit_caches():
@@ -165,8 +169,14 @@ def test_compiled_kernel_and_jit_caches():
     jit4 = SimpleNamespace(device_caches={0: ({"k1": fwd}, None, None, None)})
     legacy = SimpleNamespace(cache={0: {"k1": bwd}})
     assert ke.compiled_kernels(jit5) == [fwd, bwd]
-    assert ke.mma_counts(jit5) == {"fma.f32": 2, "mma.tf32": 3, "wgmma.tf32": 4, "mma": 7, "tf32_mma": 7,
-                                   "specializations": 2}
+    assert ke.mma_counts(jit5) == {
+        "fma.f32": 2,
+        "mma.tf32": 3,
+        "wgmma.tf32": 4,
+        "mma": 7,
+        "tf32_mma": 7,
+        "specializations": 2,
+    }
     assert ke.mma_counts(jit4)["specializations"] == 1
     assert ke.mma_counts(legacy)["mma.tf32"] == 3
     assert ke.mma_counts(SimpleNamespace(device_caches={})) == ke.NOT_COMPILED
@@ -207,8 +217,9 @@ def test_gpu_variant_gemm_precisions_at_one_tile():
         torch.cuda.synchronize()
         new = [k for k in ke.compiled_kernels(pv._variant_tf32_gemm_kernel) if id(k) not in seen]
         if not new:  # compiled earlier in this process: find it by its PRECISION constexpr
-            new = [k for k in ke.compiled_kernels(pv._variant_tf32_gemm_kernel)
-                   if ke._constexprs(k).get("PRECISION") == p]
+            new = [
+                k for k in ke.compiled_kernels(pv._variant_tf32_gemm_kernel) if ke._constexprs(k).get("PRECISION") == p
+            ]
         assert len(new) == 1, (p, new)
         counts[p] = ke.mma_counts(new[0])
     assert counts["ieee"]["mma"] == 0 and counts["ieee"].get("fma.f32", 0) > 0
@@ -222,18 +233,35 @@ def test_gpu_step_kernels_after_a_learner_step():
     from hotloop.trainer.replay import PrioritizedReplay
     from hotloop.trainer.step import HotLearner
 
-    cfg = preset("seed-scale", batch_size=256, trunk_hidden=(128, 64), head_hidden=32, obs_dim=16,
-                 action_nvec=(3, 3), replay_capacity=1024)
+    cfg = preset(
+        "seed-scale",
+        batch_size=256,
+        trunk_hidden=(128, 64),
+        head_hidden=32,
+        obs_dim=16,
+        action_nvec=(3, 3),
+        replay_capacity=1024,
+    )
     dev = torch.device("cuda")
     rp = PrioritizedReplay(cfg.replay_capacity, cfg.obs_dim, 2, device=dev, use_kernels=True)
     n = 512
-    rp.add(torch.randn(n, 16, device=dev), torch.randint(0, 3, (n, 2), device=dev), torch.randn(n, device=dev),
-           torch.randn(n, 16, device=dev), torch.rand(n, device=dev) < 0.1)
+    rp.add(
+        torch.randn(n, 16, device=dev),
+        torch.randint(0, 3, (n, 2), device=dev),
+        torch.randn(n, device=dev),
+        torch.randn(n, 16, device=dev),
+        torch.rand(n, device=dev) < 0.1,
+    )
     hot = HotLearner(cfg, 16, (3, 3), dev, rp)
     hot.step()
     torch.cuda.synchronize()
     summary = ke.kernel_summary()
-    for name in ("_fwd_online_tf32_gemm_kernel", "_fwd_ddqn_tf32_gemm_kernel", "_bwd_dx_fp32split_gemm_kernel",
-                 "_bwd_dw_fp32split_gemm_kernel", "_heads_online_tf32_kernel"):
+    for name in (
+        "_fwd_online_tf32_gemm_kernel",
+        "_fwd_ddqn_tf32_gemm_kernel",
+        "_bwd_dx_fp32split_gemm_kernel",
+        "_bwd_dw_fp32split_gemm_kernel",
+        "_heads_online_tf32_kernel",
+    ):
         assert all(row["tf32_mma"] > 0 for row in summary[name]), (name, summary[name])
     assert all(row["mma"] == 0 for row in summary["_heads_bwd_fp32_kernel"])

@@ -29,8 +29,10 @@ DEEP = 100_000
 
 
 def _event(ts="1", dur="2", grid="[1, 1, 1]", corr="5", x="0"):
-    return ('{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": %s, "dur": %s, '
-            '"args": {"grid": %s, "block": [32, 1, 1], "correlation": %s, "x": %s}}' % (ts, dur, grid, corr, x))
+    return (
+        '{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": %s, "dur": %s, '
+        '"args": {"grid": %s, "block": [32, 1, 1], "correlation": %s, "x": %s}}' % (ts, dur, grid, corr, x)
+    )
 
 
 def _trace_text(extra="", **fields):
@@ -86,8 +88,10 @@ def test_kinds_keeps_only_those_kinds():
 
 def test_an_event_longer_than_the_window_and_a_raw_control_character_across_windows(tmp_path, monkeypatch):
     long_name = "aten::" + "x" * 5000
-    events = [{"ph": "X", "cat": "cpu_op", "name": long_name, "pid": 1, "tid": 1, "ts": 1, "dur": 2},
-              {"ph": "X", "cat": "cpu_op", "name": "PLACEHOLDER", "pid": 1, "tid": 1, "ts": 3, "dur": 1}]
+    events = [
+        {"ph": "X", "cat": "cpu_op", "name": long_name, "pid": 1, "tid": 1, "ts": 1, "dur": 2},
+        {"ph": "X", "cat": "cpu_op", "name": "PLACEHOLDER", "pid": 1, "tid": 1, "ts": 3, "dur": 1},
+    ]
     path = _write(tmp_path, "long.json", json.dumps({"traceEvents": events}).replace("PLACEHOLDER", "a\tb"))
     monkeypatch.setattr(kr, "_CHUNK", 64)
     with pytest.warns(TraceReadWarning, match=r"long\.json: 1 JSON value"):
@@ -143,28 +147,45 @@ def test_iter_kineto_memory_does_not_grow_with_the_file(tmp_path):
 # -- malformed input: each a TraceReadError naming the file (the pre-streaming reader failed each one) ---------------
 MALFORMED = {
     # nesting: RecursionError before
-    "deep_args": (_trace_text(x="[" * DEEP + "]" * DEEP), r"traceEvents\[1\] at line 1 column \d+: JSON nested too "
-                                                          "deeply"),
+    "deep_args": (
+        _trace_text(x="[" * DEEP + "]" * DEEP),
+        r"traceEvents\[1\] at line 1 column \d+: JSON nested too "
+        "deeply",
+    ),
     "deep_objects": (_trace_text(x='{"a": ' * DEEP + "1" + "}" * DEEP), r"traceEvents\[1\] .*nested too deeply"),
     "deep_entry": ('{"traceEvents": [' + "[" * DEEP + "]" * DEEP + "]}", r"traceEvents\[0\] .*nested too deeply"),
-    "deep_other_key": (_trace_text(extra='"deviceProperties": ' + "[" * DEEP + "]" * DEEP + ", "),
-                       r"the value of key 'deviceProperties' at line 1 column 42: JSON nested too deeply"),
+    "deep_other_key": (
+        _trace_text(extra='"deviceProperties": ' + "[" * DEEP + "]" * DEEP + ", "),
+        r"the value of key 'deviceProperties' at line 1 column 42: JSON nested too deeply",
+    ),
     # huge numbers: ValueError (int max str digits) / OverflowError before
-    "5000_digit_arg": (_trace_text(x="7" * 5000), r"traceEvents\[1\]: a number at line 1 column \d+ has more digits "
-                                                  "than Python reads as an int"),
+    "5000_digit_arg": (
+        _trace_text(x="7" * 5000),
+        r"traceEvents\[1\]: a number at line 1 column \d+ has more digits "
+        "than Python reads as an int",
+    ),
     "5000_digit_ts": (_trace_text(ts="7" * 5000), r"traceEvents\[1\]: a number .* more digits"),
-    "400_digit_ts": (_trace_text(ts="7" * 400), r"field 'ts' is not a finite number: 77777777777777777777\.\.\. "
-                                                r"\(400 digits\)"),
-    "2**64_correlation": (_trace_text(corr=str(2**64)), r"args\['correlation'\] = 18446744073709551616 is outside "
-                                                        "the int64 range"),
+    "400_digit_ts": (
+        _trace_text(ts="7" * 400),
+        r"field 'ts' is not a finite number: 77777777777777777777\.\.\. "
+        r"\(400 digits\)",
+    ),
+    "2**64_correlation": (
+        _trace_text(corr=str(2**64)),
+        r"args\['correlation'\] = 18446744073709551616 is outside "
+        "the int64 range",
+    ),
     "2**64_grid": (_trace_text(grid=f"[{2**64}, 1, 1]"), r"args\['grid'\]\[0\] = 18446744073709551616 is outside"),
     # NaN / Infinity in numeric fields: read silently as NaN / inf before
     "nan_ts": (_trace_text(ts="NaN"), r"traceEvents\[1\] \(ph 'X'\): field 'ts' is not a finite number: nan"),
     "inf_dur": (_trace_text(dur="Infinity"), r"field 'dur' is not a finite number: inf"),
     "-inf_ts": (_trace_text(ts="-Infinity"), r"field 'ts' is not a finite number: -inf"),
     "1e999_dur": (_trace_text(dur="1e999"), r"field 'dur' is not a finite number: inf"),
-    "nan_grid": (_trace_text(grid="[NaN, 1, 1]"), r"args\['grid'\] holds a value that is not a finite number: "
-                                                  r"\[nan, 1, 1\]"),
+    "nan_grid": (
+        _trace_text(grid="[NaN, 1, 1]"),
+        r"args\['grid'\] holds a value that is not a finite number: "
+        r"\[nan, 1, 1\]",
+    ),
     "inf_grid": (_trace_text(grid="[1, Infinity, 1]"), r"args\['grid'\] holds .*\[1, inf, 1\]"),
     "nan_correlation": (_trace_text(corr="NaN"), r"args\['correlation'\] is not a finite number: nan"),
 }
@@ -224,8 +245,12 @@ def _reference_frame(path: Path) -> pd.DataFrame:
             ok = type(dims) is list and len(dims) == 3 and all(type(d) is int for d in dims)
             for axis, d in zip("xyz", dims if ok else (None,) * 3):
                 cols[f"{prefix}_{axis}"].append(d)
-        for col, key in (("stream", "stream"), ("device", "device"), ("correlation", "correlation"),
-                         ("external_id", "External id")):
+        for col, key in (
+            ("stream", "stream"),
+            ("device", "device"),
+            ("correlation", "correlation"),
+            ("external_id", "External id"),
+        ):
             cols[col].append(args.get(key) if type(args.get(key)) is int else None)
         cols["pid"].append(str(ev.get("pid", "")))
         cols["tid"].append(str(ev.get("tid", "")))
@@ -240,9 +265,21 @@ def test_generated_trace_reads_as_the_json_load_reference_with_the_generators_co
     df = read_kineto(path)
     pd.testing.assert_frame_equal(df, _reference_frame(path))
     t = count_totals(df)
-    assert (t["kernels"], t["kernels_grid1"], t["memcpy_dtod_events"], t["memset_events"], t["graph_launches"],
-            t["kernels_in_graphs"]) == (summary.kernels, summary.kernels_grid1, summary.memcpy_dtod_events,
-                                        summary.memset_events, summary.graph_launches, summary.kernels_in_graphs)
+    assert (
+        t["kernels"],
+        t["kernels_grid1"],
+        t["memcpy_dtod_events"],
+        t["memset_events"],
+        t["graph_launches"],
+        t["kernels_in_graphs"],
+    ) == (
+        summary.kernels,
+        summary.kernels_grid1,
+        summary.memcpy_dtod_events,
+        summary.memset_events,
+        summary.graph_launches,
+        summary.kernels_in_graphs,
+    )
     assert t["sync_calls"] == summary.sync_calls
     assert len(df) == sum(n for key, n in summary.by_ph_cat.items() if key.startswith("X/"))
     kinds = df["kind"].value_counts()
@@ -252,12 +289,17 @@ def test_generated_trace_reads_as_the_json_load_reference_with_the_generators_co
 
 def test_generator_cli_writes_exactly_n_events_and_prints_its_summary(tmp_path):
     out = tmp_path / "cli.json.gz"
-    proc = subprocess.run([sys.executable, "-m", "lab.trace_synth", "--events", "1234", "--out",
-                           str(out)], capture_output=True, text=True, check=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "lab.trace_synth", "--events", "1234", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     summary = json.loads(proc.stdout)
     with gzip.open(out, "rt") as f:
         doc = json.load(f)
     assert summary["events"] == len(doc["traceEvents"]) == 1234
-    bad = subprocess.run([sys.executable, "-m", "lab.trace_synth", "--events", "0", "--out",
-                          str(out)], capture_output=True, text=True)
+    bad = subprocess.run(
+        [sys.executable, "-m", "lab.trace_synth", "--events", "0", "--out", str(out)], capture_output=True, text=True
+    )
     assert bad.returncode == 2 and "events must be an int >= 1" in bad.stderr

@@ -14,10 +14,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from hotloop.guards.cli import main
 from hotloop.profiles import nsys_cmd
 from hotloop.profiles.nsight_reader import read_nsight_sqlite
 from hotloop.profiles.nsys_cmd import NsysRoute, find_nsys, range_gpu_time
-from hotloop.guards.cli import main
 
 EXPORT = Path(__file__).parents[1] / "data" / "traces" / "h200" / "nsys_matmul_nvtx.sqlite"
 HI = [sys.executable, "-c", "print('hi')"]
@@ -91,8 +91,10 @@ def path_nsys(env, monkeypatch):
 
 def _bundled(root: Path, version: str = "2025.3.1") -> tuple[Path, Path]:
     host = root / version / "host"
-    return (_script(host / "target-linux-x64" / "nsys", FAKE_NSYS),
-            _script(host / "linux-desktop-glibc_2_11_3-x64" / "QdstrmImporter", FAKE_IMPORTER))
+    return (
+        _script(host / "target-linux-x64" / "nsys", FAKE_NSYS),
+        _script(host / "linux-desktop-glibc_2_11_3-x64" / "QdstrmImporter", FAKE_IMPORTER),
+    )
 
 
 def _inspect(capsys, *argv) -> str:
@@ -118,8 +120,20 @@ def test_profiles_exports_and_prints_the_counts_hotloop_inspect_prints(path_nsys
     ranges = pd.read_csv(out / "ranges.csv")
     assert ranges[["domain", "name", "count", "kernels"]].values.tolist() == [["hotloop", "step", 5, 10]]
     profile, export = _log(env)
-    assert profile["argv"] == ["profile", "-t", "cuda,nvtx", "-s", "none", "--cpuctxsw=none",
-                               "--cuda-graph-trace=node", "-o", profile["argv"][8], "--force-overwrite", "true", *HI]
+    assert profile["argv"] == [
+        "profile",
+        "-t",
+        "cuda,nvtx",
+        "-s",
+        "none",
+        "--cpuctxsw=none",
+        "--cuda-graph-trace=node",
+        "-o",
+        profile["argv"][8],
+        "--force-overwrite",
+        "true",
+        *HI,
+    ]
     base = Path(profile["argv"][8])
     assert base.parent.parent == env / "tmp" and not base.parent.exists()  # raw report in tmp, then removed
     assert export["argv"] == ["export", "--type", "sqlite", "-o", report, str(base) + ".nsys-rep"]
@@ -223,15 +237,27 @@ def test_range_gpu_time_counts_ranges_per_thread_and_nested_ranges_inclusively()
     from hotloop.profiles.trace_schema import event_frame
 
     rows = [  # (name, kind, start, dur, tid, correlation)
-        ("outer", "user_annotation", 0, 100, "1", None), ("inner", "user_annotation", 10, 20, "1", None),
+        ("outer", "user_annotation", 0, 100, "1", None),
+        ("inner", "user_annotation", 10, 20, "1", None),
         ("other", "user_annotation", 0, 100, "2", None),
-        ("cudaLaunchKernel", "runtime", 15, 1, "1", 7), ("cudaLaunchKernel", "runtime", 50, 1, "1", 8),
-        ("k7", "kernel", 20, 3, "", 7), ("k8", "kernel", 60, 5, "", 8), ("k9", "kernel", 61, 9, "", 9),
+        ("cudaLaunchKernel", "runtime", 15, 1, "1", 7),
+        ("cudaLaunchKernel", "runtime", 50, 1, "1", 8),
+        ("k7", "kernel", 20, 3, "", 7),
+        ("k8", "kernel", 60, 5, "", 8),
+        ("k9", "kernel", 61, 9, "", 9),
         ("cudaLaunchKernel", "runtime", 200, 1, "1", 9),
     ]
-    df = event_frame({"name": [r[0] for r in rows], "kind": [r[1] for r in rows], "start_us": [r[2] for r in rows],
-                      "dur_us": [r[3] for r in rows], "tid": [r[4] for r in rows], "pid": ["p"] * len(rows),
-                      "correlation": [r[5] for r in rows]})
+    df = event_frame(
+        {
+            "name": [r[0] for r in rows],
+            "kind": [r[1] for r in rows],
+            "start_us": [r[2] for r in rows],
+            "dur_us": [r[3] for r in rows],
+            "tid": [r[4] for r in rows],
+            "pid": ["p"] * len(rows),
+            "correlation": [r[5] for r in rows],
+        }
+    )
     table = range_gpu_time(df).set_index("name")
     assert table.loc["outer", ["kernels", "gpu_kernel_us"]].tolist() == [2, 8.0]
     assert table.loc["inner", ["kernels", "gpu_kernel_us"]].tolist() == [1, 3.0]

@@ -49,9 +49,14 @@ def test_nested_ranges_push_and_pop_in_order_with_phase_colors(calls):
         with phase_range("mine", color=0xFF000001):
             pass
     assert nvtx_backend()[0] == "nvtx"
-    assert calls == [("push", "hotloop", "step", PHASE_COLORS["step"]),
-                     ("push", "hotloop", "forward", PHASE_COLORS["forward"]), ("pop", "hotloop"),
-                     ("push", "hotloop", "mine", 0xFF000001), ("pop", "hotloop"), ("pop", "hotloop")]
+    assert calls == [
+        ("push", "hotloop", "step", PHASE_COLORS["step"]),
+        ("push", "hotloop", "forward", PHASE_COLORS["forward"]),
+        ("pop", "hotloop"),
+        ("push", "hotloop", "mine", 0xFF000001),
+        ("pop", "hotloop"),
+        ("pop", "hotloop"),
+    ]
     assert phase_range("unknown").color == DEFAULT_COLOR
 
 

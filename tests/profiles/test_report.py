@@ -5,15 +5,24 @@ import math
 import pandas as pd
 import pytest
 
+from hotloop.guards.cli import main
 from hotloop.profiles.epoch_table import EPOCH_COLUMNS, epoch_frame, write_table
 from hotloop.profiles.report import compare_runs
-from hotloop.guards.cli import main
 
 
 def make_run(path, wall_s, extra=None):
     path.mkdir(parents=True)
-    rows = [{**{c: 1.0 for c in EPOCH_COLUMNS}, "epoch": e, "learner_steps": 100, "wall_s": w,
-             "learner_steps_per_s": 100 / w, **(extra or {})} for e, w in enumerate(wall_s, 1)]
+    rows = [
+        {
+            **{c: 1.0 for c in EPOCH_COLUMNS},
+            "epoch": e,
+            "learner_steps": 100,
+            "wall_s": w,
+            "learner_steps_per_s": 100 / w,
+            **(extra or {}),
+        }
+        for e, w in enumerate(wall_s, 1)
+    ]
     write_table(epoch_frame(rows), path, "epochs")
     return path
 
@@ -30,8 +39,9 @@ def test_report_prints_one_run_plain_and_markdown(tmp_path, capsys):
 
 def test_report_compares_medians_with_ratios(tmp_path, capsys):
     a = make_run(tmp_path / "a", [2.0, 4.0, 3.0], {"gpu_ms_per_step": 5.0, "clocks_event_reasons": "none"})
-    b = make_run(tmp_path / "b", [1.0, 2.0], {"gpu_ms_per_step": 2.5, "only_b": 7.0,
-                                              "clocks_event_reasons": "sw_power_cap"})
+    b = make_run(
+        tmp_path / "b", [1.0, 2.0], {"gpu_ms_per_step": 2.5, "only_b": 7.0, "clocks_event_reasons": "sw_power_cap"}
+    )
     cmp = compare_runs(pd.read_csv(a / "epochs.csv"), pd.read_csv(b / "epochs.csv")).set_index("column")
     assert list(cmp.columns) == ["run1_median", "run2_median", "run2_run1_ratio"]
     assert "epoch" not in cmp.index and "clocks_event_reasons" not in cmp.index
@@ -50,16 +60,19 @@ def _write(path, text):
     return path
 
 
-@pytest.mark.parametrize("case,problem", [
-    ("missing", "no such run folder or file"),
-    ("no csv", "no epochs.csv in this folder"),
-    ("empty", "not a readable CSV"),
-    ("binary", "not a readable CSV"),
-    ("ragged", "not a readable CSV"),
-    ("columns", "missing columns ['env_steps'"),
-    ("no rows", "no epoch rows"),
-    ("text", "non-numeric values in columns ['wall_s']"),
-])
+@pytest.mark.parametrize(
+    "case,problem",
+    [
+        ("missing", "no such run folder or file"),
+        ("no csv", "no epochs.csv in this folder"),
+        ("empty", "not a readable CSV"),
+        ("binary", "not a readable CSV"),
+        ("ragged", "not a readable CSV"),
+        ("columns", "missing columns ['env_steps'"),
+        ("no rows", "no epoch rows"),
+        ("text", "non-numeric values in columns ['wall_s']"),
+    ],
+)
 @pytest.mark.parametrize("position", [0, 1])
 def test_bad_input_exits_2_naming_the_path_and_problem(tmp_path, capsys, case, problem, position):
     good = make_run(tmp_path / "good", [1.0])

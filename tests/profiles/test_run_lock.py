@@ -12,6 +12,7 @@ import pytest
 
 from hotloop.profiles.run_lock import LOCK_FILE, RunFolderLocked, acquire, remove_temp_files
 
+
 def test_a_live_holder_is_refused_naming_its_pid(tmp_path, lock_holder):
     with lock_holder.hold(tmp_path) as proc:
         with pytest.raises(RunFolderLocked, match=f"in use by another hotloop run \\(pid {proc.pid},") as info:
@@ -30,8 +31,12 @@ def test_a_killed_holders_lock_is_taken_over(tmp_path, lock_holder):
     lock = acquire(tmp_path)
     assert lock.stale_pid == dead and (tmp_path / LOCK_FILE).read_text() == f"{os.getpid()}\n"
     # and now this process is the live holder another process is refused by
-    proc = subprocess.run([sys.executable, "-c", lock_holder.script, str(tmp_path / LOCK_FILE)], capture_output=True,
-                          text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-c", lock_holder.script, str(tmp_path / LOCK_FILE)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode != 0 and "BlockingIOError" in proc.stderr
     lock.release()
 
@@ -42,8 +47,12 @@ def test_the_lock_is_reentrant_within_a_process(tmp_path, lock_holder):
     assert inner is outer
     inner.release()
     assert outer.held and (tmp_path / LOCK_FILE).exists()
-    proc = subprocess.run([sys.executable, "-c", lock_holder.script, str(tmp_path / LOCK_FILE)], capture_output=True,
-                          text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-c", lock_holder.script, str(tmp_path / LOCK_FILE)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode != 0  # still held after the inner release
     outer.release()
     outer.release()  # a no-op once released

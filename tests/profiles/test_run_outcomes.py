@@ -28,8 +28,11 @@ def test_outcomes_match_the_table_recorded_from_the_same_runs(tmp_path):
     got = _module().outcomes(tmp_path).set_index(["learner", "seed"])
     assert list(got.index) == [("copy", 11), ("copy", 12), ("ieee", 16), ("ieee", 21)]
     want = pd.read_csv(RUNS.parent / "seeds_11_22.csv")
-    want = want.assign(learner=want.forward.map({"tf32_rounded": "copy", "ieee_fp32": "ieee"})).set_index(
-        ["learner", "seed"]).loc[got.index]
+    want = (
+        want.assign(learner=want.forward.map({"tf32_rounded": "copy", "ieee_fp32": "ieee"}))
+        .set_index(["learner", "seed"])
+        .loc[got.index]
+    )
     assert got.solved.tolist() == want.reached.tolist() == [True, True, False, True]
     assert got.held.tolist() == want.held.tolist() == [False, True, False, True]
     for col in ("best", "last3_mean", "final_eval"):

@@ -4,18 +4,31 @@ per-epoch table is replaced atomically (a write killed part-way leaves the old t
 import pandas as pd
 import pytest
 
-from hotloop.profiles.epoch_table import EPOCH_COLUMNS, OPTIONAL_COLUMNS
 from hotloop.guards.cli import main
+from hotloop.profiles.epoch_table import EPOCH_COLUMNS, OPTIONAL_COLUMNS
 
-TINY = ["--set", "learner_steps_per_epoch=10", "--set", "learning_starts=32", "--set", "batch_size=16",
-        "--set", "trunk_hidden=[8]", "--set", "head_hidden=4", "--set", "eval_episodes=0", "--no-progress"]
+TINY = [
+    "--set",
+    "learner_steps_per_epoch=10",
+    "--set",
+    "learning_starts=32",
+    "--set",
+    "batch_size=16",
+    "--set",
+    "trunk_hidden=[8]",
+    "--set",
+    "head_hidden=4",
+    "--set",
+    "eval_episodes=0",
+    "--no-progress",
+]
 
 
 def test_train_writes_optional_columns_and_plot_then_report_reads_it(tmp_path, capsys):
     out = tmp_path / "run"
     assert main(["train", "--epochs", "2", "--device", "cpu", "--out", str(out), *TINY]) == 0
     table = pd.read_csv(out / "epochs.csv")
-    assert list(table.columns[:len(EPOCH_COLUMNS) + len(OPTIONAL_COLUMNS)]) == EPOCH_COLUMNS + OPTIONAL_COLUMNS
+    assert list(table.columns[: len(EPOCH_COLUMNS) + len(OPTIONAL_COLUMNS)]) == EPOCH_COLUMNS + OPTIONAL_COLUMNS
     assert table[OPTIONAL_COLUMNS].isna().all().all()  # no GPU, no NVML, no guard counts on a CPU run
     assert (out / "epochs.png").read_bytes()[:4] == b"\x89PNG"
     capsys.readouterr()
@@ -27,8 +40,9 @@ def test_train_writes_optional_columns_and_plot_then_report_reads_it(tmp_path, c
 def _frame(n: int) -> pd.DataFrame:
     from hotloop.profiles.epoch_table import epoch_frame
 
-    return epoch_frame([{c: float(e) for c in EPOCH_COLUMNS} | {"epoch": e, "clocks_event_reasons": "none"}
-                        for e in range(1, n + 1)])
+    return epoch_frame(
+        [{c: float(e) for c in EPOCH_COLUMNS} | {"epoch": e, "clocks_event_reasons": "none"} for e in range(1, n + 1)]
+    )
 
 
 @pytest.mark.parametrize("fail_at", ["write", "os.replace"])

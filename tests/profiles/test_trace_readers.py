@@ -12,10 +12,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from hotloop.profiles.trace_anomalies import ANOMALY_COLUMNS, anomaly_flags, anomaly_reasons, describe_anomalies
-from hotloop.profiles.trace_counts import SYNC_COLUMNS, assign_steps, count_per_step, count_totals, step_ranges
 from hotloop.profiles.kineto_reader import read_kineto
 from hotloop.profiles.nsight_reader import COPY_KINDS, read_nsight_sqlite
+from hotloop.profiles.trace_anomalies import ANOMALY_COLUMNS, anomaly_flags, anomaly_reasons, describe_anomalies
+from hotloop.profiles.trace_counts import SYNC_COLUMNS, assign_steps, count_per_step, count_totals, step_ranges
 from hotloop.profiles.trace_schema import COLUMNS, TraceReadError, TraceReadWarning, event_frame
 
 TRACES = Path(__file__).parents[1] / "data" / "traces"
@@ -53,7 +53,11 @@ def test_totals_are_exactly_the_readmes(rel):
     kernels, grid1, dtod, memsets, syncs, launches, in_graphs = README_COUNTS[rel]
     t = count_totals(trace(rel))
     assert (t["kernels"], t["kernels_grid1"], t["memcpy_dtod_events"], t["memset_events"]) == (
-        kernels, grid1, dtod, memsets)
+        kernels,
+        grid1,
+        dtod,
+        memsets,
+    )
     assert t["sync_calls"] == syncs
     assert (t["graph_launches"], t["kernels_in_graphs"]) == (launches, in_graphs)
 
@@ -127,7 +131,8 @@ def test_steps_attribution_by_launch_and_record_function_step_preferred(tmp_path
     k = dict(grid=[1, 1, 1], block=[32, 1, 1], stream=7, device=0)
     events = [
         _x("ProfilerStep#1", "user_annotation", 0, 1000),
-        _x("step", "user_annotation", 10, 100), _x("step", "user_annotation", 200, 100),
+        _x("step", "user_annotation", 10, 100),
+        _x("step", "user_annotation", 200, 100),
         _x("cudaLaunchKernel", "cuda_runtime", 20, 5, correlation=1),
         _x("k_eager", "kernel", 400, 10, correlation=1, **k),  # runs after its step ended: still step 0
         _x("cudaGraphLaunch", "cuda_runtime", 210, 5, correlation=2),
@@ -204,7 +209,8 @@ def test_copy_kinds_match_the_exports_own_enum_table():
     with sqlite3.connect(NSYS) as con:
         enum = dict(con.execute("SELECT id, name FROM ENUM_CUDA_MEMCPY_OPER"))
     assert {i: COPY_KINDS[i].replace(" ", "_").upper() for i in enum} == {
-        i: name.removeprefix("CUDA_MEMCPY_KIND_") for i, name in enum.items()}
+        i: name.removeprefix("CUDA_MEMCPY_KIND_") for i, name in enum.items()
+    }
 
 
 def test_raw_control_character_in_a_string_is_read_leniently_with_a_warning(tmp_path):
@@ -228,23 +234,35 @@ def _file(name, text):
         path = tmp_path / name
         path.write_text(text)
         return path
+
     return make
 
 
-@pytest.mark.parametrize("make,reader,match", [
-    (_truncated_gzip, read_kineto, "truncated gzip"),
-    (_file("bad.json", '{"traceEvents": [{"ph": "i"},]}'), read_kineto, "invalid JSON at line 1 column 30: Exp"),
-    (_file("cut.json", '{"traceEvents": [{"ph": "X"'), read_kineto, "invalid JSON at line 1 column 28: Exp"),
-    (_file("none.json", '{"schemaVersion": 1}'), read_kineto, 'no "traceEvents" list'),
-    (_file("array.json", "[]"), read_kineto, "does not start with '{'"),
-    (_file("nodur.json", json.dumps({"traceEvents": [_x("a", "cpu_op", 0, 1), {"ph": "X", "name": "b", "ts": 1}]})),
-     read_kineto, r"traceEvents\[1\] \(ph 'X'\): missing field 'dur'"),
-    (lambda d: d / "missing.json", read_kineto, "No such file"),
-    (lambda d: d / "missing.sqlite", read_nsight_sqlite, "No such file"),
-    (lambda d: _nsys_db(d / "nokernels.sqlite", with_kernel_table=False), read_nsight_sqlite,
-     "no table CUPTI_ACTIVITY_KIND_KERNEL"),
-    (_file("k.json", '{"traceEvents": []}'), read_nsight_sqlite, "not an SQLite database"),
-])
+@pytest.mark.parametrize(
+    "make,reader,match",
+    [
+        (_truncated_gzip, read_kineto, "truncated gzip"),
+        (_file("bad.json", '{"traceEvents": [{"ph": "i"},]}'), read_kineto, "invalid JSON at line 1 column 30: Exp"),
+        (_file("cut.json", '{"traceEvents": [{"ph": "X"'), read_kineto, "invalid JSON at line 1 column 28: Exp"),
+        (_file("none.json", '{"schemaVersion": 1}'), read_kineto, 'no "traceEvents" list'),
+        (_file("array.json", "[]"), read_kineto, "does not start with '{'"),
+        (
+            _file(
+                "nodur.json", json.dumps({"traceEvents": [_x("a", "cpu_op", 0, 1), {"ph": "X", "name": "b", "ts": 1}]})
+            ),
+            read_kineto,
+            r"traceEvents\[1\] \(ph 'X'\): missing field 'dur'",
+        ),
+        (lambda d: d / "missing.json", read_kineto, "No such file"),
+        (lambda d: d / "missing.sqlite", read_nsight_sqlite, "No such file"),
+        (
+            lambda d: _nsys_db(d / "nokernels.sqlite", with_kernel_table=False),
+            read_nsight_sqlite,
+            "no table CUPTI_ACTIVITY_KIND_KERNEL",
+        ),
+        (_file("k.json", '{"traceEvents": []}'), read_nsight_sqlite, "not an SQLite database"),
+    ],
+)
 def test_read_errors_name_the_file_and_the_problem(tmp_path, make, reader, match):
     path = make(tmp_path)
     with pytest.raises(TraceReadError, match=match) as exc:
@@ -268,8 +286,9 @@ def test_gpu_events_launched_before_the_trace_began_are_a_window_edge_not_an_ano
     # 614 kernels/copies/memsets whose correlation ids are below every recorded call's: launched in the warm-up
     assert anomalies["window_edge"] == {"gpu_launched_before_trace": 614, "launches_after_gpu_trace": 0}
     assert anomalies["counts"]["gpu_without_launch"] == 0
-    assert describe_anomalies(anomalies) == ("none (window edges, not anomalies: 614 GPU events launched before the "
-                                             "trace's first CUDA call)")
+    assert describe_anomalies(anomalies) == (
+        "none (window edges, not anomalies: 614 GPU events launched before the trace's first CUDA call)"
+    )
 
 
 def test_a_negative_duration_step_range_runs_to_its_threads_last_event(tmp_path):
@@ -309,8 +328,12 @@ def test_each_anomaly_is_flagged_and_named():
         dict(name="fwd", kind="annotation", start_us=t + 9, dur_us=-3.0, tid="7"),
         dict(name="cudaLaunchKernel", kind="runtime", start_us=t + 20, dur_us=1, correlation=9, tid="1"),  # edge
     ]
-    df = event_frame({c: [r.get(c, "" if c in ("name", "tid") else None) for r in rows]
-                      for c in ("name", "kind", "start_us", "dur_us", "correlation", "tid")})
+    df = event_frame(
+        {
+            c: [r.get(c, "" if c in ("name", "tid") else None) for r in rows]
+            for c in ("name", "kind", "start_us", "dur_us", "correlation", "tid")
+        }
+    )
     flags = anomaly_flags(df)
     by_name = {n: [c for c in ANOMALY_COLUMNS if f[c]] for n, (_, f) in zip(df["name"], flags.iterrows())}
     assert by_name["k0"] == ["ts_not_positive", "gpu_dur_zero"]
@@ -319,8 +342,13 @@ def test_each_anomaly_is_flagged_and_named():
     launches = flags.loc[df["name"].eq("cudaLaunchKernel"), "launch_without_gpu"].tolist()
     assert launches == [False, True, False, False]  # the last one ran after the GPU side stopped: a window edge
     reasons = set(anomaly_reasons(df, flags)) - {""}
-    assert reasons == {"kernel with ts 0, dur 0", "cudaLaunchKernel with no GPU event", "kernel with no launching call",
-                       "kernel with non-finite ts/dur", "GPU range 'fwd' with dur < 0"}
+    assert reasons == {
+        "kernel with ts 0, dur 0",
+        "cudaLaunchKernel with no GPU event",
+        "kernel with no launching call",
+        "kernel with non-finite ts/dur",
+        "GPU range 'fwd' with dur < 0",
+    }
     totals = count_totals(df)
     assert totals["kernels"] == 3 and totals["anomalies"]["events"] == 5
     assert totals["anomalies"]["window_edge"] == {"gpu_launched_before_trace": 0, "launches_after_gpu_trace": 1}
@@ -328,9 +356,15 @@ def test_each_anomaly_is_flagged_and_named():
 
 def test_a_call_with_no_valid_start_is_in_no_step_but_still_counted():
     t = 1.7e12
-    df = event_frame({"name": ["step", "cudaStreamSynchronize", "cudaStreamSynchronize"],
-                      "kind": ["user_annotation", "runtime", "runtime"], "start_us": [t, 0.0, t + 1],
-                      "dur_us": [10.0, 1.0, 1.0], "tid": ["1", "1", "1"]})
+    df = event_frame(
+        {
+            "name": ["step", "cudaStreamSynchronize", "cudaStreamSynchronize"],
+            "kind": ["user_annotation", "runtime", "runtime"],
+            "start_us": [t, 0.0, t + 1],
+            "dur_us": [10.0, 1.0, 1.0],
+            "tid": ["1", "1", "1"],
+        }
+    )
     steps = count_per_step(df)
     assert list(steps["cudaStreamSynchronize_calls"]) == [1] and list(steps["anomalies"]) == [0]
     assert count_totals(df)["sync_calls"] == {S: 2} and count_totals(df)["anomalies"]["events"] == 1

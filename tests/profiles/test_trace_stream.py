@@ -45,7 +45,7 @@ def test_every_test_trace_counts_the_same_streamed_and_in_memory(rel, step_range
     if path.suffix == ".gz":  # many small frames: every frame boundary case of a real trace
         frames = iter_kineto(path, kinds=COUNTED_KINDS, batch_events=97)
     else:  # an Nsight export is one frame in inspect; cut it into parts here
-        frames = (df.iloc[i: i + 50] for i in range(0, len(df), 50))
+        frames = (df.iloc[i : i + 50] for i in range(0, len(df), 50))
     assert_same(count_frames(frames, step_range_name, domain), df, step_range_name, domain)
 
 
@@ -59,8 +59,10 @@ def test_the_printed_report_is_the_in_memory_one_byte_for_byte(rel, capsys):
     assert main(["inspect", path]) == 0
     assert capsys.readouterr().out == format_file(path, len(df), totals, steps) + "\n"
     assert main(["inspect", "--json", path, path + ".missing"]) == 2
-    doc = {"files": {path: {"totals": totals, "steps": step_records(steps) if len(steps) else None}},
-           "errors": {path + ".missing": "cannot read: No such file or directory"}}
+    doc = {
+        "files": {path: {"totals": totals, "steps": step_records(steps) if len(steps) else None}},
+        "errors": {path + ".missing": "cannot read: No such file or directory"},
+    }
     assert capsys.readouterr().out == json.dumps(doc, indent=2) + "\n"
 
 
@@ -79,9 +81,20 @@ def _x(cat, name, ts, dur, pid=1, tid=1, **args):
     return {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": ts, "dur": dur, "args": args}
 
 
-_APIS = ["cudaLaunchKernel", "cudaLaunchKernel_ptsz", "cudaGraphLaunch", "cudaStreamSynchronize",
-         "cudaStreamSynchronize_ptds", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpyAsync",
-         "cudaMemsetAsync", "cudaStreamBeginCapture", "cudaStreamEndCapture", "cudaLaunchCooperativeKernel"]
+_APIS = [
+    "cudaLaunchKernel",
+    "cudaLaunchKernel_ptsz",
+    "cudaGraphLaunch",
+    "cudaStreamSynchronize",
+    "cudaStreamSynchronize_ptds",
+    "cudaDeviceSynchronize",
+    "cudaEventSynchronize",
+    "cudaMemcpyAsync",
+    "cudaMemsetAsync",
+    "cudaStreamBeginCapture",
+    "cudaStreamEndCapture",
+    "cudaLaunchCooperativeKernel",
+]
 _KERNELS = ["gemm", "memcpy128", "void at::native::FillFunctor<float>", "reduce_kernel"]
 
 
@@ -110,16 +123,38 @@ def _random_events(rng: random.Random, gpu=True, cpu=True) -> list[dict]:
             for _ in range(rng.choice([1, 1, 3]) if api == "cudaGraphLaunch" else 1):
                 gts, gdur = (0, 0) if rng.random() < 0.05 else (ts + rng.randint(0, 300), rng.choice([3, 3, 0]))
                 if api == "cudaMemcpyAsync":
-                    events.append(_x("gpu_memcpy", rng.choice(["Memcpy DtoD (Device -> Device)",
-                                                               "Memcpy HtoD (Pageable -> Device)"]),
-                                     gts, gdur, pid=0, tid=7, correlation=corr, bytes=64, stream=7, device=0))
+                    events.append(
+                        _x(
+                            "gpu_memcpy",
+                            rng.choice(["Memcpy DtoD (Device -> Device)", "Memcpy HtoD (Pageable -> Device)"]),
+                            gts,
+                            gdur,
+                            pid=0,
+                            tid=7,
+                            correlation=corr,
+                            bytes=64,
+                            stream=7,
+                            device=0,
+                        )
+                    )
                 elif api == "cudaMemsetAsync":
                     events.append(_x("gpu_memset", "Memset (Device)", gts, gdur, pid=0, tid=7, correlation=corr))
                 else:
                     grid = rng.choice([[1, 1, 1], [8, 1, 1], None])
-                    events.append(_x("kernel", rng.choice(_KERNELS), gts, gdur, pid=0, tid=rng.choice([7, 8]),
-                                     correlation=corr, stream=7, device=0,
-                                     **({"grid": grid, "block": [32, 1, 1]} if grid else {})))
+                    events.append(
+                        _x(
+                            "kernel",
+                            rng.choice(_KERNELS),
+                            gts,
+                            gdur,
+                            pid=0,
+                            tid=rng.choice([7, 8]),
+                            correlation=corr,
+                            stream=7,
+                            device=0,
+                            **({"grid": grid, "block": [32, 1, 1]} if grid else {}),
+                        )
+                    )
     for _ in range(rng.randint(0, 4) if gpu else 0):  # orphans: before the calls, mid-trace, without an id
         args = rng.choice([{"correlation": 1}, {"correlation": corr + 1000}, {}, {"correlation": 150}])
         events.append(_x("kernel", "orphan", rng.randint(1000, 1500), 2, pid=0, tid=7, **args))
@@ -189,10 +224,11 @@ def test_frames_with_non_finite_times_count_the_same():
         ("ProfilerStep#3", "user_annotation", t + 150, -5.0, None, "3"),  # no valid event on its thread: trace end
         ("fwd", "annotation", t + 9, -3.0, None, "7"),
     ]
-    df = event_frame({c: [r[i] for r in rows] for i, c in enumerate(("name", "kind", "start_us", "dur_us",
-                                                                      "correlation", "tid"))})
+    df = event_frame(
+        {c: [r[i] for r in rows] for i, c in enumerate(("name", "kind", "start_us", "dur_us", "correlation", "tid"))}
+    )
     for size in (1, 3, len(df)):
-        assert_same(count_frames(df.iloc[i: i + size] for i in range(0, len(df), size)), df)
+        assert_same(count_frames(df.iloc[i : i + size] for i in range(0, len(df), size)), df)
     steps = count_frames([df]).steps
     assert steps["anomaly"].str.contains("end read as its thread's last event").sum() == 2
 
@@ -203,13 +239,16 @@ def _frames(n_frames: int, calls: int = 5000):
     for f in range(n_frames):
         t = 1e12 + f * calls * 10 + corr * 10.0
         c = f * calls + corr + 1
-        yield event_frame({
-            "name": pd.Series(["cudaLaunchKernel"] * calls + ["gemm"] * calls + ["step"] * ranges, dtype="str"),
-            "kind": pd.Series(["runtime"] * calls + ["kernel"] * calls + ["user_annotation"] * ranges),
-            "start_us": np.r_[t, t + 5, t[::50] - 1], "dur_us": np.r_[np.full(2 * calls, 2.0), np.full(ranges, 499.0)],
-            "correlation": pd.array(np.r_[c, c, np.zeros(ranges, int)], dtype="Int64"),
-            "tid": pd.Series(["1"] * calls + ["7"] * calls + ["1"] * ranges, dtype="str"),
-        })
+        yield event_frame(
+            {
+                "name": pd.Series(["cudaLaunchKernel"] * calls + ["gemm"] * calls + ["step"] * ranges, dtype="str"),
+                "kind": pd.Series(["runtime"] * calls + ["kernel"] * calls + ["user_annotation"] * ranges),
+                "start_us": np.r_[t, t + 5, t[::50] - 1],
+                "dur_us": np.r_[np.full(2 * calls, 2.0), np.full(ranges, 499.0)],
+                "correlation": pd.array(np.r_[c, c, np.zeros(ranges, int)], dtype="Int64"),
+                "tid": pd.Series(["1"] * calls + ["7"] * calls + ["1"] * ranges, dtype="str"),
+            }
+        )
 
 
 def _peak(n_frames: int) -> tuple[int, object]:

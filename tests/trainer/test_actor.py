@@ -14,8 +14,19 @@ from hotloop.trainer.envs import CartPoleVec, GymnasiumVecEnv, SyntheticBatchEnv
 from hotloop.trainer.loop import Trainer
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: the Triton interpreter (tests/conftest.py)
-TINY = dict(learner="hotloop", trunk_hidden=(16,), head_hidden=16, batch_size=16, learner_steps_per_epoch=2,
-            learning_starts=32, num_envs=8, eval_episodes=0, replay_capacity=64, log_interval=1, epochs=2)
+TINY = dict(
+    learner="hotloop",
+    trunk_hidden=(16,),
+    head_hidden=16,
+    batch_size=16,
+    learner_steps_per_epoch=2,
+    learning_starts=32,
+    num_envs=8,
+    eval_episodes=0,
+    replay_capacity=64,
+    log_interval=1,
+    epochs=2,
+)
 
 
 def _trainer(env="cartpole", **kw):
@@ -43,8 +54,8 @@ def test_a_step_is_the_epsilon_greedy_env_step_done_by_hand_from_its_uniforms(en
     d = len(tr.env.action_nvec)
     nvec = torch.tensor(tr.env.action_nvec, device=DEVICE)
     greedy = tr.learner.acting.greedy(actor.acting_weights, obs0)
-    want_actions = torch.where(u[:, :1] < eps, (u[:, 1:1 + d] * nvec).long(), greedy)
-    res = env0.step(want_actions, u[:, 1 + d:])
+    want_actions = torch.where(u[:, :1] < eps, (u[:, 1 : 1 + d] * nvec).long(), greedy)
+    res = env0.step(want_actions, u[:, 1 + d :])
     assert not torch.equal(res.obs[0], res.final_obs[0])
     slots = (pos0 + torch.arange(n, device=DEVICE)) % tr.replay.capacity
     assert torch.equal(tr.replay.obs[slots], obs0)

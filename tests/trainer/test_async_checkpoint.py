@@ -27,8 +27,19 @@ from hotloop.trainer.config import SEED_SCALE_CHECKPOINT_INTERVAL, Config, prese
 from hotloop.trainer.loop import Trainer
 from hotloop.trainer.resume import CHECKPOINT_FILE, config_hash
 
-TINY = dict(device="cpu", learner="reference", epochs=5, learner_steps_per_epoch=10, learning_starts=64,
-            batch_size=16, eval_episodes=0, replay_capacity=500, trunk_hidden=(16,), head_hidden=8, num_envs=8)
+TINY = dict(
+    device="cpu",
+    learner="reference",
+    epochs=5,
+    learner_steps_per_epoch=10,
+    learning_starts=64,
+    batch_size=16,
+    eval_episodes=0,
+    replay_capacity=500,
+    trunk_hidden=(16,),
+    head_hidden=8,
+    num_envs=8,
+)
 REPO = Path(__file__).resolve().parents[2]
 KEPT = ["epoch", "learner_steps", "env_steps", "wall_s", "loss", "q_mean", "grad_norm", "episodes"]
 """Per-epoch table columns compared between a run's rows and the same rows after a resume."""
@@ -39,8 +50,11 @@ class _State:
 
     def __init__(self, n: int = 1 << 16) -> None:
         g = torch.Generator().manual_seed(0)
-        self.tensors = {"big": torch.rand(n, 4, generator=g), "ids": torch.arange(n),
-                        "step": torch.zeros((), dtype=torch.int64)}
+        self.tensors = {
+            "big": torch.rand(n, 4, generator=g),
+            "ids": torch.arange(n),
+            "step": torch.zeros((), dtype=torch.int64),
+        }
         self.epoch = 0
 
     def step(self) -> None:
@@ -97,8 +111,12 @@ def test_the_snapshot_is_the_state_at_the_call_and_the_file_the_usual_format(tmp
     tensors, meta = load_checkpoint(path)  # digests verified: written by save_checkpoint's format
     assert meta == {"epoch": 1} and sorted(tensors) == sorted(expected)
     assert all(torch.equal(tensors[k], expected[k]) for k in expected)
-    assert record is c.records[0] and (record.epoch, record.skipped, record.mode, record.written) == (1, False,
-                                                                                                      "host", True)
+    assert record is c.records[0] and (record.epoch, record.skipped, record.mode, record.written) == (
+        1,
+        False,
+        "host",
+        True,
+    )
     assert record.bytes == path.stat().st_size and record.tensor_bytes == sum(t.nbytes for t in expected.values())
     assert record.write_s > 0 and record.main_s > 0 and record.write_start > 0 and record.error == ""
     assert not list(tmp_path.glob(".*.tmp"))
@@ -150,8 +168,7 @@ def test_due_every_interval_epochs_and_the_last_one_written_at_close(tmp_path, m
         c.checkpoint_epoch(8, state)
 
 
-def test_a_checkpoint_due_while_one_is_written_is_skipped_said_and_taken_at_the_next_free_epoch(tmp_path,
-                                                                                                 monkeypatch):
+def test_a_checkpoint_due_while_one_is_written_is_skipped_said_and_taken_at_the_next_free_epoch(tmp_path, monkeypatch):
     gate, notes = _Gate(monkeypatch), []
     state = _State()
     with AsyncCheckpointer(tmp_path / CHECKPOINT_FILE, 2, last_epoch=6, note=notes.append) as c:
@@ -165,18 +182,29 @@ def test_a_checkpoint_due_while_one_is_written_is_skipped_said_and_taken_at_the_
         assert c.due(5) and c.checkpoint_epoch(5, state).mode == "host"  # owed: taken although 5 % 2 != 0
         state.step()
         c.checkpoint_epoch(6, state)  # the last: never skipped (waits for 5 if still running), written at close
-    assert [(r.epoch, r.skipped, r.written) for r in c.records] == [(2, False, True), (4, True, False),
-                                                                    (5, False, True), (6, False, True)]
+    assert [(r.epoch, r.skipped, r.written) for r in c.records] == [
+        (2, False, True),
+        (4, True, False),
+        (5, False, True),
+        (6, False, True),
+    ]
     assert c.records[1].reason == "epoch 2's checkpoint was still in flight" and c.records[1].bytes == 0
-    assert notes == [("checkpoint of epoch 4 skipped: epoch 2's was still being written (the first epoch end after "
-                      "it takes one; later skips behind it are counted in the summary)")]
+    assert notes == [
+        (
+            "checkpoint of epoch 4 skipped: epoch 2's was still being written (the first epoch end after "
+            "it takes one; later skips behind it are counted in the summary)"
+        )
+    ]
     assert gate.started == [2, 5, 6] and load_checkpoint(tmp_path / CHECKPOINT_FILE)[1]["epoch"] == 6
 
 
-@pytest.mark.parametrize("failure", [OSError(errno.EIO, "Input/output error"),
-                                     DiskFullError("disk full: X could not be written", errno.ENOSPC)])
+@pytest.mark.parametrize(
+    "failure",
+    [OSError(errno.EIO, "Input/output error"), DiskFullError("disk full: X could not be written", errno.ENOSPC)],
+)
 def test_a_writer_failure_is_raised_on_the_main_thread_naming_the_file_and_the_last_checkpoint_stays(
-        tmp_path, monkeypatch, failure):
+    tmp_path, monkeypatch, failure
+):
     path, state = tmp_path / CHECKPOINT_FILE, _State()
     state.step()
     save_checkpoint(path, *state())  # epoch 1's, complete
@@ -192,8 +220,10 @@ def test_a_writer_failure_is_raised_on_the_main_thread_naming_the_file_and_the_l
         assert info.value is failure  # as it is: it names the file and what is kept
     else:
         assert isinstance(info.value, CheckpointWriteError) and info.value.errno == errno.EIO
-        assert str(info.value).startswith(f"checkpoint {path} of epoch 2 could not be written by the background "
-                                          f"writer (OSError: [Errno 5] Input/output error); the last complete")
+        assert str(info.value).startswith(
+            f"checkpoint {path} of epoch 2 could not be written by the background "
+            f"writer (OSError: [Errno 5] Input/output error); the last complete"
+        )
         assert info.value.__cause__ is failure
     assert c.records[0].error and not c.records[0].written and gate.started == [2]
     assert load_checkpoint(path)[1]["epoch"] == 1 and not list(tmp_path.glob(".*.tmp"))
@@ -235,12 +265,14 @@ def test_a_stuck_writer_at_close_ends_in_the_watchdog_hang(tmp_path, monkeypatch
 def test_a_stuck_final_write_in_a_run_exits_3(tmp_path):
     """run_training waits for the last epoch's write after the epochs, under the watchdog armed "checkpoint
     writer": a writer that never returns ends the process with the hang exit, every thread's stack shown."""
-    code = (f"import threading, hotloop.trainer.async_checkpoint as ac\n"
-            f"ac.write_host_checkpoint = lambda *a: threading.Event().wait()\n"
-            f"from hotloop.guards.run import run_training\n"
-            f"from hotloop.trainer.config import preset\n"
-            f"from pathlib import Path\n"
-            f"run_training(preset('cartpole', **{dict(TINY, epochs=1)!r}), Path({str(tmp_path)!r}), 1.0, False)\n")
+    code = (
+        f"import threading, hotloop.trainer.async_checkpoint as ac\n"
+        f"ac.write_host_checkpoint = lambda *a: threading.Event().wait()\n"
+        f"from hotloop.guards.run import run_training\n"
+        f"from hotloop.trainer.config import preset\n"
+        f"from pathlib import Path\n"
+        f"run_training(preset('cartpole', **{dict(TINY, epochs=1)!r}), Path({str(tmp_path)!r}), 1.0, False)\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 3, out.stderr[-3000:]
     assert "HANG: checkpoint writer did not finish within 1 s" in out.stderr
@@ -259,8 +291,7 @@ def test_checkpoint_interval_config_and_preset():
     assert config_hash(plain) == config_hash({k: v for k, v in plain.items() if k != "checkpoint_interval"})
 
 
-def test_a_run_with_a_checkpoint_interval_resumes_from_its_last_checkpoint_dropping_later_rows(tmp_path,
-                                                                                              monkeypatch):
+def test_a_run_with_a_checkpoint_interval_resumes_from_its_last_checkpoint_dropping_later_rows(tmp_path, monkeypatch):
     cfg = preset("cartpole", **{**TINY, "checkpoint_interval": 2})
     clean = Trainer.run_epoch
 
@@ -277,8 +308,9 @@ def test_a_run_with_a_checkpoint_interval_resumes_from_its_last_checkpoint_dropp
     monkeypatch.setattr(Trainer, "run_epoch", clean)
     table, _ = run_training(cfg, tmp_path, 60.0, show_progress=False, resume=True)
     assert table.epoch.tolist() == [1, 2, 3, 4, 5]  # epoch 3's row was dropped and epoch 3 trained again
-    pd.testing.assert_frame_equal(table.iloc[:2][KEPT].reset_index(drop=True), before.iloc[:2][KEPT],
-                                  check_dtype=False)  # the rows of the checkpoint's epochs are kept as they were
+    pd.testing.assert_frame_equal(
+        table.iloc[:2][KEPT].reset_index(drop=True), before.iloc[:2][KEPT], check_dtype=False
+    )  # the rows of the checkpoint's epochs are kept as they were
     assert load_checkpoint(tmp_path / CHECKPOINT_FILE)[1]["epoch"] == 5
 
 
@@ -295,15 +327,40 @@ def test_kill_9_during_a_background_write_then_resume_keeps_each_epoch_once(tmp_
     trained two more epochs since it appeared; the folder resumes (`hotloop train --resume`) from its last complete
     checkpoint."""
     out, epochs = tmp_path / "run", 24
-    sets = dict(replay_capacity=2_000_000, learner="reference", learner_steps_per_epoch=5, learning_starts=64,
-                batch_size=16, eval_episodes=0, trunk_hidden=[16], head_hidden=8, num_envs=8)
+    sets = dict(
+        replay_capacity=2_000_000,
+        learner="reference",
+        learner_steps_per_epoch=5,
+        learning_starts=64,
+        batch_size=16,
+        eval_episodes=0,
+        trunk_hidden=[16],
+        head_hidden=8,
+        num_envs=8,
+    )
     args = [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     cmd = [sys.executable, "-m", "hotloop.guards.cli", "train"]
     with open(tmp_path / "first.err", "w") as err:
-        proc = subprocess.Popen([*cmd, "--preset", "cartpole", *args, "--epochs", str(epochs), "--out", str(out),
-                                 "--device", "cpu", "--no-progress"], stdout=subprocess.DEVNULL, stderr=err, env=env,
-                                cwd=REPO)
+        proc = subprocess.Popen(
+            [
+                *cmd,
+                "--preset",
+                "cartpole",
+                *args,
+                "--epochs",
+                str(epochs),
+                "--out",
+                str(out),
+                "--device",
+                "cpu",
+                "--no-progress",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            env=env,
+            cwd=REPO,
+        )
         killed, deadline = None, time.monotonic() + 120
         try:
             while killed is None and proc.poll() is None and time.monotonic() < deadline:
@@ -321,8 +378,9 @@ def test_kill_9_during_a_background_write_then_resume_keeps_each_epoch_once(tmp_
             if proc.poll() is None and killed is None:
                 proc.kill()
             proc.wait(30)
-    assert killed is not None, f"no background write seen (exit {proc.returncode}): " \
-                               f"{(tmp_path / 'first.err').read_text()[-2000:]}"
+    assert killed is not None, (
+        f"no background write seen (exit {proc.returncode}): {(tmp_path / 'first.err').read_text()[-2000:]}"
+    )
     assert proc.returncode == -signal.SIGKILL and killed.exists()  # the writer died mid-write: its temp file stays
     saved = load_checkpoint(out / CHECKPOINT_FILE)[1]["epoch"]  # the last complete checkpoint loads (digests)
     before = pd.read_csv(out / "epochs.csv")
@@ -343,8 +401,11 @@ def test_cuda_snapshot_is_taken_without_a_host_sync_and_isolated_from_the_next_e
     a side stream; `checkpoint_epoch` and `poll` make no host sync (sync debug mode "error" raises on one); the
     writer runs while the main stream overwrites the live tensors. Direct mode (no device buffers) too."""
     for device_snapshot, mode in ((True, "device"), (False, "direct")):
-        live = {"a": torch.rand(1 << 22, device="cuda"), "b": torch.arange(1 << 20, device="cuda"),
-                "host": torch.ones(3)}
+        live = {
+            "a": torch.rand(1 << 22, device="cuda"),
+            "b": torch.arange(1 << 20, device="cuda"),
+            "host": torch.ones(3),
+        }
         path = tmp_path / f"{mode}.pt"
         with AsyncCheckpointer(path, 1, last_epoch=10, device_snapshot=device_snapshot) as c:
             c.checkpoint_epoch(1, lambda live=live: (live, {"epoch": 1}))  # allocates the buffers (not timed)

@@ -13,8 +13,18 @@ from hotloop.trainer.best_policy import BEST_FILE, improves, load_best, read_bes
 from hotloop.trainer.config import preset
 from hotloop.trainer.loop import Trainer
 
-TINY = dict(device="cpu", learner="reference", epochs=4, learner_steps_per_epoch=30, learning_starts=64,
-            batch_size=16, eval_episodes=3, replay_capacity=600, trunk_hidden=(16,), head_hidden=8)
+TINY = dict(
+    device="cpu",
+    learner="reference",
+    epochs=4,
+    learner_steps_per_epoch=30,
+    learning_starts=64,
+    batch_size=16,
+    eval_episodes=3,
+    replay_capacity=600,
+    trunk_hidden=(16,),
+    head_hidden=8,
+)
 
 
 def _cumulative_best(evals: list[float]) -> list[float]:
@@ -59,16 +69,21 @@ def test_a_worse_epoch_keeps_the_best_and_a_resume_continues_from_it(tmp_path, m
     monkeypatch.setattr(Trainer, "evaluate", scored)
     table, _ = run_training(cfg, tmp_path, epoch_limit_s=120, show_progress=False)
     assert table.best_epoch.tolist() == [1, 1] and read_best(tmp_path / BEST_FILE)["epoch"] == 1
-    table, _ = run_training(preset("cartpole", **{**TINY, "epochs": 4}), tmp_path, epoch_limit_s=120,
-                            show_progress=False, resume=True)
+    table, _ = run_training(
+        preset("cartpole", **{**TINY, "epochs": 4}), tmp_path, epoch_limit_s=120, show_progress=False, resume=True
+    )
     assert table.best_epoch.tolist() == [1, 1, 1, 4]
     assert read_best(tmp_path / BEST_FILE)["eval_return"] == 80.0
     assert pd.read_csv(tmp_path / "epochs.csv").best_epoch.tolist() == [1, 1, 1, 4]
 
 
 def test_without_evaluation_there_is_no_best(tmp_path):
-    table, _ = run_training(preset("cartpole", **{**TINY, "epochs": 1, "eval_episodes": 0}), tmp_path,
-                            epoch_limit_s=120, show_progress=False)
+    table, _ = run_training(
+        preset("cartpole", **{**TINY, "epochs": 1, "eval_episodes": 0}),
+        tmp_path,
+        epoch_limit_s=120,
+        show_progress=False,
+    )
     assert table.best_epoch.isna().all() and not (tmp_path / BEST_FILE).exists()
     assert not improves(math.nan, None) and improves(1.0, None) and not improves(1.0, 1.0)
 
@@ -88,9 +103,20 @@ def test_load_best_refuses_another_learner_or_shape_and_changes_nothing(tmp_path
 
 def test_hotloop_learner_best_policy_round_trip(tmp_path):
     # CUDA when present, else the Triton interpreter on CPU (tests/conftest.py): the tiniest sizes
-    hot = dict(TINY, learner="hotloop", trunk_hidden=(16,), head_hidden=16, batch_size=16, learner_steps_per_epoch=2,
-               learning_starts=32, num_envs=4, eval_episodes=2, replay_capacity=128, log_interval=1,
-               device="cuda" if torch.cuda.is_available() else "cpu")
+    hot = dict(
+        TINY,
+        learner="hotloop",
+        trunk_hidden=(16,),
+        head_hidden=16,
+        batch_size=16,
+        learner_steps_per_epoch=2,
+        learning_starts=32,
+        num_envs=4,
+        eval_episodes=2,
+        replay_capacity=128,
+        log_interval=1,
+        device="cuda" if torch.cuda.is_available() else "cpu",
+    )
     a = Trainer(preset("cartpole", **hot))
     a.run_epoch(1)
     save_best(tmp_path / BEST_FILE, a, 1, 3.0)
@@ -113,15 +139,25 @@ def test_a_best_file_from_an_epoch_after_the_checkpoint_is_not_counted_at_resume
     assert read_best(tmp_path / BEST_FILE)["epoch"] == 2
     kept = (tmp_path / "checkpoint.pt").read_bytes()
     table_kept = (tmp_path / "epochs.csv").read_text()
-    run_training(preset("cartpole", **{**TINY, "epochs": 3, "checkpoint_interval": 2}), tmp_path,
-                 epoch_limit_s=120, show_progress=False, resume=True)
+    run_training(
+        preset("cartpole", **{**TINY, "epochs": 3, "checkpoint_interval": 2}),
+        tmp_path,
+        epoch_limit_s=120,
+        show_progress=False,
+        resume=True,
+    )
     assert read_best(tmp_path / BEST_FILE)["epoch"] == 3
     (tmp_path / "checkpoint.pt").write_bytes(kept)  # as if killed after epoch 3's best, before its checkpoint
     (tmp_path / "epochs.csv").write_text(table_kept)
     monkeypatch.setattr(Trainer, "evaluate", lambda self, seed, max_steps=10_000: 1.0)  # worse than every earlier
     capsys.readouterr()
-    table, _ = run_training(preset("cartpole", **{**TINY, "epochs": 3, "checkpoint_interval": 2}), tmp_path,
-                            epoch_limit_s=120, show_progress=False, resume=True)
+    table, _ = run_training(
+        preset("cartpole", **{**TINY, "epochs": 3, "checkpoint_interval": 2}),
+        tmp_path,
+        epoch_limit_s=120,
+        show_progress=False,
+        resume=True,
+    )
     assert "after the checkpoint's epoch 2" in capsys.readouterr().err
     assert table.best_epoch.tolist()[-1] == 3  # the re-run epoch 3 is the new best (no earlier best counted)
     assert read_best(tmp_path / BEST_FILE)["eval_return"] == 1.0  # best.pt now holds the epoch the table names

@@ -16,8 +16,15 @@ import pytest
 import torch
 
 from hotloop.profiles.disk_full import DiskFullError, disk_full_cause
-from hotloop.trainer.checkpoint import (generator_state, load_checkpoint, rng_state, save_checkpoint, set_generator_state,
-                                set_rng_state, tensor_digest)
+from hotloop.trainer.checkpoint import (
+    generator_state,
+    load_checkpoint,
+    rng_state,
+    save_checkpoint,
+    set_generator_state,
+    set_rng_state,
+    tensor_digest,
+)
 
 
 def _tensors(seed: int) -> dict[str, torch.Tensor]:
@@ -39,8 +46,16 @@ def _tensors(seed: int) -> dict[str, torch.Tensor]:
     }
 
 
-META = {"epoch": 3, "lr": 2.5e-4, "env": "cartpole", "greedy": False, "nvec": [2, 3], "note": None,
-        "nested": {"a": [1, {"b": "c"}]}, "nan": float("nan")}
+META = {
+    "epoch": 3,
+    "lr": 2.5e-4,
+    "env": "cartpole",
+    "greedy": False,
+    "nvec": [2, 3],
+    "note": None,
+    "nested": {"a": [1, {"b": "c"}]},
+    "nan": float("nan"),
+}
 
 
 def _assert_same(loaded: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
@@ -59,10 +74,10 @@ def test_round_trip_tensors_and_meta(tmp_path):
     assert path == tmp_path / "ck.pt" and path.is_file()
     loaded, meta = load_checkpoint(str(path))
     _assert_same(loaded, tensors)
-    assert loaded["row_of_base"].untyped_storage().nbytes() == 8 * 4     # the row, not its 64x8 base
+    assert loaded["row_of_base"].untyped_storage().nbytes() == 8 * 4  # the row, not its 64x8 base
     assert math.isnan(meta.pop("nan"))
     assert meta == {k: v for k, v in META.items() if k != "nan"}
-    assert os.listdir(tmp_path) == ["ck.pt"]                             # no temp file left behind
+    assert os.listdir(tmp_path) == ["ck.pt"]  # no temp file left behind
 
 
 def test_meta_is_stored_as_its_json_round_trip(tmp_path):
@@ -90,7 +105,7 @@ def test_crash_during_save_keeps_old_checkpoint(tmp_path, monkeypatch, fail_at):
     def partial_save(obj, f, *args, **kwargs):
         buf = io.BytesIO()
         real_save(obj, buf)
-        f.write(buf.getvalue()[:200])                                    # half-written, then the "crash"
+        f.write(buf.getvalue()[:200])  # half-written, then the "crash"
         raise RuntimeError("simulated crash in torch.save")
 
     def failing_replace(src, dst):
@@ -144,8 +159,11 @@ def test_a_full_disk_is_a_disk_full_error_naming_the_file_and_the_old_checkpoint
     before = path.read_bytes()
     real_save = torch.save
     monkeypatch.setattr(torch, "save", lambda obj, f, *a, **k: real_save(obj, _FullDisk(f, 300), *a, **k))
-    with pytest.raises(DiskFullError, match=f"^disk full: {path} could not be written \\(No space left on device\\); "
-                                            f"the file there before is kept whole$") as exc:
+    with pytest.raises(
+        DiskFullError,
+        match=f"^disk full: {path} could not be written \\(No space left on device\\); "
+        f"the file there before is kept whole$",
+    ) as exc:
         save_checkpoint(path, _tensors(2), {"epoch": 2})
     assert exc.value.errno == errno.ENOSPC and isinstance(exc.value, OSError)
     assert disk_full_cause(exc.value.__cause__).errno == errno.ENOSPC  # torch's RuntimeError, with the OSError
@@ -191,8 +209,10 @@ def test_arbitrary_object_payload_is_refused_and_not_run(tmp_path, writer):
 
 def test_custom_class_instance_is_refused(tmp_path):
     path = tmp_path / "custom.pt"
-    torch.save({"format": "hotloop-checkpoint", "version": 1, "tensors": {"w": torch.ones(2)},
-                "meta": {"obj": _Custom()}}, path)
+    torch.save(
+        {"format": "hotloop-checkpoint", "version": 1, "tensors": {"w": torch.ones(2)}, "meta": {"obj": _Custom()}},
+        path,
+    )
     with pytest.raises(ValueError, match="UnpicklingError"):
         load_checkpoint(path)
 
@@ -211,11 +231,12 @@ def flip_tensor_byte(path, entry_index: int = 0, offset: int | None = None) -> s
     at `path` (the middle byte unless `offset`), in place, as a disk or copy error would; returns the record name.
     torch.load reads such a file without complaint."""
     with zipfile.ZipFile(path) as z:
-        infos = sorted((i for i in z.infolist() if "/data/" in i.filename and i.file_size > 0),
-                       key=lambda i: i.header_offset)
+        infos = sorted(
+            (i for i in z.infolist() if "/data/" in i.filename and i.file_size > 0), key=lambda i: i.header_offset
+        )
     info = infos[entry_index]
     data = bytearray(open(path, "rb").read())
-    name_len, extra_len = struct.unpack("<HH", data[info.header_offset + 26:info.header_offset + 30])
+    name_len, extra_len = struct.unpack("<HH", data[info.header_offset + 26 : info.header_offset + 30])
     start = info.header_offset + 30 + name_len + extra_len
     data[start + (info.file_size // 2 if offset is None else offset)] ^= 0x01
     open(path, "wb").write(bytes(data))
@@ -244,8 +265,8 @@ def test_a_flipped_tensor_byte_is_refused_naming_the_tensor(tmp_path):
 def test_digests_cover_dtype_shape_and_every_byte():
     a = torch.arange(12, dtype=torch.float32)
     assert tensor_digest(a) == tensor_digest(a.clone()) == tensor_digest(torch.arange(12.0))
-    assert tensor_digest(a) != tensor_digest(a.reshape(3, 4))                 # same bytes, other shape
-    assert tensor_digest(a) != tensor_digest(a.view(torch.int32))             # same bytes, other dtype
+    assert tensor_digest(a) != tensor_digest(a.reshape(3, 4))  # same bytes, other shape
+    assert tensor_digest(a) != tensor_digest(a.view(torch.int32))  # same bytes, other dtype
     assert tensor_digest(a.reshape(3, 4).t()) == tensor_digest(a.reshape(3, 4).t().contiguous())  # row-major order
     assert tensor_digest(torch.tensor(0.0)) != tensor_digest(torch.tensor(-0.0))
     assert len({tensor_digest(t) for t in _tensors(0).values()}) == len(_tensors(0))
@@ -256,8 +277,9 @@ def test_digests_cover_dtype_shape_and_every_byte():
 def test_a_version_1_checkpoint_loads_with_a_warning(tmp_path):
     """Written before the checksums (no "sha256"): accepted, with a UserWarning that its bytes are unverified."""
     path = tmp_path / "old.pt"
-    torch.save({"format": "hotloop-checkpoint", "version": 1, "tensors": {"w": torch.ones(3)}, "meta": {"epoch": 1}},
-               path)
+    torch.save(
+        {"format": "hotloop-checkpoint", "version": 1, "tensors": {"w": torch.ones(3)}, "meta": {"epoch": 1}}, path
+    )
     with pytest.warns(UserWarning, match="old.pt is version 1, written without tensor checksums"):
         tensors, meta = load_checkpoint(path)
     assert torch.equal(tensors["w"], torch.ones(3)) and meta == {"epoch": 1}
@@ -273,22 +295,33 @@ def test_missing_file_raises_naming_path(tmp_path):
     with pytest.raises(ValueError, match=f"{path}: no such file"):
         load_checkpoint(path)
     with pytest.raises(ValueError, match="no such file"):
-        load_checkpoint(tmp_path)                                        # a directory is not a checkpoint file
+        load_checkpoint(tmp_path)  # a directory is not a checkpoint file
 
 
-@pytest.mark.parametrize("obj, match", [
-    ({"tensors": {}, "meta": {}}, "not a hotloop-checkpoint file"),
-    ({"format": "other", "version": 1, "tensors": {}, "meta": {}}, "not a hotloop-checkpoint file"),
-    ([torch.ones(1)], "not a hotloop-checkpoint file"),
-    ({"format": "hotloop-checkpoint", "version": 3, "tensors": {}, "meta": {}}, "version 3, this code reads 1 and 2"),
-    ({"format": "hotloop-checkpoint", "version": True, "tensors": {}, "meta": {}}, "version True"),
-    ({"format": "hotloop-checkpoint", "version": 2, "tensors": {}, "meta": {}}, "malformed: version 2 needs 'sha256'"),
-    ({"format": "hotloop-checkpoint", "version": 2, "tensors": {"a": torch.ones(1)}, "meta": {}, "sha256": {}},
-     r"corrupt: tensors without a checksum \['a'\]"),
-    ({"format": "hotloop-checkpoint", "tensors": {}, "meta": {}}, "version None"),
-    ({"format": "hotloop-checkpoint", "version": 1, "tensors": {"a": 1}, "meta": {}}, "malformed"),
-    ({"format": "hotloop-checkpoint", "version": 1, "tensors": {}, "meta": [1]}, "malformed"),
-])
+@pytest.mark.parametrize(
+    "obj, match",
+    [
+        ({"tensors": {}, "meta": {}}, "not a hotloop-checkpoint file"),
+        ({"format": "other", "version": 1, "tensors": {}, "meta": {}}, "not a hotloop-checkpoint file"),
+        ([torch.ones(1)], "not a hotloop-checkpoint file"),
+        (
+            {"format": "hotloop-checkpoint", "version": 3, "tensors": {}, "meta": {}},
+            "version 3, this code reads 1 and 2",
+        ),
+        ({"format": "hotloop-checkpoint", "version": True, "tensors": {}, "meta": {}}, "version True"),
+        (
+            {"format": "hotloop-checkpoint", "version": 2, "tensors": {}, "meta": {}},
+            "malformed: version 2 needs 'sha256'",
+        ),
+        (
+            {"format": "hotloop-checkpoint", "version": 2, "tensors": {"a": torch.ones(1)}, "meta": {}, "sha256": {}},
+            r"corrupt: tensors without a checksum \['a'\]",
+        ),
+        ({"format": "hotloop-checkpoint", "tensors": {}, "meta": {}}, "version None"),
+        ({"format": "hotloop-checkpoint", "version": 1, "tensors": {"a": 1}, "meta": {}}, "malformed"),
+        ({"format": "hotloop-checkpoint", "version": 1, "tensors": {}, "meta": [1]}, "malformed"),
+    ],
+)
 def test_not_a_hotloop_checkpoint_raises(tmp_path, obj, match):
     path = tmp_path / "other.pt"
     torch.save(obj, path)
@@ -296,15 +329,18 @@ def test_not_a_hotloop_checkpoint_raises(tmp_path, obj, match):
         load_checkpoint(path)
 
 
-@pytest.mark.parametrize("tensors, meta, match", [
-    ({1: torch.ones(1)}, {}, "names must be str"),
-    ({"w": [1.0]}, {}, r"tensors\['w'\] must be a torch.Tensor"),
-    ({}, {"bad": object()}, r"meta\['bad'\] is not JSON-serializable"),
-    ({}, {"ok": 1, "deep": [1, {"x": {2, 3}}]}, r"meta\['deep'\]"),
-    ({}, {3: "x"}, "meta: keys must be str"),
-    ([torch.ones(1)], {}, "tensors must be a mapping"),
-    ({}, [("a", 1)], "meta must be a mapping"),
-])
+@pytest.mark.parametrize(
+    "tensors, meta, match",
+    [
+        ({1: torch.ones(1)}, {}, "names must be str"),
+        ({"w": [1.0]}, {}, r"tensors\['w'\] must be a torch.Tensor"),
+        ({}, {"bad": object()}, r"meta\['bad'\] is not JSON-serializable"),
+        ({}, {"ok": 1, "deep": [1, {"x": {2, 3}}]}, r"meta\['deep'\]"),
+        ({}, {3: "x"}, "meta: keys must be str"),
+        ([torch.ones(1)], {}, "tensors must be a mapping"),
+        ({}, [("a", 1)], "meta must be a mapping"),
+    ],
+)
 def test_bad_save_inputs_raise_and_write_nothing(tmp_path, tensors, meta, match):
     with pytest.raises(ValueError, match=match):
         save_checkpoint(tmp_path / "ck.pt", tensors, meta)
@@ -332,7 +368,7 @@ def test_rng_state_round_trip_through_checkpoint(tmp_path):
     torch.rand(5)
     save_checkpoint(tmp_path / "rng.pt", rng_state("cpu"), {"step": 1})
     expected = torch.rand(20)
-    torch.manual_seed(999)                                               # move the global RNG elsewhere
+    torch.manual_seed(999)  # move the global RNG elsewhere
     state, _ = load_checkpoint(tmp_path / "rng.pt")
     set_rng_state(state, "cpu")
     assert torch.equal(torch.rand(20), expected)

@@ -32,17 +32,20 @@ def test_seed_scale_matches_design_numbers():
     assert 230_000 <= n_params <= 270_000, n_params
 
 
-@pytest.mark.parametrize("key,value,match", [
-    ("batch_size", 0, "batch_size must be a positive int"),
-    ("gamma", 1.5, r"gamma must be in \[0, 1\]"),
-    ("loss", "l1", "loss must be 'huber' or 'mse'"),
-    ("tau", 0.0, r"tau must be in \(0, 1\]"),
-    ("trunk_hidden", (), "trunk_hidden must be non-empty"),
-    ("batch_size", 10**7, "exceeds config.replay_capacity"),
-    ("lr", -1.0, "lr must be > 0"),
-    ("td_target_max", -100.0, "td_target_max must be >= 0"),
-    ("lr_end_factor", 1.5, r"lr_end_factor must be in \[0, 1\]"),
-])
+@pytest.mark.parametrize(
+    "key,value,match",
+    [
+        ("batch_size", 0, "batch_size must be a positive int"),
+        ("gamma", 1.5, r"gamma must be in \[0, 1\]"),
+        ("loss", "l1", "loss must be 'huber' or 'mse'"),
+        ("tau", 0.0, r"tau must be in \(0, 1\]"),
+        ("trunk_hidden", (), "trunk_hidden must be non-empty"),
+        ("batch_size", 10**7, "exceeds config.replay_capacity"),
+        ("lr", -1.0, "lr must be > 0"),
+        ("td_target_max", -100.0, "td_target_max must be >= 0"),
+        ("lr_end_factor", 1.5, r"lr_end_factor must be in \[0, 1\]"),
+    ],
+)
 def test_bad_values_name_the_field(key, value, match):
     with pytest.raises(ValueError, match=match):
         preset("cartpole", **{key: value})
@@ -106,14 +109,19 @@ def test_a_seed_out_of_range_is_refused_naming_seed(seed):
     from hotloop.trainer.config import SEED_LIMIT
 
     assert SEED_LIMIT == 2**47
-    with pytest.raises(ValueError, match=r"^config.seed must be in \[0, 2\*\*47\) = \[0, 140737488355327\], got "
-                                         + str(seed) + ": the per-epoch evaluation seeds its env with seed \\* 100003"):
+    with pytest.raises(
+        ValueError,
+        match=r"^config.seed must be in \[0, 2\*\*47\) = \[0, 140737488355327\], got "
+        + str(seed)
+        + ": the per-epoch evaluation seeds its env with seed \\* 100003",
+    ):
         preset("cartpole", seed=seed)
     assert preset("cartpole", seed=SEED_LIMIT - 1).seed == SEED_LIMIT - 1 and preset("cartpole", seed=0).seed == 0
 
 
-@pytest.mark.parametrize("argv", [["train", "--seed", str(2**70)], ["gate", "--set", f"seed={2**70}"],
-                                  ["bench", "--seed", str(2**70)]])
+@pytest.mark.parametrize(
+    "argv", [["train", "--seed", str(2**70)], ["gate", "--set", f"seed={2**70}"], ["bench", "--seed", str(2**70)]]
+)
 def test_the_cli_refuses_a_seed_out_of_range_naming_seed_not_the_env(argv, tmp_path, capsys):
     """Before: "config.env 'cartpole' cannot be used: Overflow when unpacking long long" (exit 2, the wrong blame)."""
     from hotloop.guards.cli import main
@@ -130,10 +138,35 @@ def test_the_largest_seed_trains_and_evaluates(tmp_path):
     from hotloop.guards.cli import main
     from hotloop.trainer.config import SEED_LIMIT
 
-    assert main(["train", "--seed", str(SEED_LIMIT - 1), "--epochs", "1", "--device", "cpu", "--out",
-                 str(tmp_path / "run"), "--set", "learner_steps_per_epoch=20", "--set", "learning_starts=64",
-                 "--set", "batch_size=32", "--set", "trunk_hidden=[16]", "--set", "head_hidden=8",
-                 "--set", "eval_episodes=4", "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--seed",
+                str(SEED_LIMIT - 1),
+                "--epochs",
+                "1",
+                "--device",
+                "cpu",
+                "--out",
+                str(tmp_path / "run"),
+                "--set",
+                "learner_steps_per_epoch=20",
+                "--set",
+                "learning_starts=64",
+                "--set",
+                "batch_size=32",
+                "--set",
+                "trunk_hidden=[16]",
+                "--set",
+                "head_hidden=8",
+                "--set",
+                "eval_episodes=4",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
 
 
 def test_config_files_that_cannot_be_read_name_the_file(tmp_path):

@@ -18,25 +18,49 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from hotloop.trainer.config import Config, preset
-from hotloop.trainer.distributed import (AVG_BACKENDS, BACKENDS, RANK_SEED_STRIDE, GradientAverager, average_gradients,
-                                         backend_for, broadcast_, init_from_env, rank_info, rank_seed, teardown)
+from hotloop.trainer.distributed import (
+    AVG_BACKENDS,
+    BACKENDS,
+    RANK_SEED_STRIDE,
+    GradientAverager,
+    average_gradients,
+    backend_for,
+    broadcast_,
+    init_from_env,
+    rank_info,
+    rank_seed,
+    teardown,
+)
 from hotloop.trainer.learner import DQNLearner
 from hotloop.trainer.replay import PrioritizedReplay
 from hotloop.trainer.step import HotLearner
 
 OBS_DIM, NVEC, SHARD, STEPS = 6, (3, 2), 16, 5
-REF_CFG = Config(trunk_hidden=(16, 16), head_hidden=8, spectral_norm=True, cql_weight=0.1, diversity_weight=0.05,
-                 max_grad_norm=0.5, lr=1e-2, target_update_interval=2, tau=0.5)
+REF_CFG = Config(
+    trunk_hidden=(16, 16),
+    head_hidden=8,
+    spectral_norm=True,
+    cql_weight=0.1,
+    diversity_weight=0.05,
+    max_grad_norm=0.5,
+    lr=1e-2,
+    target_update_interval=2,
+    tau=0.5,
+)
 """Small net; every loss term on (CQL, diversity), a clip that binds, a target update within the 5 steps."""
 
 
 def _batch(step: int, rows: int) -> tuple[torch.Tensor, ...]:
     """Step `step`'s whole batch of `rows` transitions (the same on every rank: seeded by the step)."""
     g = torch.Generator().manual_seed(1000 + step)
-    return (torch.randn(rows, OBS_DIM, generator=g), torch.stack([torch.randint(0, n, (rows,), generator=g)
-                                                                 for n in NVEC], dim=1),
-            torch.randn(rows, generator=g), torch.randn(rows, OBS_DIM, generator=g),
-            (torch.rand(rows, generator=g) < 0.2).float(), torch.rand(rows, generator=g) + 0.5)
+    return (
+        torch.randn(rows, OBS_DIM, generator=g),
+        torch.stack([torch.randint(0, n, (rows,), generator=g) for n in NVEC], dim=1),
+        torch.randn(rows, generator=g),
+        torch.randn(rows, OBS_DIM, generator=g),
+        (torch.rand(rows, generator=g) < 0.2).float(),
+        torch.rand(rows, generator=g) + 0.5,
+    )
 
 
 def _flat(learner: DQNLearner) -> torch.Tensor:
@@ -58,7 +82,7 @@ def _reference_rank(rank: int, world: int, store: str, out: str) -> None:
     broadcast_(learner.state_tensors())
     for step in range(STEPS):
         batch = _batch(step, SHARD * world)
-        learner.update(*(t[rank * SHARD:(rank + 1) * SHARD] for t in batch))
+        learner.update(*(t[rank * SHARD : (rank + 1) * SHARD] for t in batch))
     torch.save(_flat(learner), Path(out) / f"rank{rank}.pt")
     teardown()
 
@@ -88,14 +112,34 @@ def test_reference_learner_ranks_equal_one_process_on_the_whole_batch(world, tmp
 def _hot_rank(rank: int, world: int, store: str, out: str) -> None:
     os.environ.setdefault("TRITON_INTERPRET", "1")
     _init(rank, world, store)
-    cfg = preset("seed-scale", batch_size=8, trunk_hidden=(8, 8), head_hidden=8, obs_dim=4, action_nvec=(2, 2),
-                 replay_capacity=64, seed=rank_seed(3))
-    rp = PrioritizedReplay(cfg.replay_capacity, cfg.obs_dim, 2, alpha=cfg.per_alpha, eps=cfg.per_eps,
-                           device=torch.device("cpu"), use_kernels=True)
+    cfg = preset(
+        "seed-scale",
+        batch_size=8,
+        trunk_hidden=(8, 8),
+        head_hidden=8,
+        obs_dim=4,
+        action_nvec=(2, 2),
+        replay_capacity=64,
+        seed=rank_seed(3),
+    )
+    rp = PrioritizedReplay(
+        cfg.replay_capacity,
+        cfg.obs_dim,
+        2,
+        alpha=cfg.per_alpha,
+        eps=cfg.per_eps,
+        device=torch.device("cpu"),
+        use_kernels=True,
+    )
     g = torch.Generator().manual_seed(cfg.seed)  # each rank's own replay shard
     n = 40
-    rp.add(torch.randn(n, cfg.obs_dim, generator=g), torch.randint(0, 2, (n, 2), generator=g),
-           torch.randn(n, generator=g), torch.randn(n, cfg.obs_dim, generator=g), torch.rand(n, generator=g) < 0.1)
+    rp.add(
+        torch.randn(n, cfg.obs_dim, generator=g),
+        torch.randint(0, 2, (n, 2), generator=g),
+        torch.randn(n, generator=g),
+        torch.randn(n, cfg.obs_dim, generator=g),
+        torch.rand(n, generator=g) < 0.1,
+    )
     hot = HotLearner(cfg, cfg.obs_dim, (2, 2), torch.device("cpu"), rp, grad_sync=GradientAverager())
     broadcast_(hot.state_tensors())
     hot.sync_rounded()
@@ -154,15 +198,34 @@ def test_nccl_world_one_all_reduce_captured_in_the_learner_graph(monkeypatch):
     runs, learners = [], []
     try:
         for sync in (GradientAverager(), None):
-            cfg = preset("seed-scale", batch_size=64, trunk_hidden=(64, 64), head_hidden=32, obs_dim=12,
-                         action_nvec=(3, 3), replay_capacity=512, seed=1)
-            rp = PrioritizedReplay(cfg.replay_capacity, cfg.obs_dim, 2, alpha=cfg.per_alpha, eps=cfg.per_eps,
-                                   device=device, use_kernels=True)
+            cfg = preset(
+                "seed-scale",
+                batch_size=64,
+                trunk_hidden=(64, 64),
+                head_hidden=32,
+                obs_dim=12,
+                action_nvec=(3, 3),
+                replay_capacity=512,
+                seed=1,
+            )
+            rp = PrioritizedReplay(
+                cfg.replay_capacity,
+                cfg.obs_dim,
+                2,
+                alpha=cfg.per_alpha,
+                eps=cfg.per_eps,
+                device=device,
+                use_kernels=True,
+            )
             g = torch.Generator().manual_seed(0)
             n = 400
-            rows = (torch.randn(n, cfg.obs_dim, generator=g), torch.randint(0, 3, (n, 2), generator=g),
-                    torch.randn(n, generator=g), torch.randn(n, cfg.obs_dim, generator=g),
-                    torch.rand(n, generator=g) < 0.1)
+            rows = (
+                torch.randn(n, cfg.obs_dim, generator=g),
+                torch.randint(0, 3, (n, 2), generator=g),
+                torch.randn(n, generator=g),
+                torch.randn(n, cfg.obs_dim, generator=g),
+                torch.rand(n, generator=g) < 0.1,
+            )
             rp.add(*(t.to(device) for t in rows))
             hot = HotLearner(cfg, cfg.obs_dim, (3, 3), device, rp, grad_sync=sync)
             learners.append(hot)

@@ -90,8 +90,9 @@ def test_cartpole_auto_reset_final_obs_and_reset_bounds():
     obs = vec.reset()
     assert obs.shape == (4, 4) and obs.dtype == torch.float32 and obs.abs().max() <= 0.05
     assert vec.device == torch.device("cpu") and vec.obs_dim == 4 and vec.action_nvec == (2,)
-    vec.set_state(torch.tensor([[2.39, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0], [0.0] * 4, [0.0] * 4]),
-                  torch.tensor([0, 0, 498, 0]))
+    vec.set_state(
+        torch.tensor([[2.39, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0], [0.0] * 4, [0.0] * 4]), torch.tensor([0, 0, 498, 0])
+    )
     res = vec.step(torch.ones(4, dtype=torch.int64))
     assert isinstance(res, StepResult)
     assert res.terminated.tolist() == [True, False, False, False]

@@ -18,8 +18,17 @@ def test_linear_schedule_values():
 
 
 def test_trainer_epsilon_really_decays():
-    cfg = preset("cartpole", epochs=2, learner_steps_per_epoch=50, learning_starts=64, num_envs=4,
-                 batch_size=32, eps_start=1.0, eps_end=0.05, eps_decay_fraction=1.0)
+    cfg = preset(
+        "cartpole",
+        epochs=2,
+        learner_steps_per_epoch=50,
+        learning_starts=64,
+        num_envs=4,
+        batch_size=32,
+        eps_start=1.0,
+        eps_end=0.05,
+        eps_decay_fraction=1.0,
+    )
     t = Trainer(cfg)
     total = 2 * 50 * 4 + 64
     assert t.epsilon.value(0) == 1.0
@@ -34,12 +43,12 @@ def test_episode_returns_ring():
     assert math.isnan(r.mean())
     ones = torch.ones(3)
     r.update(ones, torch.tensor([False, False, False]))
-    r.update(ones, torch.tensor([True, False, True]))        # returns 2, 2
+    r.update(ones, torch.tensor([True, False, True]))  # returns 2, 2
     assert (r.count(), r.mean()) == (2, 2.0)
-    r.update(2 * ones, torch.tensor([True, True, True]))     # returns 2, 4, 2
+    r.update(2 * ones, torch.tensor([True, True, True]))  # returns 2, 4, 2
     assert r.count() == 5
-    assert r.mean() == pytest.approx((2 + 2 + 4 + 2) / 4)    # last four: drops the first finished
-    r.update(ones, torch.tensor([True, True, True]))          # three returns of 1
+    assert r.mean() == pytest.approx((2 + 2 + 4 + 2) / 4)  # last four: drops the first finished
+    r.update(ones, torch.tensor([True, True, True]))  # three returns of 1
     assert r.mean() == pytest.approx((2 + 1 + 1 + 1) / 4)
 
 

@@ -22,16 +22,27 @@ from hotloop.trainer.loop import Trainer
 from hotloop.trainer.step import HotLearner
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: the Triton interpreter (tests/conftest.py)
-SMALL = dict(trunk_hidden=(16,), head_hidden=8, num_envs=4, eval_episodes=0, replay_capacity=64, batch_size=16,
-             learning_starts=16, spectral_norm=False)
+SMALL = dict(
+    trunk_hidden=(16,),
+    head_hidden=8,
+    num_envs=4,
+    eval_episodes=0,
+    replay_capacity=64,
+    batch_size=16,
+    learning_starts=16,
+    spectral_norm=False,
+)
 POLICY_SEED = {"hotloop": 4, "reference": 0}
 """Random weights whose greedy CartPole episodes (time limit 25, env seed 5, eval seed 3) end at different times:
 some terminate early, some run to the limit (asserted in the test)."""
 
 
 def _learner(kind: str, env: str = "cartpole", device: str = DEVICE):
-    cfg = (preset("cartpole", learner=kind, device=device, **SMALL) if env == "cartpole" else
-           preset("seed-scale", learner=kind, device=device, obs_dim=6, action_nvec=(3, 3), **SMALL))
+    cfg = (
+        preset("cartpole", learner=kind, device=device, **SMALL)
+        if env == "cartpole"
+        else preset("seed-scale", learner=kind, device=device, obs_dim=6, action_nvec=(3, 3), **SMALL)
+    )
     return Trainer(cfg).learner
 
 
@@ -55,9 +66,9 @@ def _randomize(learner, seed: int):
 
 
 def test_chunk_plan_and_horizon():
-    assert chunk_plan(25, 25, 10) == (3, 0)    # at the limit: the last chunk reaches past it (masked steps)
+    assert chunk_plan(25, 25, 10) == (3, 0)  # at the limit: the last chunk reaches past it (masked steps)
     assert chunk_plan(20, 25, 10) == (2, 0)
-    assert chunk_plan(13, 25, 10) == (1, 3)    # max_steps cut short: the rest as single steps
+    assert chunk_plan(13, 25, 10) == (1, 3)  # max_steps cut short: the rest as single steps
     assert chunk_plan(0, 25, 10) == (0, 0) and chunk_plan(7, 25, 10) == (0, 7)
     with pytest.raises(ValueError, match="chunk_plan"):
         chunk_plan(5, 0, 10)
@@ -164,8 +175,7 @@ def test_the_device_path_reads_the_host_once_per_evaluation(cpu_tensors_sync):
         for seed in (2, 3):
             device.evaluate(seed)
     reads = _reads(hooks)
-    assert len(reads) == 2 and all(r.startswith("torch.Tensor.item at ") and "evaluation.py" in r
-                                   for r in reads), reads
+    assert len(reads) == 2 and all(r.startswith("torch.Tensor.item at ") and "evaluation.py" in r for r in reads), reads
     # the counter sees the per-50-steps check: the reference reads at steps 50, 100 and 150 (its first episodes end
     # at 120), then its mean
     with SyncHooks() as hooks:
@@ -195,8 +205,11 @@ def test_a_per_50_steps_check_in_the_device_path_would_be_counted(cpu_tensors_sy
 @pytest.mark.parametrize("env_name", ["cartpole", "synthetic"])
 def test_the_captured_evaluation_equals_the_reference_on_the_gpu(kind, env_name):
     learner = _randomize(_learner(kind, env_name, "cuda"), POLICY_SEED[kind])
-    env = (CartPoleVec(64, device="cuda", seed=5, max_episode_steps=37) if env_name == "cartpole" else
-           SyntheticBatchEnv(64, obs_dim=6, action_nvec=(3, 3), episode_length=37, device="cuda", seed=9))
+    env = (
+        CartPoleVec(64, device="cuda", seed=5, max_episode_steps=37)
+        if env_name == "cartpole"
+        else SyntheticBatchEnv(64, obs_dim=6, action_nvec=(3, 3), episode_length=37, device="cuda", seed=9)
+    )
     ev = GreedyEvaluator(env, learner.greedy, chunk_steps=10)  # 37 = 4 chunks, 3 steps masked
     assert ev.device_path and ev.use_graph
     for i, seed in enumerate((3, 11, 12, 13)):
@@ -262,8 +275,7 @@ def test_the_fused_path_reads_the_host_once_per_evaluation(cpu_tensors_sync):
         for seed in (2, 3):
             ev.evaluate(seed)
     reads = _reads(hooks)
-    assert len(reads) == 2 and all(r.startswith("torch.Tensor.item at ") and "evaluation.py" in r
-                                   for r in reads), reads
+    assert len(reads) == 2 and all(r.startswith("torch.Tensor.item at ") and "evaluation.py" in r for r in reads), reads
 
 
 def test_the_fused_path_is_chosen_where_it_can_run():

@@ -31,8 +31,7 @@ def test_cartpole_vec_on_cuda_matches_cpu():
 @pytest.mark.smoke
 def test_trainer_epoch_on_cuda():
     # log_interval 10: the hotloop learner's loss reaches the host through the readback every 10 steps
-    cfg = preset("cartpole", device="cuda", epochs=1, learner_steps_per_epoch=50, learning_starts=256,
-                 log_interval=10)
+    cfg = preset("cartpole", device="cuda", epochs=1, learner_steps_per_epoch=50, learning_starts=256, log_interval=10)
     stats = Trainer(cfg).run_epoch(1)
     assert stats.learner_steps == 50 and stats.env_steps > 0 and stats.loss == stats.loss
     assert stats.metrics_step > 0  # the loss came from a finished readback, stamped with its learner step

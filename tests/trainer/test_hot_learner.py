@@ -22,7 +22,7 @@ from hotloop.trainer.step import METRICS, HotLearner
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 GPU = DEVICE.type == "cuda"
-GRAD_TOL = 2e-3 if GPU else 1e-6          # one step's gradient vs float64 (TF32 forward on the GPU)
+GRAD_TOL = 2e-3 if GPU else 1e-6  # one step's gradient vs float64 (TF32 forward on the GPU)
 FWD_TOL = dict(rtol=1e-2, atol=1e-2) if GPU else dict(rtol=1e-4, atol=1e-4)
 # the objective vs float64: its Q-values come from the TF32 forward on the GPU (~3e-4 per product; a mean over 32
 # rows: 1.02e-5 relative measured on the H200 with the rounded forward, 2026-12-02)
@@ -30,16 +30,34 @@ OBJ_TOL = 1e-4 if GPU else 1e-5
 
 
 def _setup(device=DEVICE, seed=0, **overrides):
-    cfg = preset("seed-scale", **{**dict(batch_size=32, trunk_hidden=(24, 16), head_hidden=16, obs_dim=12,
-                                         action_nvec=(3, 3), replay_capacity=300, cql_weight=0.1, seed=seed),
-                                  **overrides})
-    rp = PrioritizedReplay(cfg.replay_capacity, cfg.obs_dim, 2, alpha=cfg.per_alpha, eps=cfg.per_eps, device=device,
-                           use_kernels=True)
+    cfg = preset(
+        "seed-scale",
+        **{
+            **dict(
+                batch_size=32,
+                trunk_hidden=(24, 16),
+                head_hidden=16,
+                obs_dim=12,
+                action_nvec=(3, 3),
+                replay_capacity=300,
+                cql_weight=0.1,
+                seed=seed,
+            ),
+            **overrides,
+        },
+    )
+    rp = PrioritizedReplay(
+        cfg.replay_capacity, cfg.obs_dim, 2, alpha=cfg.per_alpha, eps=cfg.per_eps, device=device, use_kernels=True
+    )
     g = torch.Generator().manual_seed(seed)
     n = 200
-    rp.add(torch.randn(n, cfg.obs_dim, generator=g).to(device), torch.randint(0, 3, (n, 2), generator=g).to(device),
-           torch.randn(n, generator=g).to(device), torch.randn(n, cfg.obs_dim, generator=g).to(device),
-           (torch.rand(n, generator=g) < 0.1).to(device))
+    rp.add(
+        torch.randn(n, cfg.obs_dim, generator=g).to(device),
+        torch.randint(0, 3, (n, 2), generator=g).to(device),
+        torch.randn(n, generator=g).to(device),
+        torch.randn(n, cfg.obs_dim, generator=g).to(device),
+        (torch.rand(n, generator=g) < 0.1).to(device),
+    )
     return cfg, rp, HotLearner(cfg, cfg.obs_dim, (3, 3), device, rp)
 
 
@@ -56,21 +74,36 @@ def test_one_step_matches_float64_autograd_reference(td_target_max):
     q = forward_reference(hot.layout, w, obs)
     with torch.no_grad():
         q_no, q_nt = forward_reference(hot.layout, p0, nxt), forward_reference(hot.layout, t0, nxt)
-    ref = td_loss_reference(q, q_no, q_nt, rp.action.cpu()[idx], rp.reward.cpu()[idx].double(),
-                            rp.terminated.cpu()[idx].double(), hot.weights.cpu().double(), cfg.gamma, cfg.loss,
-                            cfg.huber_delta, cfg.cql_weight, cfg.per_eps, cfg.per_alpha, cfg.td_target_max)
+    ref = td_loss_reference(
+        q,
+        q_no,
+        q_nt,
+        rp.action.cpu()[idx],
+        rp.reward.cpu()[idx].double(),
+        rp.terminated.cpu()[idx].double(),
+        hot.weights.cpu().double(),
+        cfg.gamma,
+        cfg.loss,
+        cfg.huber_delta,
+        cfg.cql_weight,
+        cfg.per_eps,
+        cfg.per_alpha,
+        cfg.td_target_max,
+    )
     ref.objective.backward()
     if td_target_max > 0:  # the clip binds on some rows: the step's targets are the reference's clipped ones
         assert (ref.target == td_target_max).any() and (ref.target < td_target_max).any()
         torch.testing.assert_close(hot.td.target.cpu().double(), ref.target.detach(), **FWD_TOL)
-    assert abs(float(hot.td.objective) - float(ref.objective.detach())) < OBJ_TOL * max(1.0, abs(float(ref.objective.detach())))
+    assert abs(float(hot.td.objective) - float(ref.objective.detach())) < OBJ_TOL * max(
+        1.0, abs(float(ref.objective.detach()))
+    )
     err = float((hot.grads.cpu().double() - w.grad).abs().max() / w.grad.abs().max())
     assert err < GRAD_TOL, f"gradient relative error {err:.2e}"
     # the optimizer moved the parameters and the spectral-norm projection brought every matrix back to sigma ~ 1
     assert not torch.equal(hot.params.double().cpu(), p0)
     shapes, offsets = hot.layout.sn_matrices()
     for (r, c), o in zip(shapes, offsets):
-        sigma = torch.linalg.matrix_norm(hot.params.cpu()[o:o + r * c].view(r, c).double(), ord=2)
+        sigma = torch.linalg.matrix_norm(hot.params.cpu()[o : o + r * c].view(r, c).double(), ord=2)
         assert abs(float(sigma) - 1.0) < 0.05, f"matrix at {o}: sigma {float(sigma):.3f}"
 
 
@@ -86,8 +119,9 @@ def test_layer_views_alias_the_flat_buffer():
     assert float(g[0]) == 2.5
     after = hot.acting.q(hot.params, obs)
     assert not torch.allclose(before, after)
-    torch.testing.assert_close(after.cpu().double(), forward_reference(lay, hot.params.cpu().double(),
-                                                                       obs.cpu().double()), **FWD_TOL)
+    torch.testing.assert_close(
+        after.cpu().double(), forward_reference(lay, hot.params.cpu().double(), obs.cpu().double()), **FWD_TOL
+    )
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -176,19 +210,35 @@ def test_phase_rules_and_precisions_of_the_hot_kernels():
 
     expected = {
         "_tree_sample_kernel": ("sample", ""),
-        "_tree_weights_kernel": ("sample", ""), "_gather_transitions_kernel": ("sample", ""),
-        "_fwd_ddqn_tf32_gemm_kernel": ("ddqn_forward", "tf32"), "_heads_ddqn_tf32_kernel": ("ddqn_forward", "tf32"),
-        "_fwd_online_tf32_gemm_kernel": ("forward", "tf32"), "_heads_online_tf32_kernel": ("forward", "tf32"),
+        "_tree_weights_kernel": ("sample", ""),
+        "_gather_transitions_kernel": ("sample", ""),
+        "_fwd_ddqn_tf32_gemm_kernel": ("ddqn_forward", "tf32"),
+        "_heads_ddqn_tf32_kernel": ("ddqn_forward", "tf32"),
+        "_fwd_online_tf32_gemm_kernel": ("forward", "tf32"),
+        "_heads_online_tf32_kernel": ("forward", "tf32"),
         "_td_loss_kernel": ("loss", ""),
         "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, std::array<char*, 1ul> >"
         "(int, at::native::FillFunctor<float>, std::array<char*, 1ul>)": ("backward", ""),
-        "_heads_bwd_fp32_kernel": ("backward", ""), "_bwd_weight_transpose_kernel": ("backward", ""),
-        "_bwd_dx_fp32split_gemm_kernel": ("backward", "fp32"), "_bwd_dw_fp32split_gemm_kernel": ("backward", "fp32"),
-        "_grad_sumsq_kernel": ("optimizer", ""), "_clip_adam_kernel": ("optimizer", ""),
-        "_spectral_norm_kernel": ("spectral_norm", ""), "_tree_update_kernel": ("priority_update", ""),
+        "_heads_bwd_fp32_kernel": ("backward", ""),
+        "_bwd_weight_transpose_kernel": ("backward", ""),
+        "_bwd_dx_fp32split_gemm_kernel": ("backward", "fp32"),
+        "_bwd_dw_fp32split_gemm_kernel": ("backward", "fp32"),
+        "_grad_sumsq_kernel": ("optimizer", ""),
+        "_clip_adam_kernel": ("optimizer", ""),
+        "_spectral_norm_kernel": ("spectral_norm", ""),
+        "_tree_update_kernel": ("priority_update", ""),
     }
-    df = pd.DataFrame({"name": list(expected), "kind": "kernel", "start_us": 1.0, "dur_us": 1.0, "pid": 0, "tid": 7,
-                       "correlation": pd.array([None] * len(expected), dtype="Int64")})
+    df = pd.DataFrame(
+        {
+            "name": list(expected),
+            "kind": "kernel",
+            "start_us": 1.0,
+            "dur_us": 1.0,
+            "pid": 0,
+            "tid": 7,
+            "correlation": pd.array([None] * len(expected), dtype="Int64"),
+        }
+    )
     phases = kernel_phases(df, PHASE_RULES)
     assert dict(zip(df["name"], phases)) == {name: phase for name, (phase, _) in expected.items()}
     assert {name: gemm_precision(name) for name in expected} == {name: p for name, (_, p) in expected.items()}
@@ -207,16 +257,26 @@ def test_head_norms_are_the_published_gains_times_unit_spectral_norms():
     sources = hot.metric_sources()
     assert sources[2].data_ptr() == hid_g.data_ptr() and sources[3].data_ptr() == out_g.data_ptr()  # views
     names = hot.metric_names()
-    assert names[-6:] == ("gain_hidden_value", "gain_hidden_b0", "gain_hidden_b1",
-                          "gain_out_value", "gain_out_b0", "gain_out_b1")
+    assert names[-6:] == (
+        "gain_hidden_value",
+        "gain_hidden_b0",
+        "gain_hidden_b1",
+        "gain_out_value",
+        "gain_out_b0",
+        "gain_out_b1",
+    )
     assert len(names) == sum(s.numel() for s in sources)
     values = dict(zip(names, torch.cat([s.flatten() for s in sources]).tolist()))
     norms = hot.head_norms(values)
     h, a = lay.head_hidden, lay.actions
-    outs = [out_w[:1], *(out_w[1 + d * a:1 + (d + 1) * a] for d in range(2))]
+    outs = [out_w[:1], *(out_w[1 + d * a : 1 + (d + 1) * a] for d in range(2))]
     for i, k in enumerate(keys):  # the spectral norm of each gained matrix, exactly (SVD), multiplied
-        exact = (hid_g[i] * torch.linalg.matrix_norm(hid_w[i * h:(i + 1) * h].double().cpu(), 2)
-                 * out_g[i] * torch.linalg.matrix_norm(outs[i].double().cpu(), 2))
+        exact = (
+            hid_g[i]
+            * torch.linalg.matrix_norm(hid_w[i * h : (i + 1) * h].double().cpu(), 2)
+            * out_g[i]
+            * torch.linalg.matrix_norm(outs[i].double().cpu(), 2)
+        )
         assert norms[f"head_norm_{k}"] == pytest.approx(float(exact), rel=1e-3), k
     assert hot.head_norms({}) == {}
     _, _, plain = _setup(spectral_norm=False)

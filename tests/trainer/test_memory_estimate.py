@@ -8,10 +8,20 @@ import torch
 
 from hotloop.trainer.config import preset
 from hotloop.trainer.flat_net import FlatLayout
-from hotloop.trainer.memory_estimate import (BYTES_PER_EVENT, CPU_EVENTS_PER_STEP, NET_COPIES, available_memory,
-                                             check_memory, check_window_memory, estimate_memory,
-                                             estimate_window_memory, format_bytes, param_count, replay_bytes,
-                                             window_bytes_per_step)
+from hotloop.trainer.memory_estimate import (
+    BYTES_PER_EVENT,
+    CPU_EVENTS_PER_STEP,
+    NET_COPIES,
+    available_memory,
+    check_memory,
+    check_window_memory,
+    estimate_memory,
+    estimate_window_memory,
+    format_bytes,
+    param_count,
+    replay_bytes,
+    window_bytes_per_step,
+)
 from hotloop.trainer.network import BranchingDuelingQNet
 from hotloop.trainer.replay import PrioritizedReplay
 
@@ -24,8 +34,9 @@ def test_replay_bytes_are_the_replays_tensors(capacity, obs_dim, branches):
     assert replay_bytes(capacity, obs_dim, branches) == sum(t.numel() * t.element_size() for t in tensors)
 
 
-@pytest.mark.parametrize("obs_dim,nvec,trunk,head", [(4, (2,), (64, 64), 32), (64, (4, 4, 4), (512, 256), 80),
-                                                     (12, (3, 3), (24, 16), 16)])
+@pytest.mark.parametrize(
+    "obs_dim,nvec,trunk,head", [(4, (2,), (64, 64), 32), (64, (4, 4, 4), (512, 256), 80), (12, (3, 3), (24, 16), 16)]
+)
 def test_param_count_is_the_flat_layouts_and_the_reference_nets(obs_dim, nvec, trunk, head):
     n = param_count(obs_dim, nvec, trunk, head)
     assert n == FlatLayout(obs_dim, nvec, trunk, head).numel
@@ -72,15 +83,20 @@ def test_check_memory_refuses_naming_the_fields():
         check_memory(cfg, torch.device("cpu"), 4, (2,), available=(est.total - 1, "a stub"))
     msg = str(exc.value)
     assert f"needs an estimated {format_bytes(est.total)}" in msg and "is available (a stub)" in msg
-    for part in ("replay_capacity=1000000", "obs_dim=4", "trunk_hidden=[64, 64]", "head_hidden=32", "batch_size=64",
-                 "num_envs=64"):
+    for part in (
+        "replay_capacity=1000000",
+        "obs_dim=4",
+        "trunk_hidden=[64, 64]",
+        "head_hidden=32",
+        "batch_size=64",
+        "num_envs=64",
+    ):
         assert part in msg
     assert check_memory(cfg, torch.device("cpu"), 4, (2,), available=(None, "unknown")) == est  # unknown: no check
 
 
 def test_format_bytes():
-    assert [format_bytes(n) for n in (0, 999, 1500, 8.8e12, 10**30)] == ["0 B", "999 B", "1.5 kB", "8.8 TB",
-                                                                        "1e+12 EB"]
+    assert [format_bytes(n) for n in (0, 999, 1500, 8.8e12, 10**30)] == ["0 B", "999 B", "1.5 kB", "8.8 TB", "1e+12 EB"]
 
 
 def test_the_guarded_windows_estimate_grows_with_its_steps_and_repeats_and_is_refused_when_it_cannot_fit():
@@ -96,8 +112,12 @@ def test_the_guarded_windows_estimate_grows_with_its_steps_and_repeats_and_is_re
     with pytest.raises(ValueError) as exc:
         check_window_memory(3000, 1, cpu, "reference", run_bytes=10**9, available=(24 * 10**9, "a stub"))
     msg = str(exc.value)
-    assert ("3000 steps x 1 repeat x 11 MB per step" in msg and "an estimated 33 GB, plus the run's own 1 GB" in msg
-            and "24 GB is available (a stub)" in msg and f"at most {23 * 10**9 // per_step} steps fit" in msg), msg
+    assert (
+        "3000 steps x 1 repeat x 11 MB per step" in msg
+        and "an estimated 33 GB, plus the run's own 1 GB" in msg
+        and "24 GB is available (a stub)" in msg
+        and f"at most {23 * 10**9 // per_step} steps fit" in msg
+    ), msg
     with pytest.raises(ValueError, match="1000000000 steps x 2 repeats"):
         check_window_memory(10**9, 2, cuda, "hotloop", available=(10**12, "a stub"))
     assert check_window_memory(10**9, 1, cpu, "reference", available=(None, "unknown")) > 0  # unknown: no check

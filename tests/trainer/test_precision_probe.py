@@ -17,7 +17,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
 from test_hot_learner import _setup as hot_setup
 
 from hotloop.guards.probes import precision_probe as pp
@@ -43,9 +42,23 @@ def test_products_cover_every_gemm_of_the_step():
     hot = _setup()
     result = pp.probe_precision(hot, pp.replay_batch(hot))
     names = [p.name for p in result.products]
-    assert names == ["forward.L0", "forward.L1", "forward.L2", "ddqn.L0", "ddqn.L1", "ddqn.L2", "forward.heads",
-                     "ddqn.heads", "backward.heads.dh", "backward.heads.dW", "backward.dW.L2", "backward.dX.L2",
-                     "backward.dW.L1", "backward.dX.L1", "backward.dW.L0"]
+    assert names == [
+        "forward.L0",
+        "forward.L1",
+        "forward.L2",
+        "ddqn.L0",
+        "ddqn.L1",
+        "ddqn.L2",
+        "forward.heads",
+        "ddqn.heads",
+        "backward.heads.dh",
+        "backward.heads.dW",
+        "backward.dW.L2",
+        "backward.dX.L2",
+        "backward.dW.L1",
+        "backward.dX.L1",
+        "backward.dW.L0",
+    ]
     by = {p.name: p for p in result.products}
     assert (by["forward.L1"].m, by["forward.L1"].n, by["forward.L1"].k) == (32, 16, 24)
     assert (by["backward.dW.L1"].m, by["backward.dW.L1"].n, by["backward.dW.L1"].k) == (16, 24, 32)
@@ -121,8 +134,11 @@ def test_forward_kernel_compiled_without_tf32_mma_fails(hardware_tf32):
     result = pp.probe_precision(hot, pp.replay_batch(hot))
     assert pp.forward_verdict(result)[0] == pp.PASS, pp.forward_verdict(result)[1]
     mma = {"tf32_mma": 8, "fma.f32": 64}
-    clean = {"_fwd_online_tf32_gemm_kernel": [mma], "_heads_bwd_fp32_kernel": [{"tf32_mma": 0, "fma.f32": 499}],
-             "_heads_online_tf32_kernel": "not available (not compiled in this process)"}
+    clean = {
+        "_fwd_online_tf32_gemm_kernel": [mma],
+        "_heads_bwd_fp32_kernel": [{"tf32_mma": 0, "fma.f32": 499}],
+        "_heads_online_tf32_kernel": "not available (not compiled in this process)",
+    }
     assert pp.forward_verdict(replace(result, instructions=clean))[0] == pp.PASS
     ieee = {**clean, "_fwd_ddqn_tf32_gemm_kernel": [mma, {"tf32_mma": 0, "fma.f32": 1024}]}
     verdict, lines = pp.forward_verdict(replace(result, instructions=ieee))
@@ -137,8 +153,10 @@ def test_heads_between_fp32_and_tf32_pass_and_trunk_layers_do_not(hardware_tf32)
     result = pp.probe_precision(hot, pp.replay_batch(hot))
 
     def moved(names):
-        return replace(result, products=tuple(replace(p, cls=pp.BETWEEN, error=3e-5) if p.name in names else p
-                                              for p in result.products))
+        return replace(
+            result,
+            products=tuple(replace(p, cls=pp.BETWEEN, error=3e-5) if p.name in names else p for p in result.products),
+        )
 
     assert pp.forward_verdict(moved({"forward.heads", "ddqn.heads"}))[0] == pp.PASS
     verdict, lines = pp.forward_verdict(moved({"forward.L1"}))
@@ -151,8 +169,12 @@ def test_fp32_like_heads_pass_only_where_their_instructions_were_checked(hardwar
     evidence (the interpreter's string), and a heads kernel compiled without TF32 MMAs FAILs."""
     hot = _setup()
     result = pp.probe_precision(hot, pp.replay_batch(hot))
-    fp32_heads = replace(result, products=tuple(replace(p, cls=pp.FP32_LIKE, error=9.5e-6) if ".heads" in p.name
-                                                else p for p in result.products))
+    fp32_heads = replace(
+        result,
+        products=tuple(
+            replace(p, cls=pp.FP32_LIKE, error=9.5e-6) if ".heads" in p.name else p for p in result.products
+        ),
+    )
     mma = {"tf32_mma": 4, "fma.f32": 8}
     checked = {"_fwd_online_tf32_gemm_kernel": [mma], "_heads_online_tf32_kernel": [mma]}
     assert pp.forward_verdict(replace(fp32_heads, instructions=checked))[0] == pp.PASS
@@ -177,7 +199,7 @@ def test_bias_se_covers_the_shared_rounding_errors_of_few_weights():
     g = torch.Generator().manual_seed(1)
     x = torch.randn(128, 4, generator=g, dtype=torch.float64) * torch.tensor([0.1, 0.5, 0.05, 2.0], dtype=torch.float64)
     w = torch.randn(64, 4, generator=g, dtype=torch.float64)
-    u = 2.0 ** -11
+    u = 2.0**-11
 
     def draw(lo, hi):
         return [lo + (hi - lo) * torch.rand(t.shape, generator=g, dtype=torch.float64) for t in (x, w)]
@@ -187,12 +209,15 @@ def test_bias_se_covers_the_shared_rounding_errors_of_few_weights():
     se = torch.tensor([e.bias_se() for e in rounded])
     assert 0.8 < float(se.mean() / biases.std()) < 1.2, (float(se.mean()), float(biases.std()))
     assert float((biases.abs() / se).max()) < pp.BIAS_Z
-    entrywise = [math.sqrt(float(((e.pieces[(128, 64)][0] - e.bias() * e.pieces[(128, 64)][1]) ** 2).sum())) / e.den
-                 for e in rounded]
+    entrywise = [
+        math.sqrt(float(((e.pieces[(128, 64)][0] - e.bias() * e.pieces[(128, 64)][1]) ** 2).sum())) / e.den
+        for e in rounded
+    ]
     assert sum(entrywise) / len(entrywise) < 0.5 * float(biases.std())
     truncated = [pp._Err().add(*_rounded_product(x, w, *draw(-2 * u, 0.0))) for _ in range(20)]
-    assert all(e.bias() < -pp.TF32_BIAS_MAX and -e.bias() > pp.BIAS_Z * e.bias_se() for e in truncated), \
-        [(e.bias(), e.bias_se()) for e in truncated]
+    assert all(e.bias() < -pp.TF32_BIAS_MAX and -e.bias() > pp.BIAS_Z * e.bias_se() for e in truncated), [
+        (e.bias(), e.bias_se()) for e in truncated
+    ]
 
 
 def test_bias_se_of_masked_pieces_is_the_direct_two_way_formula():
@@ -212,7 +237,7 @@ def test_bias_se_of_masked_pieces_is_the_direct_two_way_formula():
     b = err.bias()
     for got, ref, live in prods:
         resid += torch.where(live, (got - ref - b * ref) * ref, torch.zeros_like(ref))
-    v = (resid.sum(1) ** 2).sum() + (resid.sum(0) ** 2).sum() - (resid ** 2).sum()
+    v = (resid.sum(1) ** 2).sum() + (resid.sum(0) ** 2).sum() - (resid**2).sum()
     den = sum(float((ref[live] ** 2).sum()) for _, ref, live in prods)
     assert err.bias_se() == pytest.approx(math.sqrt(float(v)) / den, rel=1e-12)
 
@@ -224,8 +249,9 @@ def test_a_trunk_bias_within_its_standard_errors_passes(hardware_tf32):
     result = pp.probe_precision(hot, pp.replay_batch(hot))
 
     def moved(name, bias, se):
-        return replace(result, products=tuple(replace(p, bias=bias, bias_se=se) if p.name == name else p
-                                              for p in result.products))
+        return replace(
+            result, products=tuple(replace(p, bias=bias, bias_se=se) if p.name == name else p for p in result.products)
+        )
 
     assert pp.forward_verdict(result)[0] == pp.PASS
     assert pp.forward_verdict(moved("forward.L0", 1.4e-4, 5e-5))[0] == pp.PASS
@@ -242,16 +268,19 @@ def test_tf32_forward_with_truncated_operands_fails_on_its_bias(hardware_tf32):
     hot = _setup()
     torch.manual_seed(0)  # the batch (the replay draws from the global generator)
     batch = pp.replay_batch(hot)
-    result = pp.probe_precision(hot, batch,
-                                launchers=replace(pp.Launchers.of(hot), forward=variant_linear_forward("tf32")))
+    result = pp.probe_precision(
+        hot, batch, launchers=replace(pp.Launchers.of(hot), forward=variant_linear_forward("tf32"))
+    )
     layers = [p for p in result.phase("forward") if ".L" in p.name]
-    assert layers and all(p.cls == pp.TF32_LIKE and p.bias < -pp.TF32_BIAS_MAX for p in layers), \
-        [(p.name, p.cls, p.bias) for p in layers]
+    assert layers and all(p.cls == pp.TF32_LIKE and p.bias < -pp.TF32_BIAS_MAX for p in layers), [
+        (p.name, p.cls, p.bias) for p in layers
+    ]
     verdict, lines = pp.forward_verdict(result)
     assert verdict == pp.FAIL and "biased" in lines[-1], lines[-1]
     step = pp.probe_precision(hot, batch)
-    assert all(abs(p.bias) <= pp._bias_max(p) for p in step.phase("forward")), \
-        [(p.name, p.bias) for p in step.phase("forward")]
+    assert all(abs(p.bias) <= pp._bias_max(p) for p in step.phase("forward")), [
+        (p.name, p.bias) for p in step.phase("forward")
+    ]
 
 
 def test_fwd_fp32_fault_fails_the_forward_verdict(hardware_tf32):
@@ -335,8 +364,9 @@ def test_non_finite_backward_fails_everywhere():
         good(dyt, xt, w, g, dw, dg, gain_group)
         dw.fill_(float("nan"))
 
-    result = pp.probe_precision(hot, pp.replay_batch(hot),
-                                launchers=replace(pp.Launchers.of(hot), backward_weight=nan_weight_grad))
+    result = pp.probe_precision(
+        hot, pp.replay_batch(hot), launchers=replace(pp.Launchers.of(hot), backward_weight=nan_weight_grad)
+    )
     assert pp.classify(_errors(result)["backward.dW.L2"]) == pp.NON_FINITE
     assert pp.backward_verdict(result)[0] == pp.FAIL  # even where TF32 cannot be judged
 

@@ -64,7 +64,7 @@ def test_values_and_step_round_trip():
     assert list(reading.values) == list(NAMES)
     assert all(type(v) is float for v in reading.values.values())
     assert rb.latest == reading
-    assert rb.poll() is None and rb.latest == reading          # nothing new: None, latest kept
+    assert rb.poll() is None and rb.latest == reading  # nothing new: None, latest kept
     assert rb.dropped == 0
 
 
@@ -81,7 +81,7 @@ def test_two_publications_before_poll_gives_newest():
     assert rb.publish(_sources(0.0), step=1)
     assert rb.publish(_sources(100.0), step=2)
     assert rb.poll() == Reading(2, _expected(100.0))
-    assert rb.poll() is None                                   # the older one is never returned after the newer
+    assert rb.poll() is None  # the older one is never returned after the newer
     assert rb.publish(_sources(200.0), step=3)
     assert rb.poll() == Reading(3, _expected(200.0))
 
@@ -100,15 +100,15 @@ def test_in_flight_buffer_is_not_overwritten():
     rb = AsyncReadback(NAMES, "cpu", event_factory=events)
     assert rb.publish(_sources(0.0), step=1) and rb.publish(_sources(100.0), step=2)
     assert [e.recorded for e in events.made] == [True, True]
-    assert rb.poll() is None                                   # both in flight
-    assert rb.publish(_sources(200.0), step=3) is False        # buffer of step 1 still in flight
+    assert rb.poll() is None  # both in flight
+    assert rb.publish(_sources(200.0), step=3) is False  # buffer of step 1 still in flight
     assert rb.dropped == 1 and len(events.made) == 2
     assert rb.poll() is None
-    events.made[0].done = True                                 # step 1's copy lands, step 2's not yet
+    events.made[0].done = True  # step 1's copy lands, step 2's not yet
     assert rb.poll() == Reading(1, _expected(0.0))
     assert rb.poll() is None
     events.made[1].done = True
-    assert rb.poll() == Reading(2, _expected(100.0))           # not the refused step 3's values
+    assert rb.poll() == Reading(2, _expected(100.0))  # not the refused step 3's values
     assert rb.publish(_sources(300.0), step=4) is True and rb.dropped == 1
     events.made[2].done = True
     assert rb.poll() == Reading(4, _expected(300.0))
@@ -119,10 +119,10 @@ def test_newest_completed_wins_over_older_in_flight():
     rb = AsyncReadback(NAMES, "cpu", event_factory=events)
     rb.publish(_sources(0.0), step=1)
     rb.publish(_sources(100.0), step=2)
-    events.made[1].done = True                                 # e.g. different streams: the newer one lands first
+    events.made[1].done = True  # e.g. different streams: the newer one lands first
     assert rb.poll() == Reading(2, _expected(100.0))
     events.made[0].done = True
-    assert rb.poll() is None                                   # older than one already returned
+    assert rb.poll() is None  # older than one already returned
 
 
 def test_reading_is_consistent_one_publication():
@@ -132,7 +132,7 @@ def test_reading_is_consistent_one_publication():
     readings = []
     for step in range(1, 40):
         rb.publish(_sources(10.0 * step), step)
-        if step % 3 == 0:                                      # complete some of the copies, at varying lags
+        if step % 3 == 0:  # complete some of the copies, at varying lags
             for e in events.made[:-1]:
                 e.done = True
         if (r := rb.poll()) is not None:
@@ -144,7 +144,7 @@ def test_reading_is_consistent_one_publication():
     for r in readings:
         assert r.values == _expected(10.0 * r.step)
     steps = [r.step for r in readings]
-    assert steps == sorted(set(steps))                         # strictly newer each time
+    assert steps == sorted(set(steps))  # strictly newer each time
 
 
 def test_poll_never_blocks(monkeypatch):
@@ -154,7 +154,7 @@ def test_poll_never_blocks(monkeypatch):
     monkeypatch.setattr(torch.cuda, "synchronize", boom)
     monkeypatch.setattr(torch.cuda.Event, "synchronize", boom)
     monkeypatch.setattr(torch.cuda.Stream, "synchronize", boom)
-    events = FakeEvents()                                       # FakeEvent.synchronize raises too
+    events = FakeEvents()  # FakeEvent.synchronize raises too
     rb = AsyncReadback(NAMES, "cpu", event_factory=events)
     rb.publish(_sources(5.0), step=3)
     for _ in range(50):
@@ -176,12 +176,15 @@ def test_wait_blocks_on_pending_then_polls():
     assert rb.wait() is None and rb.latest.step == 2
 
 
-@pytest.mark.parametrize("names, match", [
-    ((), "at least one"),
-    (("a", "b", "a"), "duplicates"),
-    (("a", ""), "non-empty strings"),
-    (("a", 3), "non-empty strings"),
-])
+@pytest.mark.parametrize(
+    "names, match",
+    [
+        ((), "at least one"),
+        (("a", "b", "a"), "duplicates"),
+        (("a", ""), "non-empty strings"),
+        (("a", 3), "non-empty strings"),
+    ],
+)
 def test_bad_names_raise(names, match):
     with pytest.raises(ValueError, match=match):
         AsyncReadback(names, "cpu")
@@ -195,16 +198,19 @@ def test_bad_device_raises():
             AsyncReadback(NAMES, "cuda")
 
 
-@pytest.mark.parametrize("sources, match", [
-    ([torch.ones(3)], "3 values in all, but there are 4 names"),
-    ([torch.ones(2), torch.ones(3)], "5 values in all"),
-    ([], "0 values in all"),
-    ([torch.ones(4, dtype=torch.float64)], r"sources\[0\] must be float32"),
-    ([torch.ones(2), torch.ones(2, dtype=torch.float16)], r"sources\[1\] must be float32"),
-    ([torch.ones(2), [1.0, 2.0]], r"sources\[1\] must be a tensor"),
-    (torch.ones(4), "sequence of tensors"),
-    ([torch.ones(4, device="meta")], "must be on cpu"),
-])
+@pytest.mark.parametrize(
+    "sources, match",
+    [
+        ([torch.ones(3)], "3 values in all, but there are 4 names"),
+        ([torch.ones(2), torch.ones(3)], "5 values in all"),
+        ([], "0 values in all"),
+        ([torch.ones(4, dtype=torch.float64)], r"sources\[0\] must be float32"),
+        ([torch.ones(2), torch.ones(2, dtype=torch.float16)], r"sources\[1\] must be float32"),
+        ([torch.ones(2), [1.0, 2.0]], r"sources\[1\] must be a tensor"),
+        (torch.ones(4), "sequence of tensors"),
+        ([torch.ones(4, device="meta")], "must be on cpu"),
+    ],
+)
 def test_bad_sources_raise(sources, match):
     rb = AsyncReadback(NAMES, "cpu")
     with pytest.raises(ValueError, match=match):
@@ -237,7 +243,7 @@ def test_poll_does_not_wait_for_slow_kernel_gpu():
     sources = [s.to(device) for s in _sources(1000.0)]
     torch.cuda.synchronize()
     with SyncHooks() as hooks:
-        torch.cuda._sleep(50_000_000)                          # ~tens of ms of GPU spin before the copy
+        torch.cuda._sleep(50_000_000)  # ~tens of ms of GPU spin before the copy
         start = time.perf_counter()
         assert rb.publish(sources, step=42)
         first = rb.poll()
@@ -255,9 +261,21 @@ def test_hotloop_epoch_row_carries_the_published_head_norms():
     from hotloop.trainer.loop import Trainer
 
     # On CUDA when present, else the Triton interpreter on CPU: the tiniest sizes; a readback after every step.
-    cfg = preset("cartpole", learner="hotloop", spectral_norm=True, trunk_hidden=(16,), head_hidden=16, batch_size=16,
-                 learner_steps_per_epoch=3, learning_starts=32, num_envs=4, eval_episodes=0, replay_capacity=128,
-                 log_interval=1, device="cuda" if torch.cuda.is_available() else "cpu")
+    cfg = preset(
+        "cartpole",
+        learner="hotloop",
+        spectral_norm=True,
+        trunk_hidden=(16,),
+        head_hidden=16,
+        batch_size=16,
+        learner_steps_per_epoch=3,
+        learning_starts=32,
+        num_envs=4,
+        eval_episodes=0,
+        replay_capacity=128,
+        log_interval=1,
+        device="cuda" if torch.cuda.is_available() else "cpu",
+    )
     trainer = Trainer(cfg)
     row = trainer.run_epoch(1).as_row()
     assert "head_norms" not in row and {"head_norm_value", "head_norm_b0"} <= set(row)

@@ -241,8 +241,7 @@ def _add_with(**overrides) -> None:
         (lambda: _filled(8, 4, 11)[0].sample(4, 0.5, weight_norm="max"), "weight_norm"),
         (lambda: _filled(8, 4, 11)[0].update_priorities(torch.tensor([0.0]), torch.ones(1)), "indices"),
         (lambda: _filled(8, 4, 11)[0].update_priorities(torch.tensor([0, 1]), torch.ones(3)), "td_errors"),
-        (lambda: _filled(8, 4, 11)[0].update_priorities(torch.tensor([0]), torch.ones(1, device="meta")),
-         "td_errors"),
+        (lambda: _filled(8, 4, 11)[0].update_priorities(torch.tensor([0]), torch.ones(1, device="meta")), "td_errors"),
     ],
 )
 def test_value_errors(make, match: str) -> None:

@@ -10,15 +10,21 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"
 def _pair(capacity=37):
     g1 = torch.Generator(device=DEV).manual_seed(5)
     g2 = torch.Generator(device=DEV).manual_seed(5)
-    return (PrioritizedReplay(capacity, 3, 2, device=DEV, generator=g1, use_kernels=True),
-            PrioritizedReplay(capacity, 3, 2, device=DEV, generator=g2, use_kernels=False))
+    return (
+        PrioritizedReplay(capacity, 3, 2, device=DEV, generator=g1, use_kernels=True),
+        PrioritizedReplay(capacity, 3, 2, device=DEV, generator=g2, use_kernels=False),
+    )
 
 
 def _transitions(n, seed):
     g = torch.Generator(device=DEV).manual_seed(seed)
-    return (torch.randn(n, 3, generator=g, device=DEV), torch.randint(0, 4, (n, 2), generator=g, device=DEV),
-            torch.randn(n, generator=g, device=DEV), torch.randn(n, 3, generator=g, device=DEV),
-            torch.rand(n, generator=g, device=DEV) < 0.2)
+    return (
+        torch.randn(n, 3, generator=g, device=DEV),
+        torch.randint(0, 4, (n, 2), generator=g, device=DEV),
+        torch.randn(n, generator=g, device=DEV),
+        torch.randn(n, 3, generator=g, device=DEV),
+        torch.rand(n, generator=g, device=DEV) < 0.2,
+    )
 
 
 def test_kernel_tree_matches_torch_tree_through_add_sample_update():

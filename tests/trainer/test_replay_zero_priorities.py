@@ -29,16 +29,22 @@ def _gen(seed: int) -> torch.Generator:
     return torch.Generator(device=DEV).manual_seed(seed)
 
 
-def _replay(use_kernels: bool, seed: int, alpha: float = 0.6, eps: float = 1e-6, n: int = FILLED,
-            td: torch.Tensor | None = None) -> PrioritizedReplay:
+def _replay(
+    use_kernels: bool, seed: int, alpha: float = 0.6, eps: float = 1e-6, n: int = FILLED, td: torch.Tensor | None = None
+) -> PrioritizedReplay:
     """A replay of CAPACITY slots holding n random transitions whose priorities were set from random TD errors
     (or from `td`) through `update_priorities`."""
     g = _gen(seed)
-    replay = PrioritizedReplay(CAPACITY, OBS_DIM, BRANCHES, alpha=alpha, eps=eps, device=DEV,
-                               generator=_gen(seed + 1), use_kernels=use_kernels)
-    replay.add(torch.randn(n, OBS_DIM, generator=g, device=DEV), torch.randint(0, 4, (n, BRANCHES), generator=g,
-               device=DEV), torch.randn(n, generator=g, device=DEV), torch.randn(n, OBS_DIM, generator=g, device=DEV),
-               torch.rand(n, generator=g, device=DEV) < 0.2)
+    replay = PrioritizedReplay(
+        CAPACITY, OBS_DIM, BRANCHES, alpha=alpha, eps=eps, device=DEV, generator=_gen(seed + 1), use_kernels=use_kernels
+    )
+    replay.add(
+        torch.randn(n, OBS_DIM, generator=g, device=DEV),
+        torch.randint(0, 4, (n, BRANCHES), generator=g, device=DEV),
+        torch.randn(n, generator=g, device=DEV),
+        torch.randn(n, OBS_DIM, generator=g, device=DEV),
+        torch.rand(n, generator=g, device=DEV) < 0.2,
+    )
     if td is None:
         td = torch.randn(n, generator=g, device=DEV) * 2
     replay.update_priorities(torch.arange(n, device=DEV), td)
@@ -114,8 +120,9 @@ def test_all_zero_tree_samples_uniformly_over_the_filled_slots_with_unit_weights
     assert torch.equal(batch.obs, replay.obs[want])
 
 
-@pytest.mark.parametrize("eps,alpha", [(1e-30, 2.0), (1e-20, 2.0), (1e-39, 0.5), (1e-10, 4.0), (10.0, 40.0),
-                                       (1e300, 0.5)])
+@pytest.mark.parametrize(
+    "eps,alpha", [(1e-30, 2.0), (1e-20, 2.0), (1e-39, 0.5), (1e-10, 4.0), (10.0, 40.0), (1e300, 0.5)]
+)
 def test_config_refuses_per_eps_and_alpha_whose_power_is_not_a_normal_float32(eps: float, alpha: float) -> None:
     with pytest.raises(ValueError, match="config.per_eps"):
         Config(per_eps=eps, per_alpha=alpha)
@@ -128,8 +135,9 @@ def test_config_names_both_fields_and_the_value_of_eps_to_the_alpha() -> None:
         Config(per_eps=1e-30, per_alpha=2.0)
 
 
-@pytest.mark.parametrize("eps,alpha", [(1e-6, 0.6), (1e-30, 1.0), (2.0**-126, 1.0), (1e-30, 0.0), (1e-12, 3.0),
-                                       (3.0, 80.0)])
+@pytest.mark.parametrize(
+    "eps,alpha", [(1e-6, 0.6), (1e-30, 1.0), (2.0**-126, 1.0), (1e-30, 0.0), (1e-12, 3.0), (3.0, 80.0)]
+)
 def test_config_accepts_per_eps_and_alpha_within_float32(eps: float, alpha: float) -> None:
     assert eps**alpha >= PRIORITY_FLOOR
     cfg = Config(per_eps=eps, per_alpha=alpha)

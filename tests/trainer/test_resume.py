@@ -16,20 +16,35 @@ import pandas as pd
 import pytest
 import torch
 
+from hotloop.guards.cli import main
+from hotloop.guards.run import run_training
 from hotloop.profiles.run_lock import LOCK_FILE, RunFolderLocked
 from hotloop.trainer.checkpoint import load_checkpoint, save_checkpoint
-from hotloop.guards.cli import main
 from hotloop.trainer.config import preset
 from hotloop.trainer.envs import make_env
 from hotloop.trainer.loop import Trainer
 from hotloop.trainer.resume import CHECKPOINT_FILE, ENV_RESEED, check_table_complete, read_resume_point
-from hotloop.guards.run import run_training
 from hotloop.trainer.step import WARMUP_STEPS
 
-TINY = dict(device="cpu", learner="reference", epochs=3, learner_steps_per_epoch=20, learning_starts=64,
-            batch_size=16, eval_episodes=2, replay_capacity=500, trunk_hidden=(16,), head_hidden=8, num_envs=8)
-TINY_SET = [arg for k, v in TINY.items() if k not in ("device", "epochs")
-            for arg in ("--set", f"{k}={list(v) if isinstance(v, tuple) else v}")]
+TINY = dict(
+    device="cpu",
+    learner="reference",
+    epochs=3,
+    learner_steps_per_epoch=20,
+    learning_starts=64,
+    batch_size=16,
+    eval_episodes=2,
+    replay_capacity=500,
+    trunk_hidden=(16,),
+    head_hidden=8,
+    num_envs=8,
+)
+TINY_SET = [
+    arg
+    for k, v in TINY.items()
+    if k not in ("device", "epochs")
+    for arg in ("--set", f"{k}={list(v) if isinstance(v, tuple) else v}")
+]
 
 
 def _trained(epochs: int, **overrides) -> Trainer:
@@ -65,15 +80,23 @@ def test_round_trip_restores_identical_buffers():
     assert meta["epoch"] == 2 and meta["learner_steps"] == 40 and meta["learner_updates"] == 40
     assert meta["env_steps"] == a.env_steps and meta["replay"]["size"] == a.replay.size == 64 + 2 * 20 * 8
     b = Trainer(preset("cartpole", **TINY))
-    addresses = [b.replay.obs.data_ptr(), b.replay.tree.nodes.data_ptr(), b.returns.ring.data_ptr(),
-                 *(p.data_ptr() for p in b.learner.online.parameters())]
+    addresses = [
+        b.replay.obs.data_ptr(),
+        b.replay.tree.nodes.data_ptr(),
+        b.returns.ring.data_ptr(),
+        *(p.data_ptr() for p in b.learner.online.parameters()),
+    ]
     torch.rand(7)  # training draws no global random numbers: move the global RNG so that restore must set it
     b.restore(tensors, meta)
     _assert_same_state(b, tensors, meta)
     assert (b.epochs_done, b.env_steps, b.learner_steps, b.learner.steps) == (2, a.env_steps, 40, 40)
     assert (b.replay.pos, b.replay.size) == (a.replay.pos, a.replay.size)
-    assert addresses == [b.replay.obs.data_ptr(), b.replay.tree.nodes.data_ptr(), b.returns.ring.data_ptr(),
-                         *(p.data_ptr() for p in b.learner.online.parameters())]
+    assert addresses == [
+        b.replay.obs.data_ptr(),
+        b.replay.tree.nodes.data_ptr(),
+        b.returns.ring.data_ptr(),
+        *(p.data_ptr() for p in b.learner.online.parameters()),
+    ]
     # The env is reset (not restored): running returns restart at 0, obs from the documented seed.
     assert not b.returns.running.any()
     assert torch.equal(b.obs, make_env("cartpole", b.cfg.num_envs, "cpu").reset(seed=b.cfg.seed + ENV_RESEED * 2))
@@ -96,17 +119,23 @@ def test_resumed_run_continues_exactly_from_the_checkpoint(tmp_path):
     a.returns.running.zero_()
     stats_a, stats_c = a.run_epoch(3), c.run_epoch(3)
     assert stats_c.epoch == 3 and c.learner_steps == 60 and c.epochs_done == 3
-    assert (stats_a.loss, stats_a.episodes, stats_a.eval_return) == (stats_c.loss, stats_c.episodes,
-                                                                      stats_c.eval_return)
+    assert (stats_a.loss, stats_a.episodes, stats_a.eval_return) == (
+        stats_c.loss,
+        stats_c.episodes,
+        stats_c.eval_return,
+    )
     _assert_same_state(c, *_snapshot(a))
 
 
-@pytest.mark.parametrize("change,match", [
-    (dict(trunk_hidden=(32,)), "trunk_hidden"),
-    (dict(replay_capacity=600), "replay_capacity"),
-    (dict(num_envs=4), "num_envs"),
-    (dict(env="synthetic", num_envs=8), "env"),
-])
+@pytest.mark.parametrize(
+    "change,match",
+    [
+        (dict(trunk_hidden=(32,)), "trunk_hidden"),
+        (dict(replay_capacity=600), "replay_capacity"),
+        (dict(num_envs=4), "num_envs"),
+        (dict(env="synthetic", num_envs=8), "env"),
+    ],
+)
 def test_restore_rejects_a_mismatch_by_name_and_changes_nothing(change, match):
     tensors, meta = _snapshot(_trained(1))
     other = Trainer(preset("cartpole", **{**TINY, **change}))
@@ -140,8 +169,24 @@ def test_restore_rejects_missing_and_misshapen_tensors():
 
 def test_cli_train_resume_extends_a_run(tmp_path, capsys):
     out = tmp_path / "run"
-    assert main(["train", "--preset", "cartpole", *TINY_SET, "--epochs", "2", "--out", str(out), "--device", "cpu",
-                 "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--preset",
+                "cartpole",
+                *TINY_SET,
+                "--epochs",
+                "2",
+                "--out",
+                str(out),
+                "--device",
+                "cpu",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     first = pd.read_csv(out / "epochs.csv")
     assert load_checkpoint(out / CHECKPOINT_FILE)[1]["epoch"] == 2
     assert main(["train", "--resume", str(out), "--epochs", "3", "--no-progress"]) == 0
@@ -150,8 +195,15 @@ def test_cli_train_resume_extends_a_run(tmp_path, capsys):
     pd.testing.assert_frame_equal(table.iloc[:2].reset_index(drop=True), first)
     assert load_checkpoint(out / CHECKPOINT_FILE)[1]["epoch"] == 3
     assert json.loads((out / "config.json").read_text())["epochs"] == 3
-    assert sorted(p.name for p in out.iterdir()) == ["best.pt", "checkpoint.pt", "config.json", "epochs.csv",
-                                                     "epochs.md", "epochs.png", "timeline.csv"]  # no temp file left
+    assert sorted(p.name for p in out.iterdir()) == [
+        "best.pt",
+        "checkpoint.pt",
+        "config.json",
+        "epochs.csv",
+        "epochs.md",
+        "epochs.png",
+        "timeline.csv",
+    ]  # no temp file left
     capsys.readouterr()
     # Nothing left to run: a named error, exit 2.
     assert main(["train", "--resume", str(out), "--no-progress"]) == 2
@@ -169,11 +221,13 @@ def test_cli_resume_bad_input_exits_2_and_writes_nothing(tmp_path, capsys):
     for name in ("config.json", "epochs.csv"):
         (broken / name).write_text((out / name).read_text())
     (broken / CHECKPOINT_FILE).write_bytes((out / CHECKPOINT_FILE).read_bytes()[:100])
-    cases = [(["--resume", str(bare), "--epochs", "2"], f"{bare / CHECKPOINT_FILE}: no such file"),
-             (["--resume", str(broken), "--epochs", "2"], "cannot be read"),
-             (["--resume", str(out), "--preset", "cartpole"], "--preset cannot be given with it"),
-             (["--resume", str(out), "--set", "lr=0.1", "--out", str(out)], "--set, --out cannot be given"),
-             (["--resume", str(tmp_path / "nope")], "no such run folder")]
+    cases = [
+        (["--resume", str(bare), "--epochs", "2"], f"{bare / CHECKPOINT_FILE}: no such file"),
+        (["--resume", str(broken), "--epochs", "2"], "cannot be read"),
+        (["--resume", str(out), "--preset", "cartpole"], "--preset cannot be given with it"),
+        (["--resume", str(out), "--set", "lr=0.1", "--out", str(out)], "--set, --out cannot be given"),
+        (["--resume", str(tmp_path / "nope")], "no such run folder"),
+    ]
     for argv, match in cases:
         listing = {p: p.stat().st_mtime_ns for d in (out, bare, broken) for p in d.iterdir()}
         assert main(["train", *argv, "--no-progress"]) == 2, argv
@@ -206,9 +260,19 @@ def test_a_run_killed_mid_epoch_loses_at_most_that_epoch(tmp_path, monkeypatch):
 
 def test_hotloop_learner_round_trip():
     # On CUDA when present, else the Triton interpreter on CPU (tests/conftest.py): the tiniest sizes.
-    hot = dict(learner="hotloop", trunk_hidden=(16,), head_hidden=16, batch_size=16, learner_steps_per_epoch=2,
-               learning_starts=32, num_envs=4, eval_episodes=0, replay_capacity=128, log_interval=1,
-               device="cuda" if torch.cuda.is_available() else "cpu")
+    hot = dict(
+        learner="hotloop",
+        trunk_hidden=(16,),
+        head_hidden=16,
+        batch_size=16,
+        learner_steps_per_epoch=2,
+        learning_starts=32,
+        num_envs=4,
+        eval_episodes=0,
+        replay_capacity=128,
+        log_interval=1,
+        device="cuda" if torch.cuda.is_available() else "cpu",
+    )
     a = _trained(2, **hot)
     tensors, meta = _snapshot(a)
     assert {"learner.nets", "learner.sn_u", "learner.adam.exp_avg", "learner.adam.step"} <= set(tensors)
@@ -216,18 +280,27 @@ def test_hotloop_learner_round_trip():
     updates = 4 + (WARMUP_STEPS if a.learner.use_graph else 0)
     assert meta["learner"] == "hotloop" and int(tensors["learner.adam.step"]) == updates
     b = Trainer(preset("cartpole", **{**TINY, **hot}))
-    addresses = [b.learner.nets.data_ptr(), b.learner.adam.exp_avg.data_ptr(), b.learner.sn_u.data_ptr(),
-                 b.replay.tree.nodes.data_ptr()]
+    addresses = [
+        b.learner.nets.data_ptr(),
+        b.learner.adam.exp_avg.data_ptr(),
+        b.learner.sn_u.data_ptr(),
+        b.replay.tree.nodes.data_ptr(),
+    ]
     b.restore(tensors, meta)
     _assert_same_state(b, tensors, meta)
-    assert addresses == [b.learner.nets.data_ptr(), b.learner.adam.exp_avg.data_ptr(), b.learner.sn_u.data_ptr(),
-                         b.replay.tree.nodes.data_ptr()]
+    assert addresses == [
+        b.learner.nets.data_ptr(),
+        b.learner.adam.exp_avg.data_ptr(),
+        b.learner.sn_u.data_ptr(),
+        b.replay.tree.nodes.data_ptr(),
+    ]
     assert (b.learner_steps, b.learner.steps, b.epochs_done) == (4, updates, 2)
     # the device actor resumes its counter-based randomness (and epsilon) at the step the checkpoint was taken
     assert b.actor is not None and int(b.actor.t) == meta["env_steps"] // hot["num_envs"] == int(a.actor.t)
 
 
 # --- The run folder: one writer (its lock), whole files, leftovers removed, corrupt state refused. ---
+
 
 def _listing(run_dir: Path) -> dict[str, int]:
     return {p.name: p.stat().st_mtime_ns for p in run_dir.iterdir()}
@@ -276,8 +349,12 @@ def test_the_lock_is_held_while_the_run_writes(tmp_path, lock_holder):
     seen = []
 
     def probe(trainer):  # called inside run_training: another process must be refused now
-        out = subprocess.run([sys.executable, "-c", lock_holder.script, str(tmp_path / LOCK_FILE)], capture_output=True,
-                             text=True, timeout=60)
+        out = subprocess.run(
+            [sys.executable, "-c", lock_holder.script, str(tmp_path / LOCK_FILE)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         seen.append((out.returncode, (tmp_path / LOCK_FILE).read_text()))
 
     run_training(preset("cartpole", **{**TINY, "epochs": 1}), tmp_path, 60.0, show_progress=False, after_epochs=probe)
@@ -291,9 +368,11 @@ def test_a_torn_table_is_refused_at_resume(run_copy, capsys, cut):
     text = table.read_text()
     lines = text.splitlines(keepends=True)
     assert len(lines) == 3  # header and epochs 1, 2
-    torn = {"mid_row": "".join(lines[:2]) + lines[2][:len(lines[2]) // 2],  # a kill mid-write, before atomic writes
-            "no_line_end": text[:-1],
-            "open_quote": "".join(lines[:2]) + '2,"20'}[cut]
+    torn = {
+        "mid_row": "".join(lines[:2]) + lines[2][: len(lines[2]) // 2],  # a kill mid-write, before atomic writes
+        "no_line_end": text[:-1],
+        "open_quote": "".join(lines[:2]) + '2,"20',
+    }[cut]
     table.write_text(torn)
     with pytest.raises(ValueError, match="epochs.csv: row 2 \\(line 3(, the last)?\\) is torn"):
         read_resume_point(run_copy, preset("cartpole", **TINY))
@@ -330,8 +409,15 @@ def test_leftover_temp_files_are_removed_at_start_and_at_resume(tmp_path, run_co
     assert "removed .checkpoint.pt.x1y2z3_q.tmp, a temp file left by a killed write" in capsys.readouterr().err
     run_training(preset("cartpole", **TINY), run_copy, 60.0, show_progress=False, resume=True)
     for d in (fresh, run_copy):
-        assert sorted(_listing(d)) == ["best.pt", "checkpoint.pt", "config.json", "epochs.csv", "epochs.md",
-                                       "epochs.png", "timeline.csv"], d
+        assert sorted(_listing(d)) == [
+            "best.pt",
+            "checkpoint.pt",
+            "config.json",
+            "epochs.csv",
+            "epochs.md",
+            "epochs.png",
+            "timeline.csv",
+        ], d
 
 
 def test_a_checkpoint_with_a_flipped_tensor_byte_is_refused_at_resume(run_copy, capsys):
@@ -340,7 +426,7 @@ def test_a_checkpoint_with_a_flipped_tensor_byte_is_refused_at_resume(run_copy, 
     with zipfile.ZipFile(path) as z:  # flip one bit in the middle of the last tensor storage record, in place
         info = max((i for i in z.infolist() if "/data/" in i.filename and i.file_size), key=lambda i: i.header_offset)
     data = bytearray(path.read_bytes())
-    name_len, extra_len = struct.unpack("<HH", data[info.header_offset + 26:info.header_offset + 30])
+    name_len, extra_len = struct.unpack("<HH", data[info.header_offset + 26 : info.header_offset + 30])
     data[info.header_offset + 30 + name_len + extra_len + info.file_size // 2] ^= 0x01
     path.write_bytes(bytes(data))
     raw = torch.load(path, weights_only=True)["tensors"]  # torch itself reads it without complaint
@@ -400,8 +486,10 @@ def test_a_full_disk_at_the_second_checkpoint_says_disk_full_and_the_folder_resu
     out = tmp_path / "run"
     assert main(["train", *TINY_SET, "--epochs", "3", "--out", str(out), "--device", "cpu", "--no-progress"]) == 70
     err = capsys.readouterr().err
-    assert (f"hotloop train: disk full: {out / CHECKPOINT_FILE} could not be written (No space left on device); "
-            f"the file there before is kept whole") in err, err
+    assert (
+        f"hotloop train: disk full: {out / CHECKPOINT_FILE} could not be written (No space left on device); "
+        f"the file there before is kept whole"
+    ) in err, err
     assert f"then continue with: hotloop train --resume {out}" in err and "internal error" not in err
     assert "unexpected pos" not in err.splitlines()[-2]  # torch's message only in error.log's traceback
     assert not list(out.glob(".*.tmp")) and load_checkpoint(out / CHECKPOINT_FILE)[1]["epoch"] == 1
@@ -426,8 +514,11 @@ def test_a_full_disk_writing_the_table_names_it(tmp_path, monkeypatch):
         return real(df, run_dir, stem)
 
     monkeypatch.setattr(hotloop.guards.run, "write_table", write_table)
-    with pytest.raises(DiskFullError, match=f"disk full: {tmp_path / 'epochs.csv'} could not be written with epoch "
-                                            f"2's row \\(No space left on device\\)"):
+    with pytest.raises(
+        DiskFullError,
+        match=f"disk full: {tmp_path / 'epochs.csv'} could not be written with epoch "
+        f"2's row \\(No space left on device\\)",
+    ):
         run_training(preset("cartpole", **TINY), tmp_path, 60.0, show_progress=False)
     assert load_checkpoint(tmp_path / CHECKPOINT_FILE)[1]["epoch"] == 1
 
@@ -448,29 +539,48 @@ def test_a_config_changed_between_runs_is_refused_at_resume_unless_allowed_and_t
     listing = _listing(out)
     assert main(["train", "--resume", str(out), "--epochs", "2", "--no-progress"]) == 2
     err = capsys.readouterr().err
-    assert (f"the config differs from the one the run was trained with (its checkpoint {out / CHECKPOINT_FILE}, "
-            f"epoch 1) in gamma, lr: gamma (checkpoint {old_gamma!r}, now 0.5); lr (checkpoint {old_lr!r}, now 0.1)"
-            ) in err, err
+    assert (
+        f"the config differs from the one the run was trained with (its checkpoint {out / CHECKPOINT_FILE}, "
+        f"epoch 1) in gamma, lr: gamma (checkpoint {old_gamma!r}, now 0.5); lr (checkpoint {old_lr!r}, now 0.1)"
+    ) in err, err
     assert "--allow-config-change" in err and _listing(out) == listing  # nothing written
     assert main(["train", "--resume", str(out), "--epochs", "2", "--allow-config-change", "--no-progress"]) == 0
-    assert f"config changed at resume after epoch 1 (allowed): gamma {old_gamma!r} -> 0.5; lr {old_lr!r} -> 0.1" \
+    assert (
+        f"config changed at resume after epoch 1 (allowed): gamma {old_gamma!r} -> 0.5; lr {old_lr!r} -> 0.1"
         in capsys.readouterr().err
+    )
     [record] = json.loads((out / CONFIG_CHANGES_FILE).read_text())
-    assert record["epoch"] == 1 and record["changes"] == {"gamma": {"old": old_gamma, "new": 0.5},
-                                                          "lr": {"old": old_lr, "new": 0.1}}
+    assert record["epoch"] == 1 and record["changes"] == {
+        "gamma": {"old": old_gamma, "new": 0.5},
+        "lr": {"old": old_lr, "new": 0.1},
+    }
     new = json.loads((out / "config.json").read_text())
     assert record["config_sha256"] == {"old": meta["config_sha256"], "new": config_hash(new)}
     meta = load_checkpoint(out / CHECKPOINT_FILE)[1]  # the next checkpoint holds the config it was trained with
     assert (meta["epoch"], meta["config"]["lr"], meta["config_sha256"]) == (2, 0.1, config_hash(new))
     assert main(["train", "--resume", str(out), "--epochs", "3", "--no-progress"]) == 0  # unchanged since: resumes
     assert len(json.loads((out / CONFIG_CHANGES_FILE).read_text())) == 1
-    assert main(["train", *TINY_SET, "--epochs", "1", "--out", str(tmp_path / "new"), "--device", "cpu",
-                 "--allow-config-change", "--no-progress"]) == 2  # only with --resume
+    assert (
+        main(
+            [
+                "train",
+                *TINY_SET,
+                "--epochs",
+                "1",
+                "--out",
+                str(tmp_path / "new"),
+                "--device",
+                "cpu",
+                "--allow-config-change",
+                "--no-progress",
+            ]
+        )
+        == 2
+    )  # only with --resume
     assert "--allow-config-change is for --resume" in capsys.readouterr().err
 
 
-def test_a_checkpoint_without_a_config_hash_still_resumes_saying_so_and_a_changed_record_is_refused(tmp_path,
-                                                                                                    capsys):
+def test_a_checkpoint_without_a_config_hash_still_resumes_saying_so_and_a_changed_record_is_refused(tmp_path, capsys):
     out = tmp_path / "run"
     assert main(["train", *TINY_SET, "--epochs", "1", "--out", str(out), "--device", "cpu", "--no-progress"]) == 0
     tensors, meta = load_checkpoint(out / CHECKPOINT_FILE)
@@ -484,19 +594,22 @@ def test_a_checkpoint_without_a_config_hash_still_resumes_saying_so_and_a_change
     (out / "config.json").write_text(json.dumps({**config, "lr": 0.1}))
     assert main(["train", "--resume", str(out), "--epochs", "2", "--no-progress"]) == 0
     err = capsys.readouterr().err
-    assert "was written before checkpoints recorded their config's hash (config_sha256): the config is taken as it " \
-           "is, not checked" in err, err
+    assert (
+        "was written before checkpoints recorded their config's hash (config_sha256): the config is taken as it "
+        "is, not checked" in err
+    ), err
     assert load_checkpoint(out / CHECKPOINT_FILE)[1]["config_sha256"]  # from now on it is
 
 
 def test_the_config_change_record_replaces_a_resume_that_kept_no_epoch_and_a_damaged_one_is_refused(tmp_path):
-    from hotloop.trainer.resume import (CONFIG_CHANGES_FILE, ResumePoint, read_config_changes,
-                                        record_config_change)
+    from hotloop.trainer.resume import CONFIG_CHANGES_FILE, ResumePoint, read_config_changes, record_config_change
 
     cfg = preset("cartpole", **{**TINY, "lr": 0.1})
     point = ResumePoint({}, {"epoch": 1, "config_sha256": "a"}, [], None, {"lr": {"old": 0.001, "new": 0.1}})
-    assert read_config_changes(tmp_path) == [] and record_config_change(tmp_path, point._replace(config_changes={}),
-                                                                      cfg) is None
+    assert (
+        read_config_changes(tmp_path) == []
+        and record_config_change(tmp_path, point._replace(config_changes={}), cfg) is None
+    )
     path = record_config_change(tmp_path, point, cfg)
     assert path == tmp_path / CONFIG_CHANGES_FILE and oct(path.stat().st_mode)[-3:] == "644"
     record_config_change(tmp_path, point, cfg)  # that resume kept no epoch: the same epoch's record is replaced

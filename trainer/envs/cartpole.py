@@ -124,9 +124,7 @@ class CartPoleVec:
         if tuple(state.shape) != (self.num_envs, 4):
             raise ValueError(f"state must have shape ({self.num_envs}, 4), got {tuple(state.shape)}")
         if elapsed_steps is not None and tuple(elapsed_steps.shape) != (self.num_envs,):
-            raise ValueError(
-                f"elapsed_steps must have shape ({self.num_envs},), got {tuple(elapsed_steps.shape)}"
-            )
+            raise ValueError(f"elapsed_steps must have shape ({self.num_envs},), got {tuple(elapsed_steps.shape)}")
         if self.state is None:
             self.state = state.to(device=self.device, dtype=self.dtype).clone()
         else:

@@ -97,9 +97,7 @@ class GymnasiumVecEnv:
             self.action_nvec = tuple(int(n) for n in act_space.nvec)
             self._action_start = act_space.start.astype(np.int64)
         else:
-            raise ValueError(
-                f"{name}: action space must be Discrete or one-dimensional MultiDiscrete, got {act_space}"
-            )
+            raise ValueError(f"{name}: action space must be Discrete or one-dimensional MultiDiscrete, got {act_space}")
         self._discrete = isinstance(act_space, gym.spaces.Discrete)
         self.obs_dim = int(np.prod(obs_space.shape))
 

@@ -174,8 +174,14 @@ class PrioritizedReplay:
         n = self.write(obs, action, reward, next_obs, terminated)
         self.note_added(n)
 
-    def write(self, obs: torch.Tensor, action: torch.Tensor, reward: torch.Tensor, next_obs: torch.Tensor,
-              terminated: torch.Tensor) -> int:
+    def write(
+        self,
+        obs: torch.Tensor,
+        action: torch.Tensor,
+        reward: torch.Tensor,
+        next_obs: torch.Tensor,
+        terminated: torch.Tensor,
+    ) -> int:
         """The device half of `add` (same arguments and checks): store the N transitions at the slots that follow
         the device-side position `pos_t`, give them the max priority, and advance `pos_t`. Reads no device value on
         the host and changes no host state, so a CUDA graph can capture it; call `note_added(N)` after each run
@@ -255,8 +261,9 @@ class PrioritizedReplay:
             idx = torch.empty(batch_size, dtype=torch.int64, device=self.device)
             weights = torch.empty(batch_size, dtype=torch.float32, device=self.device)
             beta_t = torch.full((), float(beta), dtype=torch.float32, device=self.device)
-            self._kernels.tree_sample(self.tree.nodes, self.capacity, self.size, batch_size, u, beta_t, idx,
-                                      weights, weight_norm)
+            self._kernels.tree_sample(
+                self.tree.nodes, self.capacity, self.size, batch_size, u, beta_t, idx, weights, weight_norm
+            )
             stored = (self.obs, self.action, self.reward, self.next_obs, self.terminated)
             return PrioritizedBatch(*(t[idx] for t in stored), indices=idx, weights=weights)
         idx = stratified_indices(self.tree, u, self.size)
@@ -284,8 +291,14 @@ class PrioritizedReplay:
         check_torch_input("td_errors", td_errors, device=self.device, kind="float", shape=(indices.shape[0],))
         priorities = (td_errors.to(self.tree.dtype).abs() + self.eps).pow(self.alpha)
         if self.use_kernels:
-            self._kernels.tree_update(self.tree.nodes, indices, priorities.contiguous(), self.capacity,
-                                      self.tree.max_value, self.tree.bad_priority_count)
+            self._kernels.tree_update(
+                self.tree.nodes,
+                indices,
+                priorities.contiguous(),
+                self.capacity,
+                self.tree.max_value,
+                self.tree.bad_priority_count,
+            )
         else:
             self.tree.update(indices, priorities)
 

@@ -11,11 +11,18 @@ import pandas as pd
 import pytest
 import torch
 
-from hotloop.guards.guard import guard_steps
-from hotloop.guards.probes.bench import (BENCH_COLUMNS, VARIANTS, expand_variants, guard_summary, roofline_counts,
-                           roofline_floor_us, run_bench)
-from hotloop.guards.probes.bench_variants import build_eager
 from hotloop.guards.cli import main
+from hotloop.guards.guard import guard_steps
+from hotloop.guards.probes.bench import (
+    BENCH_COLUMNS,
+    VARIANTS,
+    expand_variants,
+    guard_summary,
+    roofline_counts,
+    roofline_floor_us,
+    run_bench,
+)
+from hotloop.guards.probes.bench_variants import build_eager
 from hotloop.trainer.config import preset
 from hotloop.trainer.network import BranchingDuelingQNet
 
@@ -23,8 +30,9 @@ CPU = torch.device("cpu")
 
 
 def _cfg(**kw):
-    return preset("cartpole", **{"batch_size": 16, "replay_capacity": 256, "trunk_hidden": (16,),
-                                 "head_hidden": 8, **kw})
+    return preset(
+        "cartpole", **{"batch_size": 16, "replay_capacity": 256, "trunk_hidden": (16,), "head_hidden": 8, **kw}
+    )
 
 
 @pytest.mark.smoke
@@ -55,8 +63,14 @@ def test_roofline_at_seed_scale_is_flop_bound_near_70_us():
     assert roofline_counts(cfg, 64, (4, 4, 4))["weights"] == 246_800
 
 
-@pytest.mark.parametrize("kw,match", [({"peak_gbs": 0}, "peak_gbs"), ({"peak_tflops_fwd": float("nan")},
-                                      "peak_tflops_fwd"), ({"peak_tflops_bwd": -1.0}, "peak_tflops_bwd")])
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        ({"peak_gbs": 0}, "peak_gbs"),
+        ({"peak_tflops_fwd": float("nan")}, "peak_tflops_fwd"),
+        ({"peak_tflops_bwd": -1.0}, "peak_tflops_bwd"),
+    ],
+)
 def test_roofline_bad_peaks(kw, match):
     with pytest.raises(ValueError, match=match):
         roofline_floor_us(_cfg(), 4, (2,), **kw)
@@ -95,8 +109,14 @@ def test_a_failing_variant_is_a_row_and_ratio_to_hotloop_uses_the_hotloop_row(mo
         v = build_eager(cfg, device)
         return v._replace(step=lambda: (v.step(), v.step()))
 
-    df = run_bench(_cfg(), CPU, ["broken", "slow", "hotloop"], steps=3, warmup=0,
-                   extra_variants={"broken": broken, "hotloop": fake_hotloop, "slow": slow_eager})
+    df = run_bench(
+        _cfg(),
+        CPU,
+        ["broken", "slow", "hotloop"],
+        steps=3,
+        warmup=0,
+        extra_variants={"broken": broken, "hotloop": fake_hotloop, "slow": slow_eager},
+    )
     broken_row, slow, hot = (df.set_index("variant").loc[n] for n in ("broken", "slow", "hotloop"))
     assert "KeyError" in broken_row["note"] and "boom" in broken_row["note"] and math.isnan(broken_row["setup_s"])
     assert hot["ratio_to_hotloop"] == 1.0 and hot["precision"] == "split"
@@ -148,8 +168,9 @@ def test_expand_variants():
         expand_variants("eagr")
 
 
-@pytest.mark.parametrize("kw,match", [({"steps": 0}, "steps"), ({"warmup": -1}, "warmup"),
-                                      ({"variants": ["nope"]}, "unknown variant")])
+@pytest.mark.parametrize(
+    "kw,match", [({"steps": 0}, "steps"), ({"warmup": -1}, "warmup"), ({"variants": ["nope"]}, "unknown variant")]
+)
 def test_run_bench_bad_input(kw, match):
     args = {"variants": ["eager"], "steps": 1, "warmup": 0, **kw}
     with pytest.raises(ValueError, match=match):
@@ -162,9 +183,19 @@ def test_guard_summary_reads_the_kernels_column():
     kernels, grid1, note = guard_summary(report, steps=2)
     if not report.cuda:
         assert math.isnan(kernels) and math.isnan(grid1) and note == ""
-        report = dataclasses.replace(report, cuda=True, medians={**report.medians, "kernels_grid1": 3.0},
-                                     gemms=pd.DataFrame({"phase": ["", "", ""], "precision": ["tf32", "fp32", "gemm"],
-                                                         "name": ["a", "b", "c"], "kernels": [6, 4, 2]}))
+        report = dataclasses.replace(
+            report,
+            cuda=True,
+            medians={**report.medians, "kernels_grid1": 3.0},
+            gemms=pd.DataFrame(
+                {
+                    "phase": ["", "", ""],
+                    "precision": ["tf32", "fp32", "gemm"],
+                    "name": ["a", "b", "c"],
+                    "kernels": [6, 4, 2],
+                }
+            ),
+        )
         kernels, grid1, note = guard_summary(report, steps=2)
         assert grid1 == 3.0
         no_grid1 = {k: v for k, v in report.medians.items() if k != "kernels_grid1"}
@@ -176,8 +207,23 @@ def test_guard_summary_reads_the_kernels_column():
 
 def test_cli_bench_writes_once_and_never_overwrites(tmp_path, capsys):
     out = tmp_path / "b"
-    argv = ["bench", "--preset", "cartpole", "--set", "batch_size=32", "--steps", "3", "--warmup", "1",
-            "--variants", "eager", "--out", str(out), "--device", "cpu"]
+    argv = [
+        "bench",
+        "--preset",
+        "cartpole",
+        "--set",
+        "batch_size=32",
+        "--steps",
+        "3",
+        "--warmup",
+        "1",
+        "--variants",
+        "eager",
+        "--out",
+        str(out),
+        "--device",
+        "cpu",
+    ]
     assert main(argv) == 0
     first = (out / "bench.csv").read_text()
     assert list(pd.read_csv(out / "bench.csv").columns) == BENCH_COLUMNS and (out / "bench.md").exists()
@@ -188,8 +234,22 @@ def test_cli_bench_writes_once_and_never_overwrites(tmp_path, capsys):
 
 
 def test_cli_bench_bad_input_exits_2_naming_the_valid_variants(tmp_path, capsys):
-    assert main(["bench", "--preset", "cartpole", "--variants", "eager,warp", "--out", str(tmp_path / "x"),
-                 "--device", "cpu"]) == 2
+    assert (
+        main(
+            [
+                "bench",
+                "--preset",
+                "cartpole",
+                "--variants",
+                "eager,warp",
+                "--out",
+                str(tmp_path / "x"),
+                "--device",
+                "cpu",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "'warp'" in err and all(name in err for name in VARIANTS)
     assert main(["bench", "--preset", "cartpole", "--steps", "0", "--device", "cpu"]) == 2
@@ -208,8 +268,14 @@ def test_cli_bench_help_lists_every_variant(capsys):
 
 @pytest.mark.gpu
 def test_run_bench_on_the_gpu_measures_every_captured_variant(tmp_path):
-    df = run_bench(_cfg(batch_size=64, replay_capacity=4096), torch.device("cuda"),
-                   ["eager", "graph-fp32", "graph-tf32"], steps=10, warmup=2, out_dir=tmp_path)
+    df = run_bench(
+        _cfg(batch_size=64, replay_capacity=4096),
+        torch.device("cuda"),
+        ["eager", "graph-fp32", "graph-tf32"],
+        steps=10,
+        warmup=2,
+        out_dir=tmp_path,
+    )
     assert df[["us_per_step_p50", "kernels_per_step", "setup_s"]].notna().all().all(), df["note"].tolist()
     assert (df["kernels_per_step"] > 10).all() and df["note"].str.contains("gemms/step").all()
     assert "gemms/step tf32=0 " in df.set_index("variant").loc["graph-fp32", "note"]  # no TF32 GEMM under FP32
@@ -217,8 +283,17 @@ def test_run_bench_on_the_gpu_measures_every_captured_variant(tmp_path):
 
 @pytest.mark.gpu
 def test_run_bench_on_the_gpu_leads_with_the_captured_loop_iteration():
-    cfg = _cfg(env="synthetic", obs_dim=8, action_nvec=(3, 3), batch_size=64, replay_capacity=4096, num_envs=16,
-               learning_starts=256, eval_episodes=0, log_interval=4)
+    cfg = _cfg(
+        env="synthetic",
+        obs_dim=8,
+        action_nvec=(3, 3),
+        batch_size=64,
+        replay_capacity=4096,
+        num_envs=16,
+        learning_starts=256,
+        eval_episodes=0,
+        log_interval=4,
+    )
     df = run_bench(cfg, torch.device("cuda"), ["hotloop", "iteration"], steps=6, warmup=2)
     it, hot = df.iloc[0], df.iloc[1]
     assert list(df["variant"]) == ["iteration", "hotloop"], df["note"].tolist()

@@ -9,8 +9,17 @@ import copy
 import pytest
 import torch
 
-from hotloop.guards.probes.bench_variants import (BenchState, Variant, build_compiled, build_eager, build_graph,
-                                            build_iteration, env_shapes, iteration_periods, tf32_matmuls)
+from hotloop.guards.probes.bench_variants import (
+    BenchState,
+    Variant,
+    build_compiled,
+    build_eager,
+    build_graph,
+    build_iteration,
+    env_shapes,
+    iteration_periods,
+    tf32_matmuls,
+)
 from hotloop.trainer.config import preset
 
 CPU = torch.device("cpu")
@@ -19,8 +28,17 @@ CPU = torch.device("cpu")
 def _cfg(**kw):
     """A tiny cartpole config: obs 4, one branch of 2 actions, a 16-wide trunk; the target updated every 100 steps
     (a bench step leaves the target update out, so the comparisons with DQNLearner.update run without one)."""
-    return preset("cartpole", **{"batch_size": 16, "replay_capacity": 256, "trunk_hidden": (16,),
-                                 "head_hidden": 8, "target_update_interval": 100, **kw})
+    return preset(
+        "cartpole",
+        **{
+            "batch_size": 16,
+            "replay_capacity": 256,
+            "trunk_hidden": (16,),
+            "head_hidden": 8,
+            "target_update_interval": 100,
+            **kw,
+        },
+    )
 
 
 def _snapshot(state: BenchState) -> list[torch.Tensor]:
@@ -58,8 +76,9 @@ def test_fresh_update_matches_dqn_learner_update_on_the_same_batch(extra):
         want = ref.update(b.obs, b.action, b.reward, b.next_obs, b.terminated, b.weights)
         for name in ("loss", "q_mean", "grad_norm", "cql", "diversity", "td_abs"):
             torch.testing.assert_close(getattr(got, name), getattr(want, name), rtol=1e-6, atol=1e-7, msg=name)
-        for a, r in zip([*state.online.parameters(), *state.online.buffers()],
-                        [*ref.online.parameters(), *ref.online.buffers()]):
+        for a, r in zip(
+            [*state.online.parameters(), *state.online.buffers()], [*ref.online.parameters(), *ref.online.buffers()]
+        ):
             torch.testing.assert_close(a, r, rtol=1e-6, atol=1e-7)
 
 
@@ -95,15 +114,22 @@ def test_the_iteration_variant_runs_one_loop_iteration_of_a_trainer_on_the_bench
 def test_iteration_periods_leave_out_progress():
     cfg = _cfg(log_interval=7, target_update_interval=5, learner_steps_per_epoch=300)
     assert iteration_periods(cfg, "hotloop") == {"env_step": 1, "update": 1, "readback_publish": 7}
-    assert iteration_periods(cfg, "reference") == {"env_step": 1, "sample": 1, "update": 1, "priority_update": 1,
-                                                   "target_update": 5}
+    assert iteration_periods(cfg, "reference") == {
+        "env_step": 1,
+        "sample": 1,
+        "update": 1,
+        "priority_update": 1,
+        "target_update": 5,
+    }
     with pytest.raises(ValueError, match="learner kind"):
         iteration_periods(cfg, "auto")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU refusal")
-@pytest.mark.parametrize("build,precision", [(build_graph, "fp32"), (build_graph, "tf32"), (build_compiled, "split"),
-                                             (build_compiled, "tf32")])
+@pytest.mark.parametrize(
+    "build,precision",
+    [(build_graph, "fp32"), (build_graph, "tf32"), (build_compiled, "split"), (build_compiled, "tf32")],
+)
 def test_captured_variants_need_cuda(build, precision):
     with pytest.raises(RuntimeError, match="needs CUDA"):
         build(_cfg(), CPU, precision)
@@ -132,6 +158,7 @@ def test_tf32_switch_sets_and_restores_the_flags():
 
 
 # ---------------------------------------------------------------------------------------------------------- GPU
+
 
 def _replay_vs_uncaptured(v: Variant, **step_kw) -> tuple[list, list, list, list]:
     """Replay the variant's graph once, then restore the state and RNG and run the same step uncaptured; returns
