@@ -2,6 +2,8 @@
 both the stored and the split-K epilogue (atomic, or for cat-ws partials summed after), the TMA mode's partial
 tiles; and the TF32 split it feeds the pre-split modes."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -79,7 +81,12 @@ def test_bf16_modes_compile_to_bf16_mmas_for_sm90():
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     res = subprocess.run(
-        [sys.executable, "-c", SM90_COMPILE, *BF16_MODES], capture_output=True, text=True, env=env, timeout=300
+        [sys.executable, "-c", SM90_COMPILE, *BF16_MODES],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        cwd=Path(__file__).resolve().parents[2] / "results",  # `import lab` (results/lab/, not installed)
     )
     if res.returncode != 0:
         pytest.skip(f"this Triton cannot compile for sm90 here: {res.stderr.strip().splitlines()[-1][:200]}")

@@ -287,6 +287,10 @@ def test_generated_trace_reads_as_the_json_load_reference_with_the_generators_co
     assert (df["dur_us"] == 0).any()  # Kineto writes zero-length events; the reader keeps them
 
 
+LAB_PARENT = Path(__file__).resolve().parents[2] / "results"
+"""The folder `python -m lab.trace_synth` runs from (the lab code, results/lab/, is not installed)."""
+
+
 def test_generator_cli_writes_exactly_n_events_and_prints_its_summary(tmp_path):
     out = tmp_path / "cli.json.gz"
     proc = subprocess.run(
@@ -294,12 +298,16 @@ def test_generator_cli_writes_exactly_n_events_and_prints_its_summary(tmp_path):
         capture_output=True,
         text=True,
         check=True,
+        cwd=LAB_PARENT,
     )
     summary = json.loads(proc.stdout)
     with gzip.open(out, "rt") as f:
         doc = json.load(f)
     assert summary["events"] == len(doc["traceEvents"]) == 1234
     bad = subprocess.run(
-        [sys.executable, "-m", "lab.trace_synth", "--events", "0", "--out", str(out)], capture_output=True, text=True
+        [sys.executable, "-m", "lab.trace_synth", "--events", "0", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        cwd=LAB_PARENT,
     )
     assert bad.returncode == 2 and "events must be an int >= 1" in bad.stderr
