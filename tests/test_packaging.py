@@ -18,7 +18,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from test_layout import PACKAGE_DATA, ROOT, _modules
+from test_layout import LAB, PACKAGE_DATA, ROOT, _modules
 
 pytestmark = pytest.mark.skipif(
     shutil.which("git") is None or not (ROOT / ".git").exists(),
@@ -78,10 +78,10 @@ def test_the_wheel_holds_hotloop_only_with_every_module_and_no_results(wheel):
 
 def test_the_wheel_ships_no_lab_code_and_no_results(wheel):
     names = _names(wheel)
-    assert (ROOT / "lab" / "kernel_bench.py").is_file() and (ROOT / "results").is_dir()
+    assert (ROOT / LAB / "kernel_bench.py").is_file() and (ROOT / "results").is_dir()
     shipped = [n for n in names if n.split("/")[1] in ("lab", "results") or "/lab/" in n or "/results/" in n]
     assert shipped == []
-    lab = {p.stem for p in (ROOT / "lab").glob("*.py")} - {"__init__"}
+    lab = {p.stem for p in (ROOT / LAB).glob("*.py")} - {"__init__"}
     assert {"kernel_bench", "split_gemm_probe", "trace_synth", "precision_variants"} <= lab
     assert not [n for n in names if n.endswith(".py") and Path(n).stem in lab]  # no lab module under another name
 
@@ -152,7 +152,7 @@ def test_installed_and_run_from_an_empty_folder_the_gate_cites_the_installed_cri
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     criteria = site / "hotloop" / "docs" / "criteria.md"
-    assert f"\nCriteria ({criteria}), " in run.stdout and criteria.is_file()
+    assert f"\nCriteria (hotloop criteria; {criteria}), " in run.stdout and criteria.is_file()
     assert "docs/criteria.md" not in run.stdout.replace(str(criteria), "")  # no citation of a checkout's file
 
 
