@@ -50,10 +50,13 @@ Comparison (`compare`): a run is R' repeats of the same metrics.
   Also memcpy_dtod_events and memcpy_kernels, the two forms of a D2D copy: a copy node of a CUDA graph runs as a
   `memcpy*` kernel in one run and as a DtoD memcpy in another (the H200 showed 4 per step of each for the same
   actor graph, the gate's CLI run against the perf tests' run); their sum, d2d_copies, is compared exactly.
-- Thresholds of their own (`THRESHOLDS`): ddqn_kernel_us, the Double-DQN forward's kernel time, "median:+10%": its
+- Thresholds of their own (`THRESHOLDS`): ddqn_kernel_us, the Double-DQN forward's kernel time, "median:+20%": its
   kernels share the SMs with the online chain's as far as they overlap, so their time grows with the overlap
   ratio (H200, 927902a: 10.9 us at ratio 0.85 against the baseline's 10.3 at 0.24, +5.8%, with every baseline
-  repeat equal: MAD 0).
+  repeat equal: MAD 0). +10% raised a false alarm on a clean tree (H100, 1094b79, 2026-12-06, `hotloop mutate`'s
+  spectral-norm clean check: the baseline's own 5 repeats 10.7-12.4 us, median 11.06, MAD spread 0.26; the run
+  12.27 us, +11.0%, at overlap ratio 0.83: results/h200/mutation/README.md). A slower Double-DQN forward
+  also moves gpu_kernel_us and its kernels' own kernel_us rows.
 
 Per-kernel timings (KERNEL_US_PREFIX + kernel name, hotloop.guards.step_metrics.kernel_times): each kernel's GPU
 time per guarded step (the median over the steps that ran it, scaled by their share), so that one kernel slowed
@@ -144,7 +147,7 @@ RETIRED = {
 other metric missing from the run is), so that a baseline recorded before the change still compares; the metric
 that took its place is "not in baseline" until the baseline is re-recorded."""
 THRESHOLDS = {
-    "ddqn_kernel_us": "median:+10%",
+    "ddqn_kernel_us": "median:+20%",
     "epoch_overhead_s": "median:+25%",
     "evaluate_s": "median:+25%",
     "checkpoint_s": "median:+25%",

@@ -104,13 +104,16 @@ def test_the_host_step_time_is_reported_not_compared():
 
 def test_the_ddqn_kernel_time_has_room_for_its_overlap():
     """ddqn_kernel_us grows as its kernels share the SMs with the online chain: +5.8% at an overlap ratio of 0.85
-    against the baseline's 0.24 on the H200, every baseline repeat equal (MAD 0). Its own threshold, +10%, passes
-    that and FAILs a slower DDQN forward; other kernel times keep +5%."""
-    assert default_threshold("ddqn_kernel_us") == "median:+10%" and default_threshold("gpu_kernel_us") == "median:+5%"
+    against the baseline's 0.24 on the H200, every baseline repeat equal (MAD 0); +11.0% on a clean tree on the
+    H100 (the baseline's repeats 10.7-12.4 us). Its own threshold, +20%, passes both and FAILs a slower DDQN
+    forward; other kernel times keep +5%."""
+    assert default_threshold("ddqn_kernel_us") == "median:+20%" and default_threshold("gpu_kernel_us") == "median:+5%"
     base = Baseline("x", {"ddqn_kernel_us": [10.3] * 5, "gpu_kernel_us": [10.3] * 5})
     df = compare({"ddqn_kernel_us": [10.9], "gpu_kernel_us": [10.9]}, base)
     assert (verdict(df, "ddqn_kernel_us"), verdict(df, "gpu_kernel_us")) == ("PASS", "FAIL")
-    assert verdict(compare({"ddqn_kernel_us": [11.5]}, base), "ddqn_kernel_us") == "FAIL"
+    h100 = Baseline("x", {"ddqn_kernel_us": [12.416, 11.105, 11.055, 10.719, 10.881]})
+    assert verdict(compare({"ddqn_kernel_us": [12.272]}, h100), "ddqn_kernel_us") == "PASS"
+    assert verdict(compare({"ddqn_kernel_us": [12.5]}, base), "ddqn_kernel_us") == "FAIL"
 
 
 def test_higher_is_better_metrics_fail_on_a_drop():
