@@ -31,9 +31,13 @@ from hotloop.kernels.acting import ActingNet, cartpole_dynamics, greedy_actions,
 
 EVAL_BLOCK_N = 64
 """Envs per program: 64 rows, the row tile of kernels/heads.py's forward (4 warps, one warpgroup's MMA)."""
-_BLOCK_R, _BLOCK_K, _HEADS_BLOCK_K, _WARPS = 64, 32, 16, 4
-"""Output-row and reduction tiles of the hidden layers (kernels/linear.py's forward reduces 32 columns a step), the
-heads' reduction tile (kernels/heads.py's _BLOCK_K), warps per program."""
+_BLOCK_R, _BLOCK_K, _HEADS_BLOCK_K, _WARPS = 128, 128, 64, 4
+"""Output-row and reduction tiles of the hidden layers, the heads' reduction tile, warps per program. A program's
+time step is a chain of dependent (load, round, dot) iterations, each about one memory round trip: at 64 x 32 tiles
+(kernels/linear.py's 32 columns a step, kernels/heads.py's 16) the cartpole-fast net (trunk 256-256, heads 64) took
+60 of them per step, ~208 us per step on an H100 (104 ms per 500-step evaluation at 1eb98a9, 2026-12-06,
+results/h200/whole_run/README.md), where these tiles take 10. The sums are the same: a dot over 128 columns
+accumulates its 8-column MMA steps in the order that chained dots over 32 or 16 do."""
 
 
 @triton.jit

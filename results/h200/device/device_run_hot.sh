@@ -48,6 +48,8 @@
 #                steps to a mean return of 475 from epochs.csv, and each process's wall time
 #       wholerun cartpole-fast cold, warm kernel cache, and warm with a bytecode cache too; seed-scale 5 epochs: the
 #                run timelines (issue 37)
+#       evalfast cartpole-fast twice (cold, then warm kernel cache): the evaluation's time per epoch (evaluate_s) and the
+#                run's summary lines (the fused greedy evaluation's tiles, issue 37 item 2)
 #       startup  where a run's start-up goes here: .pyc files of torch/matplotlib, import times, -X importtime
 #       seedkill kill -9 during a seed-scale background checkpoint write, then --resume: every epoch once (issue 37)
 #       seed3    hotloop train --preset seed-scale --epochs 3: the per-epoch wall time (learner steps/s) only
@@ -282,6 +284,13 @@ print(g.sort_values('median', ascending=False).to_string())" /tmp/r/abgate_$n/tr
       echo "seed-scale 5 epochs rc=$?"; grep -E "^(hotloop: (run|  the rest|  in the|checkpoints)|epoch [0-9]+:)" /tmp/r/seed5.log
       cp /tmp/r/seed5/timeline.csv /tmp/r/timeline_seed5.csv; cp /tmp/r/seed5/epochs.csv /tmp/r/epochs_seed5.csv
       python3 -c "import pandas as pd; d=pd.read_csv('/tmp/r/epochs_seed5.csv'); c=['epoch','wall_s','warmup_s','evaluate_s','table_s','checkpoint_s','checkpoint_write_s','epoch_total_s']; d['outside_pct']=100*(d.epoch_total_s-d.wall_s)/d.epoch_total_s; print(d[c+['outside_pct']].to_string(index=False))" ;;
+    evalfast)
+      for i in cold warm; do
+        timeout 150 $HL train --preset cartpole-fast --seed 1 --no-progress --out /tmp/r/ef_$i > /tmp/r/ef_$i.log 2>&1
+        echo "cartpole-fast $i rc=$?"; grep -E "^hotloop: (run|  the rest)" /tmp/r/ef_$i.log
+        python3 -c "import pandas as pd; d=pd.read_csv('/tmp/r/ef_$i/epochs.csv'); print('evaluate_s median', round(d.evaluate_s.median()*1e3, 2), 'ms, max', round(d.evaluate_s.max()*1e3, 2), 'ms; eval_return', d.eval_return.tolist()[-4:])"
+        cp /tmp/r/ef_$i/epochs.csv /tmp/r/epochs_ef_$i.csv
+      done ;;
     seedkill)
       # issue 37: kill -9 during a background checkpoint write at seed scale, then --resume: each epoch once
       R=/tmp/r/ssk; rm -rf $R
