@@ -31,13 +31,18 @@ from hotloop.kernels.acting import ActingNet, cartpole_dynamics, greedy_actions,
 
 EVAL_BLOCK_N = 64
 """Envs per program: 64 rows, the row tile of kernels/heads.py's forward (4 warps, one warpgroup's MMA)."""
-_BLOCK_R, _BLOCK_K, _HEADS_BLOCK_K, _WARPS = 128, 128, 64, 4
-"""Output-row and reduction tiles of the hidden layers, the heads' reduction tile, warps per program. A program's
-time step is a chain of dependent (load, round, dot) iterations, each about one memory round trip: at 64 x 32 tiles
-(kernels/linear.py's 32 columns a step, kernels/heads.py's 16) the cartpole-fast net (trunk 256-256, heads 64) took
-60 of them per step, ~208 us per step on an H100 (104 ms per 500-step evaluation at 1eb98a9, 2026-12-06,
-results/h200/whole_run/README.md), where these tiles take 10. The sums are the same: a dot over 128 columns
-accumulates its 8-column MMA steps in the order that chained dots over 32 or 16 do."""
+EVAL_TILES = (64, 32, 16)
+"""(BLOCK_R, BLOCK_K, HEADS_BLOCK_K): the hidden layers' output-row and reduction tiles (kernels/linear.py's forward
+reduces 32 columns a step) and the heads' reduction tile (kernels/heads.py's _BLOCK_K). A program's time step is a
+chain of dependent (load, round, dot) iterations, each about one memory round trip: at these tiles the cartpole-fast
+net (trunk 256-256, heads 64) takes 60 per step, ~208 us per step on an H100 (104 ms per 500-step evaluation at
+1eb98a9, 2026-12-06, results/h200/whole_run/fused_eval_first/), slower than the captured graph's 46 ms there; at
+WIDE_TILES 10 (not measured yet: results/lab/eval_paths_bench.py times both beside the graph)."""
+WIDE_TILES = (128, 128, 64)
+"""The candidate tiles: 10 dependent iterations per step at cartpole-fast. The sums are the same as EVAL_TILES' on a
+GPU: a dot over 128 columns accumulates its 8-column MMA steps in the order that chained dots over 32 or 16 do."""
+_WARPS = 4
+"""Warps per program (one warpgroup's MMA)."""
 
 
 @triton.jit
@@ -128,6 +133,7 @@ def greedy_eval(
     total: torch.Tensor,
     scratch: torch.Tensor,
     block_n: int = EVAL_BLOCK_N,
+    tiles: tuple[int, int, int] = EVAL_TILES,
 ) -> torch.Tensor:
     """Each of N CartPole envs' first-episode return under the flat net's greedy policy, in one launch
     (`_greedy_eval_kernel`, max(2, ceil(N / block_n)) programs; module docstring).
@@ -142,9 +148,11 @@ def greedy_eval(
             that ended its episode; `steps` for one still running).
         scratch: (2, N, net.max_width) float32 workspace (overwritten).
         block_n: envs per program, a power of two >= 16.
+        tiles: (BLOCK_R, BLOCK_K, HEADS_BLOCK_K), each a power of two >= 16 (EVAL_TILES, WIDE_TILES).
     All tensors on one device: CUDA, or the CPU under TRITON_INTERPRET=1. Returns total; no host read.
     Raises ValueError (naming the argument) for a wrong dtype, shape, device or contiguity, a net that is not
-    CartPole's (4 inputs, one branch of 2 actions), steps not an int >= 0 or a bad block_n; nothing is launched then.
+    CartPole's (4 inputs, one branch of 2 actions), steps not an int >= 0 or a bad block_n or tiles; nothing is
+    launched then.
     """
     check_tensor("weights", weights, dtype=torch.float32, shape=(net.numel,))
     dev = weights.device
@@ -158,8 +166,11 @@ def greedy_eval(
     check_tensor("scratch", scratch, dtype=torch.float32, shape=(2, n, net.max_width), device=dev)
     if isinstance(steps, bool) or not isinstance(steps, int) or not 0 <= steps < 2**31:
         raise ValueError(f"steps must be an int in [0, 2**31), got {steps!r}")
-    if isinstance(block_n, bool) or not isinstance(block_n, int) or block_n < 16 or block_n & (block_n - 1):
+    if not _pow2_at_least_16(block_n):
         raise ValueError(f"block_n must be a power of two >= 16, got {block_n!r}")
+    if not isinstance(tiles, tuple) or len(tiles) != 3 or not all(_pow2_at_least_16(t) for t in tiles):
+        raise ValueError(f"tiles must be three powers of two >= 16 (BLOCK_R, BLOCK_K, HEADS_BLOCK_K), got {tiles!r}")
+    block_r, block_k, heads_block_k = tiles
     _greedy_eval_kernel[(max(2, triton.cdiv(n, block_n)),)](
         weights,
         net.table,
@@ -177,9 +188,9 @@ def greedy_eval(
         D=1,
         A=2,
         BLOCK_N=block_n,
-        BLOCK_R=_BLOCK_R,
-        BLOCK_K=_BLOCK_K,
-        HEADS_BLOCK_K=_HEADS_BLOCK_K,
+        BLOCK_R=block_r,
+        BLOCK_K=block_k,
+        HEADS_BLOCK_K=heads_block_k,
         BLOCK_J=16,
         BLOCK_D=1,
         ROUND=rounds_tf32_operands(),
@@ -187,3 +198,7 @@ def greedy_eval(
         num_warps=_WARPS,
     )
     return total
+
+
+def _pow2_at_least_16(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 16 and not v & (v - 1)

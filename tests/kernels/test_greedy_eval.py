@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from hotloop.kernels.acting import ActingNet
-from hotloop.kernels.greedy_eval import EVAL_BLOCK_N, greedy_eval
+from hotloop.kernels.greedy_eval import EVAL_BLOCK_N, EVAL_TILES, WIDE_TILES, greedy_eval
 from hotloop.trainer.config import preset
 from hotloop.trainer.envs import CartPoleVec
 from hotloop.trainer.envs.cartpole import THETA_THRESHOLD, X_THRESHOLD
@@ -72,12 +72,14 @@ def _clear_of_ties(env: CartPoleVec, learner, seed: int, steps: int) -> torch.Te
     return clear
 
 
-def _run(learner, env: CartPoleVec, seed: int, steps: int, block_n: int = EVAL_BLOCK_N) -> torch.Tensor:
+def _run(
+    learner, env: CartPoleVec, seed: int, steps: int, block_n: int = EVAL_BLOCK_N, tiles=EVAL_TILES
+) -> torch.Tensor:
     n = env.num_envs
     net = ActingNet.from_layout(learner.layout, env.device)
     total = torch.full((n,), float("nan"), dtype=torch.float64, device=env.device)
     scratch = torch.full((2, n, net.max_width), float("nan"), device=env.device)
-    return greedy_eval(net, learner.params, env.reset(seed=seed).clone(), steps, total, scratch, block_n)
+    return greedy_eval(net, learner.params, env.reset(seed=seed).clone(), steps, total, scratch, block_n, tiles)
 
 
 @pytest.mark.parametrize("num_envs,limit,block_n", [(70, 25, 64), (64, 20, 64), (5, 25, 16), (40, 25, 16)])
@@ -94,6 +96,22 @@ def test_the_fused_evaluation_equals_the_reference_on_random_weights(num_envs, l
         assert torch.equal(got[clear], want[clear]), (got.tolist(), want.tolist())
     else:
         assert torch.equal(got, want), (got.tolist(), want.tolist())
+
+
+WIDE_NET = dict(trunk_hidden=(80, 72), head_hidden=40)
+"""Layers wider than every tile of EVAL_TILES and narrower than WIDE_TILES': each tiling splits them otherwise."""
+
+
+@pytest.mark.parametrize("tiles", [EVAL_TILES, WIDE_TILES, (16, 64, 32)])
+def test_every_tiling_equals_the_reference(tiles):
+    # K = 80 and 72 span 3 and 1 column tiles of 32 and 128, rows 80 span 2 and 1 row tiles; the heads' K = 40
+    learner = _learner(6, scale=10.0, **WIDE_NET)  # seed 6: 21 of 40 episodes reach the limit
+    env = CartPoleVec(40, device=DEVICE, seed=5, max_episode_steps=25)
+    got = _run(learner, env, 3, 25, 16, tiles)
+    want = evaluate_reference(env, learner.greedy, 3)
+    clear = _clear_of_ties(env, learner, 3, 25) if DEVICE == "cpu" else torch.ones_like(want, dtype=torch.bool)
+    assert bool(want.min() < 25) and bool(want.max() == 25), "want episodes that end early and at the limit"
+    assert int(clear.sum()) >= 35 and torch.equal(got[clear], want[clear]), (got.tolist(), want.tolist())
 
 
 def test_the_operands_are_rounded_as_the_learners_forward_rounds_them(hardware_tf32):
@@ -146,11 +164,14 @@ def _args(learner, n: int = 8):
         ("steps", lambda a: 2.5, "steps"),
         ("block_n", lambda a: 48, "block_n"),
         ("block_n", lambda a: 8, "block_n"),
+        ("tiles", lambda a: (64, 32), "tiles"),
+        ("tiles", lambda a: (64, 48, 16), "tiles"),
+        ("tiles", lambda a: [64, 32, 16], "tiles"),
     ],
 )
 def test_bad_inputs_are_refused_by_name_before_any_launch(name, bad, match):
     args = _args(_learner(4))
-    args[name] = bad(args)
+    args[name] = bad(args)  # tiles: not in _args, the default's place taken
     before = args["total"].clone()
     with pytest.raises(ValueError, match=match):
         greedy_eval(**args)
@@ -173,5 +194,18 @@ def test_the_fused_evaluation_equals_the_reference_bit_for_bit_on_the_gpu(scale)
     env = CartPoleVec(300, device="cuda", seed=5)
     for seed in (3, 11):
         got = _run(learner, env, seed, 500).clone()
+        want = evaluate_reference(env, learner.greedy, seed)
+        assert torch.equal(got, want), (seed, int((got != want).sum()), (got - want).abs().max().item())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tiles", [EVAL_TILES, WIDE_TILES])
+def test_both_tilings_equal_the_reference_bit_for_bit_at_cartpole_fast_width_on_the_gpu(tiles):
+    # the cartpole-fast net (trunk 256-256, heads 64): 60 dependent iterations per step at EVAL_TILES, 10 at WIDE_TILES
+    fast = preset("cartpole-fast")
+    learner = _learner(4, "cuda", 3.0, trunk_hidden=fast.trunk_hidden, head_hidden=fast.head_hidden)
+    env = CartPoleVec(300, device="cuda", seed=5)
+    for seed in (3, 11):
+        got = _run(learner, env, seed, 500, tiles=tiles).clone()
         want = evaluate_reference(env, learner.greedy, seed)
         assert torch.equal(got, want), (seed, int((got != want).sum()), (got - want).abs().max().item())

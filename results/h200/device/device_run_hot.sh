@@ -49,7 +49,8 @@
 #       wholerun cartpole-fast cold, warm kernel cache, and warm with a bytecode cache too; seed-scale 5 epochs: the
 #                run timelines (issue 37)
 #       evalfast cartpole-fast twice (cold, then warm kernel cache): the evaluation's time per epoch (evaluate_s) and the
-#                run's summary lines (the fused greedy evaluation's tiles, issue 37 item 2)
+#                run's summary lines; then python -m lab.eval_paths_bench on the warm run's best policy: the captured
+#                graph and the fused kernel at each tiling side by side (issue 37 item 2)
 #       startup  where a run's start-up goes here: .pyc files of torch/matplotlib, import times, -X importtime
 #       seedkill kill -9 during a seed-scale background checkpoint write, then --resume: every epoch once (issue 37)
 #       seed3    hotloop train --preset seed-scale --epochs 3: the per-epoch wall time (learner steps/s) only
@@ -290,7 +291,9 @@ print(g.sort_values('median', ascending=False).to_string())" /tmp/r/abgate_$n/tr
         echo "cartpole-fast $i rc=$?"; grep -E "^hotloop: (run|  the rest)" /tmp/r/ef_$i.log
         python3 -c "import pandas as pd; d=pd.read_csv('/tmp/r/ef_$i/epochs.csv'); print('evaluate_s median', round(d.evaluate_s.median()*1e3, 2), 'ms, max', round(d.evaluate_s.max()*1e3, 2), 'ms; eval_return', d.eval_return.tolist()[-4:])"
         cp /tmp/r/ef_$i/epochs.csv /tmp/r/epochs_ef_$i.csv
-      done ;;
+      done
+      PYTHONPATH=$LABPATH timeout 150 python3 -m lab.eval_paths_bench /tmp/r/ef_warm --csv /tmp/r/eval_paths.csv \
+        2>&1 | tee /tmp/r/eval_paths.log ;;
     seedkill)
       # issue 37: kill -9 during a background checkpoint write at seed scale, then --resume: each epoch once
       R=/tmp/r/ssk; rm -rf $R
