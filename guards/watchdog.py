@@ -12,8 +12,8 @@ reports why (message on the stream, traceback in `error_log` or on the stream) a
 `disarm` raise RuntimeError when the thread is not running. `watched` records, per period, whether the thread was
 alive from its `arm` to its `disarm`: a period is "watched" only then (the gate's "epoch 1 without hang" reads it).
 With `hang_record`, an expiry first writes a small JSON file there ({"exit_code", "period", "limit_s",
-"last_phase", "pid", "time": the expiry's Unix time}): a data-parallel gate's launcher reads it per rank, since torchrun reports only the ranks it saw
-fail first (hotloop.guards.data_parallel).
+"last_phase", "pid", "time": the expiry's Unix time}): a data-parallel gate's launcher reads it per rank, since
+torchrun reports only the ranks it saw fail first (hotloop.guards.data_parallel).
 """
 
 from __future__ import annotations
