@@ -237,7 +237,10 @@ def _rank_rows(outcome: RankOutcome, cpu: bool) -> pd.DataFrame | None:
             "measured",
             RANK_READS,
             str(int(t.loc[worst, "step"])) if n else "",
-            f"host reads in {int((reads > 0).sum())} of {len(t)} steps, {int(reads.sum())} in all" if n else "",
+            f"host reads in {int((reads > 0).sum())} of {len(t)} steps, {int(reads.sum())} in all; step "
+            f"{int(t.loc[worst, 'step'])}: in {t.loc[worst, 'read_in']}"
+            if n
+            else "",
         ]
     return rows
 

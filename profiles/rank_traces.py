@@ -136,22 +136,23 @@ def _allowed_read(names: list[str]) -> bool:
 
 def step_collectives(events: pd.DataFrame, step_range: str = "step") -> pd.DataFrame:
     """Per step of a guarded window's trace (`events`: hotloop.profiles.trace_schema's frame, e.g. read_kineto of the
-    gate's trace.json.gz; steps = the `step_range` ranges in time order, numbered from 0), one row: step, step_us
-    (the range's wall time), wait_us (the time inside the backend's collective spans, BACKEND_SPAN, clipped to the
-    step: time this rank waited for the others or moved data), busy_us (step_us - wait_us: the rank's own work),
-    collectives (int: the collective calls of the step, every kind), allreduce (int: of them all-reduces), other
-    (str: the other kinds, "broadcast x1, barrier x2"; "" when none) and host_reads (int: HOST_READ_OP events in
-    the step outside CPU_READ_ALLOWANCE's ranges).
+        gate's trace.json.gz; steps = the `step_range` ranges in time order, numbered from 0), one row: step, step_us
+        (the range's wall time), wait_us (the time inside the backend's collective spans, BACKEND_SPAN, clipped to the
+        step: time this rank waited for the others or moved data), busy_us (step_us - wait_us: the rank's own work),
+        collectives (int: the collective calls of the step, every kind), allreduce (int: of them all-reduces), other
+        (str: the other kinds, "broadcast x1, barrier x2"; "" when none) and host_reads (int: HOST_READ_OP events in
+        the step outside CPU_READ_ALLOWANCE's ranges) with read_in (str: the innermost range around each of them,
+    "step x1": a read in the loop body outside every phase range; "" when none).
 
-    A collective is counted once per call: per kind, the larger of its CPU-side ops in the step (COLLECTIVE_OP, on
-    any thread, started inside the step range) and its NCCL kernels launched from the step (NCCL_KERNEL, placed
-    by their launch's correlation id), so an eager NCCL call (one op, one kernel) counts 1, and so does one
-    replayed in a CUDA graph (no op, one kernel). Columns in this order; an empty frame when there is no step
-    range. ValueError when events lacks a schema column."""
+        A collective is counted once per call: per kind, the larger of its CPU-side ops in the step (COLLECTIVE_OP, on
+        any thread, started inside the step range) and its NCCL kernels launched from the step (NCCL_KERNEL, placed
+        by their launch's correlation id), so an eager NCCL call (one op, one kernel) counts 1, and so does one
+        replayed in a CUDA graph (no op, one kernel). Columns in this order; an empty frame when there is no step
+        range. ValueError when events lacks a schema column."""
     need = {"name", "kind", "start_us", "dur_us", "correlation", "tid"}
     if not need <= set(events.columns):
         raise ValueError(f"step_collectives: events lack {sorted(need - set(events.columns))}")
-    cols = ["step", "step_us", "wait_us", "busy_us", "collectives", "allreduce", "other", "host_reads"]
+    cols = ["step", "step_us", "wait_us", "busy_us", "collectives", "allreduce", "other", "host_reads", "read_in"]
     steps = events[events["name"].eq(step_range) & events["kind"].astype(str).eq("user_annotation")]
     steps = steps.sort_values("start_us")
     if steps.empty:
@@ -182,13 +183,14 @@ def step_collectives(events: pd.DataFrame, step_range: str = "step") -> pd.DataF
         wait = float(sum(min(e, end) - max(b, start) for b, e in zip(s["start_us"], s["start_us"] + s["dur_us"])))
         wait = min(wait, float(dur))
         r = reads[(reads["start_us"] >= start) & (reads["start_us"] < end) & reads["tid"].eq(tid)]
-        unexpected = 0
+        unexpected, where = 0, []
         for t0 in r["start_us"]:
             around = ranges[
                 (ranges["start_us"] <= t0) & (ranges["start_us"] + ranges["dur_us"] >= t0) & ranges["tid"].eq(tid)
             ]
             if not _allowed_read(list(around["name"].astype(str))):
                 unexpected += 1
+                where.append(str(around.sort_values("dur_us")["name"].iloc[0]) if len(around) else "?")
         rows.append(
             dict(
                 step=i,
@@ -199,6 +201,7 @@ def step_collectives(events: pd.DataFrame, step_range: str = "step") -> pd.DataF
                 allreduce=int(counts.get("allreduce", 0)),
                 other=", ".join(f"{k} x{n}" for k, n in counts.items() if k != "allreduce"),
                 host_reads=unexpected,
+                read_in=", ".join(f"{n} x{where.count(n)}" for n in dict.fromkeys(where)),
             )
         )
     return pd.DataFrame(rows, columns=cols)
