@@ -48,7 +48,8 @@ FAULTS: dict[str, Fault] = {
         Fault(
             "extra_collective",
             "one_all_reduce_per_step",
-            "rank 1 all-reduces a one-element tensor (a logged metric) over a group of its own after every learner step",
+            "rank 1 all-reduces a one-element tensor (a logged metric) over a group of its own after every "
+            "learner step",
             False,
             one_rank=True,
         ),

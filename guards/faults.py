@@ -52,10 +52,10 @@ def check_request(
     or the process group's size; None: not checked) >= RANK_FAULT_RANK + 1.
 
     When given (the CLI passes both, so that a request `inject` would refuse fails before any training):
-    `device` (the run's resolved device): every fault needs a CUDA device (the faults are GPU regressions; a CPU
-    run has no trace criteria to fail); `learner` ("hotloop" or "reference", the run's resolved learner kind): a
-    learner fault (FAULTS[name].hot_only) needs the hotloop learner. `spectral_norm` (the run's cfg.spectral_norm):
-    sn_split needs it on (without it the step launches no spectral norm to split)."""
+    `device` (the run's resolved device): every fault but the one-rank ones needs a CUDA device (they are GPU
+    regressions; a CPU run has no trace criteria to fail); `learner` ("hotloop" or "reference", the run's resolved
+    learner kind): a learner fault (FAULTS[name].hot_only) needs the hotloop learner. `spectral_norm` (the run's
+    cfg.spectral_norm): sn_split needs it on (without it the step launches no spectral norm to split)."""
     if name is not None and name not in FAULTS:
         raise ValueError(f"--inject: unknown fault {name!r}; choose one of {sorted(FAULTS)}")
     if name is not None and update_baseline:
@@ -90,8 +90,9 @@ def inject(trainer, name: str) -> Fault:
     """Inject fault `name` into `trainer` (a hotloop.trainer.loop.Trainer on CUDA) before its guarded steps; returns it.
 
     Raises ValueError for an unknown name (listing the valid ones), a learner fault with the reference learner,
-    sn_split with spectral norm off, or a trainer not on CUDA (the faults are GPU regressions: a CPU run has no
-    trace criteria to fail).
+    sn_split with spectral norm off, or a trainer not on CUDA for a fault other than a one-rank one (those are GPU
+    regressions: a CPU run has no trace criteria to fail); a one-rank fault: ValueError without a process group of
+    at least 2 ranks (`_inject_one_rank`).
     """
     check_request(name, spectral_norm=trainer.cfg.spectral_norm)
     fault = FAULTS[name]

@@ -352,9 +352,10 @@ def check_gate_args(args: argparse.Namespace, cfg: Config, world_size: int = 1) 
     with the baseline resolved: --no-baseline -> none; an explicit --baseline must have been measured with `cfg`'s
     step on this GPU (hotloop.guards.gate.baseline_mismatch); the default one (guards/baseline_files/<gpu>.json)
     is dropped with a note on stderr when it was not; --inject needs a CUDA device (and, for a learner fault, the
-    hotloop learner; a one-rank fault, `world_size` >= 2: the ranks of --nproc); --update-baseline needs a baseline path that can be written (`check_writable`) and whose
-    file, if there is one, is a baseline outside any live run's folder
-    (hotloop.guards.baselines.check_baseline_target). ValueError (naming the option) before any training."""
+    hotloop learner; a one-rank fault runs on any device and needs `world_size` >= 2: the ranks of --nproc);
+    --update-baseline needs a baseline path that can be written (`check_writable`) and whose file, if there is
+    one, is a baseline outside any live run's folder (hotloop.guards.baselines.check_baseline_target). ValueError
+    (naming the option) before any training."""
     from hotloop.guards.baselines import check_baseline_target, load_baseline
     from hotloop.guards.faults import check_request
     from hotloop.guards.gate import GateOptions, baseline_mismatch, default_baseline
