@@ -337,9 +337,10 @@ def _worst(cells: dict, passing: list[int]) -> int | None:
 def ranks_report(run_dir: Path, nproc: int, cpu: bool) -> tuple[str, int]:
     """The launcher's verdict on a data-parallel gate in `run_dir` after torchrun returned: (text, exit code).
 
-    Reads every rank's outcome (`read_rank`). A hang on any rank: the text lists each rank's exit and why, exit 3
-    (hotloop.guards.watchdog.HANG_EXIT_CODE). A rank with exit 2 (bad input) or a rank that ended with another code
-    or without a record: exit 2 or 70, naming it. Otherwise the per-rank table, the criteria table judged on the
+    Reads every rank's outcome (`read_rank`); the text lists each rank's exit and why, then, in this order: a rank
+    that ended on an error (exit 2: bad input, else 70, naming it: the ranks waiting for it in a collective hang or
+    are killed by torchrun, so its error is the cause); a hang on any rank: exit 3
+    (hotloop.guards.watchdog.HANG_EXIT_CODE); a rank with no record (killed, or died without a word): 70. Otherwise the per-rank table, the criteria table judged on the
     worst rank and the straggler row (`judge_ranks`), exit 1 when a criterion FAILs on any rank or the straggler
     row FAILs, else 0."""
     from hotloop.guards.watchdog import HANG_EXIT_CODE
@@ -351,6 +352,11 @@ def ranks_report(run_dir: Path, nproc: int, cpu: bool) -> tuple[str, int]:
         for o in outcomes
     )
     head = f"\n== hotloop gate --nproc {nproc}: the ranks ({run_dir}; rank R > 0 in rank<R>/)"
+    errors = [o for o in outcomes if o.hang is None and o.exit_code is not None and o.exit_code not in (0, 1)]
+    if errors:  # first: the ranks left waiting for a failed one hang or are killed, the root cause is its error
+        code = 2 if all(o.exit_code == 2 for o in errors) else 70
+        names = ", ".join(f"rank {o.rank}" for o in errors)
+        return f"{head}\n{exits}\nERROR on {names}: no verdict (each rank's error.log is in its folder)", code
     hung = [o.rank for o in outcomes if o.hang is not None]
     if hung:
         every = len(hung) == nproc
@@ -359,11 +365,10 @@ def ranks_report(run_dir: Path, nproc: int, cpu: bool) -> tuple[str, int]:
             f"each rank's hang watchdog stopped it (exit {HANG_EXIT_CODE})",
             HANG_EXIT_CODE,
         )
-    bad = [o for o in outcomes if o.exit_code not in (0, 1)]
-    if bad:
-        code = 2 if all(o.exit_code == 2 for o in bad) else 70
-        names = ", ".join(f"rank {o.rank}" for o in bad)
-        return f"{head}\n{exits}\nERROR on {names}: no verdict (each rank's error.log is in its folder)", code
+    missing = [o for o in outcomes if o.exit_code is None]
+    if missing:
+        names = ", ".join(f"rank {o.rank}" for o in missing)
+        return f"{head}\n{exits}\nERROR on {names}: no verdict (each rank's error.log is in its folder)", 70
     table, criteria, straggler = judge_ranks(outcomes, cpu)
     shown = criteria[criteria["verdict"].ne("-")] if len(criteria) else criteria
     lines = [

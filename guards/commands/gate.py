@@ -296,7 +296,9 @@ def execute_ranks(plan: RunPlan[RankGate]) -> int:
     (hotloop.guards.gate.run_gate; its hang watchdog writes HANG_RECORD), its collectives per step
     (write_rank_collectives), its exit record (RANK_EXIT; 70 on an exception, which propagates), then it leaves the
     process group under a watchdog of --epoch-timeout (hotloop.trainer.distributed.teardown; a rank that cannot
-    leave ends with exit 3 and a hang record)."""
+    leave ends with exit 3 and a hang record). teardown's barrier comes after the record: no rank exits before every
+    rank has recorded its verdict, so torchrun stopping the others once one exits (with 1, a failed criterion)
+    cannot lose one."""
     from hotloop.guards.data_parallel import launch, ranks_report, write_rank_collectives, write_rank_exit
     from hotloop.guards.gate import TRACE_FILE, run_gate
     from hotloop.guards.watchdog import HangWatchdog

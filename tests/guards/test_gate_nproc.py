@@ -254,6 +254,12 @@ def test_the_launchers_report_exits_3_on_a_hang_and_70_without_a_record(tmp_path
     (tmp_path / RANK_EXIT).write_text(json.dumps({"rank": 0, "exit_code": 0, "why": ""}))
     text, code = ranks_report(tmp_path, 2, cpu=True)
     assert code == 70 and "rank 1: exit ? (no exit record" in text and "ERROR on rank 1" in text
+    # a rank that failed is the cause, though the rank left waiting for it in a collective then hung
+    (tmp_path / "rank1" / RANK_EXIT).write_text(json.dumps({"rank": 1, "exit_code": 70, "why": "RuntimeError()"}))
+    (tmp_path / RANK_EXIT).unlink()
+    (tmp_path / HANG_RECORD).write_text(json.dumps({"exit_code": 3, "period": "epoch 1", "limit_s": 5.0}))
+    text, code = ranks_report(tmp_path, 2, cpu=True)
+    assert code == 70 and "ERROR on rank 1:" in text and "rank 0: exit 3 (hang: epoch 1" in text
 
 
 def test_the_watchdog_writes_its_hang_record_before_it_ends_the_process(tmp_path):
