@@ -110,7 +110,8 @@ spans: its own work; median over the window's steps) exceeds this many times the
 straggler row. Why 1.5: the ranks run the same step on equal shards, so their busy times differ by noise only; a
 rank 50% slower makes every other rank wait a third of its step in the all-reduce, every step (synchronous data
 parallel runs at the slowest rank's pace), which is a regression whatever its cause; below it, noise on a shared
-host (2 CPU ranks measured on one host, tests/guards/test_gate_nproc.py) stays reported only."""
+host stays reported only (2 CPU ranks on a 2-core host, 5 gates: the worst rank 1.00-1.07 x the median).
+Calibrated on the CPU only."""
 RANK_READS = "host reads of the trace (CPU rank)"
 """The source of a CPU rank's `no_stream_sync` row: its host reads per step (hotloop.profiles.rank_traces.HOST_READ_OP
 outside CPU_READ_ALLOWANCE): on a CUDA tensor each such read is a stream sync; the CPU has no device to sync with,
