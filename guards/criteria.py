@@ -42,21 +42,23 @@ REPORT = "report"
 AGGREGATES = ("worst step", "all steps", "median over steps")
 """How a row's per-step values become its measured value: the worst step (for phases "every": the worst of the
 steps and the window's "outside steps" bucket), a yes/no over all steps, the median over the undamaged steps."""
-COUNT, PRECISION, OVERLAP, LOOP_CENSUS, WATCHDOG, PYTEST = (
+COUNT, PRECISION, OVERLAP, LOOP_CENSUS, WATCHDOG, PYTEST, RANKS = (
     "window count",
     "precision probe",
     "overlap median",
     "loop sync census",
     "hang watchdog",
     "pytest",
+    "rank collectives",
 )
-JUDGES = (COUNT, PRECISION, OVERLAP, LOOP_CENSUS, WATCHDOG, PYTEST)
+JUDGES = (COUNT, PRECISION, OVERLAP, LOOP_CENSUS, WATCHDOG, PYTEST, RANKS)
 """The functions that judge a row (`Criterion.judge`): COUNT, the guarded window's worst step of its trace column and
 hook column (hotloop.guards.guard.evaluate); PRECISION, the float64 precision probe of the step's GEMMs
 (hotloop.guards.gate.judge_precision; the window's kernel names as evidence only); OVERLAP, the median DDQN overlap
 ratio over the undamaged steps (hotloop.guards.guard); LOOP_CENSUS, the sync census of the epochs' loop
 (hotloop.guards.gate.judge_loop_syncs); WATCHDOG, the hang watchdog of epoch 1 (hotloop.guards.gate.judge_hang);
-PYTEST, `pytest -m smoke` (not run by the gate)."""
+PYTEST, `pytest -m smoke` (not run by the gate); RANKS, the collectives per step of every rank's guarded window in
+`hotloop gate --nproc N` (hotloop.guards.data_parallel.judge_ranks; not measured in a one-process gate)."""
 _ID = re.compile(r"^[a-z][a-z0-9_]*$")
 SCOPE_TEXT = {
     "every": "`every` phase + outside steps",
@@ -303,6 +305,27 @@ CRITERIA: tuple[Criterion, ...] = (
         'xN) and the iterations they ran in with their period ("every 300 iterations (iterations 300, '
         '600, 900 of epochs 2-3)")',
         measured_by="hotloop.guards.loop_syncs.LoopSyncCensus over the gate's epochs",
+    ),
+    Criterion(
+        "one_all_reduce_per_step",
+        "one all-reduce per learner step",
+        None,
+        "==",
+        1,
+        "data-parallel ranks average the gradient with ONE all-reduce of the flat buffer per learner step; a "
+        "missing one lets the ranks diverge, and any other collective makes every rank wait for the slowest, "
+        "every step",
+        phases=(),
+        judge=RANKS,
+        sees="`hotloop gate --nproc N` (N > 1) only: each rank's guarded-window trace "
+        "(`hotloop.profiles.rank_traces.step_collectives`): the CPU-side collective ops (`c10d::allreduce_`, "
+        "`c10d::broadcast_`, `c10d::barrier`, `_c10d_functional::*`, ...) and the NCCL kernels launched from "
+        "the step (`ncclDevKernel_*`: a collective replayed in a CUDA graph), per kind, the larger of the two; "
+        "judged on the worst step of the worst rank: exactly 1 all-reduce and no other kind (the measured value "
+        "is that step's collectives); not seen: collectives outside the step ranges, a backend called below "
+        "c10d",
+        evidence="the ranks that fail, each with its worst step's all-reduces and other collectives (kind xN)",
+        measured_by="hotloop gate --nproc N: every rank's guarded window (one process: not measured)",
     ),
     Criterion(
         "no_hang",

@@ -13,11 +13,14 @@ trace_rank<R>.json.gz into its folder (`rank_trace_hook`; `hotloop inspect RUN_D
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
+import pandas as pd
 import torch
 
 from hotloop.profiles.rank_traces import rank_trace_name, write_rank_trace
@@ -35,9 +38,9 @@ def check_nproc(nproc: object, device: torch.device) -> int:
     return nproc
 
 
-def torchrun_command(nproc: int, train_args: list[str]) -> list[str]:
-    """The torchrun command line that runs `hotloop train <train_args>` on `nproc` ranks of this host (standalone
-    rendezvous on a free port; only rank 0's console output shown)."""
+def torchrun_command(nproc: int, train_args: list[str], command: str = "train") -> list[str]:
+    """The torchrun command line that runs `hotloop <command> <train_args>` (command "train" or "gate") on `nproc`
+    ranks of this host (standalone rendezvous on a free port; only rank 0's console output shown)."""
     return [
         sys.executable,
         "-m",
@@ -47,15 +50,15 @@ def torchrun_command(nproc: int, train_args: list[str]) -> list[str]:
         "--local-ranks-filter=0",
         "-m",
         "hotloop.guards.cli",
-        "train",
+        command,
         *train_args,
     ]
 
 
-def launch(nproc: int, train_args: list[str]) -> int:
-    """Run `torchrun_command(nproc, train_args)` and return its exit code (0 when every rank ended with 0; torchrun
-    gives 1 when a rank failed, after naming it)."""
-    return subprocess.run(torchrun_command(nproc, train_args), check=False).returncode
+def launch(nproc: int, train_args: list[str], command: str = "train") -> int:
+    """Run `torchrun_command(nproc, train_args, command)` and return its exit code (0 when every rank ended with 0;
+    torchrun gives 1 when a rank failed, after naming it)."""
+    return subprocess.run(torchrun_command(nproc, train_args, command), check=False).returncode
 
 
 def join(device: torch.device) -> tuple[torch.device, RankInfo]:
@@ -89,3 +92,310 @@ def rank_trace_hook(folder: Path, steps: int, info: RankInfo) -> Callable[[Train
         return write_rank_trace(prof, folder / rank_trace_name(info.rank), info.rank, info.world_size, info.backend)
 
     return hook
+
+
+# ------------------------------------------------------------------------------------ hotloop gate --nproc N
+
+HANG_RECORD = "hang.json"
+"""In each rank's folder: the hang watchdog's record when it stopped that rank (hotloop.guards.watchdog,
+hang_record): torchrun names only the ranks it saw fail before it stopped the others, so the launcher reads these."""
+RANK_EXIT = "rank_exit.json"
+"""In each rank's folder: {"rank", "exit_code", "why"}, written by the rank as it ends without a hang."""
+COLLECTIVES = "collectives"
+"""In each rank's folder: collectives.csv/.md, the collectives, wait and busy time and host reads per step of its
+guarded window (hotloop.profiles.rank_traces.step_collectives of its trace.json.gz)."""
+STRAGGLER_LIMIT = 1.5
+"""A rank whose busy time per step (its step's wall time minus the time it spent inside the backend's collective
+spans: its own work; median over the window's steps) exceeds this many times the median over the ranks FAILs the
+straggler row. Why 1.5: the ranks run the same step on equal shards, so their busy times differ by noise only; a
+rank 50% slower makes every other rank wait a third of its step in the all-reduce, every step (synchronous data
+parallel runs at the slowest rank's pace), which is a regression whatever its cause; below it, noise on a shared
+host stays reported only (2 CPU ranks on a 2-core host, 5 gates: the worst rank 1.00-1.07 x the median).
+Calibrated on the CPU only."""
+RANK_READS = "host reads of the trace (CPU rank)"
+"""The source of a CPU rank's `no_stream_sync` row: its host reads per step (hotloop.profiles.rank_traces.HOST_READ_OP
+outside CPU_READ_ALLOWANCE): on a CUDA tensor each such read is a stream sync; the CPU has no device to sync with,
+so the rows the one-process gate leaves "not applicable" are judged on the reads themselves."""
+
+
+def write_rank_exit(folder: Path, rank: int, code: int, why: str = "") -> None:
+    """Write RANK_EXIT into `folder`: this rank ends with exit `code` (`why`: a line on a code other than 0 and 1)."""
+    (Path(folder) / RANK_EXIT).write_text(json.dumps({"rank": rank, "exit_code": code, "why": why}) + "\n")
+
+
+def write_rank_collectives(folder: Path, trace: Path) -> pd.DataFrame:
+    """Read a rank's guarded-window trace (its gate's trace.json.gz), count its collectives per step
+    (hotloop.profiles.rank_traces.step_collectives) and write them as COLLECTIVES .csv/.md into `folder`; returns
+    the table."""
+    from hotloop.profiles.epoch_table import write_table
+    from hotloop.profiles.kineto_reader import read_kineto
+    from hotloop.profiles.rank_traces import step_collectives
+
+    table = step_collectives(read_kineto(trace, kinds=("cpu_op", "user_annotation", "kernel", "runtime", "driver")))
+    write_table(table, Path(folder), COLLECTIVES)
+    return table
+
+
+@dataclass
+class RankOutcome:
+    """What one rank of a data-parallel gate left in its folder: `exit_code` (None: no record: it was killed, by
+    torchrun after another rank failed, or died without a word), `why`, `hang` (its HANG_RECORD, or None),
+    `verdicts` (its criteria.csv, or None) and `collectives` (its COLLECTIVES table, or None)."""
+
+    rank: int
+    folder: Path
+    exit_code: int | None
+    why: str
+    hang: dict | None
+    verdicts: pd.DataFrame | None
+    collectives: pd.DataFrame | None
+
+
+def read_rank(run_dir: Path, rank: int) -> RankOutcome:
+    """The RankOutcome of rank `rank` of the data-parallel gate in `run_dir` (its folder: `rank_folder`). A hang
+    record wins over an exit record (the watchdog ends the process with HANG_EXIT_CODE)."""
+    folder = rank_folder(Path(run_dir), rank)
+
+    def load(name: str) -> dict | None:
+        try:
+            return json.loads((folder / name).read_text())
+        except (OSError, ValueError):
+            return None
+
+    def table(name: str) -> pd.DataFrame | None:
+        try:
+            return pd.read_csv(folder / name, keep_default_na=False)
+        except (OSError, ValueError):
+            return None
+
+    hang, done = load(HANG_RECORD), load(RANK_EXIT)
+    code = int(hang["exit_code"]) if hang else int(done["exit_code"]) if done else None
+    why = (
+        f"hang: {hang.get('period')} did not finish within {hang.get('limit_s'):g} s, last phase "
+        f"{hang.get('last_phase')}"
+        if hang
+        else (done or {}).get("why", "")
+        if done
+        else "no exit record: killed (torchrun stops the other ranks when one fails) or died without a word"
+    )
+    return RankOutcome(rank, folder, code, why, hang, table("criteria.csv"), table(f"{COLLECTIVES}.csv"))
+
+
+def _step_verdict(row: pd.Series) -> bool:
+    """Whether one step of a COLLECTIVES table holds exactly one all-reduce and nothing else."""
+    return int(row["allreduce"]) == 1 and int(row["collectives"]) == 1
+
+
+def collective_row(table: pd.DataFrame | None) -> dict:
+    """A rank's `one_all_reduce_per_step` cells from its COLLECTIVES table: measured (the collectives of its worst
+    step: the first step that is not exactly one all-reduce, else 1), verdict, status, worst_step and evidence."""
+    if table is None or table.empty:
+        return dict(measured="", verdict="-", status="not measured (no guarded window)", worst_step="", evidence="")
+    bad = table[~table.apply(_step_verdict, axis=1)]
+    if bad.empty:
+        return dict(
+            measured=1,
+            verdict="PASS",
+            status="measured",
+            worst_step="",
+            evidence=f"{len(table)} steps, each 1 all-reduce",
+        )
+    worst = bad.iloc[0]
+    other = str(worst["other"]) or "none"
+    return dict(
+        measured=int(worst["collectives"]),
+        verdict="FAIL",
+        status="measured",
+        worst_step=str(int(worst["step"])),
+        evidence=f"{len(bad)} of {len(table)} steps; step {int(worst['step'])}: allreduce x{int(worst['allreduce'])}, "
+        f"other: {other}",
+    )
+
+
+def _rank_rows(outcome: RankOutcome, cpu: bool) -> pd.DataFrame | None:
+    """The rank's criteria rows (id, criterion, limit, measured, verdict, status, source, worst_step, evidence): its
+    gate's, with `one_all_reduce_per_step` from its collectives and, on a CPU rank, `no_stream_sync` from its host
+    reads (RANK_READS)."""
+    from hotloop.guards.criteria import RANKS, judged_by
+
+    if outcome.verdicts is None:
+        return None
+    cols = ["id", "criterion", "limit", "measured", "verdict", "status", "source", "worst_step", "evidence"]
+    rows = outcome.verdicts.reindex(columns=cols).fillna("").astype(object)
+    for c in judged_by(RANKS):
+        cells = collective_row(outcome.collectives)
+        rows.loc[rows["id"].eq(c.id), list(cells) + ["source"]] = [*cells.values(), "trace"]
+    t = outcome.collectives
+    if cpu and t is not None and not t.empty:
+        reads = t["host_reads"].astype(int)
+        worst = int(reads.idxmax())
+        n = int(reads.max())
+        rows.loc[
+            rows["id"].eq("no_stream_sync"), ["measured", "verdict", "status", "source", "worst_step", "evidence"]
+        ] = [
+            n,
+            "PASS" if n == 0 else "FAIL",
+            "measured",
+            RANK_READS,
+            str(int(t.loc[worst, "step"])) if n else "",
+            f"host reads in {int((reads > 0).sum())} of {len(t)} steps, {int(reads.sum())} in all; step "
+            f"{int(t.loc[worst, 'step'])}: in {t.loc[worst, 'read_in']}"
+            if n
+            else "",
+        ]
+    return rows
+
+
+def judge_ranks(outcomes: list[RankOutcome], cpu: bool) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+    """Judge a data-parallel gate's ranks: (per-rank table, criteria table, straggler).
+
+    Per-rank table, one row per rank: rank, exit, steps (guarded), step_ms, busy_ms, wait_ms (medians over its
+    steps: the step's wall time, the rank's own work, its time in the backend's collective spans), busy_vs_median
+    (busy_ms / the median of the ranks' busy_ms), allreduce (per step, "min-max"), other (its other collectives),
+    host_reads (its worst step's), failed (the ids of its failing rows).
+    Criteria table, one row per criterion: id, limit, rank<R> ("measured verdict") per rank, worst_rank, measured
+    (the worst rank's), verdict (FAIL when any rank FAILs, naming them in `ranks_failing`; PASS when every rank
+    that measured it passed; "-" when none measured it), ranks_failing, evidence (the failing ranks' evidence).
+    Straggler: {"busy_ms": {rank: ms}, "median_ms", "worst_rank", "ratio", "limit" (STRAGGLER_LIMIT), "verdict"
+    (FAIL above the limit, PASS, or "-" when fewer than 2 ranks measured)}."""
+    per_rank, rows = [], {}
+    for o in outcomes:
+        t = o.collectives
+        has = t is not None and not t.empty
+        ranked = _rank_rows(o, cpu)
+        if ranked is not None:
+            rows[o.rank] = ranked
+        per_rank.append(
+            dict(
+                rank=o.rank,
+                exit="" if o.exit_code is None else o.exit_code,
+                steps=len(t) if has else 0,
+                step_ms=float(t["step_us"].median()) / 1e3 if has else float("nan"),
+                busy_ms=float(t["busy_us"].median()) / 1e3 if has else float("nan"),
+                wait_ms=float(t["wait_us"].median()) / 1e3 if has else float("nan"),
+                allreduce=f"{int(t['allreduce'].min())}-{int(t['allreduce'].max())}" if has else "",
+                other=", ".join(sorted({x for x in t["other"].astype(str) if x})) if has else "",
+                host_reads=int(t["host_reads"].max()) if has else "",
+                failed=" ".join(ranked.loc[ranked["verdict"].eq("FAIL"), "id"]) if ranked is not None else "",
+            )
+        )
+    table = pd.DataFrame(per_rank)
+    busy = table.set_index("rank")["busy_ms"].dropna()
+    median = float(busy.median()) if len(busy) else float("nan")
+    table.insert(6, "busy_vs_median", table["busy_ms"] / median if median > 0 else float("nan"))
+    straggler: dict = {"busy_ms": busy.round(3).to_dict(), "median_ms": median, "limit": STRAGGLER_LIMIT}
+    if len(busy) >= 2 and median > 0:
+        worst = int(busy.idxmax())
+        ratio = float(busy.max() / median)
+        straggler |= {"worst_rank": worst, "ratio": ratio, "verdict": "FAIL" if ratio > STRAGGLER_LIMIT else "PASS"}
+    else:
+        straggler |= {"worst_rank": None, "ratio": float("nan"), "verdict": "-"}
+    criteria = []
+    if rows:
+        ids = next(iter(rows.values()))[["id", "limit"]]
+        for cid, limit in zip(ids["id"], ids["limit"]):
+            cells = {r: t[t["id"].eq(cid)].iloc[0] for r, t in rows.items() if t["id"].eq(cid).any()}
+            failing = [r for r, c in cells.items() if c["verdict"] == "FAIL"]
+            passing = [r for r, c in cells.items() if c["verdict"] == "PASS"]
+            worst = failing[0] if failing else _worst(cells, passing)
+            verdict = "FAIL" if failing else "PASS" if passing else "-"
+            criteria.append(
+                dict(
+                    id=cid,
+                    limit=limit,
+                    **{f"rank{r}": _cell(c) for r, c in cells.items()},
+                    worst_rank="" if worst is None else worst,
+                    measured="" if worst is None else cells[worst]["measured"],
+                    verdict=verdict,
+                    ranks_failing=" ".join(f"rank {r}" for r in failing),
+                    evidence="; ".join(f"rank {r}: {cells[r]['evidence']}" for r in failing),
+                )
+            )
+    return table, pd.DataFrame(criteria), straggler
+
+
+def _cell(row: pd.Series) -> str:
+    """A rank's cell of the criteria table: "measured verdict", or its status when it has no verdict."""
+    if row["verdict"] in ("PASS", "FAIL"):
+        return f"{row['measured']} {row['verdict']}".strip()
+    return "-"
+
+
+def _worst(cells: dict, passing: list[int]) -> int | None:
+    """Of the passing ranks, the one with the largest numeric measured value (the first when none is numeric)."""
+    if not passing:
+        return None
+
+    def key(r: int) -> float:
+        try:
+            return float(cells[r]["measured"])
+        except (TypeError, ValueError):
+            return float("-inf")
+
+    return max(passing, key=key)
+
+
+def ranks_report(run_dir: Path, nproc: int, cpu: bool) -> tuple[str, int]:
+    """The launcher's verdict on a data-parallel gate in `run_dir` after torchrun returned: (text, exit code).
+
+    Reads every rank's outcome (`read_rank`); the text lists each rank's exit and why, then, in this order: a rank
+    that ended on an error (exit 2: bad input, else 70, naming it: the ranks waiting for it in a collective hang or
+    are killed by torchrun, so its error is the cause); a hang on any rank: exit 3
+    (hotloop.guards.watchdog.HANG_EXIT_CODE); a rank with no record (killed, or died without a word): 70. Otherwise the per-rank table, the criteria table judged on the
+    worst rank and the straggler row (`judge_ranks`), exit 1 when a criterion FAILs on any rank or the straggler
+    row FAILs, else 0."""
+    from hotloop.guards.watchdog import HANG_EXIT_CODE
+    from hotloop.profiles.epoch_table import format_table
+
+    outcomes = [read_rank(run_dir, r) for r in range(nproc)]
+    exits = "\n".join(
+        f"  rank {o.rank}: exit {'?' if o.exit_code is None else o.exit_code}" + (f" ({o.why})" if o.why else "")
+        for o in outcomes
+    )
+    head = f"\n== hotloop gate --nproc {nproc}: the ranks ({run_dir}; rank R > 0 in rank<R>/)"
+    errors = [o for o in outcomes if o.hang is None and o.exit_code is not None and o.exit_code not in (0, 1)]
+    if errors:  # first: the ranks left waiting for a failed one hang or are killed, the root cause is its error
+        code = 2 if all(o.exit_code == 2 for o in errors) else 70
+        names = ", ".join(f"rank {o.rank}" for o in errors)
+        return f"{head}\n{exits}\nERROR on {names}: no verdict (each rank's error.log is in its folder)", code
+    hung = [o.rank for o in outcomes if o.hang is not None]
+    if hung:
+        every = len(hung) == nproc
+        return (
+            f"{head}\n{exits}\nHANG on {'every rank' if every else 'rank(s) ' + ', '.join(map(str, hung))}: "
+            f"each rank's hang watchdog stopped it (exit {HANG_EXIT_CODE})",
+            HANG_EXIT_CODE,
+        )
+    missing = [o for o in outcomes if o.exit_code is None]
+    if missing:
+        names = ", ".join(f"rank {o.rank}" for o in missing)
+        return f"{head}\n{exits}\nERROR on {names}: no verdict (each rank's error.log is in its folder)", 70
+    table, criteria, straggler = judge_ranks(outcomes, cpu)
+    shown = criteria[criteria["verdict"].ne("-")] if len(criteria) else criteria
+    lines = [
+        head,
+        "Per-rank table (medians over the guarded steps; busy = step - time in the backend's collectives)",
+        format_table(table),
+        "",
+        f"Criteria judged on the worst rank ({len(criteria) - len(shown)} rows measured on no rank left out: "
+        "each rank's criteria.csv has them)",
+        format_table(shown.drop(columns="evidence")) if len(shown) else "(none measured)",
+    ]
+    ratio = straggler["ratio"]
+    busy = ", ".join(f"rank {r} {ms:.2f} ms" for r, ms in straggler["busy_ms"].items())
+    lines.append(
+        f"\nstraggler: busy time per step {busy}; median {straggler['median_ms']:.2f} ms; worst rank "
+        f"{straggler['worst_rank']} at {ratio:.2f} x the median (limit {STRAGGLER_LIMIT:g} x): {straggler['verdict']}"
+    )
+    failed = criteria[criteria["verdict"].eq("FAIL")] if len(criteria) else criteria
+    for _, row in failed.iterrows():
+        lines.append(f"FAIL {row['id']} on {row['ranks_failing']}: {row['evidence']}")
+    if straggler["verdict"] == "FAIL":
+        lines.append(
+            f"FAIL straggler on rank {straggler['worst_rank']}: busy {ratio:.2f} x the median of the ranks (limit "
+            f"{STRAGGLER_LIMIT:g} x)"
+        )
+    code = 1 if len(failed) or straggler["verdict"] == "FAIL" else 0
+    if code == 0:
+        lines.append(f"PASS on every rank ({nproc} ranks)")
+    return "\n".join(lines), code

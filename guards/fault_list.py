@@ -14,12 +14,15 @@ from hotloop.guards.criteria import criterion
 @dataclass(frozen=True)
 class Fault:
     """One injectable regression: its name, the id of the criterion that must FAIL (hotloop.guards.criteria), what
-    it does, and whether it changes the hotloop learner (hot_only). Raises ValueError for an unknown criterion id."""
+    it does, whether it changes the hotloop learner (hot_only), and whether it acts on one rank of a data-parallel
+    gate (`one_rank`: on rank RANK_FAULT_RANK only; `hotloop gate --nproc N`, N >= 2, on any device). Raises
+    ValueError for an unknown criterion id."""
 
     name: str
     criterion: str
     what: str
     hot_only: bool
+    one_rank: bool = False
 
     def __post_init__(self) -> None:
         criterion(self.criterion)  # ValueError naming an unknown id
@@ -42,9 +45,35 @@ FAULTS: dict[str, Fault] = {
         ),
         Fault("fwd_fp32", "tf32_forward_only", "the online forward's GEMMs in IEEE FP32 (cuBLAS, TF32 off)", True),
         Fault("bwd_tf32", "tf32_forward_only", "the backward's input-gradient GEMMs in TF32 (cuBLAS)", True),
+        Fault(
+            "extra_collective",
+            "one_all_reduce_per_step",
+            "rank 1 all-reduces a one-element tensor (a logged metric) over a group of its own after every "
+            "learner step",
+            False,
+            one_rank=True,
+        ),
+        Fault(
+            "rank_sync",
+            "no_stream_sync",
+            "rank 1 reads a value of its step to the host (.item()) after every learner step",
+            False,
+            one_rank=True,
+        ),
+        Fault(
+            "rank_hang",
+            "no_hang",
+            "rank 1 blocks forever inside its next learner step (the other ranks then wait in the all-reduce)",
+            False,
+            one_rank=True,
+        ),
     )
 }
 """Fault name -> Fault, in the order `hotloop gate --help` lists them."""
+RANK_FAULT_RANK = 1
+"""The rank a one-rank fault (Fault.one_rank) acts on; the other ranks run the loop as it is."""
+ONE_PROCESS_FAULTS = tuple(name for name, f in FAULTS.items() if not f.one_rank)
+"""The faults a one-process gate can take (every fault but the one-rank ones)."""
 
 
 def inject_help() -> str:

@@ -8,6 +8,12 @@ the step's math; it changes only what the criteria watch (a host read, a copy, a
 stream). Two kinds:
 - wrappers (item, event_sync, device_sync, pageable_copy, d2d_copy, grid1): the original step, then one extra
   operation;
+- one-rank faults (extra_collective, rank_sync, rank_hang; `hotloop gate --nproc N`, N >= 2, any device): on rank
+  hotloop.guards.fault_list.RANK_FAULT_RANK only, the learner step followed by an all-reduce of a one-element
+  tensor over a group holding that rank alone (every rank creates the group: dist.new_group is collective), by a
+  host read (`.item()`) of the step's metrics (or of the parameters' sum), or blocked forever on a
+  threading.Event inside the step (`rank_hang`: the other ranks then block in the gradient all-reduce; the hang
+  watchdog ends every rank with exit 3);
 - learner changes (sn_split, ddqn_serial, fwd_fp32, bwd_tf32; hotloop learner only): a launch function of the
   HotLearner is swapped (its `linear_forward`, `linear_backward_input`, `spectral_norm` attributes) or its second
   stream dropped, and the CUDA graph is dropped so the next step re-captures it. fwd_fp32 / bwd_tf32 put cuBLAS
@@ -19,11 +25,12 @@ Source of the idea: mutation testing of a guard (mutmut / cosmic-ray; TorchRL's 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 import torch
 
-from hotloop.guards.fault_list import FAULTS, Fault
+from hotloop.guards.fault_list import FAULTS, RANK_FAULT_RANK, Fault
 from hotloop.guards.probes.bench_variants import tf32_matmuls
 from hotloop.kernels.linear import linear_forward
 from hotloop.kernels.spectral_norm import SpectralNormTable, spectral_norm_
@@ -37,20 +44,30 @@ def check_request(
     device: torch.device | str | None = None,
     learner: str | None = None,
     spectral_norm: bool | None = None,
+    world_size: int | None = None,
 ) -> None:
     """Raise ValueError for a fault `name` that is not in FAULTS, or any fault with update_baseline (a faulty run
     must never become a baseline). None (no fault) passes.
+    A one-rank fault (FAULTS[name].one_rank) runs on any device, and needs `world_size` (the gate's ranks: --nproc,
+    or the process group's size; None: not checked) >= RANK_FAULT_RANK + 1.
 
     When given (the CLI passes both, so that a request `inject` would refuse fails before any training):
-    `device` (the run's resolved device): every fault needs a CUDA device (the faults are GPU regressions; a CPU
-    run has no trace criteria to fail); `learner` ("hotloop" or "reference", the run's resolved learner kind): a
-    learner fault (FAULTS[name].hot_only) needs the hotloop learner. `spectral_norm` (the run's cfg.spectral_norm):
-    sn_split needs it on (without it the step launches no spectral norm to split)."""
+    `device` (the run's resolved device): every fault but the one-rank ones needs a CUDA device (they are GPU
+    regressions; a CPU run has no trace criteria to fail); `learner` ("hotloop" or "reference", the run's resolved
+    learner kind): a learner fault (FAULTS[name].hot_only) needs the hotloop learner. `spectral_norm` (the run's
+    cfg.spectral_norm): sn_split needs it on (without it the step launches no spectral norm to split)."""
     if name is not None and name not in FAULTS:
         raise ValueError(f"--inject: unknown fault {name!r}; choose one of {sorted(FAULTS)}")
     if name is not None and update_baseline:
         raise ValueError("--inject cannot be combined with --update-baseline (a faulty run is no baseline)")
     if name is None:
+        return
+    if FAULTS[name].one_rank:
+        if world_size is not None and world_size <= RANK_FAULT_RANK:
+            raise ValueError(
+                f"--inject {name}: the fault acts on rank {RANK_FAULT_RANK} of a data-parallel gate: pass --nproc N "
+                f"with N >= {RANK_FAULT_RANK + 1} (this gate has {world_size} process{'es' * (world_size != 1)})"
+            )
         return
     if device is not None and torch.device(device).type != "cuda":
         raise ValueError(
@@ -73,11 +90,14 @@ def inject(trainer, name: str) -> Fault:
     """Inject fault `name` into `trainer` (a hotloop.trainer.loop.Trainer on CUDA) before its guarded steps; returns it.
 
     Raises ValueError for an unknown name (listing the valid ones), a learner fault with the reference learner,
-    sn_split with spectral norm off, or a trainer not on CUDA (the faults are GPU regressions: a CPU run has no
-    trace criteria to fail).
+    sn_split with spectral norm off, or a trainer not on CUDA for a fault other than a one-rank one (those are GPU
+    regressions: a CPU run has no trace criteria to fail); a one-rank fault: ValueError without a process group of
+    at least 2 ranks (`_inject_one_rank`).
     """
     check_request(name, spectral_norm=trainer.cfg.spectral_norm)
     fault = FAULTS[name]
+    if fault.one_rank:
+        return _inject_one_rank(trainer, fault)
     hot = trainer.learner_kind == "hotloop"
     if fault.hot_only and not hot:
         raise ValueError(
@@ -98,6 +118,36 @@ def inject(trainer, name: str) -> Fault:
         return out
 
     setattr(trainer, attr, faulty_step)
+    return fault
+
+
+def _inject_one_rank(trainer, fault: Fault) -> Fault:
+    """Inject the one-rank `fault` into `trainer` (module docstring): its learner step (`Trainer.learner_step`, the
+    loop's) on rank RANK_FAULT_RANK gets the extra operation after it (extra_collective, rank_sync) or blocks forever
+    inside it (rank_hang); the other ranks only take part in creating extra_collective's group. Every rank must call
+    it (dist.new_group). ValueError without a process group of more than RANK_FAULT_RANK ranks."""
+    import torch.distributed as dist
+
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    check_request(fault.name, world_size=world)
+    group = dist.new_group([RANK_FAULT_RANK]) if fault.name == "extra_collective" else None
+    if dist.get_rank() != RANK_FAULT_RANK:
+        return fault
+    step = trainer.learner_step
+    one = torch.zeros(1, device=trainer.device)
+
+    def faulty_step():
+        if fault.name == "rank_hang":
+            threading.Event().wait()  # never set: blocks forever, the GIL released (as a blocked collective does)
+        out = step()
+        if fault.name == "extra_collective":
+            one.copy_(out[0] if out is not None else one)  # the step's loss, "averaged for the log"
+            dist.all_reduce(one, group=group)
+        else:  # rank_sync
+            (out.sum() if out is not None else trainer.learner.params.sum()).item()
+        return out
+
+    trainer.learner_step = faulty_step
     return fault
 
 

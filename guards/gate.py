@@ -66,6 +66,7 @@ from hotloop.profiles.provenance import device_name
 from hotloop.trainer import loop as loop_module
 from hotloop.trainer.config import ENV_SHAPE_FIELDS, Config, env_shape_fields
 from hotloop.trainer.device_choice import learner_kind, resolve_device
+from hotloop.trainer.distributed import rank_info
 from hotloop.trainer.loop import STEP_RANGE, Trainer, learner_phases, loop_periods
 from hotloop.trainer.step import PHASE_RULES
 
@@ -232,7 +233,10 @@ class GateOptions:
     with the censuses that many times each (`census_overhead`; it moves the window later by 3 x (1 + pairs) x K
     iterations) and print the overhead per iteration.
     `inject`: a hotloop.guards.faults fault name, injected after the epochs and before the guarded steps (mutation
-    test of the gate: it must then FAIL that fault's criterion); never together with update_baseline."""
+    test of the gate: it must then FAIL that fault's criterion); never together with update_baseline (a one-rank
+    fault, hotloop.guards.fault_list.Fault.one_rank, needs the ranks of `hotloop gate --nproc N`).
+    `hang_record`: where the hang watchdog writes its JSON record if it stops the process (a rank of `hotloop gate
+    --nproc N`: its folder's hotloop.guards.data_parallel.HANG_RECORD; None: none)."""
 
     epoch_limit_s: float
     show_progress: bool = True
@@ -245,6 +249,7 @@ class GateOptions:
     loop_census: bool = True
     structure_census: bool = True
     census_overhead_pairs: int = 0
+    hang_record: Path | None = None
 
 
 def run_gate(cfg: Config, run_dir: Path, options: GateOptions) -> int:
@@ -264,7 +269,14 @@ def run_gate(cfg: Config, run_dir: Path, options: GateOptions) -> int:
     started = time.perf_counter()
     device = resolve_device(cfg.device)
     kind = learner_kind(cfg, device)
-    check_request(options.inject, options.update_baseline, device=device, learner=kind, spectral_norm=cfg.spectral_norm)
+    check_request(
+        options.inject,
+        options.update_baseline,
+        device=device,
+        learner=kind,
+        spectral_norm=cfg.spectral_norm,
+        world_size=rank_info().world_size,
+    )
     k, _, why_k = window_size(cfg, kind, options.guard_steps)
 
     overhead: dict = {}
@@ -295,6 +307,7 @@ def run_gate(cfg: Config, run_dir: Path, options: GateOptions) -> int:
         after_epochs=guard,
         loop_census=group,
         watched=watched,
+        hang_record=options.hang_record,
     )
     report = reports[0]
     verdicts = report.verdicts.copy()

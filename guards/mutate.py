@@ -95,7 +95,7 @@ from pathlib import Path
 import pandas as pd
 
 from hotloop.guards.baselines import EPOCH_PREFIX, EPOCH_THROUGHPUT, KERNEL_TIME, KERNEL_US_PREFIX, is_count
-from hotloop.guards.criteria import CRITERIA, PYTEST, WATCHDOG, id_of, judged_by
+from hotloop.guards.criteria import CRITERIA, PYTEST, RANKS, WATCHDOG, id_of, judged_by
 from hotloop.guards.criteria import label as criterion_label
 from hotloop.guards.watchdog import HANG_EXIT_CODE
 
@@ -105,6 +105,10 @@ HANG = "hang"
 GATE_CRITERIA = tuple(c.id for c in CRITERIA if c.judge != PYTEST and c.comparison in _LIMITS)
 """The ids of the criteria rows the gate judges: those with a limit (a reported row never FAILs; the smoke suite is
 `pytest -m smoke`, not the gate)."""
+RANK_CRITERIA = tuple(c.id for c in judged_by(RANKS))
+"""The ids of the rows only `hotloop gate --nproc N` measures (not measured in the one-process gate a mutant runs):
+their mutation tests are the one-rank faults of hotloop.guards.fault_list (`--inject extra_collective`, run by
+tests/guards/test_gate_nproc.py), not a ci/mutants/ patch."""
 HANG_IDS = tuple(c.id for c in judged_by(WATCHDOG))
 """The ids of the watchdog's rows ("epoch 1 without hang"): a mutant naming one expects HANG."""
 EXPECTABLE = (*GATE_CRITERIA, EPOCH_THROUGHPUT, KERNEL_TIME, HANG)

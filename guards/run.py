@@ -49,6 +49,7 @@ def run_training(
     loop_census: LoopSyncCensus | None = None,
     watched: dict[str, bool] | None = None,
     timeline: RunTimeline | None = None,
+    hang_record: Path | None = None,
 ) -> tuple[pd.DataFrame, object]:
     """Train `cfg.epochs` epochs; each epoch must finish within `epoch_limit_s` seconds (the setup within
     max(epoch_limit_s, SETUP_LIMIT_S)) or the process exits 3 with every thread's stack. If the watchdog's thread
@@ -96,6 +97,8 @@ def run_training(
     watchdog (armed as "after epochs", `epoch_limit_s` long): the gate guards steady-state steps there.
     loop_census: a hotloop.guards.loop_syncs.LoopSyncCensus that watches each epoch's loop, from the epoch's start
     to its "readback" phase (`begin(epoch)` / `end()`); the gate reads it after the run.
+    hang_record: where the hang watchdog writes its JSON record when it stops the process (HangWatchdog's
+    hang_record; None: no record).
     watched: a dict filled, when the run ends normally, with HangWatchdog.watched: {period label ("epoch 1",
     "checkpoint 1", "after epochs", ...): True when the watchdog's thread was alive from its start to its end}.
     Raises ValueError for an epoch_limit_s outside (0, hotloop.guards.watchdog.MAX_LIMIT_S], before anything is
@@ -122,6 +125,7 @@ def run_training(
             loop_census,
             watched,
             timeline if timeline is not None else _started_timeline(),
+            hang_record,
         )
 
 
@@ -161,6 +165,7 @@ def _run_locked(
     census: LoopSyncCensus | None,
     watched: dict[str, bool] | None,
     tl: RunTimeline,
+    hang_record: Path | None = None,
 ) -> tuple[pd.DataFrame, object]:
     """run_training's work, with run_dir's lock held."""
     if isinstance(resume, ResumePoint):
@@ -194,7 +199,7 @@ def _run_locked(
         disable=not show_progress or not sys.stderr.isatty(),
     )
     with (
-        HangWatchdog(epoch_limit_s, error_log=run_dir / "error.log") as watchdog,
+        HangWatchdog(epoch_limit_s, error_log=run_dir / "error.log", hang_record=hang_record) as watchdog,
         progress,
         AsyncCheckpointer(
             run_dir / CHECKPOINT_FILE,

@@ -11,11 +11,15 @@ reports why (message on the stream, traceback in `error_log` or on the stream) a
 `os._exit(WATCHDOG_DIED_EXIT_CODE)` (70, hotloop's "internal error"): the run never goes on unguarded. `arm` and
 `disarm` raise RuntimeError when the thread is not running. `watched` records, per period, whether the thread was
 alive from its `arm` to its `disarm`: a period is "watched" only then (the gate's "epoch 1 without hang" reads it).
+With `hang_record`, an expiry first writes a small JSON file there ({"exit_code", "period", "limit_s",
+"last_phase", "pid", "time": the expiry's Unix time}): a data-parallel gate's launcher reads it per rank, since
+torchrun reports only the ranks it saw fail first (hotloop.guards.data_parallel).
 """
 
 from __future__ import annotations
 
 import faulthandler
+import json
 import os
 import sys
 import threading
@@ -58,6 +62,8 @@ class HangWatchdog:
         stream: where the report goes (stderr by default; must have a real file descriptor for the stack dump).
         exit_code: process exit status on expiry (3, hotloop's "hang" code).
         error_log: where the traceback goes if the watching thread fails (None: on `stream`).
+        hang_record: where an expiry writes its JSON record before the report (None: nowhere; best effort: an
+            error writing it does not keep the process from exiting).
     Attributes: watched ({period label: True when the thread was alive from the period's `arm` to its `disarm`}),
         failure (the exception the thread died of, None while it is fine).
     """
@@ -68,8 +74,10 @@ class HangWatchdog:
         stream: TextIO | None = None,
         exit_code: int = HANG_EXIT_CODE,
         error_log: str | Path | None = None,
+        hang_record: str | Path | None = None,
     ) -> None:
         self.limit_s = check_limit_s(limit_s, "HangWatchdog: limit_s")
+        self.hang_record = None if hang_record is None else Path(hang_record)
         self.stream = stream or sys.stderr
         self.exit_code = exit_code
         self.error_log = None if error_log is None else Path(error_log)
@@ -147,6 +155,23 @@ class HangWatchdog:
     def _expire(self) -> None:
         s = self.stream
         try:
+            if self.hang_record is not None:
+                try:
+                    self.hang_record.write_text(
+                        json.dumps(
+                            {
+                                "exit_code": self.exit_code,
+                                "period": self._label,
+                                "limit_s": self._period_s,
+                                "last_phase": self.last_phase,
+                                "pid": os.getpid(),
+                                "time": time.time(),
+                            }
+                        )
+                        + "\n"
+                    )
+                except OSError:
+                    pass
             s.write(
                 f"\nhotloop: HANG: {self._label} did not finish within {self._period_s:g} s; "
                 f"last phase entered: {self.last_phase}. Stacks of all threads:\n"

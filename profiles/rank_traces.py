@@ -88,3 +88,120 @@ def rank_spread(totals: Mapping[int, Mapping[str, object]]) -> pd.DataFrame:
     table["spread"] = table["max"] - table["min"]
     table["max_over_median"] = (table["max"] / median).where(median != 0)
     return table.rename_axis("count").reset_index()
+
+
+# ---------------------------------------------------------------------------------- a rank's guarded window
+
+
+COLLECTIVE_OP = re.compile(r"^(?:c10d|_c10d_functional|c10d_functional)::([A-Za-z_]+?)_?$")
+"""A collective or point-to-point call as the CPU side of a Kineto trace shows it: the dispatcher op
+`c10d::allreduce_`, `c10d::broadcast_`, `c10d::barrier`, `c10d::send`, ... (torch.distributed's functions), or a
+functional collective `_c10d_functional::all_reduce` (DTensor, torch.compile); group 1 is the op."""
+NCCL_KERNEL = re.compile(r"^nccl(?:Dev)?Kernel_([A-Za-z]+)")
+"""An NCCL kernel on the GPU timeline (`ncclDevKernel_AllReduce_Sum_f32_RING_LL`, `ncclKernel_Broadcast_...`): how a
+collective replayed inside a CUDA graph shows up, with no CPU-side c10d op in that step."""
+BACKEND_SPAN = re.compile(r"^(?:gloo|nccl):[a-z_]+$")
+"""The backend's own range of a collective (`gloo:all_reduce`, `nccl:all_reduce`): on gloo it runs on a worker thread
+from the call until every rank has taken part, so it holds the time this rank waited for the others."""
+HOST_READ_OP = "aten::_local_scalar_dense"
+"""The ATen op every host read of one tensor value goes through (`.item()`, `float(t)`, `bool(t)`, `int(t)`): on a
+CUDA tensor a copy to the host and a stream sync (hotloop.guards.sync_hooks), on a CPU tensor a read of host
+memory."""
+CPU_READ_ALLOWANCE = ("env_step", "Optimizer.step#")
+"""Ranges (exact names, or prefixes ending in '#') whose host reads a CPU rank's loop makes by design and
+`step_collectives` does not count as unexpected: the CPU env takes host actions in `env_step` (one read per env step),
+and torch.optim's Adam reads its host step counter inside `Optimizer.step#Adam.step` (one per parameter; on any
+device that counter lives on the host, so it is never a device sync)."""
+
+
+def collective_kind(name: str) -> str | None:
+    """The collective a trace event name is ("allreduce", "broadcast", "barrier", "allgather", "send", ...: lower
+    case, underscores dropped, so that `c10d::allreduce_`, `_c10d_functional::all_reduce` and
+    `ncclDevKernel_AllReduce_Sum_f32_RING_LL` all read "allreduce"); None for any other name."""
+    m = COLLECTIVE_OP.match(name) or NCCL_KERNEL.match(name)
+    if m is None:
+        return None
+    kind = m.group(1).lower().replace("_", "")
+    return kind[:-4] if kind.endswith("base") else kind  # _allgather_base_, _reduce_scatter_base_
+
+
+def _allowed_read(names: list[str]) -> bool:
+    """Whether a host read inside the ranges `names` is one of CPU_READ_ALLOWANCE's."""
+    for allowed in CPU_READ_ALLOWANCE:
+        for n in names:
+            if (allowed.endswith("#") and n.startswith(allowed)) or n == allowed:
+                return True
+    return False
+
+
+def step_collectives(events: pd.DataFrame, step_range: str = "step") -> pd.DataFrame:
+    """Per step of a guarded window's trace (`events`: hotloop.profiles.trace_schema's frame, e.g. read_kineto of the
+        gate's trace.json.gz; steps = the `step_range` ranges in time order, numbered from 0), one row: step, step_us
+        (the range's wall time), wait_us (the time inside the backend's collective spans, BACKEND_SPAN, clipped to the
+        step: time this rank waited for the others or moved data), busy_us (step_us - wait_us: the rank's own work),
+        collectives (int: the collective calls of the step, every kind), allreduce (int: of them all-reduces), other
+        (str: the other kinds, "broadcast x1, barrier x2"; "" when none) and host_reads (int: HOST_READ_OP events in
+        the step outside CPU_READ_ALLOWANCE's ranges) with read_in (str: the innermost range around each of them,
+    "step x1": a read in the loop body outside every phase range; "" when none).
+
+        A collective is counted once per call: per kind, the larger of its CPU-side ops in the step (COLLECTIVE_OP, on
+        any thread, started inside the step range) and its NCCL kernels launched from the step (NCCL_KERNEL, placed
+        by their launch's correlation id), so an eager NCCL call (one op, one kernel) counts 1, and so does one
+        replayed in a CUDA graph (no op, one kernel). Columns in this order; an empty frame when there is no step
+        range. ValueError when events lacks a schema column."""
+    need = {"name", "kind", "start_us", "dur_us", "correlation", "tid"}
+    if not need <= set(events.columns):
+        raise ValueError(f"step_collectives: events lack {sorted(need - set(events.columns))}")
+    cols = ["step", "step_us", "wait_us", "busy_us", "collectives", "allreduce", "other", "host_reads", "read_in"]
+    steps = events[events["name"].eq(step_range) & events["kind"].astype(str).eq("user_annotation")]
+    steps = steps.sort_values("start_us")
+    if steps.empty:
+        return pd.DataFrame(columns=cols)
+    names = events["name"].astype(str)
+    kinds = events["kind"].astype(str)
+    ops = events[
+        kinds.isin(["cpu_op", "user_annotation", "other"]) & names.map(lambda n: COLLECTIVE_OP.match(n) is not None)
+    ]
+    spans = events[kinds.eq("user_annotation") & names.str.match(BACKEND_SPAN.pattern)]
+    kernels = events[kinds.eq("kernel") & names.str.match(NCCL_KERNEL.pattern)]
+    launches = events[kinds.isin(["runtime", "driver"]) & events["correlation"].notna()]
+    launch_at = dict(zip(launches["correlation"].astype("int64"), launches["start_us"]))
+    kernel_at = kernels.assign(
+        at=[launch_at.get(int(c), float("nan")) if pd.notna(c) else float("nan") for c in kernels["correlation"]]
+    )
+    reads = events[names.eq(HOST_READ_OP)]
+    ranges = events[kinds.eq("user_annotation")]
+    rows = []
+    for i, (start, dur, tid) in enumerate(zip(steps["start_us"], steps["dur_us"], steps["tid"])):
+        end = start + dur
+        inside = ops[(ops["start_us"] >= start) & (ops["start_us"] < end)]
+        cpu = inside["name"].map(collective_kind).value_counts().to_dict()
+        on_gpu = kernel_at[(kernel_at["at"] >= start) & (kernel_at["at"] < end)]["name"].map(collective_kind)
+        gpu = on_gpu.value_counts().to_dict()
+        counts = {k: max(cpu.get(k, 0), gpu.get(k, 0)) for k in sorted(set(cpu) | set(gpu))}
+        s = spans[(spans["start_us"] < end) & (spans["start_us"] + spans["dur_us"] > start)]
+        wait = float(sum(min(e, end) - max(b, start) for b, e in zip(s["start_us"], s["start_us"] + s["dur_us"])))
+        wait = min(wait, float(dur))
+        r = reads[(reads["start_us"] >= start) & (reads["start_us"] < end) & reads["tid"].eq(tid)]
+        unexpected, where = 0, []
+        for t0 in r["start_us"]:
+            around = ranges[
+                (ranges["start_us"] <= t0) & (ranges["start_us"] + ranges["dur_us"] >= t0) & ranges["tid"].eq(tid)
+            ]
+            if not _allowed_read(list(around["name"].astype(str))):
+                unexpected += 1
+                where.append(str(around.sort_values("dur_us")["name"].iloc[0]) if len(around) else "?")
+        rows.append(
+            dict(
+                step=i,
+                step_us=float(dur),
+                wait_us=wait,
+                busy_us=float(dur) - wait,
+                collectives=int(sum(counts.values())),
+                allreduce=int(counts.get("allreduce", 0)),
+                other=", ".join(f"{k} x{n}" for k, n in counts.items() if k != "allreduce"),
+                host_reads=unexpected,
+                read_in=", ".join(f"{n} x{where.count(n)}" for n in dict.fromkeys(where)),
+            )
+        )
+    return pd.DataFrame(rows, columns=cols)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from hotloop.guards.fault_list import ONE_PROCESS_FAULTS
 from hotloop.guards.faults import _LEARNER_FAULTS, FAULTS, inject
 from hotloop.trainer.config import preset
 from hotloop.trainer.replay import PrioritizedReplay
@@ -94,7 +95,7 @@ def test_bad_requests_are_refused():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", [None, *FAULTS])
+@pytest.mark.parametrize("name", [None, *ONE_PROCESS_FAULTS])
 def test_each_fault_fails_its_criterion_on_the_gpu(name):
     from hotloop.guards.guard import guard_steps
     from hotloop.trainer.loop import Trainer
@@ -195,7 +196,7 @@ def test_gate_cli_refuses_a_fault_on_the_cpu_before_training(tmp_path, capsys):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", list(FAULTS))
+@pytest.mark.parametrize("name", list(ONE_PROCESS_FAULTS))
 def test_the_gate_cli_catches_each_fault_with_exit_1_not_a_crash(name, tmp_path, capsys):
     """A mutation run counts a fault as caught only when the gate exits 1 with that fault's criterion FAIL: exit 70
     (an internal error, traceback in the run folder's error.log) is a crash, never a caught fault."""
