@@ -20,7 +20,10 @@ Definitions (all times microseconds, on the trace's clock):
   idle gaps add up to its span minus the time some kernel ran (the union of the kernel intervals).
 - stream_gap_us before kernel i: start(i) - end of the previous kernel on its own stream (same device and stream)
   in the same step, not clipped; NaN for the first kernel of its stream in the step. A launch gap on a stream that
-  another stream overlaps shows here and not in idle_gap_us.
+  another stream overlaps shows here and not in idle_gap_us. In a CUDA graph replay the "stream" is the one its
+  nodes were captured on, and nodes without a dependency between them may overlap on it: a small negative value
+  there is that overlap (seen in the H200 seed-scale trace of tests/data/nsys_seed_scale/, down to -1 us), not a
+  reading error.
 - programs: grid x * y * z (Kineto `args.grid`; NA when the trace has no grid); occupancy = programs / SMs, with SMs
   a parameter (DEFAULT_SMS = 132, the H100 / H200 SXM; `sm_count()` reads the local GPU's, `sms_from_trace()` the
   count a Kineto trace records in its deviceProperties). It is programs per SM, one wave when >= 1, not the

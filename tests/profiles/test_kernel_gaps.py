@@ -366,3 +366,41 @@ def test_cli_gaps_reads_one_trace(tmp_path, rng, capsys):
     assert inspect("--csv", str(tmp_path / "x.csv"), str(a)) == 2
     assert "--csv needs --gaps" in capsys.readouterr().err
     assert DEFAULT_SMS == 132
+
+
+SEED_SCALE = Path(__file__).parents[1] / "data" / "nsys_seed_scale"
+
+
+def test_the_seed_scale_learner_step_reads_alike_from_kineto_and_nsight():
+    """The H200 recordings of one seed-scale configuration (tests/data/nsys_seed_scale/README.md): the gate's
+    Kineto trace of 20 guarded steps and the Nsight export of 100 `update` ranges give one kernel sequence of the
+    same 24 kernels (streams, programs; the tools demangle names apart, so the names are compared up to their
+    template arguments), the same 6 kernels under one wave, and per-step spans and idle times that agree."""
+    from hotloop.profiles.inspect_cmd import read_trace
+
+    kineto = kernel_gap_table(read_trace(SEED_SCALE / "kineto_trace.json.gz"), "guard_step", fallback=False)
+    nsight = kernel_gap_table(read_trace(SEED_SCALE / "report.sqlite"), "update", fallback=False)
+    assert (kineto.attrs["steps"], nsight.attrs["steps"]) == (20, 100)
+    assert kineto.attrs["sequences"] == nsight.attrs["sequences"] == 1 and len(kineto) == len(nsight) == 25
+    base = lambda t: t["name"].str.replace(r"^void ", "", regex=True).str.split("<").str[0]  # noqa: E731
+    assert base(kineto).tolist() == base(nsight).tolist()
+    for col in ("stream", "programs", "under_one_wave"):
+        assert kineto[col].fillna(-1).tolist() == nsight[col].fillna(-1).tolist(), col
+    k, n = kineto.iloc[-1], nsight.iloc[-1]
+    assert k["under_one_wave"] == 6 and k["span_us"] == pytest.approx(n["span_us"], rel=0.02)
+    assert 0 < k["idle_gap_us"] < 5 and 0 < n["idle_gap_us"] < 5  # a graph replay: ~2 us idle per ~670 us step
+    assert k["dur_us"] > k["span_us"]  # the online and Double-DQN forwards overlap on two streams
+
+
+def test_a_trace_without_grids_has_no_occupancy(tmp_path, rng):
+    steps, _ = _regular_steps(rng, 2)
+    path = _trace(tmp_path / "t.json", steps)
+    doc = json.loads(path.read_text())
+    for e in doc["traceEvents"]:
+        e.get("args", {}).pop("grid", None)
+    path.write_text(json.dumps(doc))
+    table = kernel_gap_table(read_kineto(path))
+    kernels = table[table["position"].notna()]
+    assert kernels["programs"].isna().all() and kernels["occupancy"].isna().all()
+    assert kernels["under_one_wave"].isna().all() and table.iloc[-1]["under_one_wave"] == 0
+    assert table.attrs["sequences"] == 1 and kernels["idle_gap_us"].iloc[1:].notna().all()
