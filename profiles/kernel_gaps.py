@@ -207,16 +207,20 @@ def step_kernels(
     k["programs"] = (grid["grid_x"] * grid["grid_y"] * grid["grid_z"]).astype("Int64")
     k["occupancy"] = k["programs"].astype("Float64").astype("float64") / float(sms)
     k["anomaly"] = k["step"].map(anomaly).fillna("").astype(str)
-    return k[list(KERNEL_COLUMNS)].reset_index(drop=True)
+    out = k[list(KERNEL_COLUMNS)].reset_index(drop=True)
+    out.attrs = {"sms": int(sms)}
+    return out
 
 
-def gap_table(kernels: pd.DataFrame, sms: int = DEFAULT_SMS) -> pd.DataFrame:
+def gap_table(kernels: pd.DataFrame, sms: int | None = None) -> pd.DataFrame:
     """The aggregated kernel-gap table (columns GAP_COLUMNS; module docstring) of `step_kernels`'s rows: per
-    distinct kernel sequence of the undamaged steps, one row per position and a summary row.
+    distinct kernel sequence of the undamaged steps, one row per position and a summary row. `sms`: for
+    under_one_wave; default the count `step_kernels` was given (its attrs), else DEFAULT_SMS.
 
     `attrs`: sms, steps (the steps in the table), damaged_steps (left out: {step: anomaly}), sequences.
     Raises KernelGapError when every step with kernels is damaged.
     """
+    sms = int(kernels.attrs.get("sms", DEFAULT_SMS) if sms is None else sms)
     damaged = kernels.loc[kernels["anomaly"].ne(""), ["step", "anomaly"]].drop_duplicates("step")
     clean = kernels[kernels["anomaly"].eq("")]
     if clean.empty:
@@ -250,8 +254,8 @@ def gap_table(kernels: pd.DataFrame, sms: int = DEFAULT_SMS) -> pd.DataFrame:
                 "span_us": np.nan,
             }
         )
-        per_step = rows.groupby("step")
-        span = per_step.apply(lambda s: (s["start_us"] + s["dur_us"]).max() - s["start_us"].min(), include_groups=False)
+        per_step = rows.assign(end_us=rows["start_us"] + rows["dur_us"]).groupby("step")
+        span = per_step["end_us"].max() - per_step["start_us"].min()
         summary = {
             "sequence": seq,
             "steps": len(members),
@@ -306,7 +310,7 @@ def kernel_gap_table(
 ) -> pd.DataFrame:
     """`gap_table(step_kernels(df, ...), sms)`: the kernel-gap table of trace frame `df` (arguments and errors:
     `step_kernels`, `gap_table`)."""
-    return gap_table(step_kernels(df, step_range_name, domain, sms=sms, device=device, fallback=fallback), sms=sms)
+    return gap_table(step_kernels(df, step_range_name, domain, sms=sms, device=device, fallback=fallback))
 
 
 def summary_line(table: pd.DataFrame) -> str:
