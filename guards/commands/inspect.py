@@ -13,6 +13,11 @@ a RecursionError or ValueError of a parser, ...) is that file's error. Each goes
 valid JSON document: {"files": {FILE: {"totals": ..., "steps": ...}} for the files read, plus "errors": {FILE:
 PROBLEM} when any could not be.
 
+`--gaps [--csv PATH] [--sms N] TRACE` prints the kernel-gap table of one trace instead of its counts
+(hotloop.profiles.kernel_gaps.inspect_gaps: per step position the kernel, programs / SMs, the GPU idle gap and the
+same-stream gap before it), and writes it as CSV with --csv; no kernels, no such step range, a file that cannot be
+read: its error, exit 2.
+
 Exit codes: 0 every file read; 2 any file could not be; 141 stdout was closed early (e.g. `hotloop inspect ... |
 head`): the rest of the output is dropped quietly, without a traceback, and the exit code is the one a shell
 reports for a process killed by SIGPIPE (128 + 13), as `cat` or `yes` give there, so a pipeline under
@@ -94,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
     early (then stdout is pointed at devnull, so nothing more is written and no traceback is printed).
     Module docstring: what is printed where."""
     try:
-        code = _inspect_gaps(args) if args.gaps or args.csv else _inspect_files(args)
+        code = _inspect_gaps(args) if args.gaps or args.csv or args.sms is not None else _inspect_files(args)
         sys.stdout.flush()
     except BrokenPipeError:
         stdout_to_devnull()
@@ -104,10 +109,12 @@ def run(args: argparse.Namespace) -> int:
 
 def _inspect_gaps(args: argparse.Namespace) -> int:
     """`--gaps [--csv PATH] [--sms N] TRACE`: hotloop.profiles.kernel_gaps.inspect_gaps of the one file; 2 for
-    usage errors (several files, --csv without --gaps, --sms < 1)."""
+    usage errors (several files, --csv or --sms without --gaps, --gaps with --json, --sms < 1)."""
     problem = (
-        "--csv needs --gaps"
+        "--csv and --sms need --gaps"
         if not args.gaps
+        else "--gaps prints a table (--csv PATH writes it), not --json"
+        if args.json
         else "--gaps reads one trace"
         if len(args.files) != 1
         else "--sms must be >= 1"

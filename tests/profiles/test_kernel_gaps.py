@@ -364,7 +364,13 @@ def test_cli_gaps_reads_one_trace(tmp_path, rng, capsys):
     assert inspect("--gaps", str(a), str(b)) == 2
     assert "--gaps reads one trace" in capsys.readouterr().err
     assert inspect("--csv", str(tmp_path / "x.csv"), str(a)) == 2
-    assert "--csv needs --gaps" in capsys.readouterr().err
+    assert "--csv and --sms need --gaps" in capsys.readouterr().err
+    assert inspect("--sms", "100", str(a)) == 2
+    assert "--csv and --sms need --gaps" in capsys.readouterr().err
+    assert inspect("--gaps", "--json", str(a)) == 2
+    assert "not --json" in capsys.readouterr().err
+    assert inspect("--gaps", "--sms", "0", str(a)) == 2
+    assert "--sms must be >= 1" in capsys.readouterr().err
     assert DEFAULT_SMS == 132
 
 
