@@ -74,8 +74,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     bench.add_argument(
         "--out",
         type=Path,
-        help="folder for bench.csv and bench.md (default: runs/<UTC timestamp>/ "
-        "under the working directory); refused if it already holds either",
+        help="folder for bench.csv and bench.md, and the kernel-gap tables kernel_gaps_<variant>.csv of the "
+        "iteration and hotloop rows (default: runs/<UTC timestamp>/ under the working directory); refused if it "
+        "already holds any of them",
     )
     bench.set_defaults(epochs=None)
     return bench

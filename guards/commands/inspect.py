@@ -13,6 +13,11 @@ a RecursionError or ValueError of a parser, ...) is that file's error. Each goes
 valid JSON document: {"files": {FILE: {"totals": ..., "steps": ...}} for the files read, plus "errors": {FILE:
 PROBLEM} when any could not be.
 
+`--gaps [--csv PATH] [--sms N] TRACE` prints the kernel-gap table of one trace instead of its counts
+(hotloop.profiles.kernel_gaps.inspect_gaps: per step position the kernel, programs / SMs, the GPU idle gap and the
+same-stream gap before it), and writes it as CSV with --csv; no kernels, no such step range, a file that cannot be
+read: its error, exit 2.
+
 Exit codes: 0 every file read; 2 any file could not be; 141 stdout was closed early (e.g. `hotloop inspect ... |
 head`): the rest of the output is dropped quietly, without a traceback, and the exit code is the one a shell
 reports for a process killed by SIGPIPE (128 + 13), as `cat` or `yes` give there, so a pipeline under
@@ -38,6 +43,7 @@ from hotloop.profiles.inspect_cmd import (
     step_records,
     write_json,
 )
+from hotloop.profiles.kernel_gaps import inspect_gaps
 from hotloop.profiles.rank_traces import find_rank_traces, rank_spread
 
 UNREADABLE_INPUT = 2
@@ -73,6 +79,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="name of the step ranges (record_function / NVTX); default 'step', else ProfilerStep#N",
     )
     p.add_argument("--domain", metavar="NAME", help="NVTX domain the step ranges must be in (default: any)")
+    p.add_argument(
+        "--gaps",
+        action="store_true",
+        help="instead of the counts, the kernel-gap table of ONE trace (hotloop.profiles.kernel_gaps): per step "
+        "position the kernel, its stream, programs / SMs, and the median duration, GPU idle gap and same-stream "
+        "gap before it; a summary row per kernel sequence",
+    )
+    p.add_argument("--csv", metavar="PATH", help="with --gaps: also write the table as CSV to PATH")
+    p.add_argument(
+        "--sms", type=int, metavar="N", help="with --gaps: SMs for the occupancy (default: the trace's, else 132)"
+    )
     return p
 
 
@@ -82,12 +99,32 @@ def run(args: argparse.Namespace) -> int:
     early (then stdout is pointed at devnull, so nothing more is written and no traceback is printed).
     Module docstring: what is printed where."""
     try:
-        code = _inspect_files(args)
+        code = _inspect_gaps(args) if args.gaps or args.csv or args.sms is not None else _inspect_files(args)
         sys.stdout.flush()
     except BrokenPipeError:
         stdout_to_devnull()
         return BROKEN_PIPE
     return code
+
+
+def _inspect_gaps(args: argparse.Namespace) -> int:
+    """`--gaps [--csv PATH] [--sms N] TRACE`: hotloop.profiles.kernel_gaps.inspect_gaps of the one file; 2 for
+    usage errors (several files, --csv or --sms without --gaps, --gaps with --json, --sms < 1)."""
+    problem = (
+        "--csv and --sms need --gaps"
+        if not args.gaps
+        else "--gaps prints a table (--csv PATH writes it), not --json"
+        if args.json
+        else "--gaps reads one trace"
+        if len(args.files) != 1
+        else "--sms must be >= 1"
+        if args.sms is not None and args.sms < 1
+        else ""
+    )
+    if problem:
+        print(f"hotloop inspect: error: {problem}", file=sys.stderr)
+        return UNREADABLE_INPUT
+    return inspect_gaps(args.files[0], args.step_range, args.domain, sms=args.sms, csv=args.csv)
 
 
 def _inspect_files(args: argparse.Namespace) -> int:

@@ -21,6 +21,13 @@ ratio_to_hotloop (us_per_step_p50 / the "hotloop" row's; NaN without one), roofl
 at the config's shapes: the learner step's floor, the same value in every row; for the iteration row a floor too,
 as the iteration holds one learner step, but not a tight one: env steps and periodic work are not counted), steps
 (timed steps; 0 for a failed row), gpu, commit, date (UTC), note.
+
+Kernel gaps (issue 38): for the "iteration" and "hotloop" rows (GAP_VARIANTS) the guarded steps' Kineto trace also
+gives the kernel-gap table of hotloop.profiles.kernel_gaps (per position in the step: kernel, stream, programs / SMs,
+median duration, GPU idle gap and same-stream gap before it; a summary row per kernel sequence), written as
+kernel_gaps_<variant>.csv beside bench.csv, summarized on stderr, and in the row's note as "kernel gaps: idle <x>
+us/step, <u> kernels under one wave". SMs: the device's own count. The same table of any trace (the gate's
+trace.json.gz): `hotloop inspect --gaps --step-range NAME TRACE`.
 Output style after results/lab/kernel_bench.py, Triton's tutorial benchmarks (`python/tutorials/05-layer-norm.py`) and
 Liger-Kernel's `benchmark/scripts/utils.py`.
 """
@@ -31,6 +38,7 @@ import functools
 import gc
 import math
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
@@ -49,6 +57,7 @@ from hotloop.guards.probes.bench_variants import (
     build_iteration,
     env_shapes,
 )
+from hotloop.profiles.kernel_gaps import sm_count
 from hotloop.profiles.provenance import commit_id, device_name
 from hotloop.trainer.config import Config
 
@@ -73,6 +82,9 @@ BENCH_COLUMNS = [
 GUARD_STEPS, GUARD_WARMUP = 5, 2
 """Steps profiled by hotloop.guards.guard.guard_steps for kernels_per_step, and its unprofiled warm-up steps."""
 GUARD_STEP_RANGE = "bench_step"
+GAP_VARIANTS = ("iteration", "hotloop")
+"""The variants whose guarded steps also give the kernel-gap table (hotloop.profiles.kernel_gaps, issue 38): written
+as kernel_gaps_<variant>.csv beside bench.csv, summarized on stderr and in the row's note."""
 HEADLINE = "iteration"
 """The variant that leads the table when asked for: the whole loop iteration."""
 TF32_TFLOPS = 494.7
@@ -271,14 +283,73 @@ def _free(device: torch.device, compiled: bool) -> None:
         torch.cuda.empty_cache()
 
 
-def _measure(
-    name: str, spec: VariantSpec, cfg: Config, device: torch.device, steps: int, warmup: int, base: dict
-) -> dict:
-    """Build, warm up, time and guard one variant; returns its row (raises what the build or the steps raise).
-    Timed steps: `steps` rounded up to a multiple of the variant's step_multiple; when that is > 1 the note gets the
-    mean us per step over them (the periodic phases amortized)."""
+def guard_variant(
+    name: str, step: Callable[[], object], device: torch.device, gaps_dir: Path | None = None
+) -> tuple[float, float, str]:
+    """(kernels_per_step, kernels_grid1_per_step, note) of a variant's `step` guarded on CUDA `device`:
+    `hotloop.guards.guard.guard_steps(step, steps=GUARD_STEPS, warmup=GUARD_WARMUP, step_range=GUARD_STEP_RANGE)`
+    and `guard_summary` of its report (the note: its GEMM counts). For the variants of GAP_VARIANTS the guard keeps
+    its Kineto trace (in a temporary folder, deleted after) and the note gets `kernel_gaps_note` of it (the
+    kernel-gap table, written as gaps_dir/kernel_gaps_<name>.csv when `gaps_dir` is given). A failure of the guard
+    or of the gap table leaves NaN or no gap note and says why in the note: the timing stands."""
     from hotloop.guards.guard import guard_steps
 
+    kernels = grid1 = math.nan
+    notes = []
+    with tempfile.TemporaryDirectory(prefix="hotloop-bench-") as tmp:
+        trace = Path(tmp) / "trace.json" if name in GAP_VARIANTS else None
+        try:
+            report = guard_steps(
+                step, steps=GUARD_STEPS, warmup=GUARD_WARMUP, step_range=GUARD_STEP_RANGE, trace_path=trace
+            )
+            kernels, grid1, gemm_note = guard_summary(report)
+            notes += [gemm_note] if gemm_note else []
+        except Exception as exc:  # the timing stands; say why the kernel count is missing
+            return kernels, grid1, f"kernels_per_step not measured: {type(exc).__name__}: {exc}"
+        if trace is not None:
+            notes.append(kernel_gaps_note(name, trace, gaps_dir, sm_count(device)))
+    return kernels, grid1, "; ".join(notes)
+
+
+def kernel_gaps_note(name: str, trace: Path, gaps_dir: Path | None, sms: int) -> str:
+    """The kernel-gap table (hotloop.profiles.kernel_gaps, issue 38) of the guarded steps (GUARD_STEP_RANGE ranges)
+    of Kineto `trace`, occupancy over `sms` SMs: written as gaps_dir/kernel_gaps_<name>.csv when `gaps_dir` is
+    given, its summary printed to stderr ("hotloop bench: NAME: kernel gaps: ...") and returned for the row's note
+    as "kernel gaps: idle <x> us/step, <u> kernels under one wave[, <n> kernel sequences]"; "kernel gaps not
+    measured: <Type>: <message>" when the table cannot be made or written."""
+    from hotloop.profiles.inspect_cmd import read_trace
+    from hotloop.profiles.kernel_gaps import SUMMARY_NAME, kernel_gap_table, summary_line
+
+    try:
+        table = kernel_gap_table(read_trace(trace), GUARD_STEP_RANGE, sms=sms, fallback=False)
+        if gaps_dir is not None:
+            gaps_dir.mkdir(parents=True, exist_ok=True)
+            table.to_csv(gaps_dir / f"kernel_gaps_{name}.csv", index=False)
+    except Exception as exc:  # the timing and the kernel counts stand
+        return f"kernel gaps not measured: {type(exc).__name__}: {exc}"
+    print(f"hotloop bench: {name}: kernel gaps: {summary_line(table)}", file=sys.stderr, flush=True)
+    total = table[table["sequence"].eq(0) & table["name"].eq(SUMMARY_NAME)].iloc[0]
+    sequences = table.attrs.get("sequences", 1)
+    return (
+        f"kernel gaps: idle {total['idle_gap_us']:.1f} us/step, {int(total['under_one_wave'])} kernels under one "
+        f"wave" + (f", {sequences} kernel sequences" if sequences > 1 else "")
+    )
+
+
+def _measure(
+    name: str,
+    spec: VariantSpec,
+    cfg: Config,
+    device: torch.device,
+    steps: int,
+    warmup: int,
+    base: dict,
+    gaps_dir: Path | None = None,
+) -> dict:
+    """Build, warm up, time and guard one variant (`guard_variant` on CUDA: kernel counts, and for GAP_VARIANTS the
+    kernel-gap table into `gaps_dir`); returns its row (raises what the build or the steps raise).
+    Timed steps: `steps` rounded up to a multiple of the variant's step_multiple; when that is > 1 the note gets the
+    mean us per step over them (the periodic phases amortized)."""
     variant = spec.builder(cfg, device)
     if not isinstance(variant, Variant):
         raise TypeError(
@@ -296,12 +367,8 @@ def _measure(
             note = f"{note}; {steps} timed steps ({steps // multiple} x {multiple}), mean {us.mean():.1f} us"
         kernels = grid1 = math.nan
         if device.type == "cuda":
-            try:
-                report = guard_steps(variant.step, steps=GUARD_STEPS, warmup=GUARD_WARMUP, step_range=GUARD_STEP_RANGE)
-                kernels, grid1, gemm_note = guard_summary(report)
-                note = f"{note}; {gemm_note}" if gemm_note else note
-            except Exception as exc:  # the timing stands; say why the kernel count is missing
-                note = f"{note}; kernels_per_step not measured: {type(exc).__name__}: {exc}"
+            kernels, grid1, guard_note = guard_variant(name, variant.step, device, gaps_dir)
+            note = f"{note}; {guard_note}" if guard_note else note
         q = us.quantile([0.2, 0.5, 0.8]).tolist()
         return {
             **base,
@@ -345,12 +412,14 @@ def run_bench(
             iteration: its longest periodic phase's period, e.g. log_interval with the hotloop learner, so the timed
             iterations hold every periodic phase, whole periods of it); warmup: untimed steps before them (>= 0),
             after the build's own.
-        out_dir: folder for bench.csv / bench.md (created); must not hold either already (nothing is overwritten).
+        out_dir: folder for bench.csv / bench.md and the kernel-gap tables (created); must not hold any of them
+            already (nothing is overwritten).
         extra_variants: {name: builder(cfg, device) -> Variant}, added to (or replacing) VARIANTS' builders.
     Per variant: build; `warmup` steps; `time_steps` (CUDA events per step, or perf_counter on CPU) -> p20/p50/p80
     us per step; on CUDA `hotloop.guards.guard.guard_steps(step, steps=5, warmup=2, step_range="bench_step")` ->
     kernels and grid-(1,1,1) kernels per step (medians of its "kernels" / "kernels_grid1" columns) and GEMM kernels
-    per step by precision (appended to the note); then the
+    per step by precision (appended to the note); for GAP_VARIANTS also the kernel-gap table of those guarded
+    steps (`guard_variant`: out_dir/kernel_gaps_<variant>.csv, its summary in the note); then the
     variant is deleted and the CUDA cache emptied (Dynamo reset after compiled ones) before the next is built.
     Compiled kernels stay cached in the process: a row built after another that compiled the same Triton kernels
     (the "hotloop" row after the iteration, whose HotLearner compiles them cold) shows a warm setup_s.
@@ -387,7 +456,7 @@ def run_bench(
         print(f"hotloop bench: {name} ...", file=sys.stderr, flush=True)
         start = time.perf_counter()
         try:
-            rows.append(_measure(name, spec, cfg, device, steps, warmup, base))
+            rows.append(_measure(name, spec, cfg, device, steps, warmup, base, out_dir))
             print(
                 f"hotloop bench: {name}: p50 {rows[-1]['us_per_step_p50']:.1f} us/step "
                 f"({time.perf_counter() - start:.1f} s)",
@@ -440,11 +509,12 @@ def run_bench(
 
 
 def check_out_dir(out_dir: Path) -> None:
-    """ValueError unless `out_dir` is a folder (or does not exist yet) that holds neither bench.csv nor bench.md:
-    a bench never overwrites an earlier table."""
+    """ValueError unless `out_dir` is a folder (or does not exist yet) that holds none of bench.csv, bench.md and
+    the kernel-gap tables (kernel_gaps_<variant>.csv of GAP_VARIANTS): a bench never overwrites an earlier table."""
     if out_dir.exists() and not out_dir.is_dir():
         raise ValueError(f"--out {out_dir} exists and is not a folder")
-    taken = [n for n in ("bench.csv", "bench.md") if (out_dir / n).exists()]
+    names = ("bench.csv", "bench.md", *(f"kernel_gaps_{v}.csv" for v in GAP_VARIANTS))
+    taken = [n for n in names if (out_dir / n).exists()]
     if taken:
         raise ValueError(
             f"--out {out_dir} already holds {', '.join(taken)}; choose another folder (an earlier bench "

@@ -5,7 +5,10 @@ overwritten, bad input exits 2."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import random
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -15,14 +18,18 @@ from hotloop.guards.cli import main
 from hotloop.guards.guard import guard_steps
 from hotloop.guards.probes.bench import (
     BENCH_COLUMNS,
+    GUARD_STEP_RANGE,
     VARIANTS,
     expand_variants,
     guard_summary,
+    guard_variant,
+    kernel_gaps_note,
     roofline_counts,
     roofline_floor_us,
     run_bench,
 )
 from hotloop.guards.probes.bench_variants import build_eager
+from hotloop.profiles.kernel_gaps import GAP_COLUMNS, SUMMARY_NAME
 from hotloop.trainer.config import preset
 from hotloop.trainer.network import BranchingDuelingQNet
 
@@ -205,6 +212,88 @@ def test_guard_summary_reads_the_kernels_column():
         assert note == "gemms/step tf32=3 fp32=2 other=1"
 
 
+def _gap_trace(path, gaps, range_name=GUARD_STEP_RANGE):
+    """A Kineto trace of len(gaps) guarded steps (`range_name` ranges), each launching two kernels on stream 7:
+    "a" (64 programs: under one wave of 132 SMs) then "b" (200 programs) `gaps[i]` us after "a" ends."""
+    base, events, corr = 1_790_857_026_000.0, [], 10
+    for i, gap in enumerate(gaps):
+        cpu = base + 1000.0 * i
+        events.append(dict(ph="X", cat="user_annotation", name=range_name, pid=1, tid=1, ts=cpu, dur=800.25))
+        start = cpu + 30.5
+        for name, grid, dur in (("a", [64, 1, 1], 7.25), ("b", [200, 1, 1], 3.5)):
+            corr += 1
+            events.append(
+                dict(
+                    ph="X",
+                    cat="cuda_runtime",
+                    name="cudaLaunchKernel",
+                    pid=1,
+                    tid=1,
+                    ts=cpu + corr % 7 + 1,
+                    dur=2.5,
+                    args={"correlation": corr},
+                )
+            )
+            events.append(
+                dict(
+                    ph="X",
+                    cat="kernel",
+                    name=name,
+                    pid=0,
+                    tid=7,
+                    ts=start,
+                    dur=dur,
+                    args={"correlation": corr, "stream": 7, "device": 0, "grid": grid},
+                )
+            )
+            start += dur + gap
+    path.write_text(json.dumps({"traceEvents": events}))
+    return path
+
+
+def test_kernel_gaps_note_writes_the_table_beside_the_bench(tmp_path, capsys):
+    gaps = sorted(random.uniform(0.5, 9.5) for _ in range(3))
+    trace = _gap_trace(tmp_path / "trace.json", [gaps[2], gaps[0], gaps[1]])
+    note = kernel_gaps_note("hotloop", trace, tmp_path / "out", 132)
+    assert note == f"kernel gaps: idle {gaps[1]:.1f} us/step, 1 kernels under one wave"
+    table = pd.read_csv(tmp_path / "out" / "kernel_gaps_hotloop.csv")
+    assert list(table.columns) == list(GAP_COLUMNS) and list(table["name"]) == ["a", "b", SUMMARY_NAME]
+    assert table["idle_gap_us"].iloc[1] == pytest.approx(gaps[1], abs=1e-3)
+    assert "hotloop bench: hotloop: kernel gaps: 2 kernels/step, idle " in capsys.readouterr().err
+    other = _gap_trace(tmp_path / "other.json", [1.5], range_name="step")  # no guarded-step range: said, no file
+    note = kernel_gaps_note("iteration", other, tmp_path / "out", 132)
+    assert note.startswith("kernel gaps not measured: KernelGapError: no step ranges named 'bench_step'")
+    assert not (tmp_path / "out" / "kernel_gaps_iteration.csv").exists()
+
+
+@pytest.mark.parametrize("name,kept", [("hotloop", True), ("iteration", True), ("eager", False)])
+def test_guard_variant_keeps_the_trace_of_the_gap_variants_only(tmp_path, monkeypatch, name, kept):
+    """The guard's trace is kept (and tabulated) for the "hotloop" and "iteration" rows alone: `guard_steps` is
+    replaced by one that writes a guarded-step trace where it is asked to keep one."""
+    import hotloop.guards.guard as guard
+
+    seen = {}
+    real = guard_steps(lambda: None, steps=1, warmup=0, step_range=GUARD_STEP_RANGE)
+
+    def fake_guard_steps(step, steps, warmup, step_range, trace_path=None, **kw):
+        seen.update(steps=steps, warmup=warmup, step_range=step_range, trace_path=trace_path)
+        if trace_path is not None:
+            _gap_trace(Path(trace_path), [2.5, 3.5, 4.5])
+        return dataclasses.replace(real, cuda=True, medians={"kernels": 2.0, "kernels_grid1": 0.0})
+
+    monkeypatch.setattr(guard, "guard_steps", fake_guard_steps)
+    kernels, grid1, note = guard_variant(name, lambda: None, CPU, tmp_path)
+    assert (kernels, grid1) == (2.0, 0.0) and seen["step_range"] == GUARD_STEP_RANGE
+    assert (seen["trace_path"] is not None) == kept and (tmp_path / f"kernel_gaps_{name}.csv").exists() == kept
+    assert note == (
+        "gemms/step none; kernel gaps: idle 3.5 us/step, 1 kernels under one wave" if kept else "gemms/step none"
+    )
+    if kept:
+        assert not Path(seen["trace_path"]).exists()  # the trace was a temporary file
+        with pytest.raises(ValueError, match=f"already holds kernel_gaps_{name}.csv"):
+            run_bench(_cfg(), CPU, ["eager"], steps=1, out_dir=tmp_path)
+
+
 def test_cli_bench_writes_once_and_never_overwrites(tmp_path, capsys):
     out = tmp_path / "b"
     argv = [
@@ -301,6 +390,7 @@ def test_run_bench_on_the_gpu_leads_with_the_captured_loop_iteration():
     assert (it["setup_kind"], it["precision"], it["steps"]) == ("trainer+captures", "split", 8)  # 2 x log_interval
     assert it["kernels_per_step"] >= hot["kernels_per_step"] > 0 and it["kernels_grid1_per_step"] >= 0
     assert it["ratio_to_hotloop"] == pytest.approx(it["us_per_step_p50"] / hot["us_per_step_p50"])
+    assert df["note"].str.contains("kernel gaps: idle ").all(), df["note"].tolist()  # issue 38's gap table
 
 
 def test_commit_id_prefers_the_environment(monkeypatch):
