@@ -51,6 +51,9 @@
 #       evalfast cartpole-fast twice (cold, then warm kernel cache): the evaluation's time per epoch (evaluate_s) and the
 #                run's summary lines; then python -m lab.eval_paths_bench on the warm run's best policy: the captured
 #                graph and the fused kernel at each tiling side by side (issue 37 item 2)
+#       dp1      issue 39 on one GPU: the default preset's gate in one process, then `hotloop gate --nproc 1` (NCCL, world
+#                size 1: the all-reduce captured in the learner's graph); each one's step medians (guard.json: dur_us,
+#                gpu_kernel_us, gpu_busy_us, NCCL kernels) side by side: the all-reduce's cost per learner step
 #       startup  where a run's start-up goes here: .pyc files of torch/matplotlib, import times, -X importtime
 #       seedkill kill -9 during a seed-scale background checkpoint write, then --resume: every epoch once (issue 37)
 #       seed3    hotloop train --preset seed-scale --epochs 3: the per-epoch wall time (learner steps/s) only
@@ -294,6 +297,18 @@ print(g.sort_values('median', ascending=False).to_string())" /tmp/r/abgate_$n/tr
       done
       PYTHONPATH=$LABPATH timeout 150 python3 -m lab.eval_paths_bench /tmp/r/ef_warm --csv /tmp/r/eval_paths.csv \
         2>&1 | tee /tmp/r/eval_paths.log ;;
+    dp1)
+      timeout 150 $HL gate --preset cartpole --device cuda --epochs 3 --no-progress --no-baseline --out /tmp/r/dp1_one \
+        > /tmp/r/dp1_one.log 2>&1; echo "one process rc=$? $(tail -n 1 /tmp/r/dp1_one.log)"
+      timeout 240 $HL gate --nproc 1 --preset cartpole --device cuda --epochs 3 --no-progress --out /tmp/r/dp1_nccl \
+        > /tmp/r/dp1_nccl.log 2>&1; echo "nproc 1 (NCCL) rc=$?"; grep -A 12 "^== hotloop gate --nproc" /tmp/r/dp1_nccl.log
+      python3 -c "
+import json
+for run in ('dp1_one', 'dp1_nccl'):
+    m = json.load(open(f'/tmp/r/{run}/guard.json'))['medians']
+    keep = {k: round(v, 2) for k, v in m.items() if k in ('dur_us', 'gpu_kernel_us', 'gpu_busy_us', 'kernels')
+            or 'nccl' in k.lower() or 'allreduce' in k.lower()}
+    print(run, keep)" ;;
     seedkill)
       # issue 37: kill -9 during a background checkpoint write at seed scale, then --resume: each epoch once
       R=/tmp/r/ssk; rm -rf $R
