@@ -26,15 +26,33 @@ import torch
 from hotloop.profiles.rank_traces import rank_trace_name, write_rank_trace
 from hotloop.trainer.distributed import RankInfo, init_from_env, rank_info
 from hotloop.trainer.loop import Trainer
+from hotloop.trainer.memory_estimate import available_memory, format_bytes
+
+RANK_PROCESS_BYTES = 280 * 10**6
+"""Host memory of one rank's process beyond its run's own estimate (Python, torch, gloo, the profiler): 64 CPU ranks
+of the default preset's `hotloop gate --nproc 64` took 18.1 GB, 283 MB each (the CPU dev machine, 2026-12-06)."""
 
 
-def check_nproc(nproc: object, device: torch.device) -> int:
-    """--nproc: an int >= 1 and, on a CUDA device, at most the GPUs this host has (one GPU per process); returns it.
-    ValueError naming --nproc otherwise."""
+def check_nproc(
+    nproc: object, device: torch.device, rank_bytes: int = 0, available: tuple[int | None, str] | None = None
+) -> int:
+    """--nproc: an int >= 1; on a CUDA device at most the GPUs this host has (one GPU per process); and N ranks of
+    RANK_PROCESS_BYTES + `rank_bytes` each (the run's own host bytes per rank: its memory estimate on a CPU device,
+    the gate's guarded window) within the host's available memory (hotloop.trainer.memory_estimate.available_memory,
+    or `available` as (bytes, source); unreadable: not checked). Returns it; ValueError naming --nproc otherwise,
+    with how many ranks fit."""
     if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
         raise ValueError(f"--nproc must be an int >= 1, got {nproc!r}")
     if device.type == "cuda" and nproc > torch.cuda.device_count():
         raise ValueError(f"--nproc {nproc}: one GPU per process, and this host has {torch.cuda.device_count()}")
+    free, source = available if available is not None else available_memory(torch.device("cpu"))
+    per_rank = RANK_PROCESS_BYTES + rank_bytes
+    if free is not None and nproc * per_rank > free:
+        raise ValueError(
+            f"--nproc {nproc}: {nproc} ranks need an estimated {format_bytes(nproc * per_rank)} of host memory "
+            f"({format_bytes(per_rank)} each), {format_bytes(free)} is available ({source}): at most "
+            f"{free // per_rank} ranks fit"
+        )
     return nproc
 
 

@@ -192,6 +192,11 @@ def prepare_ranks(args: argparse.Namespace) -> RunPlan[RankGate]:
         )
     if args.nproc is not None and (isinstance(args.nproc, bool) or args.nproc < 1):
         raise ValueError(f"--nproc must be an int >= 1, got {args.nproc!r}")
+    if getattr(args, "repeats", 1) != 1:
+        raise ValueError(
+            f"--nproc: one guarded window per rank (its collectives are counted in it); leave out --repeats "
+            f"(got {args.repeats})"
+        )
     cfg = ConfigChoice.from_args(args).build()
     check_limit_s(args.epoch_timeout, "--epoch-timeout")
     if launched_by_torchrun() and resolve_device(cfg.device).type == "cuda":  # this rank's GPU is checked
@@ -202,7 +207,7 @@ def prepare_ranks(args: argparse.Namespace) -> RunPlan[RankGate]:
     check_window_fits(options, cfg, device, obs_dim, action_nvec)
     cpu = device.type == "cpu"
     if args.nproc is not None:
-        check_nproc(args.nproc, resolve_device(cfg.device))
+        check_nproc(args.nproc, device, rank_host_bytes(options, cfg, device, obs_dim, action_nvec))
         run_dir, lock = new_run_folder(args.out)
         return RunPlan(cfg, run_dir, lock, RankGate(options, args.nproc, tuple(gate_rank_args(args, run_dir)), cpu=cpu))
     info = join(resolve_device(cfg.device))[1]
@@ -347,6 +352,22 @@ def check_window_fits(
     except ValueError as exc:
         given = f"--guard-steps {k}" if options.guard_steps is not None else f"--guard-steps (default {k})"
         raise ValueError(f"{given} with --repeats {options.repeats}: {exc}") from None
+
+
+def rank_host_bytes(
+    options: GateOptions, cfg: Config, device: torch.device, obs_dim: int, action_nvec: tuple[int, ...]
+) -> int:
+    """Host bytes one rank of a data-parallel gate holds beyond its process (for --nproc's memory check,
+    hotloop.guards.data_parallel.check_nproc): its guarded window (hotloop.trainer.memory_estimate
+    .estimate_window_memory) plus, on a CPU device, its run's estimate."""
+    from hotloop.guards.gate import window_size
+    from hotloop.trainer.device_choice import learner_kind
+    from hotloop.trainer.memory_estimate import estimate_memory, estimate_window_memory
+
+    kind = learner_kind(cfg, device)
+    k, _, _ = window_size(cfg, kind, options.guard_steps)
+    run_bytes = estimate_memory(cfg, obs_dim, action_nvec).total if device.type == "cpu" else 0
+    return estimate_window_memory(k, options.repeats, device.type, kind) + run_bytes
 
 
 def check_gate_args(args: argparse.Namespace, cfg: Config, world_size: int = 1) -> GateOptions:

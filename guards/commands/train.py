@@ -188,9 +188,12 @@ def prepare_data_parallel(options: TrainOptions) -> RunPlan[TrainOptions]:
     check_limit_s(options.epoch_timeout, "--epoch-timeout")
     if launched_by_torchrun() and resolve_device(cfg.device).type == "cuda":  # this rank's GPU is checked
         cfg = replace(cfg, device=f"cuda:{os.environ['LOCAL_RANK']}")
-    check_run(cfg, trains=True)
+    device, obs_dim, action_nvec = check_run(cfg, trains=True)
     if options.nproc is not None:
-        check_nproc(options.nproc, resolve_device(cfg.device))
+        from hotloop.trainer.memory_estimate import estimate_memory
+
+        run_bytes = estimate_memory(cfg, obs_dim, action_nvec).total if device.type == "cpu" else 0
+        check_nproc(options.nproc, device, run_bytes)
         run_dir, lock = new_run_folder(options.out)
         return RunPlan(cfg, run_dir, lock, options)
     import torch.distributed as dist

@@ -296,6 +296,8 @@ def test_the_watchdog_writes_its_hang_record_before_it_ends_the_process(tmp_path
         (["--nproc", "2", "--guard-steps", "0"], "--guard-steps and --repeats must be >= 1"),
         (["--inject", "rank_hang"], "pass --nproc N with N >= 2"),
         (["--nproc", "1", "--inject", "extra_collective"], "pass --nproc N with N >= 2"),
+        (["--nproc", "2", "--repeats", "2"], "one guarded window per rank"),
+        (["--nproc", "100000"], "at most"),  # 100,000 ranks of ~0.3 GB each fit no host
     ],
 )
 def test_bad_nproc_gates_exit_2_before_anything_is_written(argv, message, tmp_path, capsys, monkeypatch):

@@ -111,6 +111,16 @@ def test_check_nproc_refuses_what_is_not_an_int_from_1(nproc):
         check_nproc(nproc, torch.device("cpu"))
 
 
+def test_check_nproc_refuses_more_ranks_than_the_host_memory_holds():
+    gb = (10**9, "a test's 1 GB")
+    assert check_nproc(3, torch.device("cpu"), available=gb) == 3  # 3 x 280 MB
+    with pytest.raises(ValueError, match=r"--nproc 4: 4 ranks need .* at most 3 ranks fit"):
+        check_nproc(4, torch.device("cpu"), available=gb)
+    with pytest.raises(ValueError, match="at most 1 ranks fit"):  # the run's own bytes count per rank
+        check_nproc(2, torch.device("cpu"), rank_bytes=400 * 10**6, available=gb)
+    assert check_nproc(64, torch.device("cpu"), available=(None, "unreadable")) == 64
+
+
 def test_check_nproc_on_cuda_counts_the_gpus(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     assert check_nproc(2, torch.device("cuda")) == 2
@@ -124,6 +134,7 @@ def test_check_nproc_on_cuda_counts_the_gpus(monkeypatch):
         (["--nproc", "0"], "--nproc must be an int >= 1"),
         (["--nproc", "2", "--trace-steps", "-1"], "--trace-steps must be >= 0"),
         (["--nproc", "2", "--resume", "somewhere"], "cannot resume"),
+        (["--nproc", "100000"], "at most"),
     ],
 )
 def test_bad_nproc_invocations_exit_2_before_anything_is_written(argv, message, tmp_path, capsys, monkeypatch):
