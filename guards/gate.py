@@ -66,7 +66,7 @@ from hotloop.profiles.provenance import device_name
 from hotloop.trainer import loop as loop_module
 from hotloop.trainer.config import ENV_SHAPE_FIELDS, Config, env_shape_fields
 from hotloop.trainer.device_choice import learner_kind, resolve_device
-from hotloop.trainer.distributed import rank_info
+from hotloop.trainer.distributed import launched_by_torchrun, rank_info
 from hotloop.trainer.loop import STEP_RANGE, Trainer, learner_phases, loop_periods
 from hotloop.trainer.step import PHASE_RULES
 
@@ -383,10 +383,14 @@ def run_gate(cfg: Config, run_dir: Path, options: GateOptions) -> int:
     counts = verdicts.status.value_counts()
     measured, reported = int(counts.get("measured", 0)), int(counts.get("reported", 0))
     na = int(verdicts.status.str.startswith("not applicable").sum())  # CPU: the sync rows (hotloop.guards.guard)
+    rank = rank_info()
     print(
-        f"PASS ({measured} measured, {reported} reported, {len(verdicts) - measured - reported - na} not measured"
+        # a rank of `hotloop gate --nproc N`: its own window only; the launcher's verdict over the ranks comes last
+        (f"rank {rank.rank}: its own window " if launched_by_torchrun() else "")
+        + f"PASS ({measured} measured, {reported} reported, {len(verdicts) - measured - reported - na} not measured"
         + (f", {na} not applicable (no CUDA)" if na else "")
         + ")"
+        + ("; the verdict over the ranks follows" if launched_by_torchrun() else "")
     )
     return 0
 

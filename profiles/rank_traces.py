@@ -52,9 +52,32 @@ def write_rank_trace(prof, path: str | os.PathLike, rank: int, world_size: int, 
     return path
 
 
+GATE_RANK_FOLDER = re.compile(r"^rank(\d+)$")
+"""A rank's folder of a data-parallel run (hotloop.guards.data_parallel.rank_folder: rank R > 0 in <run>/rank<R>/)."""
+
+
+def _gate_rank_traces(folder: Path) -> dict[int, Path]:
+    """{rank: file} of a `hotloop gate --nproc N` run folder: each rank's gate keeps its guarded window's trace as
+    trace.json(.gz) in its own folder (rank 0: the run folder, rank R: rank<R>/); {} when there is no rank<R>/
+    folder holding one."""
+
+    def trace_in(d: Path) -> Path | None:
+        return next((d / n for n in ("trace.json.gz", "trace.json") if (d / n).is_file()), None)
+
+    found = {
+        int(m.group(1)): t
+        for d in sorted(folder.iterdir())
+        if d.is_dir() and (m := GATE_RANK_FOLDER.match(d.name)) and (t := trace_in(d)) is not None
+    }
+    if found and (zero := trace_in(folder)) is not None:
+        found[0] = zero
+    return found
+
+
 def find_rank_traces(folder: str | os.PathLike) -> dict[int, Path]:
-    """{rank: file} of the rank traces (RANK_TRACE) anywhere under `folder`, by rank. ValueError naming the folder
-    when it holds none, or the files when two hold the same rank."""
+    """{rank: file} of the rank traces (RANK_TRACE) anywhere under `folder`, by rank; without any, the traces of a
+    `hotloop gate --nproc N` run folder (`_gate_rank_traces`). ValueError naming the folder when it holds none, or
+    the files when two hold the same rank."""
     found: dict[int, Path] = {}
     for path in sorted(Path(folder).rglob("trace_rank*")):
         m = RANK_TRACE.match(path.name)
@@ -65,7 +88,12 @@ def find_rank_traces(folder: str | os.PathLike) -> dict[int, Path]:
             raise ValueError(f"{folder}: two traces of rank {rank}: {found[rank]} and {path}")
         found[rank] = path
     if not found:
-        raise ValueError(f"{folder}: no rank traces (trace_rank<R>.json or .json.gz) in it")
+        found = _gate_rank_traces(Path(folder))
+    if not found:
+        raise ValueError(
+            f"{folder}: no rank traces (trace_rank<R>.json or .json.gz, or a gate --nproc folder's trace.json.gz "
+            "beside rank<R>/trace.json.gz) in it"
+        )
     return dict(sorted(found.items()))
 
 

@@ -1,7 +1,8 @@
 """`hotloop inspect FILE... [--json] [--step-range NAME] [--domain NAME]`: the guard counts of trace files, as
 hotloop.profiles.inspect_cmd reads and counts them (its docstring: the formats, the anomalies, the memory).
 
-A FILE that is a folder stands for the rank traces of a data-parallel run under it (trace_rank<R>.json.gz,
+A FILE that is a folder stands for the rank traces of a data-parallel run under it (trace_rank<R>.json.gz of
+`hotloop train --nproc N`, or a `hotloop gate --nproc N` folder's trace.json.gz beside rank<R>/trace.json.gz;
 hotloop.profiles.rank_traces): each is reported as a file, then a "ranks of FOLDER" table gives per count the
 value of every rank and the cross-rank spread (min, max, max - min, max / median); with --json it is under
 "ranks": {FOLDER: [{"count": ..., "rank0": ..., ..., "spread": ...}, ...]}. A folder without rank traces is that
@@ -64,7 +65,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         nargs="+",
         metavar="FILE",
         help="Kineto trace JSON (plain or gzipped) or nsys .sqlite; or a folder of rank traces "
-        "(trace_rank<R>.json.gz: per-rank counts and their spread)",
+        "(trace_rank<R>.json.gz, or a gate --nproc folder: per-rank counts and their spread)",
     )
     p.add_argument(
         "--json",
@@ -140,8 +141,8 @@ def _inspect_files(args: argparse.Namespace) -> int:
         try:
             traces = find_rank_traces(path)
         except ValueError as exc:
-            errors[path] = str(exc)
-            print(f"hotloop inspect: error: {path}: {errors[path]}", file=sys.stderr)
+            errors[path] = str(exc)  # it names the folder
+            print(f"hotloop inspect: error: {errors[path]}", file=sys.stderr)
             continue
         totals = {
             rank: t for rank, file in traces.items() if (t := _inspect_one(str(file), args, report, errors)) is not None

@@ -55,9 +55,22 @@ def test_inspect_folder_json_has_the_ranks_table(run_folder, capsys):
     assert k["spread"] == abs(k["rank0"] - k["rank1"]) and k["min"] <= k["max"]
 
 
+def test_a_gate_nproc_folder_is_read_as_its_ranks(tmp_path, capsys):
+    # `hotloop gate --nproc 2` keeps each rank's window as trace.json.gz: rank 0 at the top, rank 1 in rank1/
+    write_trace(tmp_path / "trace.json.gz", 3000, seed=0)
+    (tmp_path / "rank1").mkdir()
+    write_trace(tmp_path / "rank1" / "trace.json.gz", 4000, seed=1)
+    (tmp_path / "rank2").mkdir()  # a rank folder without a trace (a rank that failed early) is not a rank trace
+    assert find_rank_traces(tmp_path) == {0: tmp_path / "trace.json.gz", 1: tmp_path / "rank1" / "trace.json.gz"}
+    assert inspect(str(tmp_path)) == 0
+    assert f"== ranks of {tmp_path} (2 of 2 rank traces read" in capsys.readouterr().out
+
+
 def test_a_folder_without_rank_traces_is_its_error(tmp_path, capsys):
+    write_trace(tmp_path / "trace.json.gz", 3000, seed=0)  # one process's trace, no rank<R>/: no ranks
     assert inspect(str(tmp_path)) == 2
-    assert "no rank traces" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "no rank traces" in err and err.count(str(tmp_path)) == 1, err
 
 
 def test_two_traces_of_one_rank_are_refused(run_folder):
