@@ -363,6 +363,17 @@ def _worst(cells: dict, passing: list[int]) -> int | None:
     return max(passing, key=key)
 
 
+def _hang_line(run_dir: Path, outcome: RankOutcome) -> str:
+    """One hung rank's line of the launcher's report: its period, limit and last phase (its hang record), and its
+    stack file (hotloop.guards.watchdog.HANG_STACKS) where the watchdog wrote one."""
+    h = outcome.hang or {}
+    stacks = rank_folder(run_dir, outcome.rank) / str(h.get("stacks", ""))
+    return (
+        f"  rank {outcome.rank}: {h.get('period')} did not finish within {h.get('limit_s')} s, last phase "
+        f"{h.get('last_phase')}; stacks: {stacks if h.get('stacks') and stacks.is_file() else 'not written'}"
+    )
+
+
 def ranks_report(run_dir: Path, nproc: int, cpu: bool) -> tuple[str, int]:
     """The launcher's verdict on a data-parallel gate in `run_dir` after torchrun returned: (text, exit code).
 
@@ -386,12 +397,15 @@ def ranks_report(run_dir: Path, nproc: int, cpu: bool) -> tuple[str, int]:
         code = 2 if all(o.exit_code == 2 for o in errors) else 70
         names = ", ".join(f"rank {o.rank}" for o in errors)
         return f"{head}\n{exits}\nERROR on {names}: no verdict (each rank's error.log is in its folder)", code
-    hung = [o.rank for o in outcomes if o.hang is not None]
+    hung = [o for o in outcomes if o.hang is not None]
     if hung:
         every = len(hung) == nproc
+        where = "\n".join(_hang_line(run_dir, o) for o in hung)
         return (
-            f"{head}\n{exits}\nHANG on {'every rank' if every else 'rank(s) ' + ', '.join(map(str, hung))}: "
-            f"each rank's hang watchdog stopped it (exit {HANG_EXIT_CODE})",
+            f"{head}\n{exits}\n{where}\nHANG on "
+            f"{'every rank' if every else 'rank(s) ' + ', '.join(str(o.rank) for o in hung)}: "
+            f"each rank's hang watchdog stopped it (exit {HANG_EXIT_CODE}); the stacks of ranks other than 0 are only "
+            "in their folders (torchrun shows rank 0's console)",
             HANG_EXIT_CODE,
         )
     missing = [o for o in outcomes if o.exit_code is None]

@@ -11,9 +11,10 @@ reports why (message on the stream, traceback in `error_log` or on the stream) a
 `os._exit(WATCHDOG_DIED_EXIT_CODE)` (70, hotloop's "internal error"): the run never goes on unguarded. `arm` and
 `disarm` raise RuntimeError when the thread is not running. `watched` records, per period, whether the thread was
 alive from its `arm` to its `disarm`: a period is "watched" only then (the gate's "epoch 1 without hang" reads it).
-With `hang_record`, an expiry first writes a small JSON file there ({"exit_code", "period", "limit_s",
-"last_phase", "pid", "time": the expiry's Unix time}): a data-parallel gate's launcher reads it per rank, since
-torchrun reports only the ranks it saw fail first (hotloop.guards.data_parallel).
+With `hang_record`, an expiry first writes every thread's stack into HANG_STACKS beside it, then a small JSON file
+there ({"exit_code", "period", "limit_s", "last_phase", "pid", "time": the expiry's Unix time, "stacks": that file's
+name}): a data-parallel gate's launcher reads it per rank, since torchrun reports only the ranks it saw fail first
+and shows only rank 0's console (hotloop.guards.data_parallel).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from typing import TextIO
 HANG_EXIT_CODE = 3
 WATCHDOG_DIED_EXIT_CODE = 70
 """Exit status when the watching thread fails (EX_SOFTWARE, hotloop's "internal error"; guards/commands/errors.py)."""
+HANG_STACKS = "hang_stacks.txt"
+"""Beside a hang record (`hang_record`): the expiry's report and every thread's stack (faulthandler's text)."""
 MAX_LIMIT_S = threading.TIMEOUT_MAX
 """The longest limit (seconds) a period may have: threading.TIMEOUT_MAX, above which the thread's wait raises
 OverflowError (about 292 years on Linux)."""
@@ -157,6 +160,16 @@ class HangWatchdog:
         try:
             if self.hang_record is not None:
                 try:
+                    with open(self.hang_record.with_name(HANG_STACKS), "w") as f:
+                        f.write(
+                            f"{self._label} did not finish within {self._period_s:g} s; last phase entered: "
+                            f"{self.last_phase}. Stacks of all threads:\n"
+                        )
+                        f.flush()
+                        faulthandler.dump_traceback(file=f, all_threads=True)
+                except OSError:
+                    pass
+                try:
                     self.hang_record.write_text(
                         json.dumps(
                             {
@@ -166,6 +179,7 @@ class HangWatchdog:
                                 "last_phase": self.last_phase,
                                 "pid": os.getpid(),
                                 "time": time.time(),
+                                "stacks": HANG_STACKS,
                             }
                         )
                         + "\n"

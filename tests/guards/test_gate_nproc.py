@@ -28,7 +28,7 @@ from hotloop.guards.data_parallel import (
     ranks_report,
     torchrun_command,
 )
-from hotloop.guards.watchdog import HangWatchdog
+from hotloop.guards.watchdog import HANG_STACKS, HangWatchdog
 from hotloop.profiles.rank_traces import collective_kind, step_collectives
 
 TINY = [
@@ -130,6 +130,10 @@ def test_a_hang_on_rank_1_ends_every_rank_with_exit_3_within_the_epoch_timeout(t
     text = _ranks_section(proc.stdout)
     assert "rank 0: exit 3 (hang: after epochs did not finish within 10 s" in text
     assert "rank 1: exit 3 (hang: after epochs" in text and "HANG on every rank" in text
+    # the hung rank's stacks, which torchrun's console (rank 0's only) never shows, are in its folder, named
+    stacks = out / "rank1" / HANG_STACKS
+    assert "rank 1: after epochs did not finish within 10.0 s, last phase" in text and f"stacks: {stacks}" in text
+    assert "Stacks of all threads" in stacks.read_text() and "faulty_step" in stacks.read_text()
 
 
 # ------------------------------------------------------------------------------------ the pieces, synthetic
@@ -282,6 +286,7 @@ def test_the_watchdog_writes_its_hang_record_before_it_ends_the_process(tmp_path
     assert exits == [3]
     got = json.loads(record.read_text())
     assert (got["exit_code"], got["period"], got["last_phase"], got["limit_s"]) == (3, "after epochs", "update", 0.05)
+    assert got["stacks"] == HANG_STACKS and "test_the_watchdog_writes" in (tmp_path / HANG_STACKS).read_text()
 
 
 # ------------------------------------------------------------------------------------ bad input, before any work
