@@ -176,10 +176,13 @@ def step_kernels(
         raise KernelGapError(f"no step ranges named {step_range_name!r}" + (f" in domain {domain!r}" if domain else ""))
     ranges = step_ranges(df, step_range_name, domain)
     if ranges.empty:
+        names = df.loc[df["kind"].eq("user_annotation"), "name"].value_counts()
+        seen = ", ".join(f"{n!r} x{c}" for n, c in names.head(8).items())
         raise KernelGapError(
             f"no step ranges named {step_range_name!r}"
             + (f" in domain {domain!r}" if domain else "")
             + " nor ProfilerStep#N ranges: the table is per step"
+            + (f" (the trace's ranges, most frequent first: {seen}; pass one as --step-range)" if seen else "")
         )
     steps = assign_steps(df, ranges)
     anomaly = step_anomalies(df, ranges, steps)["anomaly"].set_axis(ranges["step"].to_numpy())

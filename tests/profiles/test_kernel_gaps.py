@@ -267,8 +267,9 @@ def test_step_range_by_name_and_kernels_outside_steps(tmp_path, rng):
     path = _trace(tmp_path / "t.json", steps, range_name="bench_step")
     df = read_kineto(path)
     assert kernel_gap_table(df, "bench_step").attrs["steps"] == 2
-    with pytest.raises(KernelGapError, match="no step ranges named 'step' nor ProfilerStep#N"):
+    with pytest.raises(KernelGapError, match="no step ranges named 'step' nor ProfilerStep#N") as err:
         kernel_gap_table(df, "step")
+    assert "the trace's ranges, most frequent first: 'bench_step' x2" in str(err.value)  # what to pass instead
     with pytest.raises(KernelGapError, match="no step ranges named 'nosuch'"):
         kernel_gap_table(read_kineto(_trace(tmp_path / "p.json", steps)), "nosuch", fallback=False)
     assert kernel_gap_table(read_kineto(_trace(tmp_path / "p.json", steps)), "nosuch").attrs["steps"] == 2
