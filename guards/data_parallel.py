@@ -117,6 +117,9 @@ def rank_trace_hook(folder: Path, steps: int, info: RankInfo) -> Callable[[Train
 HANG_RECORD = "hang.json"
 """In each rank's folder: the hang watchdog's record when it stopped that rank (hotloop.guards.watchdog,
 hang_record): torchrun names only the ranks it saw fail before it stopped the others, so the launcher reads these."""
+TERMINATED_EXIT = 128 + 15
+"""A rank's exit when a SIGTERM stopped it (128 + SIGTERM, as a shell reports it): torchrun sends it to the other
+ranks once one has failed, and a user or a scheduler may send it to all."""
 RANK_EXIT = "rank_exit.json"
 """In each rank's folder: {"rank", "exit_code", "why"}, written by the rank as it ends without a hang."""
 COLLECTIVES = "collectives"
@@ -392,7 +395,12 @@ def ranks_report(run_dir: Path, nproc: int, cpu: bool) -> tuple[str, int]:
         for o in outcomes
     )
     head = f"\n== hotloop gate --nproc {nproc}: the ranks ({run_dir}; rank R > 0 in rank<R>/)"
-    errors = [o for o in outcomes if o.hang is None and o.exit_code is not None and o.exit_code not in (0, 1)]
+    ended = [o for o in outcomes if o.hang is None and o.exit_code is not None and o.exit_code not in (0, 1)]
+    # a SIGTERM that torchrun sent the other ranks after one rank's error is not the cause: that error is
+    errors = [o for o in ended if o.exit_code != TERMINATED_EXIT]
+    if ended and not errors and len(ended) == nproc:  # every rank stopped by a SIGTERM (a user's, a scheduler's)
+        return f"{head}\n{exits}\nTERMINATED: every rank stopped by SIGTERM: no verdict", TERMINATED_EXIT
+    errors = errors or ended
     if errors:  # first: the ranks left waiting for a failed one hang or are killed, the root cause is its error
         code = 2 if all(o.exit_code == 2 for o in errors) else 70
         names = ", ".join(f"rank {o.rank}" for o in errors)

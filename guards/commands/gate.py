@@ -322,7 +322,9 @@ def execute_ranks(plan: RunPlan[RankGate]) -> int:
         code = run_gate(plan.cfg, plan.run_dir, options.gate)
         write_rank_collectives(plan.run_dir, plan.run_dir / TRACE_FILE)
     except BaseException as exc:
-        write_rank_exit(plan.run_dir, rank, 130 if isinstance(exc, KeyboardInterrupt) else 70, repr(exc)[:300])
+        stopped = isinstance(exc, SystemExit) and exc.code == 128 + signal.SIGTERM  # torchrun's (or a user's) SIGTERM
+        code = 130 if isinstance(exc, KeyboardInterrupt) else exc.code if stopped else 70
+        write_rank_exit(plan.run_dir, rank, code, "terminated (SIGTERM)" if stopped else repr(exc)[:300])
         raise
     write_rank_exit(plan.run_dir, rank, code)
     with HangWatchdog(options.gate.epoch_limit_s, hang_record=options.gate.hang_record) as watchdog:

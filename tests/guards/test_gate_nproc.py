@@ -269,6 +269,15 @@ def test_the_launchers_report_exits_3_on_a_hang_and_70_without_a_record(tmp_path
     (tmp_path / HANG_RECORD).write_text(json.dumps({"exit_code": 3, "period": "epoch 1", "limit_s": 5.0}))
     text, code = ranks_report(tmp_path, 2, cpu=True)
     assert code == 70 and "ERROR on rank 1:" in text and "rank 0: exit 3 (hang: epoch 1" in text
+    # torchrun's SIGTERM to the other ranks after one failed: the failed one is named, not the terminated
+    (tmp_path / HANG_RECORD).unlink()
+    (tmp_path / RANK_EXIT).write_text(json.dumps({"rank": 0, "exit_code": 143, "why": "terminated (SIGTERM)"}))
+    text, code = ranks_report(tmp_path, 2, cpu=True)
+    assert code == 70 and "ERROR on rank 1:" in text and "rank 0: exit 143 (terminated (SIGTERM))" in text
+    # every rank stopped by a SIGTERM: no verdict and no error, exit 143
+    (tmp_path / "rank1" / RANK_EXIT).write_text(json.dumps({"rank": 1, "exit_code": 143, "why": "x"}))
+    text, code = ranks_report(tmp_path, 2, cpu=True)
+    assert code == 143 and "TERMINATED: every rank stopped by SIGTERM" in text
 
 
 def test_the_watchdog_writes_its_hang_record_before_it_ends_the_process(tmp_path):
