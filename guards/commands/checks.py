@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     import torch
 
     from hotloop.profiles.run_lock import RunLock
+    from hotloop.trainer.distributed import RankInfo
 
 Options = TypeVar("Options")
 
@@ -163,3 +164,30 @@ def check_writable(path: Path, option: str) -> None:
         raise ValueError(
             f"{option} {path} cannot be written: no file can be created in {parent} ({problem}; a read-only folder?)"
         )
+
+
+def open_rank_folder(out: Path | None, info: RankInfo):
+    """The folder a rank of a data-parallel run (`hotloop train --nproc N`, `hotloop gate --nproc N`) writes (hotloop.guards.data_parallel.rank_folder), made and
+    locked: rank 0 makes the run folder (--out, or runs/<UTC timestamp>/: `new_run_folder`'s rules) and tells the
+    others its path, or its error (every rank then raises it as ValueError); rank R > 0 makes RUN_DIR/rank<R>/.
+    Collective: every rank calls it. Returns (folder, its hotloop.profiles.run_lock lock)."""
+    import torch.distributed as dist
+
+    from hotloop.guards.data_parallel import rank_folder
+    from hotloop.profiles.run_lock import acquire
+
+    outcome: list[object] = [None, None]  # [run folder, error]: rank 0's
+    lock = None
+    if info.rank == 0:
+        try:
+            run_dir, lock = new_run_folder(out)
+            outcome = [str(run_dir), None]
+        except ValueError as exc:
+            outcome = [None, str(exc)]
+    dist.broadcast_object_list(outcome, src=0)
+    if outcome[1] is not None:
+        raise ValueError(outcome[1] if info.rank == 0 else f"rank 0: {outcome[1]}")
+    folder = rank_folder(Path(outcome[0]), info.rank)
+    if lock is None:
+        lock = acquire(folder, create=True, must_be_empty=True)
+    return folder, lock

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hotloop.guards.commands.checks import RunPlan, check_run, check_writable, new_run_folder
+from hotloop.guards.commands.checks import RunPlan, check_run, check_writable, new_run_folder, open_rank_folder
 from hotloop.guards.commands.config_args import ConfigChoice, add_run_args, config_epilog
 from hotloop.guards.fault_list import inject_help
 from hotloop.trainer.config import Config
@@ -244,33 +244,6 @@ def gate_rank_args(args: argparse.Namespace, run_dir: Path) -> list[str]:
         "--no-baseline",
         *(["--no-progress"] if args.no_progress else []),
     ]
-
-
-def open_rank_folder(out: Path | None, info: RankInfo):
-    """The folder a rank of a data-parallel gate writes (hotloop.guards.data_parallel.rank_folder), made and
-    locked: rank 0 makes the run folder (--out, or runs/<UTC timestamp>/: `new_run_folder`'s rules) and tells the
-    others its path, or its error (every rank then raises it as ValueError); rank R > 0 makes RUN_DIR/rank<R>/.
-    Collective: every rank calls it. Returns (folder, its hotloop.profiles.run_lock lock)."""
-    import torch.distributed as dist
-
-    from hotloop.guards.data_parallel import rank_folder
-    from hotloop.profiles.run_lock import acquire
-
-    outcome: list[object] = [None, None]  # [run folder, error]: rank 0's
-    lock = None
-    if info.rank == 0:
-        try:
-            run_dir, lock = new_run_folder(out)
-            outcome = [str(run_dir), None]
-        except ValueError as exc:
-            outcome = [None, str(exc)]
-    dist.broadcast_object_list(outcome, src=0)
-    if outcome[1] is not None:
-        raise ValueError(outcome[1] if info.rank == 0 else f"rank 0: {outcome[1]}")
-    folder = rank_folder(Path(outcome[0]), info.rank)
-    if lock is None:
-        lock = acquire(folder, create=True, must_be_empty=True)
-    return folder, lock
 
 
 def execute(plan: RunPlan[GateOptions] | RunPlan[RankGate]) -> int:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hotloop.guards.commands.checks import RunPlan, check_folder_writable, check_run, new_run_folder
+from hotloop.guards.commands.checks import RunPlan, check_folder_writable, check_run, new_run_folder, open_rank_folder
 from hotloop.guards.commands.config_args import ConfigChoice, add_run_args, config_epilog
 from hotloop.trainer.config import Config
 
@@ -171,9 +171,8 @@ def prepare_data_parallel(options: TrainOptions) -> RunPlan[TrainOptions]:
     rank R > 0 makes and locks RUN_DIR/rank<R>/. ValueError naming the problem: --resume (not supported for
     data-parallel runs), --nproc given to a rank, any check's."""
     from hotloop.guards.commands.checks import check_run
-    from hotloop.guards.data_parallel import check_nproc, join, rank_folder
+    from hotloop.guards.data_parallel import check_nproc, join
     from hotloop.guards.watchdog import check_limit_s
-    from hotloop.profiles.run_lock import acquire
     from hotloop.trainer.device_choice import resolve_device
     from hotloop.trainer.distributed import launched_by_torchrun
 
@@ -196,23 +195,9 @@ def prepare_data_parallel(options: TrainOptions) -> RunPlan[TrainOptions]:
         check_nproc(options.nproc, device, run_bytes)
         run_dir, lock = new_run_folder(options.out)
         return RunPlan(cfg, run_dir, lock, options)
-    import torch.distributed as dist
 
     info = join(resolve_device(cfg.device))[1]
-    outcome: list[object] = [None, None]  # [run folder, error]: rank 0's
-    lock = None
-    if info.rank == 0:
-        try:
-            run_dir, lock = new_run_folder(options.out)
-            outcome = [str(run_dir), None]
-        except ValueError as exc:
-            outcome = [None, str(exc)]
-    dist.broadcast_object_list(outcome, src=0)
-    if outcome[1] is not None:
-        raise ValueError(outcome[1] if info.rank == 0 else f"rank 0: {outcome[1]}")
-    folder = rank_folder(Path(outcome[0]), info.rank)
-    if lock is None:
-        lock = acquire(folder, create=True, must_be_empty=True)
+    folder, lock = open_rank_folder(options.out, info)
     return RunPlan(cfg, folder, lock, replace(options, rank=info))
 
 
