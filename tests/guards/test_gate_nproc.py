@@ -136,6 +136,26 @@ def test_a_hang_on_rank_1_ends_every_rank_with_exit_3_within_the_epoch_timeout(t
     assert "Stacks of all threads" in stacks.read_text() and "faulty_step" in stacks.read_text()
 
 
+@pytest.mark.gpu
+def test_a_one_rank_gate_over_nccl_counts_the_all_reduce_captured_in_the_graph_on_the_gpu(tmp_path):
+    """World size 1 over NCCL: the learner's all-reduce is replayed inside its CUDA graph (no CPU-side c10d op), so
+    only the NCCL kernel under the step's graph launch shows it: exactly one per learner step, and the gate PASSes."""
+    out = tmp_path / "run"
+    gpu = [a if a != "cpu" else "cuda" for a in TINY]
+    proc = subprocess.run(
+        [sys.executable, "-m", "hotloop.guards.cli", "gate", "--nproc", "1", *gpu, "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    steps = pd.read_csv(out / "collectives.csv")
+    assert len(steps) > 0 and steps["allreduce"].eq(1).all(), steps.to_string()
+    text = proc.stdout[proc.stdout.index("== hotloop gate --nproc 1: the ranks") :]
+    rows = {line.split()[0]: line.split() for line in text.splitlines() if line.strip().startswith("one_all_reduce")}
+    assert rows["one_all_reduce_per_step"][-1] == "PASS" and text.rstrip().endswith("PASS on every rank (1 ranks)")
+
+
 # ------------------------------------------------------------------------------------ the pieces, synthetic
 
 
