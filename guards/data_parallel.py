@@ -125,15 +125,16 @@ RANK_EXIT = "rank_exit.json"
 COLLECTIVES = "collectives"
 """In each rank's folder: collectives.csv/.md, the collectives, wait and busy time and host reads per step of its
 guarded window (hotloop.profiles.rank_traces.step_collectives of its trace.json.gz)."""
-STRAGGLER_LIMIT = 1.5
+STRAGGLER_LIMIT = 2.5
 """A rank whose busy time per step (its step's wall time minus the time it spent inside the backend's collective
 spans: its own work; median over the window's steps) exceeds this many times the median over the OTHER ranks FAILs
-the straggler row (against the median of all ranks, a straggler of 2 ranks would pull the median halfway to itself
-and pass below 3 x the other). Why 1.5: the ranks run the same step on equal shards, so their busy times differ by noise only; a
-rank 50% slower makes every other rank wait a third of its step in the all-reduce, every step (synchronous data
-parallel runs at the slowest rank's pace), which is a regression whatever its cause; below it, noise on a shared
-host stays reported only (2 CPU ranks on a 2-core host, 5 gates: the worst rank 1.00-1.07 x the median of both ranks, i.e. at most ~1.15 x the other).
-Calibrated on the CPU only."""
+the straggler row (against the median of all ranks, a straggler of 2 ranks pulls the median halfway to itself).
+Why 2.5: the ranks run the same step on equal shards, so their busy times differ by noise only, and the noise of a
+shared host is large: 2 CPU ranks on a 2-core host read at most ~1.15 x the other at the default preset (5 gates),
+but up to 1.63 x with no fault at the tests' tiny config (busy 6-12 ms per step; 1.03, 1.33, 1.37 and 1.63 in four
+gates on 2026-12-06), so 1.5 raised false alarms; a rank 2.5 x slower than the others makes each of them wait
+60% of its step in the all-reduce, every step. Calibrated on the CPU only; on GPUs the busy time is the host's side
+of the step."""
 RANK_READS = "host reads of the trace (CPU rank)"
 """The source of a CPU rank's `no_stream_sync` row: its host reads per step (hotloop.profiles.rank_traces.HOST_READ_OP
 outside CPU_READ_ALLOWANCE): on a CUDA tensor each such read is a stream sync; the CPU has no device to sync with,
