@@ -156,17 +156,11 @@ class HangWatchdog:
             self._die(exc)
 
     def _expire(self) -> None:
-        s = self.stream
         try:
             if self.hang_record is not None:
                 try:
                     with open(self.hang_record.with_name(HANG_STACKS), "w") as f:
-                        f.write(
-                            f"{self._label} did not finish within {self._period_s:g} s; last phase entered: "
-                            f"{self.last_phase}. Stacks of all threads:\n"
-                        )
-                        f.flush()
-                        faulthandler.dump_traceback(file=f, all_threads=True)
+                        self._dump_stacks(f, "")
                 except OSError:
                     pass
                 try:
@@ -186,15 +180,20 @@ class HangWatchdog:
                     )
                 except OSError:
                     pass
-            s.write(
-                f"\nhotloop: HANG: {self._label} did not finish within {self._period_s:g} s; "
-                f"last phase entered: {self.last_phase}. Stacks of all threads:\n"
-            )
-            s.flush()
-            faulthandler.dump_traceback(file=s, all_threads=True)
-            s.flush()
+            self._dump_stacks(self.stream, "\nhotloop: HANG: ")
         finally:  # a hang exits 3 even if the report cannot be written
             self._exit(self.exit_code)
+
+    def _dump_stacks(self, f: TextIO, lead: str) -> None:
+        """Write the expiry's report (`lead`, the period, its limit, the last phase) and every thread's stack to `f`
+        (a file with a real descriptor: faulthandler writes to it directly)."""
+        f.write(
+            f"{lead}{self._label} did not finish within {self._period_s:g} s; last phase entered: {self.last_phase}. "
+            "Stacks of all threads:\n"
+        )
+        f.flush()
+        faulthandler.dump_traceback(file=f, all_threads=True)
+        f.flush()
 
     def _die(self, exc: BaseException) -> None:
         """The watching thread failed with `exc`: say so and why, keep the traceback, end the process with
