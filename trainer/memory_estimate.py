@@ -187,6 +187,12 @@ def format_bytes(n: int) -> str:
     return f"{value:.3g} {units[-1]}"
 
 
+def host_run_bytes(cfg: Config, device: torch.device, obs_dim: int, action_nvec: tuple[int, ...]) -> int:
+    """The host bytes a run of `cfg` holds of its own: its `estimate_memory` total on a CPU device (everything
+    lives in host memory), 0 on CUDA (the estimate is device memory)."""
+    return estimate_memory(cfg, obs_dim, action_nvec).total if torch.device(device).type == "cpu" else 0
+
+
 def check_memory(
     cfg: Config,
     device: torch.device,

@@ -204,10 +204,10 @@ def prepare_ranks(args: argparse.Namespace) -> RunPlan[RankGate]:
     world = args.nproc if args.nproc is not None else int(os.environ["WORLD_SIZE"])
     options = check_gate_args(argparse.Namespace(**{**vars(args), "no_baseline": True}), cfg, world_size=world)
     device, obs_dim, action_nvec = check_run(cfg, trains=True)
-    check_window_fits(options, cfg, device, obs_dim, action_nvec)
+    rank_bytes = check_window_fits(options, cfg, device, obs_dim, action_nvec)
     cpu = device.type == "cpu"
     if args.nproc is not None:
-        check_nproc(args.nproc, device, rank_host_bytes(options, cfg, device, obs_dim, action_nvec))
+        check_nproc(args.nproc, device, rank_bytes)
         run_dir, lock = new_run_folder(args.out)
         return RunPlan(cfg, run_dir, lock, RankGate(options, args.nproc, tuple(gate_rank_args(args, run_dir)), cpu=cpu))
     info = join(resolve_device(cfg.device))[1]
@@ -309,40 +309,25 @@ def execute_ranks(plan: RunPlan[RankGate]) -> int:
 
 def check_window_fits(
     options: GateOptions, cfg: Config, device: torch.device, obs_dim: int, action_nvec: tuple[int, ...]
-) -> None:
+) -> int:
     """ValueError naming --guard-steps (and --repeats) when the guarded windows' estimated host memory
     (hotloop.trainer.memory_estimate.check_window_memory: K steps x R repeats x the per-step bound of the profiler's
     trace events; on a CPU device plus the run's own estimate) exceeds the host's available memory, with the
     estimate and how many steps fit. K is hotloop.guards.gate.window_size's (options.guard_steps, else the
-    default)."""
+    default). Returns the estimate (bytes: the windows plus the run's host bytes), which is also what one rank of
+    a --nproc gate holds beyond its process (hotloop.guards.data_parallel.check_nproc)."""
     from hotloop.guards.gate import window_size
     from hotloop.trainer.device_choice import learner_kind
-    from hotloop.trainer.memory_estimate import check_window_memory, estimate_memory
+    from hotloop.trainer.memory_estimate import check_window_memory, host_run_bytes
 
     kind = learner_kind(cfg, device)
     k, _, _ = window_size(cfg, kind, options.guard_steps)
-    run_bytes = estimate_memory(cfg, obs_dim, action_nvec).total if device.type == "cpu" else 0
+    run_bytes = host_run_bytes(cfg, device, obs_dim, action_nvec)
     try:
-        check_window_memory(k, options.repeats, device, kind, run_bytes)
+        return check_window_memory(k, options.repeats, device, kind, run_bytes) + run_bytes
     except ValueError as exc:
         given = f"--guard-steps {k}" if options.guard_steps is not None else f"--guard-steps (default {k})"
         raise ValueError(f"{given} with --repeats {options.repeats}: {exc}") from None
-
-
-def rank_host_bytes(
-    options: GateOptions, cfg: Config, device: torch.device, obs_dim: int, action_nvec: tuple[int, ...]
-) -> int:
-    """Host bytes one rank of a data-parallel gate holds beyond its process (for --nproc's memory check,
-    hotloop.guards.data_parallel.check_nproc): its guarded window (hotloop.trainer.memory_estimate
-    .estimate_window_memory) plus, on a CPU device, its run's estimate."""
-    from hotloop.guards.gate import window_size
-    from hotloop.trainer.device_choice import learner_kind
-    from hotloop.trainer.memory_estimate import estimate_memory, estimate_window_memory
-
-    kind = learner_kind(cfg, device)
-    k, _, _ = window_size(cfg, kind, options.guard_steps)
-    run_bytes = estimate_memory(cfg, obs_dim, action_nvec).total if device.type == "cpu" else 0
-    return estimate_window_memory(k, options.repeats, device.type, kind) + run_bytes
 
 
 def check_gate_args(args: argparse.Namespace, cfg: Config, world_size: int = 1) -> GateOptions:

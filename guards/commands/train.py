@@ -189,10 +189,9 @@ def prepare_data_parallel(options: TrainOptions) -> RunPlan[TrainOptions]:
         cfg = replace(cfg, device=f"cuda:{os.environ['LOCAL_RANK']}")
     device, obs_dim, action_nvec = check_run(cfg, trains=True)
     if options.nproc is not None:
-        from hotloop.trainer.memory_estimate import estimate_memory
+        from hotloop.trainer.memory_estimate import host_run_bytes
 
-        run_bytes = estimate_memory(cfg, obs_dim, action_nvec).total if device.type == "cpu" else 0
-        check_nproc(options.nproc, device, run_bytes)
+        check_nproc(options.nproc, device, host_run_bytes(cfg, device, obs_dim, action_nvec))
         run_dir, lock = new_run_folder(options.out)
         return RunPlan(cfg, run_dir, lock, options)
 

@@ -18,6 +18,7 @@ from hotloop.trainer.memory_estimate import (
     estimate_memory,
     estimate_window_memory,
     format_bytes,
+    host_run_bytes,
     param_count,
     replay_bytes,
     window_bytes_per_step,
@@ -123,3 +124,10 @@ def test_the_guarded_windows_estimate_grows_with_its_steps_and_repeats_and_is_re
     assert check_window_memory(10**9, 1, cpu, "reference", available=(None, "unknown")) > 0  # unknown: no check
     with pytest.raises(ValueError, match="steps >= 1 and repeats >= 1"):
         estimate_window_memory(0, 1, "cpu", "reference")
+
+
+def test_a_runs_host_bytes_are_its_estimate_on_the_cpu_and_none_on_cuda():
+    cfg = preset("seed-scale")
+    total = estimate_memory(cfg, cfg.obs_dim, cfg.action_nvec).total
+    assert total > 0 and host_run_bytes(cfg, torch.device("cpu"), cfg.obs_dim, cfg.action_nvec) == total
+    assert host_run_bytes(cfg, torch.device("cuda", 0), cfg.obs_dim, cfg.action_nvec) == 0
