@@ -245,8 +245,8 @@ def _rank_rows(outcome: RankOutcome, cpu: bool) -> pd.DataFrame | None:
         return None
     cols = ["id", "criterion", "limit", "measured", "verdict", "status", "source", "worst_step", "evidence"]
     rows = outcome.verdicts.reindex(columns=cols).fillna("").astype(object)
+    cells = collective_row(outcome.collectives)
     for c in judged_by(RANKS):
-        cells = collective_row(outcome.collectives)
         rows.loc[rows["id"].eq(c.id), list(cells) + ["source"]] = [*cells.values(), "trace"]
     t = outcome.collectives
     if cpu and t is not None and not t.empty:
@@ -273,7 +273,7 @@ def judge_ranks(outcomes: list[RankOutcome], cpu: bool) -> tuple[pd.DataFrame, p
     """Judge a data-parallel gate's ranks: (per-rank table, criteria table, straggler).
 
     Per-rank table, one row per rank: rank, exit, steps (guarded), step_ms, busy_ms, wait_ms (medians over its
-    steps: the step's wall time, the rank's own work, its time in the backend's collective spans), busy_vs_median
+    steps: the step's wall time, the rank's own work, its time in the backend's collective spans), busy_vs_others
     (busy_ms / the median of the other ranks' busy_ms), allreduce (per step, "min-max"), other (its other collectives),
     host_reads (its worst step's), failed (the ids of its failing rows).
     Criteria table, one row per criterion: id, limit, rank<R> ("measured verdict") per rank, worst_rank, measured
@@ -367,11 +367,11 @@ def _worst(cells: dict, passing: list[int]) -> int | None:
     return max(passing, key=key)
 
 
-def _hang_line(run_dir: Path, outcome: RankOutcome) -> str:
+def _hang_line(outcome: RankOutcome) -> str:
     """One hung rank's line of the launcher's report: its period, limit and last phase (its hang record), and its
     stack file (hotloop.guards.watchdog.HANG_STACKS) where the watchdog wrote one."""
     h = outcome.hang or {}
-    stacks = rank_folder(run_dir, outcome.rank) / str(h.get("stacks", ""))
+    stacks = outcome.folder / str(h.get("stacks", ""))
     return (
         f"  rank {outcome.rank}: {h.get('period')} did not finish within {h.get('limit_s')} s, last phase "
         f"{h.get('last_phase')}; stacks: {stacks if h.get('stacks') and stacks.is_file() else 'not written'}"
@@ -409,7 +409,7 @@ def ranks_report(run_dir: Path, nproc: int, cpu: bool) -> tuple[str, int]:
     hung = [o for o in outcomes if o.hang is not None]
     if hung:
         every = len(hung) == nproc
-        where = "\n".join(_hang_line(run_dir, o) for o in hung)
+        where = "\n".join(_hang_line(o) for o in hung)
         return (
             f"{head}\n{exits}\n{where}\nHANG on "
             f"{'every rank' if every else 'rank(s) ' + ', '.join(str(o.rank) for o in hung)}: "

@@ -383,14 +383,14 @@ def run_gate(cfg: Config, run_dir: Path, options: GateOptions) -> int:
     counts = verdicts.status.value_counts()
     measured, reported = int(counts.get("measured", 0)), int(counts.get("reported", 0))
     na = int(verdicts.status.str.startswith("not applicable").sum())  # CPU: the sync rows (hotloop.guards.guard)
-    rank = rank_info()
+    # a rank of `hotloop gate --nproc N`: its own window only; the launcher's verdict over the ranks comes last
+    ranked = launched_by_torchrun()
     print(
-        # a rank of `hotloop gate --nproc N`: its own window only; the launcher's verdict over the ranks comes last
-        (f"rank {rank.rank}: its own window " if launched_by_torchrun() else "")
+        (f"rank {rank_info().rank}: its own window " if ranked else "")
         + f"PASS ({measured} measured, {reported} reported, {len(verdicts) - measured - reported - na} not measured"
         + (f", {na} not applicable (no CUDA)" if na else "")
         + ")"
-        + ("; the verdict over the ranks follows" if launched_by_torchrun() else "")
+        + ("; the verdict over the ranks follows" if ranked else "")
     )
     return 0
 
