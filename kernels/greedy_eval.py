@@ -31,16 +31,18 @@ from hotloop.kernels.acting import ActingNet, cartpole_dynamics, greedy_actions,
 
 EVAL_BLOCK_N = 64
 """Envs per program: 64 rows, the row tile of kernels/heads.py's forward (4 warps, one warpgroup's MMA)."""
-EVAL_TILES = (64, 32, 16)
-"""(BLOCK_R, BLOCK_K, HEADS_BLOCK_K): the hidden layers' output-row and reduction tiles (kernels/linear.py's forward
-reduces 32 columns a step) and the heads' reduction tile (kernels/heads.py's _BLOCK_K). A program's time step is a
-chain of dependent (load, round, dot) iterations, each about one memory round trip: at these tiles the cartpole-fast
-net (trunk 256-256, heads 64) takes 60 per step, ~208 us per step on an H100 (104 ms per 500-step evaluation at
-1eb98a9, 2026-12-06, results/h200/whole_run/fused_eval_first/), slower than the captured graph's 46 ms there; at
-WIDE_TILES 10 (not measured yet: results/lab/eval_paths_bench.py times both beside the graph)."""
-WIDE_TILES = (128, 128, 64)
+EVAL_TILES = (64, 32, 16, 3)
+"""(BLOCK_R, BLOCK_K, HEADS_BLOCK_K, num_stages): the hidden layers' output-row and reduction tiles (kernels/linear.py's
+forward reduces 32 columns a step), the heads' reduction tile (kernels/heads.py's _BLOCK_K) and Triton's default
+software-pipeline depth on CUDA. A program's time step is a chain of dependent (load, round, dot) iterations, each
+about one memory round trip: at these tiles the cartpole-fast net (trunk 256-256, heads 64) takes 60 per step,
+~208 us per step on an H100 (104 ms per 500-step evaluation at 1eb98a9, 2026-12-06,
+results/h200/whole_run/fused_eval_first/; 107.5 ms at d780e97), slower than the captured graph's 46 ms there."""
+WIDE_TILES = (128, 128, 64, 1)
 """The candidate tiles: 10 dependent iterations per step at cartpole-fast. The sums are the same as EVAL_TILES' on a
-GPU: a dot over 128 columns accumulates its 8-column MMA steps in the order that chained dots over 32 or 16 do."""
+GPU: a dot over 128 columns accumulates its 8-column MMA steps in the order that chained dots over 32 or 16 do. One
+stage: at Triton's default 3 the kernel asks for 256 KiB of shared memory, over the H100's 227 KiB per block
+(OutOfResources on the H100 at d780e97, 2026-12-06)."""
 _WARPS = 4
 """Warps per program (one warpgroup's MMA)."""
 
@@ -133,7 +135,7 @@ def greedy_eval(
     total: torch.Tensor,
     scratch: torch.Tensor,
     block_n: int = EVAL_BLOCK_N,
-    tiles: tuple[int, int, int] = EVAL_TILES,
+    tiles: tuple[int, int, int, int] = EVAL_TILES,
 ) -> torch.Tensor:
     """Each of N CartPole envs' first-episode return under the flat net's greedy policy, in one launch
     (`_greedy_eval_kernel`, max(2, ceil(N / block_n)) programs; module docstring).
@@ -148,7 +150,9 @@ def greedy_eval(
             that ended its episode; `steps` for one still running).
         scratch: (2, N, net.max_width) float32 workspace (overwritten).
         block_n: envs per program, a power of two >= 16.
-        tiles: (BLOCK_R, BLOCK_K, HEADS_BLOCK_K), each a power of two >= 16 (EVAL_TILES, WIDE_TILES).
+        tiles: (BLOCK_R, BLOCK_K, HEADS_BLOCK_K, num_stages): three powers of two >= 16 and the software-pipeline
+            depth, an int in 1..4 (EVAL_TILES, WIDE_TILES). A tiling whose shared memory exceeds the GPU's raises
+            triton's OutOfResources at the launch.
     All tensors on one device: CUDA, or the CPU under TRITON_INTERPRET=1. Returns total; no host read.
     Raises ValueError (naming the argument) for a wrong dtype, shape, device or contiguity, a net that is not
     CartPole's (4 inputs, one branch of 2 actions), steps not an int >= 0 or a bad block_n or tiles; nothing is
@@ -168,9 +172,17 @@ def greedy_eval(
         raise ValueError(f"steps must be an int in [0, 2**31), got {steps!r}")
     if not _pow2_at_least_16(block_n):
         raise ValueError(f"block_n must be a power of two >= 16, got {block_n!r}")
-    if not isinstance(tiles, tuple) or len(tiles) != 3 or not all(_pow2_at_least_16(t) for t in tiles):
-        raise ValueError(f"tiles must be three powers of two >= 16 (BLOCK_R, BLOCK_K, HEADS_BLOCK_K), got {tiles!r}")
-    block_r, block_k, heads_block_k = tiles
+    if (
+        not isinstance(tiles, tuple)
+        or len(tiles) != 4
+        or not all(_pow2_at_least_16(t) for t in tiles[:3])
+        or tiles[3] not in (1, 2, 3, 4)
+    ):
+        raise ValueError(
+            "tiles must be three powers of two >= 16 and num_stages in 1..4 (BLOCK_R, BLOCK_K, HEADS_BLOCK_K, "
+            f"num_stages), got {tiles!r}"
+        )
+    block_r, block_k, heads_block_k, stages = tiles
     _greedy_eval_kernel[(max(2, triton.cdiv(n, block_n)),)](
         weights,
         net.table,
@@ -196,6 +208,7 @@ def greedy_eval(
         ROUND=rounds_tf32_operands(),
         TORCH_CUDA=not interpreting(),
         num_warps=_WARPS,
+        num_stages=stages,
     )
     return total
 

@@ -125,9 +125,14 @@ COLLECTIVE_OP = re.compile(r"^(?:c10d|_c10d_functional|c10d_functional)::([A-Za-
 """A collective or point-to-point call as the CPU side of a Kineto trace shows it: the dispatcher op
 `c10d::allreduce_`, `c10d::broadcast_`, `c10d::barrier`, `c10d::send`, ... (torch.distributed's functions), or a
 functional collective `_c10d_functional::all_reduce` (DTensor, torch.compile); group 1 is the op."""
-NCCL_KERNEL = re.compile(r"^nccl(?:Dev)?Kernel_([A-Za-z]+)")
+NCCL_KERNEL = re.compile(r"^(?:nccl(?:Dev)?Kernel_(?P<op>[A-Za-z]+)|.*oneRankReduce)")
 """An NCCL kernel on the GPU timeline (`ncclDevKernel_AllReduce_Sum_f32_RING_LL`, `ncclKernel_Broadcast_...`): how a
-collective replayed inside a CUDA graph shows up, with no CPU-side c10d op in that step."""
+collective replayed inside a CUDA graph shows up, with no CPU-side c10d op in that step. On a one-rank communicator
+NCCL runs a reducing collective whose op needs arithmetic (ReduceOp.AVG: PreMulSum) as its own kernel instead,
+`oneRankReduce<FuncPreMulSum<float>>` (NVIDIA/nccl src/onerank.cu; its name in the trace is the mangled
+`__nv_static_..._onerank_cu_..._oneRankReduceI13FuncPreMulSumIfEEEvPvS3_mmb`, read on an H100 with torch 2.11's
+NCCL); on one rank all-reduce, reduce and reduce-scatter are that same scaled copy, so it reads as an all-reduce
+(`collective_kind`). A SUM all-reduce on one rank launches no kernel at all (in place, nothing to do)."""
 BACKEND_SPAN = re.compile(r"^(?:gloo|nccl):[a-z_]+$")
 """The backend's own range of a collective (`gloo:all_reduce`, `nccl:all_reduce`): on gloo it runs on a worker thread
 from the call until every rank has taken part, so it holds the time this rank waited for the others."""
@@ -145,8 +150,11 @@ device that counter lives on the host, so it is never a device sync)."""
 def collective_kind(name: str) -> str | None:
     """The collective a trace event name is ("allreduce", "broadcast", "barrier", "allgather", "send", ...: lower
     case, underscores dropped, so that `c10d::allreduce_`, `_c10d_functional::all_reduce` and
-    `ncclDevKernel_AllReduce_Sum_f32_RING_LL` all read "allreduce"); None for any other name."""
-    m = COLLECTIVE_OP.match(name) or NCCL_KERNEL.match(name)
+    `ncclDevKernel_AllReduce_Sum_f32_RING_LL` all read "allreduce", as does NCCL's one-rank reduce kernel, see
+    NCCL_KERNEL); None for any other name."""
+    m = COLLECTIVE_OP.match(name)
+    if m is None and (k := NCCL_KERNEL.match(name)) is not None:
+        return k.group("op").lower() if k.group("op") else "allreduce"  # None: NCCL's one-rank reduce
     if m is None:
         return None
     kind = m.group(1).lower().replace("_", "")

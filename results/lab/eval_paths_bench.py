@@ -7,14 +7,15 @@ RUN_DIR is a `hotloop train` run folder of the hotloop learner on CartPole (its 
 policy, whose episodes run long, as an evaluation late in training does; trainer/best_policy.py). The bench builds
 the run's trainer on CUDA from best.pt's config, loads the policy and times, in turn for R rounds after one warm-up
 round, each path's `returns(seed)` for the config's `eval_episodes` envs: `graph` (GreedyEvaluator with the fused
-path off: chunks of captured steps, the capture in the warm-up) and `fused <tiles>` (greedy_eval at EVAL_TILES and
-WIDE_TILES, into the fused evaluator's buffers). Each call is timed with CUDA events on the current stream
+path off: chunks of captured steps, the capture in the warm-up) and `fused <tiles>` (greedy_eval at each of
+CANDIDATES, into the fused evaluator's buffers; a tiling the GPU has too little shared memory for gets a row whose
+`note` says so and no times). Each call is timed with CUDA events on the current stream
 (device time from the first launch to the last; the graph path's host loop between chunks included). Every path's
 returns must equal the graph's bit for bit (`equal` column); the table gives the median and min ms per
 evaluation, the mean return and the steps of the longest episode (the fused kernel's loop length).
 
 Prints a table; with --csv appends rows (commit, date, gpu, path, tiles, repeats, median_ms, min_ms,
-mean_return, max_return, equal). Raises SystemExit naming the folder when it holds no best.pt, the run is not the
+mean_return, max_return, equal, note). Raises SystemExit naming the folder when it holds no best.pt, the run is not the
 hotloop learner on CartPole, or no GPU is present. Issue 37 item 2; the prediction and outcome go to
 results/h200/notes/bench_notes.md.
 """
@@ -28,6 +29,7 @@ import statistics
 from pathlib import Path
 
 import torch
+from triton.runtime.errors import OutOfResources
 
 from hotloop.kernels.greedy_eval import EVAL_TILES, WIDE_TILES, greedy_eval
 from hotloop.profiles.provenance import commit_id, device_name
@@ -48,7 +50,12 @@ COLUMNS = [
     "mean_return",
     "max_return",
     "equal",
+    "note",
 ]
+
+CANDIDATES = (EVAL_TILES, (64, 64, 64, 3), (128, 64, 64, 3), (128, 128, 64, 2), WIDE_TILES)
+"""The tilings timed, (BLOCK_R, BLOCK_K, HEADS_BLOCK_K, num_stages): the default, wider reductions at Triton's default
+3 stages, and the widest tiles at the stages that may fit the shared memory (kernels/greedy_eval.py)."""
 
 
 def _timed(fn) -> tuple[float, torch.Tensor]:
@@ -76,7 +83,7 @@ def paths(trainer: Trainer, seed: int) -> dict[str, callable]:
         )
 
     out = {"graph": lambda: graph.returns(seed)}
-    for tiles in (EVAL_TILES, WIDE_TILES):
+    for tiles in CANDIDATES:
         out["fused " + "x".join(map(str, tiles))] = one(tiles)
     return out
 
@@ -94,29 +101,39 @@ def bench(run_dir: Path, repeats: int, seed: int) -> list[dict]:
     load_best(trainer, best)
     calls = paths(trainer, seed)
     times = {name: [] for name in calls}
-    results = {}
+    results, notes = {}, {}
     for r in range(repeats + 1):  # round 0: warm-up (compilation, the graph's capture)
         for name, fn in calls.items():
-            ms, got = _timed(fn)
+            if name in notes:
+                continue
+            try:
+                ms, got = _timed(fn)
+            except OutOfResources as exc:  # raised at the first launch, before any work: the tiling does not fit
+                notes[name] = str(exc).split(".")[0]
+                continue
             if r:
                 times[name].append(ms)
             results[name] = got
     ref = results["graph"]
     stamp = dict(commit=commit_id(), date=dt.date.today().isoformat(), gpu=device_name(torch.device("cuda")))
-    return [
-        {
-            **stamp,
-            "path": name.split()[0],
-            "tiles": name.split()[1] if " " in name else "",
-            "repeats": repeats,
-            "median_ms": round(statistics.median(t), 3),
-            "min_ms": round(min(t), 3),
-            "mean_return": round(float(results[name].mean()), 2),
-            "max_return": int(results[name].max()),
-            "equal": bool(torch.equal(results[name], ref)),
-        }
-        for name, t in times.items()
-    ]
+    rows = []
+    for name, t in times.items():
+        row = {**stamp, "path": name.split()[0], "tiles": name.split()[1] if " " in name else "", "repeats": repeats}
+        if name in notes:
+            rows.append({**row, "equal": "", "note": notes[name]})
+            continue
+        rows.append(
+            {
+                **row,
+                "median_ms": round(statistics.median(t), 3),
+                "min_ms": round(min(t), 3),
+                "mean_return": round(float(results[name].mean()), 2),
+                "max_return": int(results[name].max()),
+                "equal": bool(torch.equal(results[name], ref)),
+                "note": "",
+            }
+        )
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -130,11 +147,11 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--repeats must be >= 1, got {a.repeats}")
     rows = bench(a.run_dir, a.repeats, a.seed)
     for row in rows:
-        print("  ".join(f"{k}={row[k]}" for k in COLUMNS[3:]))
+        print("  ".join(f"{k}={row.get(k, '')}" for k in COLUMNS[3:]))
     if a.csv:
         new = not a.csv.exists()
         with a.csv.open("a", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=COLUMNS)
+            w = csv.DictWriter(f, fieldnames=COLUMNS, restval="")
             if new:
                 w.writeheader()
             w.writerows(rows)

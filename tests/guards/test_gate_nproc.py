@@ -139,11 +139,14 @@ def test_a_hang_on_rank_1_ends_every_rank_with_exit_3_within_the_epoch_timeout(t
 @pytest.mark.gpu
 def test_a_one_rank_gate_over_nccl_counts_the_all_reduce_captured_in_the_graph_on_the_gpu(tmp_path):
     """World size 1 over NCCL: the learner's all-reduce is replayed inside its CUDA graph (no CPU-side c10d op), so
-    only the NCCL kernel under the step's graph launch shows it: exactly one per learner step, and the gate PASSes."""
+    only the NCCL kernel under the step's graph launch shows it (NCCL's one-rank reduce: ONE_RANK_KERNEL): exactly
+    one per learner step, and the gate PASSes. The default preset's net, 2 epochs (the single-block and memset rows
+    are judged from the second): TINY's 16-wide net makes a fill kernel of the step and the one-rank reduce one block each,
+    which no_single_block_kernels rightly fails (the H100 run of 2026-12-06)."""
     out = tmp_path / "run"
-    gpu = [a if a != "cpu" else "cuda" for a in TINY]
+    gpu = ["--preset", "cartpole", "--device", "cuda", "--epochs", "2", "--set", "learner_steps_per_epoch=200"]
     proc = subprocess.run(
-        [sys.executable, "-m", "hotloop.guards.cli", "gate", "--nproc", "1", *gpu, "--out", str(out)],
+        [sys.executable, "-m", "hotloop.guards.cli", "gate", "--nproc", "1", *gpu, "--no-progress", "--out", str(out)],
         capture_output=True,
         text=True,
         timeout=400,
@@ -164,6 +167,14 @@ def _events(rows: list[dict]) -> pd.DataFrame:
     return pd.DataFrame([{**base, **r} for r in rows])
 
 
+ONE_RANK_KERNEL = (
+    "__nv_static_32__b4148644_10_onerank_cu_fdf47990__ZN43_GLOBAL__N__b4148644_10_onerank_cu_fdf4799013"
+    "oneRankReduceI13FuncPreMulSumIfEEEvPvS3_mmb"
+)
+"""NCCL's all-reduce (ReduceOp.AVG) on a one-rank communicator, as the H100's Kineto trace of `gate --nproc 1` named
+it (torch 2.11, 2026-12-06): no ncclDevKernel_* at all."""
+
+
 def test_collective_kinds_read_the_same_across_ops_and_kernels():
     assert [
         collective_kind(n)
@@ -171,13 +182,14 @@ def test_collective_kinds_read_the_same_across_ops_and_kernels():
             "c10d::allreduce_",
             "_c10d_functional::all_reduce",
             "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
+            ONE_RANK_KERNEL,
             "c10d::_allgather_base_",
             "c10d::broadcast_",
             "c10d::barrier",
             "aten::add",
             "gloo:all_reduce",
         )
-    ] == ["allreduce", "allreduce", "allreduce", "allgather", "broadcast", "barrier", None, None]
+    ] == ["allreduce", "allreduce", "allreduce", "allreduce", "allgather", "broadcast", "barrier", None, None]
 
 
 def test_step_collectives_counts_calls_waits_and_unexpected_host_reads():
@@ -197,12 +209,16 @@ def test_step_collectives_counts_calls_waits_and_unexpected_host_reads():
             {"name": "step", "kind": ua, "start_us": 400, "dur_us": 100},
             {"name": "cudaGraphLaunch", "kind": "runtime", "start_us": 410, "dur_us": 5, "correlation": 7},
             {"name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL", "kind": "kernel", "start_us": 900, "correlation": 7},
+            # a fourth: world size 1 over NCCL, whose AVG all-reduce is NCCL's one-rank reduce kernel
+            {"name": "step", "kind": ua, "start_us": 1000, "dur_us": 100},
+            {"name": "cudaGraphLaunch", "kind": "runtime", "start_us": 1010, "dur_us": 5, "correlation": 8},
+            {"name": ONE_RANK_KERNEL, "kind": "kernel", "start_us": 1500, "correlation": 8},
         ]
     )
     t = step_collectives(ev)
-    assert t["collectives"].tolist() == [1, 2, 1] and t["allreduce"].tolist() == [1, 1, 1]
-    assert t["other"].tolist() == ["", "broadcast x1", ""]
-    assert t["host_reads"].tolist() == [0, 1, 0] and t.loc[1, "read_in"] == "step x1"
+    assert t["collectives"].tolist() == [1, 2, 1, 1] and t["allreduce"].tolist() == [1, 1, 1, 1]
+    assert t["other"].tolist() == ["", "broadcast x1", "", ""]
+    assert t["host_reads"].tolist() == [0, 1, 0, 0] and t.loc[1, "read_in"] == "step x1"
     assert t.loc[0, "wait_us"] == 30 and t.loc[0, "busy_us"] == 70
     assert step_collectives(_events([{"name": "aten::add"}])).empty
 

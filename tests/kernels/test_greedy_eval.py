@@ -102,7 +102,7 @@ WIDE_NET = dict(trunk_hidden=(80, 72), head_hidden=40)
 """Layers wider than every tile of EVAL_TILES and narrower than WIDE_TILES': each tiling splits them otherwise."""
 
 
-@pytest.mark.parametrize("tiles", [EVAL_TILES, WIDE_TILES, (16, 64, 32)])
+@pytest.mark.parametrize("tiles", [EVAL_TILES, WIDE_TILES, (16, 64, 32, 2)])
 def test_every_tiling_equals_the_reference(tiles):
     # K = 80 and 72 span 3 and 1 column tiles of 32 and 128, rows 80 span 2 and 1 row tiles; the heads' K = 40
     learner = _learner(6, scale=10.0, **WIDE_NET)  # seed 6: 21 of 40 episodes reach the limit
@@ -164,9 +164,11 @@ def _args(learner, n: int = 8):
         ("steps", lambda a: 2.5, "steps"),
         ("block_n", lambda a: 48, "block_n"),
         ("block_n", lambda a: 8, "block_n"),
-        ("tiles", lambda a: (64, 32), "tiles"),
-        ("tiles", lambda a: (64, 48, 16), "tiles"),
-        ("tiles", lambda a: [64, 32, 16], "tiles"),
+        ("tiles", lambda a: (64, 32, 16), "tiles"),
+        ("tiles", lambda a: (64, 48, 16, 3), "tiles"),
+        ("tiles", lambda a: (64, 32, 16, 0), "tiles"),
+        ("tiles", lambda a: (64, 32, 16, 5), "tiles"),
+        ("tiles", lambda a: [64, 32, 16, 3], "tiles"),
     ],
 )
 def test_bad_inputs_are_refused_by_name_before_any_launch(name, bad, match):
