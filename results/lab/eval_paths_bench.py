@@ -53,8 +53,19 @@ COLUMNS = [
     "note",
 ]
 
-CANDIDATES = (EVAL_TILES, (64, 64, 64, 3), (128, 64, 64, 3), (128, 128, 64, 2), WIDE_TILES)
-"""The tilings timed, (BLOCK_R, BLOCK_K, HEADS_BLOCK_K, num_stages): the default, wider reductions at Triton's default
+CANDIDATES = (
+    EVAL_TILES,
+    (64, 32, 16, 1),
+    (64, 64, 64, 1),
+    (128, 64, 64, 1),
+    WIDE_TILES,
+    (128, 128, 128, 1),
+    (256, 128, 64, 1),
+    (128, 256, 64, 1),
+)
+"""The tilings timed, (BLOCK_R, BLOCK_K, HEADS_BLOCK_K, num_stages): the default, then one-stage tilings from the
+default's tiles to wider ones (kernels/greedy_eval.py). On the H100 at 821918f (2026-12-06) 128x128x64 took 93 ms at
+2 stages and 39 ms at 1: the pipeline's prefetch only adds latency to a chain of dependent dots."""The tilings timed, (BLOCK_R, BLOCK_K, HEADS_BLOCK_K, num_stages): the default, wider reductions at Triton's default
 3 stages, and the widest tiles at the stages that may fit the shared memory (kernels/greedy_eval.py)."""
 
 
