@@ -65,8 +65,7 @@ CANDIDATES = (
 )
 """The tilings timed, (BLOCK_R, BLOCK_K, HEADS_BLOCK_K, num_stages): the default, then one-stage tilings from the
 default's tiles to wider ones (kernels/greedy_eval.py). On the H100 at 821918f (2026-12-06) 128x128x64 took 93 ms at
-2 stages and 39 ms at 1: the pipeline's prefetch only adds latency to a chain of dependent dots."""The tilings timed, (BLOCK_R, BLOCK_K, HEADS_BLOCK_K, num_stages): the default, wider reductions at Triton's default
-3 stages, and the widest tiles at the stages that may fit the shared memory (kernels/greedy_eval.py)."""
+2 stages and 39 ms at 1: the pipeline's prefetch only adds latency to a chain of dependent dots."""
 
 
 def _timed(fn) -> tuple[float, torch.Tensor]:
