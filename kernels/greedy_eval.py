@@ -31,18 +31,16 @@ from hotloop.kernels.acting import ActingNet, cartpole_dynamics, greedy_actions,
 
 EVAL_BLOCK_N = 64
 """Envs per program: 64 rows, the row tile of kernels/heads.py's forward (4 warps, one warpgroup's MMA)."""
-EVAL_TILES = (64, 32, 16, 3)
-"""(BLOCK_R, BLOCK_K, HEADS_BLOCK_K, num_stages): the hidden layers' output-row and reduction tiles (kernels/linear.py's
-forward reduces 32 columns a step), the heads' reduction tile (kernels/heads.py's _BLOCK_K) and Triton's default
-software-pipeline depth on CUDA. A program's time step is a chain of dependent (load, round, dot) iterations, each
-about one memory round trip: at these tiles the cartpole-fast net (trunk 256-256, heads 64) takes 60 per step,
-~208 us per step on an H100 (104 ms per 500-step evaluation at 1eb98a9, 2026-12-06,
-results/h200/whole_run/fused_eval_first/; 107.5 ms at d780e97), slower than the captured graph's 46 ms there."""
-WIDE_TILES = (128, 128, 64, 1)
-"""The candidate tiles: 10 dependent iterations per step at cartpole-fast. The sums are the same as EVAL_TILES' on a
-GPU: a dot over 128 columns accumulates its 8-column MMA steps in the order that chained dots over 32 or 16 do. One
-stage: at Triton's default 3 the kernel asks for 256 KiB of shared memory, over the H100's 227 KiB per block
-(OutOfResources on the H100 at d780e97, 2026-12-06)."""
+EVAL_TILES = (128, 128, 64, 1)
+"""(BLOCK_R, BLOCK_K, HEADS_BLOCK_K, num_stages): the hidden layers' output-row and reduction tiles, the heads'
+reduction tile and the software-pipeline depth. A program's time step is a chain of dependent (load, round, dot)
+iterations, each about one memory round trip, so the fewest iterations and no pipeline win: at these tiles the
+cartpole-fast net (trunk 256-256, heads 64) takes 10 per step. Measured on the H100 at c6522ec (2026-12-06,
+results/h200/whole_run/eval_tilings/; results/lab/eval_paths_bench.py on a trained cartpole-fast policy, 300 envs,
+500 steps): 37.9 ms per evaluation, against the captured graph's 40.8 ms and the first tiles (64, 32, 16) at
+Triton's default 3 stages 108.7 ms (60 iterations per step); the same tiles at 2 stages took 93.0 ms, and at 3 they
+ask for 256 KiB of shared memory, over the H100's 227 KiB per block. The sums are the same at every tiling on a GPU:
+a dot over 128 columns accumulates its 8-column MMA steps in the order that chained dots over 32 or 16 do."""
 _WARPS = 4
 """Warps per program (one warpgroup's MMA)."""
 
@@ -151,7 +149,7 @@ def greedy_eval(
         scratch: (2, N, net.max_width) float32 workspace (overwritten).
         block_n: envs per program, a power of two >= 16.
         tiles: (BLOCK_R, BLOCK_K, HEADS_BLOCK_K, num_stages): three powers of two >= 16 and the software-pipeline
-            depth, an int in 1..4 (EVAL_TILES, WIDE_TILES). A tiling whose shared memory exceeds the GPU's raises
+            depth, an int in 1..4 (EVAL_TILES). A tiling whose shared memory exceeds the GPU's raises
             triton's OutOfResources at the launch.
     All tensors on one device: CUDA, or the CPU under TRITON_INTERPRET=1. Returns total; no host read.
     Raises ValueError (naming the argument) for a wrong dtype, shape, device or contiguity, a net that is not

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 from triton.runtime.errors import OutOfResources
 
-from hotloop.kernels.greedy_eval import EVAL_TILES, WIDE_TILES, greedy_eval
+from hotloop.kernels.greedy_eval import EVAL_TILES, greedy_eval
 from hotloop.profiles.provenance import commit_id, device_name
 from hotloop.trainer.best_policy import BEST_FILE, load_best, read_best
 from hotloop.trainer.config import Config
@@ -54,17 +54,18 @@ COLUMNS = [
 ]
 
 CANDIDATES = (
-    EVAL_TILES,
+    (64, 32, 16, 3),
     (64, 32, 16, 1),
     (64, 64, 64, 1),
     (128, 64, 64, 1),
-    WIDE_TILES,
+    EVAL_TILES,
     (128, 128, 128, 1),
     (256, 128, 64, 1),
     (128, 256, 64, 1),
 )
-"""The tilings timed, (BLOCK_R, BLOCK_K, HEADS_BLOCK_K, num_stages): the default, then one-stage tilings from the
-default's tiles to wider ones (kernels/greedy_eval.py). On the H100 at 821918f (2026-12-06) 128x128x64 took 93 ms at
+"""The tilings timed, (BLOCK_R, BLOCK_K, HEADS_BLOCK_K, num_stages): the first default (64, 32, 16) at Triton's
+default 3 stages, then one-stage tilings from its tiles to wider ones, the default EVAL_TILES among them
+(kernels/greedy_eval.py). On the H100 at 821918f (2026-12-06) 128x128x64 took 93 ms at
 2 stages and 39 ms at 1: the pipeline's prefetch only adds latency to a chain of dependent dots."""
 
 

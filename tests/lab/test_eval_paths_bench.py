@@ -5,6 +5,7 @@ import csv
 
 import pytest
 
+from hotloop.kernels.greedy_eval import EVAL_TILES
 from lab.eval_paths_bench import CANDIDATES, COLUMNS, main
 
 
@@ -33,6 +34,7 @@ def test_every_path_times_and_equals_the_graph_on_the_gpu(tmp_path):
         rows = list(csv.DictReader(f))
     assert list(rows[0]) == COLUMNS and [r["path"] for r in rows] == ["graph"] + ["fused"] * len(CANDIDATES)
     timed = [r for r in rows if not r["note"]]  # a tiling too big for this GPU's shared memory has a note instead
-    assert rows[0] in timed and rows[1]["tiles"] == "64x32x16x3" and rows[1] in timed
+    default = "x".join(map(str, EVAL_TILES))
+    assert rows[0] in timed and any(r["tiles"] == default for r in timed), rows
     assert all(r["note"].startswith("out of resource") for r in rows if r not in timed), rows
     assert all(r["equal"] == "True" and float(r["median_ms"]) > 0 for r in timed), rows
