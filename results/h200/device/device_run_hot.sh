@@ -54,6 +54,10 @@
 #       dp1      issue 39 on one GPU: the default preset's gate in one process, then `hotloop gate --nproc 1` (NCCL, world
 #                size 1: the all-reduce captured in the learner's graph); each one's step medians (guard.json: dur_us,
 #                gpu_kernel_us, gpu_busy_us, NCCL kernels) side by side: the all-reduce's cost per learner step
+#       dpscale  issue 39 on a multi-GPU machine (every GPU it has, e.g. the nvidia-h100-x4 kind): the default preset
+#                trained ${DP_EPOCHS:-4} epochs in one process, then `hotloop train --nproc N` for N = 1, 2, 4, 8 up to the
+#                GPU count, then `hotloop gate --nproc N` at each N > 1 (the per-rank table);
+#                python -m lab.dp_scaling: iteration time and scaling efficiency per world size (dp_scaling.csv)
 #       startup  where a run's start-up goes here: .pyc files of torch/matplotlib, import times, -X importtime
 #       seedkill kill -9 during a seed-scale background checkpoint write, then --resume: every epoch once (issue 37)
 #       seed3    hotloop train --preset seed-scale --epochs 3: the per-epoch wall time (learner steps/s) only
@@ -309,6 +313,20 @@ for run in ('dp1_one', 'dp1_nccl'):
     keep = {k: round(v, 2) for k, v in m.items() if k in ('dur_us', 'gpu_kernel_us', 'gpu_busy_us', 'kernels')
             or 'nccl' in k.lower() or 'allreduce' in k.lower()}
     print(run, keep)" ;;
+    dpscale)
+      G=$(nvidia-smi -L | wc -l); A=(--preset cartpole --device cuda --no-progress); runs=()
+      timeout 200 $HL train "${A[@]}" --epochs ${DP_EPOCHS:-4} --out /tmp/r/dps_one > /tmp/r/dps_one.log 2>&1
+      echo "one process rc=$?"
+      for n in 1 2 4 8; do
+        ((n <= G)) || continue
+        timeout 300 $HL train --nproc $n "${A[@]}" --epochs ${DP_EPOCHS:-4} --out /tmp/r/dps_$n > /tmp/r/dps_$n.log 2>&1
+        echo "train --nproc $n rc=$?"; runs+=("$n=/tmp/r/dps_$n")
+        if ((n > 1)); then
+          timeout 300 $HL gate --nproc $n "${A[@]}" --epochs 3 --out /tmp/r/dpg_$n > /tmp/r/dpg_$n.log 2>&1
+          echo "gate --nproc $n rc=$? $(tail -n 1 /tmp/r/dpg_$n.log)"; grep -A $((n + 1)) "^Per-rank table" /tmp/r/dpg_$n.log
+        fi
+      done
+      PYTHONPATH=$LABPATH python3 -m lab.dp_scaling /tmp/r/dps_one "${runs[@]}" --csv /tmp/r/dp_scaling.csv ;;
     seedkill)
       # issue 37: kill -9 during a background checkpoint write at seed scale, then --resume: each epoch once
       R=/tmp/r/ssk; rm -rf $R
