@@ -320,7 +320,8 @@ CRITERIA: tuple[Criterion, ...] = (
         sees="`hotloop gate --nproc N` (N > 1) only: each rank's guarded-window trace "
         "(`hotloop.profiles.rank_traces.step_collectives`): the CPU-side collective ops (`c10d::allreduce_`, "
         "`c10d::broadcast_`, `c10d::barrier`, `_c10d_functional::*`, ...) and the NCCL kernels launched from "
-        "the step (`ncclDevKernel_*`: a collective replayed in a CUDA graph), per kind, the larger of the two; "
+        "the step (`ncclDevKernel_*`, or `oneRankReduce` at world size 1: a collective replayed in a CUDA graph), per "
+        "kind, the larger of the two; "
         "judged on the worst step of the worst rank: exactly 1 all-reduce and no other kind (the measured value "
         "is that step's collectives); not seen: collectives outside the step ranges, a backend called below "
         "c10d",
