@@ -5,10 +5,11 @@ traces of a data-parallel run's ranks and their cross-rank spread),
 `hotloop nsys` (nsys_cmd), NVTX ranges (ranges), per-epoch tables and timers (epoch_table, epoch_timer), NVML
 telemetry, plots, durable_files (fsync of a run folder after an atomic replace), run_lock (one writer per run
 folder), input_files (every input file read: regular files only, whole reads capped), kernel_evidence (MMA
-instruction counts of compiled Triton kernels), `hotloop report`, provenance (commit and GPU of a result). The
+instruction counts of compiled Triton kernels; sm90_compile: the launches of a piece of work compiled for Hopper
+on any machine, and each one's MMA path from its SASS), `hotloop report`, provenance (commit and GPU of a result). The
 synthetic traces, the trace readers' benchmark, the kernel bench and the split-GEMM probe are lab code, in the
 checkout's results/lab/ (not shipped).
 
-Layer: above hotloop.kernels (kernel_evidence may import it); never
+Layer: above hotloop.kernels (kernel_evidence and sm90_compile may import it); never
 imports hotloop.trainer or hotloop.guards (tests/test_layout.py). The committed results are in the checkout's
 results/, outside the package."""

@@ -1,0 +1,149 @@
+"""The learner step's GEMM kernels compile to Hopper's warpgroup MMA (HGMMA), at the seed-scale step's own launches,
+on any machine (hotloop.profiles.sm90_compile: launches captured on the CPU interpreter, compiled for sm_90 with the
+Triton wheel's ptxas). Issue 38: "check that each GEMM kernel compiled to warpgroup MMA (HGMMA in cuobjdump -sass)
+and not to the older HMMA path". The fault: ci/mutants' `fwd_gemm_two_warps` patch applied to kernels/linear.py's
+source (its forward launches at 2 warps, which a warpgroup MMA cannot use) turns those kernels to HMMA.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from hotloop.guards.mutate import apply_patch
+from hotloop.kernels._common import interpreting
+from hotloop.profiles.kernel_evidence import STEP_GEMM_KERNELS
+from hotloop.profiles.sm90_compile import (
+    MMA_PATH_COLUMNS,
+    Launch,
+    capture_launches,
+    compile_launches,
+    launch_spec,
+    mma_paths,
+)
+from hotloop.trainer.config import preset
+from hotloop.trainer.replay import PrioritizedReplay
+from hotloop.trainer.step import HotLearner
+
+REPO = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.skipif(
+    not interpreting(),
+    reason="captures launches on the CPU interpreter (TRITON_INTERPRET=1, which tests/conftest.py sets where there is no GPU)",
+)
+
+GEMMS = {name for names in STEP_GEMM_KERNELS.values() for name in names}
+TF32_GEMMS = GEMMS - {"_heads_bwd_fp32_kernel"}
+"""The step's GEMMs with TF32 dots (forward TF32, backward 3xTF32); the heads' backward is FP32 FMAs by design."""
+
+
+@pytest.fixture(scope="module")
+def seed_step():
+    """(learner, the GEMM launches of one seed-scale learner step): the seed-scale net and batch (8192 rows,
+    trunk 512-256, heads 80, 4x4x4 actions) over a replay of 8192 random transitions."""
+    cfg = preset("seed-scale", replay_capacity=8192, learner="hotloop")
+    rp = PrioritizedReplay(
+        cfg.replay_capacity, cfg.obs_dim, 3, alpha=cfg.per_alpha, eps=cfg.per_eps, device="cpu", use_kernels=True
+    )
+    g = torch.Generator().manual_seed(0)
+    n = cfg.replay_capacity
+    rp.add(
+        torch.randn(n, cfg.obs_dim, generator=g),
+        torch.randint(0, 4, (n, 3), generator=g),
+        torch.randn(n, generator=g),
+        torch.randn(n, cfg.obs_dim, generator=g),
+        torch.rand(n, generator=g) < 0.1,
+    )
+    learner = HotLearner(cfg, cfg.obs_dim, (4, 4, 4), torch.device("cpu"), rp)
+    with capture_launches() as launches:
+        learner.step()
+    return learner, [launch for launch in launches if launch.name in GEMMS]
+
+
+def test_every_tf32_gemm_of_the_seed_scale_step_compiles_to_warpgroup_mma_only(seed_step):
+    _, launches = seed_step
+    assert {launch.name for launch in launches} == GEMMS  # every GEMM kernel of the step was launched and is judged
+    table = mma_paths(launches, compile_launches(launches))
+    assert list(table.columns) == MMA_PATH_COLUMNS
+    tf32 = table[table["kernel"].isin(TF32_GEMMS)]
+    assert len(tf32) >= 10 and tf32["path"].eq("warpgroup").all(), tf32.to_string()
+    assert (tf32["warpgroup_mma"] > 0).all() and tf32["warp_mma"].eq(0).all()
+    heads_bwd = table[table["kernel"].eq("_heads_bwd_fp32_kernel")]
+    assert heads_bwd["path"].eq("none").all() and (heads_bwd["fma_f32"] > 0).all(), heads_bwd.to_string()
+
+
+def _patched_linear(tmp_path: Path, patch: str):
+    """kernels/linear.py with ci/mutants/<patch> applied (guards.mutate.apply_patch on a copy), loaded as a module
+    under the original's name (so that the compile child finds its kernels where they live: the patch changes the
+    launch, not the kernel bodies)."""
+    import hotloop.kernels.linear as original
+
+    tree = tmp_path / "tree"
+    (tree / "kernels").mkdir(parents=True)
+    shutil.copy(inspect.getsourcefile(original), tree / "kernels" / "linear.py")
+    err = apply_patch(REPO / "ci" / "mutants" / patch, tree)
+    assert err is None, err
+    spec = importlib.util.spec_from_file_location(original.__name__, tree / "kernels" / "linear.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_two_warp_forward_mutant_falls_back_to_warp_mma(seed_step, tmp_path, monkeypatch):
+    learner, _ = seed_step
+    patched = _patched_linear(tmp_path, "fwd_gemm_two_warps.patch")
+    monkeypatch.setattr(learner, "linear_forward", patched.linear_forward)  # the step's launch point (trainer/step.py)
+    with capture_launches() as launches:
+        learner.step()
+    two_warps = [launch for launch in launches if launch.name in GEMMS and launch.options.get("num_warps") == 2]
+    # the patch leaves the 8-warp launches (those storing y^T) alone: the Double-DQN ones and the online output layer
+    assert {launch.name for launch in two_warps} == {"_fwd_ddqn_tf32_gemm_kernel", "_fwd_online_tf32_gemm_kernel"}, [
+        (launch.name, launch.options) for launch in launches
+    ]
+    table = mma_paths(two_warps, compile_launches(two_warps))
+    assert table["path"].eq("warp").all() and (table["warp_mma"] > 0).all(), table.to_string()
+
+
+def test_a_launch_argument_without_a_signature_type_is_named():
+    def kernel(x_ptr, n):
+        pass
+
+    launch = Launch(kernel, "kernel", {"x_ptr": torch.zeros(2), "n": object()}, (), {})
+    with pytest.raises(ValueError, match="argument n: object has no Triton signature type"):
+        launch_spec(launch)
+    launch.args["n"] = torch.zeros(2, dtype=torch.complex64)
+    with pytest.raises(ValueError, match="argument n: a tensor of dtype torch.complex64"):
+        launch_spec(launch)
+
+
+def test_capture_needs_the_interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
+        with capture_launches():
+            pass
+    assert "hotloop.kernels.linear" in sys.modules
+
+
+def test_mma_paths_reads_each_launchs_sass():
+    def kernel(x_ptr, BLOCK_M):
+        pass
+
+    launch = Launch(kernel, "kernel", {"x_ptr": torch.zeros(1), "BLOCK_M": 64}, ("BLOCK_M",), {"num_warps": 8})
+    sass = {
+        "warpgroup": "HGMMA.64x64x8.F32.TF32 R0, gdesc[UR4], RZ ;",
+        "warp": "HMMA.1688.F32.TF32 R0, R4, R8, R0 ;",
+        "mixed": "HGMMA.64x64x8.F32.TF32 R0 ;\nHMMA.1688.F32.TF32 R0 ;",
+        "none": "FFMA R0, R1, R2, R0 ;\nEXIT ;",
+    }
+    table = mma_paths([launch] * 4, [{"name": "kernel", "ptx": "", "sass": text} for text in sass.values()])
+    assert table["path"].tolist() == list(sass)
+    assert table["tiles"].tolist() == ["BLOCK_M=64"] * 4 and table["num_warps"].tolist() == [8] * 4
+    assert table["fma_f32"].tolist() == [0, 0, 0, 1]
+    with pytest.raises(ValueError, match="1 launches but 0 compiled"):
+        mma_paths([launch], [])
