@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -127,7 +126,6 @@ def test_capture_needs_the_interpreter(monkeypatch):
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
         with capture_launches():
             pass
-    assert "hotloop.kernels.linear" in sys.modules
 
 
 def test_mma_paths_reads_each_launchs_sass():
