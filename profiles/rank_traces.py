@@ -153,10 +153,11 @@ def collective_kind(name: str) -> str | None:
     `ncclDevKernel_AllReduce_Sum_f32_RING_LL` all read "allreduce", as does NCCL's one-rank reduce kernel, see
     NCCL_KERNEL); None for any other name."""
     m = COLLECTIVE_OP.match(name)
-    if m is None and (k := NCCL_KERNEL.match(name)) is not None:
-        return k.group("op").lower() if k.group("op") else "allreduce"  # None: NCCL's one-rank reduce
     if m is None:
-        return None
+        k = NCCL_KERNEL.match(name)
+        if k is None:
+            return None
+        return k.group("op").lower() if k.group("op") else "allreduce"  # no op: NCCL's one-rank reduce
     kind = m.group(1).lower().replace("_", "")
     return kind[:-4] if kind.endswith("base") else kind  # _allgather_base_, _reduce_scatter_base_
 

@@ -28,10 +28,13 @@ has no signature and RuntimeError when a compile fails.
 
 from __future__ import annotations
 
+import inspect
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
+from unittest import mock
 
 import torch
 
@@ -79,34 +82,24 @@ def capture_launches() -> Iterator[list[Launch]]:
     from triton.runtime.interpreter import InterpretedFunction
 
     launches: list[Launch] = []
-    original = InterpretedFunction.run
 
     def record(self, *args, grid, warmup, **kwargs):
         if warmup:
             return None
-        import inspect
-
         options = {k: int(kwargs.pop(k)) for k in _OPTIONS if k in kwargs}
-        params = inspect.signature(self.fn).parameters
-        bound = inspect.signature(self.fn).bind(*args, **kwargs)
+        signature = inspect.signature(self.fn)
+        bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
-        constexprs = tuple(n for n, p in params.items() if _is_constexpr(p.annotation))
+        constexprs = tuple(n for n, p in signature.parameters.items() if _is_constexpr(p.annotation))
         launches.append(Launch(self.fn, self.fn.__name__, dict(bound.arguments), constexprs, options))
         return None
 
-    import os
-
-    tf32_before = os.environ.get("HOTLOOP_INTERPRET_TF32")
-    os.environ["HOTLOOP_INTERPRET_TF32"] = "1"  # the forward kernels' rounding constexprs as on the GPU
-    InterpretedFunction.run = record
-    try:
+    # the forward kernels' rounding constexprs as on the GPU; the launches recorded, not run
+    with (
+        mock.patch.dict(os.environ, {"HOTLOOP_INTERPRET_TF32": "1"}),
+        mock.patch.object(InterpretedFunction, "run", record),
+    ):
         yield launches
-    finally:
-        InterpretedFunction.run = original
-        if tf32_before is None:
-            os.environ.pop("HOTLOOP_INTERPRET_TF32", None)
-        else:
-            os.environ["HOTLOOP_INTERPRET_TF32"] = tf32_before
 
 
 def _is_constexpr(annotation: object) -> bool:
@@ -160,7 +153,6 @@ def compile_launches(launches: list[Launch], timeout_s: float = 600.0) -> list[d
     compile here. ValueError for an argument without a signature type (before the child starts); RuntimeError with
     the child's error output when a compile fails."""
     import json
-    import os
     import subprocess
     import sys
 
