@@ -40,6 +40,7 @@ import triton.language as tl
 
 from hotloop.kernels._common import check_tensor, interpreting
 from hotloop.kernels.acting import RESET_BOUND, RESET_SPAN, ActingNet, cartpole_dynamics, greedy_actions, hidden_layers
+from hotloop.kernels.dependent_launch import gdc_prologue, pdl_kwargs
 
 ENV_CARTPOLE, ENV_SYNTHETIC = 0, 1
 """The env kinds the fused step simulates (the `ENV` constexpr)."""
@@ -118,7 +119,9 @@ def _actor_step_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_O: tl.constexpr,
     TORCH_CUDA: tl.constexpr,
+    GDC: tl.constexpr,
 ):
+    gdc_prologue(GDC)
     pid = tl.program_id(0)
     n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = n < N
@@ -243,7 +246,9 @@ def _actor_commit_kernel(
     capacity,
     ring_capacity,
     BLOCK: tl.constexpr,
+    GDC: tl.constexpr,
 ):
+    gdc_prologue(GDC)
     pid = tl.program_id(0)
     before = tl.zeros((BLOCK,), tl.int32)
     total = tl.zeros((BLOCK,), tl.int32)
@@ -444,6 +449,7 @@ def actor_step(
         BLOCK_O=max(16, triton.next_power_of_2(o)),
         TORCH_CUDA=not interpreting(),
         num_warps=warps,
+        **pdl_kwargs(),
     )
 
 
@@ -476,4 +482,5 @@ def actor_commit(buf: ActorBuffers) -> None:
         cap,
         buf.ring.shape[0] - 1,
         BLOCK=block,
+        **pdl_kwargs(),
     )

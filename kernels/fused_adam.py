@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from hotloop.kernels._common import check_tensor
+from hotloop.kernels.dependent_launch import gdc_prologue, pdl_kwargs
 
 _BLOCK_NORM = 1024  # elements per program per grid-stride iteration of launch 1
 _BLOCK_ADAM = 1024  # elements per program of launch 2
@@ -51,7 +52,9 @@ def _grad_sumsq_kernel(
     lr_decay_steps,
     LR_DECAYS: tl.constexpr,
     BLOCK: tl.constexpr,
+    GDC: tl.constexpr,
 ):
+    gdc_prologue(GDC)
     pid = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     acc = tl.zeros([BLOCK], dtype=tl.float32)
@@ -102,7 +105,9 @@ def _clip_adam_kernel(
     TAU_SMALL: tl.constexpr,
     BLOCK: tl.constexpr,
     PBLOCK: tl.constexpr,
+    GDC: tl.constexpr,
 ):
+    gdc_prologue(GDC)
     pid = tl.program_id(0)
     poffs = tl.arange(0, PBLOCK)
     partials = tl.load(partials_ptr + poffs, mask=poffs < num_partials, other=0.0)
@@ -261,6 +266,7 @@ class FusedAdam:
             self.lr_decay_steps,
             LR_DECAYS=self.lr_decay_steps > 0,
             BLOCK=_BLOCK_NORM,
+            **pdl_kwargs(),
         )
         beta1, beta2 = self.betas
         grid = (max(triton.cdiv(self.num_params, _BLOCK_ADAM), _MIN_GRID),)
@@ -290,6 +296,7 @@ class FusedAdam:
             TAU_SMALL=tau < 0.5,
             BLOCK=_BLOCK_ADAM,
             PBLOCK=triton.next_power_of_2(num_partials),
+            **pdl_kwargs(),
         )
         return self.grad_norm
 

@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 from hotloop.kernels._common import check_tensor, rounds_tf32_operands
+from hotloop.kernels.dependent_launch import gdc_prologue, pdl_kwargs
 from hotloop.kernels.tf32_split import tf32_rna
 
 # forward tiles from the H200 sweep at seed scale (results/h200/kernels/heads_fwd_sweep.csv): 64 rows, 16-wide reduction
@@ -122,7 +123,9 @@ def _heads_online_tf32_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_J: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    GDC: tl.constexpr,
 ):
+    gdc_prologue(GDC)
     _heads_fwd_body(
         h_ptr,
         w_ptr,
@@ -163,7 +166,9 @@ def _heads_ddqn_tf32_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_J: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    GDC: tl.constexpr,
 ):
+    gdc_prologue(GDC)
     _heads_fwd_body(
         h_ptr,
         w_ptr,
@@ -207,7 +212,9 @@ def _heads_bwd_fp32_kernel(
     BLOCK_Q: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    GDC: tl.constexpr,
 ):
+    gdc_prologue(GDC)
     # program (pid, blk): rows [pid * rows_per_program, +rows_per_program) of input block blk (0: value, 1 + d:
     # branch d). The block feeds R output rows of W_out (1 for the value, A for a branch): its products have R
     # terms, done as IEEE FP32 FMAs on CUDA cores (no MMA, no split). Its weight-gradient rows stay in registers
@@ -327,6 +334,7 @@ def heads_forward(
         BLOCK_J=max(16, triton.next_power_of_2(j)),
         BLOCK_K=_BLOCK_K,
         num_warps=4,
+        **pdl_kwargs(),
     )
     return q
 
@@ -404,6 +412,7 @@ def heads_backward(
         BLOCK_R=max(2, triton.next_power_of_2(actions)),
         BLOCK_K=block_k,
         num_warps=BWD_WARPS,
+        **pdl_kwargs(),
     )
     return dh
 

@@ -54,6 +54,7 @@ import triton
 import triton.language as tl
 
 from hotloop.kernels._common import check_tensor, rounds_tf32_operands
+from hotloop.kernels.dependent_launch import gdc_prologue, pdl_kwargs
 from hotloop.kernels.tf32_split import tf32_hi_lo, tf32_rna
 
 _MIN_PROGRAMS = 132  # one program per SM of a 132-SM H100/H200 at least, where the shape allows
@@ -153,7 +154,9 @@ def _fwd_online_tf32_gemm_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    GDC: tl.constexpr,
 ):
+    gdc_prologue(GDC)
     _fwd_body(
         x_ptr,
         idx_ptr,
@@ -208,7 +211,9 @@ def _fwd_ddqn_tf32_gemm_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    GDC: tl.constexpr,
 ):
+    gdc_prologue(GDC)
     _fwd_body(
         x_ptr,
         idx_ptr,
@@ -274,7 +279,9 @@ def _bwd_dx_fp32split_gemm_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BLOCK_J: tl.constexpr,
+    GDC: tl.constexpr,
 ):
+    gdc_prologue(GDC)
     # both operands K-major (the reduction axis n contiguous): dy (M, N) rows, and W^T (2, K, N) rows read as (N, K)
     pid_m = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -353,7 +360,9 @@ def _bwd_dw_fp32split_gemm_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    GDC: tl.constexpr,
 ):
+    gdc_prologue(GDC)
     # both operands K-major (the reduction axis m contiguous): dY^T (N, M) rows and X^T (2, K, M) rows read as (M, K)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -383,7 +392,10 @@ def _bwd_dw_fp32split_gemm_kernel(
 
 
 @triton.jit
-def _bwd_weight_transpose_kernel(src_ptr, dst_ptr, table_ptr, ENTRIES: tl.constexpr, BLOCK: tl.constexpr):
+def _bwd_weight_transpose_kernel(
+    src_ptr, dst_ptr, table_ptr, ENTRIES: tl.constexpr, BLOCK: tl.constexpr, GDC: tl.constexpr
+):
+    gdc_prologue(GDC)
     # table row e: (w_offset, g_offset, rows N, cols K, gain_group, dst_offset, first_tile); tiles of entry e are
     # numbered from first_tile, row-major over (ceil(N / BLOCK), ceil(K / BLOCK))
     pid = tl.program_id(0)
@@ -523,6 +535,7 @@ def linear_forward(
         BLOCK_K=_block(k, 32),
         num_warps=8 if yt is not None else 4,
         num_stages=3,
+        **pdl_kwargs(),
     )
     return y
 
@@ -607,6 +620,7 @@ def linear_backward_input(
         BLOCK_J=fused["block_j"],
         num_warps=8,
         num_stages=3,
+        **pdl_kwargs(),
     )
     return dxt
 
@@ -710,6 +724,7 @@ def linear_backward_weight(
         BLOCK_K=block_k,
         num_warps=8,
         num_stages=3,
+        **pdl_kwargs(),
     )
 
 
@@ -763,7 +778,12 @@ class WeightTranspose:
             raise ValueError(f"src has {src.shape[0]} floats, the table reads up to {self.src_numel}")
         check_tensor("dst", dst, dtype=torch.float32, shape=(self.numel,), device=self.table.device)
         _bwd_weight_transpose_kernel[(max(2, self.tiles),)](
-            src, dst, self.table, ENTRIES=len(self.dst_offsets), BLOCK=self.BLOCK
+            src,
+            dst,
+            self.table,
+            ENTRIES=len(self.dst_offsets),
+            BLOCK=self.BLOCK,
+            **pdl_kwargs(),
         )
 
 

@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 from hotloop.kernels._common import check_tensor
+from hotloop.kernels.dependent_launch import gdc_prologue, pdl_kwargs
 from hotloop.kernels.tf32_split import split_tf32, tf32_hi_lo
 
 _BLOCK = 1024
@@ -72,7 +73,9 @@ def _gather_transitions_kernel(
     BLOCK: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_O: tl.constexpr,
+    GDC: tl.constexpr,
 ):
+    gdc_prologue(GDC)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     rows = tl.load(idx_ptr + offs, mask=mask, other=0)
@@ -221,6 +224,7 @@ def gather_transitions(
         BLOCK=block,
         BLOCK_D=triton.next_power_of_2(branches),
         BLOCK_O=min(32, max(16, triton.next_power_of_2(obs_dim))),
+        **pdl_kwargs(),
     )
 
 

@@ -46,6 +46,7 @@ import triton
 import triton.language as tl
 
 from hotloop.kernels._common import check_tensor, interpreting
+from hotloop.kernels.dependent_launch import gdc_prologue, pdl_kwargs
 from hotloop.kernels.replay_batch import AnnealedBeta, CounterUniforms, annealed_beta, counter_uniforms
 from hotloop.kernels.sum_tree import (
     MIN_WEIGHT,
@@ -113,7 +114,9 @@ def _tree_update_kernel(
     START_ON_DEVICE: tl.constexpr,
     TOP: tl.constexpr,
     BLOCK: tl.constexpr,
+    GDC: tl.constexpr,
 ):
+    gdc_prologue(GDC)
     pid = tl.program_id(0)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     live = offs < n
@@ -201,7 +204,9 @@ def _tree_sample_kernel(
     PHILOX: tl.constexpr,
     BLOCK: tl.constexpr,
     LEAF_BLOCK: tl.constexpr,
+    GDC: tl.constexpr,
 ):
+    gdc_prologue(GDC)
     pid = tl.program_id(0)
     if pid < n_sample_progs:
         offs = pid * BLOCK + tl.arange(0, BLOCK)
@@ -261,7 +266,9 @@ def _tree_weights_kernel(
     BLOCK: tl.constexpr,
     PBLOCK: tl.constexpr,
     MIN_W: tl.constexpr,
+    GDC: tl.constexpr,
 ):
+    gdc_prologue(GDC)
     pid = tl.program_id(0)
     lo = tl.full([PBLOCK], float("inf"), tl.float32)
     for s in range(0, n_partials, PBLOCK):  # every program reduces the (few) partials redundantly
@@ -360,6 +367,7 @@ def tree_update(
         TOP=min(TOP_LEVELS, depth),
         BLOCK=block,
         num_warps=1,
+        **pdl_kwargs(),
     )
 
 
@@ -377,9 +385,11 @@ def _tree_insert_kernel(
     START_ON_DEVICE: tl.constexpr,
     TOP: tl.constexpr,
     BLOCK: tl.constexpr,
+    GDC: tl.constexpr,
 ):
     """The update kernel's insert path under its own name: the actor's tree insert (kernels/actor_step.py) is told
-    apart from the learner's priority update by kernel name in a trace (the gate's phase attribution)."""
+    apart from the learner's priority update by kernel name in a trace (the gate's phase attribution); its first
+    statement is the update kernel's gdc_prologue."""
     _tree_update_kernel(
         nodes_ptr,
         nodes_ptr,
@@ -397,6 +407,7 @@ def _tree_insert_kernel(
         START_ON_DEVICE,
         TOP,
         BLOCK,
+        GDC,
     )
 
 
@@ -448,6 +459,7 @@ def tree_insert(
         TOP=min(TOP_LEVELS, depth),
         BLOCK=block,
         num_warps=1,
+        **pdl_kwargs(),
     )
 
 
@@ -539,6 +551,7 @@ def tree_sample(
         BLOCK=block,
         LEAF_BLOCK=leaf_block,
         num_warps=1,
+        **pdl_kwargs(),
     )
     _tree_weights_kernel[(_grid(batch_size, block),)](
         out_weights,
@@ -555,6 +568,7 @@ def tree_sample(
         PBLOCK=256,
         MIN_W=MIN_WEIGHT,
         num_warps=1,
+        **pdl_kwargs(),
     )
 
 

@@ -43,6 +43,7 @@ import triton
 import triton.language as tl
 
 from hotloop.kernels._common import check_tensor
+from hotloop.kernels.dependent_launch import gdc_prologue, pdl_kwargs
 
 # Weight shapes (out_features, in_features) of trainer/network.py's BranchingDuelingQNet at seed scale:
 # obs_dim 64, trunk_hidden (512, 256), head_hidden 80, action_nvec (4, 4, 4); module order trunk, value head,
@@ -106,7 +107,9 @@ def _spectral_norm_kernel(
     BLOCK_R: tl.constexpr,
     BLOCK_C: tl.constexpr,
     BLOCK_S: tl.constexpr,
+    GDC: tl.constexpr,
 ):
+    gdc_prologue(GDC)
     ticket = tl.atomic_add(ticket_ptr, 1)
     tl.atomic_xchg(ticket_ptr, 0, mask=ticket == (n_iter + 1) * total_slabs - 1)  # last ticket: reset for next call
     stage = ticket // total_slabs
@@ -404,6 +407,7 @@ def spectral_norm_(
         BLOCK_R=table.block_rows,
         BLOCK_C=table.block_cols,
         BLOCK_S=table.block_slabs,
+        **pdl_kwargs(),
     )
     return table.sigma
 

@@ -33,6 +33,7 @@ import triton
 import triton.language as tl
 
 from hotloop.kernels._common import check_tensor
+from hotloop.kernels.dependent_launch import gdc_prologue, pdl_kwargs
 from hotloop.kernels.losses import chosen_q, cql_term, double_dqn_target, td_loss
 
 METRIC_NAMES = ("objective", "td_loss", "td_abs_mean", "q_mean", "cql")
@@ -79,7 +80,9 @@ def _td_loss_kernel(
     BLOCK_A: tl.constexpr,
     NUM_SLOTS: tl.constexpr,
     BLOCK_P: tl.constexpr,
+    GDC: tl.constexpr,
 ):
+    gdc_prologue(GDC)
     pid = tl.program_id(0)
     rows = pid * BLOCK_B + tl.arange(0, BLOCK_B)
     cols = tl.arange(0, BLOCK_A)
@@ -391,6 +394,7 @@ def td_loss_forward(
         NUM_SLOTS=_NUM_SLOTS,
         BLOCK_P=_BLOCK_P,
         num_warps=2 if _BLOCK_B * block_a <= 256 else 4,
+        **pdl_kwargs(),
     )
     return out
 

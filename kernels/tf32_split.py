@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from hotloop.kernels._common import check_tensor, rounds_tf32_operands
+from hotloop.kernels.dependent_launch import gdc_prologue, pdl_kwargs
 
 
 @triton.jit
@@ -57,7 +58,8 @@ _ROUND_BLOCK = 2048
 
 
 @triton.jit
-def _fwd_weights_rna_kernel(src_ptr, dst_ptr, n, ROUND: tl.constexpr, BLOCK: tl.constexpr):
+def _fwd_weights_rna_kernel(src_ptr, dst_ptr, n, ROUND: tl.constexpr, BLOCK: tl.constexpr, GDC: tl.constexpr):
+    gdc_prologue(GDC)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     x = tl.load(src_ptr + offs, mask=mask)
@@ -80,6 +82,11 @@ def tf32_round_copy(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
         raise ValueError("dst must not be src: tf32_round_copy writes a copy (the source stays FP32)")
     n = src.numel()
     _fwd_weights_rna_kernel[(max(2, triton.cdiv(n, _ROUND_BLOCK)),)](
-        src, dst, n, ROUND=rounds_tf32_operands(), BLOCK=_ROUND_BLOCK
+        src,
+        dst,
+        n,
+        ROUND=rounds_tf32_operands(),
+        BLOCK=_ROUND_BLOCK,
+        **pdl_kwargs(),
     )
     return dst

@@ -14,6 +14,9 @@ compiled kernels give that evidence (hotloop.profiles.kernel_evidence); this mod
    with Triton's own ptxas (the wheel bundles it), in a child process: per launch its PTX and its SASS (from the
    wheel's nvdisasm), for `kernel_evidence.count_text`; `mma_paths` tabulates each launch's matrix path from its
    SASS (HGMMA: warpgroup, HMMA: warp, neither: FP32 FMAs).
+3. `dependent_launch_order(launches, compiled)`: per launch, whether one launched with programmatic dependent
+   launch waits (`griddepcontrol.wait`) before its first global-memory access, from its PTX: the contract of
+   hotloop.kernels.dependent_launch, whose breach is a race no CPU test of the arithmetic can see.
 
 The signature comes from the recorded values: a tensor is a pointer to its dtype (`*fp32`, `*i64`, ...), a bool
 `i1`, an int `i32` (`i64` outside int32), a float `fp32`, a constexpr parameter its value. Triton's JIT also marks
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -53,27 +57,29 @@ _POINTER = {
     torch.uint8: "*u8",
     torch.bool: "*i1",
 }
-_OPTIONS = ("num_warps", "num_stages", "num_ctas")
+_OPTIONS = ("num_warps", "num_stages", "num_ctas", "launch_pdl")
 
 
 @dataclass
 class Launch:
     """One recorded launch: `fn` (the kernel's Python function), `name` (its __name__), `args` ({parameter name:
     value}, every parameter, defaults filled), `constexprs` (the names of its tl.constexpr parameters) and
-    `options` ({num_warps, num_stages, num_ctas} as given to the launch; Triton's defaults where absent)."""
+    `options` ({num_warps, num_stages, num_ctas, launch_pdl} as given to the launch; Triton's defaults where
+    absent)."""
 
     fn: Any
     name: str
     args: dict[str, Any]
     constexprs: tuple[str, ...]
-    options: dict[str, int] = field(default_factory=dict)
+    options: dict[str, int | bool] = field(default_factory=dict)
 
 
 @contextmanager
 def capture_launches() -> Iterator[list[Launch]]:
     """Record every Triton launch made inside the block instead of running it (module docstring); yields the list
     the launches are appended to, in launch order. Inside the block HOTLOOP_INTERPRET_TF32=1, so that the wrappers
-    pass the TF32 rounding constexprs they pass on a GPU (hotloop.kernels._common.rounds_tf32_operands).
+    pass the TF32 rounding constexprs they pass on a GPU (hotloop.kernels._common.rounds_tf32_operands), and the
+    launchers under `dependent_launch` pass GDC=True as on a GPU (hotloop.kernels.dependent_launch).
     RuntimeError when the kernels are not interpreted (TRITON_INTERPRET unset)."""
     from hotloop.kernels._common import interpreting
 
@@ -86,7 +92,7 @@ def capture_launches() -> Iterator[list[Launch]]:
     def record(self, *args, grid, warmup, **kwargs):
         if warmup:
             return None
-        options = {k: int(kwargs.pop(k)) for k in _OPTIONS if k in kwargs}
+        options = {k: kwargs.pop(k) for k in _OPTIONS if k in kwargs}
         signature = inspect.signature(self.fn)
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
@@ -94,9 +100,10 @@ def capture_launches() -> Iterator[list[Launch]]:
         launches.append(Launch(self.fn, self.fn.__name__, dict(bound.arguments), constexprs, options))
         return None
 
-    # the forward kernels' rounding constexprs as on the GPU; the launches recorded, not run
+    # the forward kernels' rounding and PDL constexprs as on the GPU; the launches recorded, not run
     with (
         mock.patch.dict(os.environ, {"HOTLOOP_INTERPRET_TF32": "1"}),
+        mock.patch("hotloop.kernels.dependent_launch._compiles_gdc", return_value=True),
         mock.patch.object(InterpretedFunction, "run", record),
     ):
         yield launches
@@ -197,6 +204,36 @@ def mma_paths(launches: list[Launch], compiled: list[dict[str, str]]):
         tiles = " ".join(f"{k}={v}" for k, v in launch.args.items() if k in launch.constexprs and k.startswith("BLOCK"))
         rows.append([launch.name, launch.options.get("num_warps", 4), tiles, wg, warp, counts.get("fma.f32", 0), path])
     return pd.DataFrame(rows, columns=MMA_PATH_COLUMNS)
+
+
+PDL_ORDER_COLUMNS = ["kernel", "launch_pdl", "waits", "triggers", "wait_line", "first_memory_line", "safe"]
+_GLOBAL_ACCESS = re.compile(r"^\s*(?:@!?%p\d+\s+)?(?:ld|st|atom|red|cp)\.[\w.]*global")
+"""A PTX instruction that reads or writes global memory: ld/st/atom/red .global, cp.async(.bulk) from global."""
+
+
+def dependent_launch_order(launches: list[Launch], compiled: list[dict[str, str]]):
+    """Whether each compiled launch keeps the contract of hotloop.kernels.dependent_launch, from its PTX: a pandas
+    DataFrame of PDL_ORDER_COLUMNS, one row per launch in order: kernel, launch_pdl (launched with programmatic
+    dependent launch), waits / triggers (griddepcontrol.wait / .launch_dependents instructions), wait_line and
+    first_memory_line (PTX line numbers of the first wait and of the first global-memory access, -1 where none)
+    and safe: True unless the launch is a PDL one whose first global access is not preceded by a wait (it could
+    read what the previous kernel has not written yet, or write what it still reads). A launch without PDL is
+    safe whatever its code. ValueError when the two lists differ in length."""
+    import pandas as pd
+
+    if len(launches) != len(compiled):
+        raise ValueError(f"dependent_launch_order: {len(launches)} launches but {len(compiled)} compiled kernels")
+    rows = []
+    for launch, result in zip(launches, compiled):
+        lines = result["ptx"].splitlines()
+        waits = [i for i, line in enumerate(lines) if "griddepcontrol.wait" in line]
+        triggers = sum("griddepcontrol.launch_dependents" in line for line in lines)
+        memory = next((i for i, line in enumerate(lines) if _GLOBAL_ACCESS.match(line)), -1)
+        pdl = bool(launch.options.get("launch_pdl", False))
+        wait = waits[0] if waits else -1
+        safe = not pdl or (wait >= 0 and (memory < 0 or wait < memory))
+        rows.append([launch.name, pdl, len(waits), triggers, wait, memory, safe])
+    return pd.DataFrame(rows, columns=PDL_ORDER_COLUMNS)
 
 
 def _compile_spec(spec: dict) -> dict[str, str]:

@@ -50,6 +50,9 @@ class Config:
     CUDA graph (one graph per iteration), its main launch on a third stream beside the loss, backward and optimizer,
     once the step has read the replay; the step then samples the transitions of the iterations before (trainer/
     actor.py)"""
+    dependent_launch: bool = False
+    """hotloop learner: launch the learner step's Triton kernels with Hopper's programmatic dependent launch (PDL: a
+    kernel's launch and ramp-up overlap the previous one's last wave; kernels/dependent_launch.py); needs sm_90+"""
     learning_starts: int = 1000
     """transitions collected with the exploration policy before the first learner step"""
     batch_size: int = 128

@@ -41,6 +41,7 @@ from contextlib import nullcontext
 
 import torch
 
+from hotloop.kernels.dependent_launch import dependent_launch
 from hotloop.kernels.fused_adam import FusedAdam
 from hotloop.kernels.heads import heads_backward
 from hotloop.kernels.linear import (
@@ -109,7 +110,8 @@ class HotLearner:
         warmup_s (kernel compilation + warm-up steps) and capture_s (seconds); linear_forward,
         linear_backward_input, spectral_norm, round_weights: the launch functions the step calls (guards/faults.py
         swaps them; the precision probe reads them).
-    Raises ValueError for an unsupported config (`check_supported`) or a replay on another device.
+    Raises ValueError for an unsupported config (`check_supported`), a replay on another device, or
+    cfg.dependent_launch on a GPU older than sm_90.
     """
 
     def __init__(
@@ -125,6 +127,11 @@ class HotLearner:
         self.grad_sync = grad_sync
         if replay.device != torch.empty(0, device=device).device:
             raise ValueError(f"replay is on {replay.device}, the learner on {device}")
+        if cfg.dependent_launch and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] < 9:
+            raise ValueError(
+                f"config.dependent_launch needs a Hopper-class GPU (sm_90+), {device} is sm_"
+                f"{''.join(map(str, torch.cuda.get_device_capability(device)))}: set dependent_launch=false"
+            )
         self.cfg, self.device, self.replay = cfg, device, replay
         lay = self.layout = FlatLayout(obs_dim, tuple(action_nvec), cfg.trunk_hidden, cfg.head_hidden)
         gen = torch.Generator().manual_seed(cfg.seed)
@@ -341,6 +348,10 @@ class HotLearner:
         self.actor_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
 
     def _body(self, with_actor: bool = True) -> None:
+        with dependent_launch(self.cfg.dependent_launch):  # PDL for every Triton launch of the step, or none
+            self._launch_step(with_actor)
+
+    def _launch_step(self, with_actor: bool) -> None:
         cfg, rp, lay = self.cfg, self.replay, self.layout
         actor = self.actor if with_actor else None
         # beside the sampling (small latency-bound launches): the gain-scaled W^T the input-gradient GEMMs read

@@ -1,14 +1,18 @@
-"""The learner step's GEMM kernels compile to Hopper's warpgroup MMA (HGMMA), at the seed-scale step's own launches,
-on any machine (hotloop.profiles.sm90_compile: launches captured on the CPU interpreter, compiled for sm_90 with the
-Triton wheel's ptxas). Issue 38: "check that each GEMM kernel compiled to warpgroup MMA (HGMMA in cuobjdump -sass)
-and not to the older HMMA path". The fault: ci/mutants' `fwd_gemm_two_warps` patch applied to kernels/linear.py's
-source (its forward launches at 2 warps, which a warpgroup MMA cannot use) turns those kernels to HMMA.
+"""The learner step's kernels compiled for Hopper, at the seed-scale step's own launches, on any machine
+(hotloop.profiles.sm90_compile: launches captured on the CPU interpreter, compiled for sm_90 with the Triton wheel's
+ptxas). Issue 38: "check that each GEMM kernel compiled to warpgroup MMA (HGMMA in cuobjdump -sass) and not to the
+older HMMA path", and lever 1, programmatic dependent launch: every kernel launched with it waits for its
+predecessor before touching memory. The faults: ci/mutants' `fwd_gemm_two_warps` patch applied to kernels/linear.py's
+source (its forward launches at 2 warps, which a warpgroup MMA cannot use) turns those kernels to HMMA; a load
+hoisted above the wait in a copy of kernels/tf32_split.py makes that kernel unsafe.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import inspect
+import os
 import shutil
 from pathlib import Path
 
@@ -17,12 +21,16 @@ import torch
 
 from hotloop.guards.mutate import apply_patch
 from hotloop.kernels._common import interpreting
+from hotloop.kernels.dependent_launch import dependent_launch
+from hotloop.kernels.tf32_split import tf32_round_copy
 from hotloop.profiles.kernel_evidence import STEP_GEMM_KERNELS
 from hotloop.profiles.sm90_compile import (
     MMA_PATH_COLUMNS,
+    PDL_ORDER_COLUMNS,
     Launch,
     capture_launches,
     compile_launches,
+    dependent_launch_order,
     launch_spec,
     mma_paths,
 )
@@ -44,9 +52,10 @@ TF32_GEMMS = GEMMS - {"_heads_bwd_fp32_kernel"}
 
 @pytest.fixture(scope="module")
 def seed_step():
-    """(learner, the GEMM launches of one seed-scale learner step): the seed-scale net and batch (8192 rows,
-    trunk 512-256, heads 80, 4x4x4 actions) over a replay of 8192 random transitions."""
-    cfg = preset("seed-scale", replay_capacity=8192, learner="hotloop")
+    """(learner, the launches of one seed-scale learner step, their compiled kernels): the seed-scale net and batch
+    (8192 rows, trunk 512-256, heads 80, 4x4x4 actions) over a replay of 8192 random transitions, with
+    programmatic dependent launch on (Config.dependent_launch: the prologue it adds changes no kernel's MMA path)."""
+    cfg = preset("seed-scale", replay_capacity=8192, learner="hotloop", dependent_launch=True)
     rp = PrioritizedReplay(
         cfg.replay_capacity, cfg.obs_dim, 3, alpha=cfg.per_alpha, eps=cfg.per_eps, device="cpu", use_kernels=True
     )
@@ -62,13 +71,15 @@ def seed_step():
     learner = HotLearner(cfg, cfg.obs_dim, (4, 4, 4), torch.device("cpu"), rp)
     with capture_launches() as launches:
         learner.step()
-    return learner, [launch for launch in launches if launch.name in GEMMS]
+    return learner, launches, compile_launches(launches)
 
 
 def test_every_tf32_gemm_of_the_seed_scale_step_compiles_to_warpgroup_mma_only(seed_step):
-    _, launches = seed_step
-    assert {launch.name for launch in launches} == GEMMS  # every GEMM kernel of the step was launched and is judged
-    table = mma_paths(launches, compile_launches(launches))
+    _, launches, compiled = seed_step
+    gemms = [i for i, launch in enumerate(launches) if launch.name in GEMMS]
+    # every GEMM kernel of the step was launched and is judged
+    assert {launches[i].name for i in gemms} == GEMMS
+    table = mma_paths([launches[i] for i in gemms], [compiled[i] for i in gemms])
     assert list(table.columns) == MMA_PATH_COLUMNS
     tf32 = table[table["kernel"].isin(TF32_GEMMS)]
     assert len(tf32) >= 10 and tf32["path"].eq("warpgroup").all(), tf32.to_string()
@@ -95,7 +106,7 @@ def _patched_linear(tmp_path: Path, patch: str):
 
 
 def test_the_two_warp_forward_mutant_falls_back_to_warp_mma(seed_step, tmp_path, monkeypatch):
-    learner, _ = seed_step
+    learner, _, _ = seed_step
     patched = _patched_linear(tmp_path, "fwd_gemm_two_warps.patch")
     monkeypatch.setattr(learner, "linear_forward", patched.linear_forward)  # the step's launch point (trainer/step.py)
     with capture_launches() as launches:
@@ -107,6 +118,52 @@ def test_the_two_warp_forward_mutant_falls_back_to_warp_mma(seed_step, tmp_path,
     ]
     table = mma_paths(two_warps, compile_launches(two_warps))
     assert table["path"].eq("warp").all() and (table["warp_mma"] > 0).all(), table.to_string()
+
+
+def test_every_launch_of_the_step_waits_for_its_predecessor_before_touching_memory(seed_step):
+    _, launches, compiled = seed_step
+    table = dependent_launch_order(launches, compiled)
+    assert list(table.columns) == PDL_ORDER_COLUMNS and len(table) == len(launches) >= 20
+    # every launch of the step uses PDL (none left out by its launcher), and each waits before its first access
+    assert table["launch_pdl"].all() and table["safe"].all(), table.to_string()
+    assert table["waits"].eq(1).all() and table["triggers"].eq(1).all() and (table["first_memory_line"] > 0).all()
+
+
+def test_a_load_hoisted_above_the_wait_is_unsafe(tmp_path, monkeypatch):
+    """The fault, in the source: a copy of kernels/tf32_split.py (as module `pdl_mutant_tf32_split`, which the
+    compile child imports from tmp_path) whose weight-rounding kernel loads its input before gdc_prologue."""
+    import hotloop.kernels.tf32_split as original
+
+    text = Path(inspect.getsourcefile(original)).read_text()
+    prologue = "    gdc_prologue(GDC)\n"
+    load = "    x = tl.load(src_ptr + offs, mask=mask)\n"
+    start = text.index("def _fwd_weights_rna_kernel(")
+    body = text[start:]
+    assert body.count(prologue) >= 1 and load in body, "the kernel's source changed: update the fault"
+    mutant_body = body.replace(prologue, "", 1).replace(load, load + prologue, 1)
+    (tmp_path / "pdl_mutant_tf32_split.py").write_text(text[:start] + mutant_body)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}")
+    mutant = importlib.import_module("pdl_mutant_tf32_split")
+    src = torch.randn(2, 5000)
+    with dependent_launch(True), capture_launches() as launches:
+        original.tf32_round_copy(src, torch.empty_like(src))
+        mutant.tf32_round_copy(src, torch.empty_like(src))
+    assert [launch.fn.__module__ for launch in launches] == [original.__name__, "pdl_mutant_tf32_split"]
+    table = dependent_launch_order(launches, compile_launches(launches))
+    assert table["launch_pdl"].all() and table["safe"].tolist() == [True, False], table.to_string()
+    assert table.loc[1, "first_memory_line"] < table.loc[1, "wait_line"]
+
+
+def test_launches_without_dependent_launch_pass_neither_flag():
+    src = torch.randn(3000)
+    with capture_launches() as launches:
+        tf32_round_copy(src, torch.empty_like(src))
+    assert launches[0].options.get("launch_pdl") is False and launches[0].args["GDC"] is False
+    table = dependent_launch_order(launches, [{"name": "k", "ptx": "ld.global.b32 %r1, [%rd1];", "sass": ""}])
+    assert table["safe"].tolist() == [True] and table["waits"].tolist() == [0]
+    with pytest.raises(ValueError, match="1 launches but 0 compiled"):
+        dependent_launch_order(launches, [])
 
 
 def test_a_launch_argument_without_a_signature_type_is_named():
