@@ -61,7 +61,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="comma-separated variants (hotloop.guards.probes.bench.VARIANTS): iteration (the whole loop "
         "iteration, always the first row), eager, graph-fp32, graph-tf32, compiled-split, "
         "compiled-tf32, hotloop; or all, graph (= graph-fp32,graph-tf32), "
-        "compiled (= compiled-split,compiled-tf32) (default all)",
+        "compiled (= compiled-split,compiled-tf32) (default all); and lever variants hotloop:<lever>[+<lever>...], "
+        "the hotloop step with those Config switches on (levers: hotloop.guards.probes.bench.LEVERS, e.g. "
+        "hotloop:dependent_launch)",
     )
     bench.add_argument(
         "--steps",

@@ -83,8 +83,9 @@ GUARD_STEPS, GUARD_WARMUP = 5, 2
 """Steps profiled by hotloop.guards.guard.guard_steps for kernels_per_step, and its unprofiled warm-up steps."""
 GUARD_STEP_RANGE = "bench_step"
 GAP_VARIANTS = ("iteration", "hotloop")
-"""The variants whose guarded steps also give the kernel-gap table (hotloop.profiles.kernel_gaps, issue 38): written
-as kernel_gaps_<variant>.csv beside bench.csv, summarized on stderr and in the row's note."""
+"""The variants whose guarded steps also give the kernel-gap table (hotloop.profiles.kernel_gaps, issue 38), as do
+the lever variants (`lever_switches`): written as `gap_file(variant)` beside bench.csv, summarized on stderr and in
+the row's note."""
 HEADLINE = "iteration"
 """The variant that leads the table when asked for: the whole loop iteration."""
 TF32_TFLOPS = 494.7
@@ -121,10 +122,28 @@ ALIASES: dict[str, tuple[str, ...]] = {
 """Shorthands accepted by `expand_variants`."""
 
 
+LEVERS = ("dependent_launch",)
+"""The learner step's levers (issue 38), each a bool Config switch: the variant "hotloop:<lever>[+<lever>...]" is
+the "hotloop" row built with those switches on, timed beside the plain row in the same run (`lever_switches`)."""
+LEVER_PREFIX = "hotloop:"
+
+
+def lever_switches(name: str) -> tuple[str, ...] | None:
+    """The switches of a lever variant name ("hotloop:dependent_launch" -> ("dependent_launch",)); None for a
+    name without the LEVER_PREFIX. ValueError naming an unknown or repeated lever (LEVERS lists the known)."""
+    if not name.startswith(LEVER_PREFIX):
+        return None
+    switches = tuple(s.strip() for s in name[len(LEVER_PREFIX) :].split("+"))
+    bad = [s for s in switches if s not in LEVERS]
+    if bad or len(set(switches)) != len(switches):
+        raise ValueError(f"variant {name!r}: levers must be distinct names of {', '.join(LEVERS)}, got {switches}")
+    return switches
+
+
 def expand_variants(names: str | list[str], extra: Mapping[str, object] = {}) -> list[str]:
     """Variant names from a comma-separated string or a list: aliases (ALIASES) expanded, duplicates dropped, order
-    kept. Names may be those of VARIANTS or of `extra`. Raises ValueError naming the unknown ones and the valid ones
-    (also for an empty selection)."""
+    kept. Names may be those of VARIANTS, of `extra`, or lever variants (`lever_switches`). Raises ValueError naming
+    the unknown ones and the valid ones (also for an empty selection)."""
     if isinstance(names, str):
         names = names.split(",")
     known = [*VARIANTS, *(k for k in extra if k not in VARIANTS)]
@@ -133,15 +152,30 @@ def expand_variants(names: str | list[str], extra: Mapping[str, object] = {}) ->
     for raw in names:
         name = raw.strip()
         for n in ALIASES.get(name, (name,)):
-            if n not in known:
+            if n not in known and lever_switches(n) is None:
                 bad.append(name)
             elif n not in out:
                 out.append(n)
     if bad or not out:
         raise ValueError(
-            f"unknown variant(s) {bad or names!r}; valid variants: {', '.join(known)} (or {', '.join(ALIASES)})"
+            f"unknown variant(s) {bad or names!r}; valid variants: {', '.join(known)} (or {', '.join(ALIASES)}, "
+            f"or {LEVER_PREFIX}<lever>[+<lever>...] with levers {', '.join(LEVERS)})"
         )
     return out
+
+
+def gap_file(name: str) -> str:
+    """The kernel-gap table's file name of variant `name`: kernel_gaps_<name>.csv, a lever variant's ':' and '+'
+    written as '-' (kernel_gaps_hotloop-dependent_launch.csv)."""
+    return f"kernel_gaps_{name.replace(':', '-').replace('+', '-')}.csv"
+
+
+def _spec(name: str, specs: Mapping[str, VariantSpec]) -> VariantSpec:
+    """The VariantSpec of `name`: from `specs`, else a lever variant's (the hotloop row with its switches on)."""
+    if name in specs:
+        return specs[name]
+    switches = lever_switches(name)
+    return VariantSpec(functools.partial(build_hotloop_variant, switches=switches), "", "")
 
 
 def roofline_counts(cfg: Config, obs_dim: int, action_nvec: tuple[int, ...]) -> dict[str, int]:
@@ -297,7 +331,7 @@ def guard_variant(
     kernels = grid1 = math.nan
     notes = []
     with tempfile.TemporaryDirectory(prefix="hotloop-bench-") as tmp:
-        trace = Path(tmp) / "trace.json" if name in GAP_VARIANTS else None
+        trace = Path(tmp) / "trace.json" if name in GAP_VARIANTS or lever_switches(name) else None
         try:
             report = guard_steps(
                 step, steps=GUARD_STEPS, warmup=GUARD_WARMUP, step_range=GUARD_STEP_RANGE, trace_path=trace
@@ -324,7 +358,7 @@ def kernel_gaps_note(name: str, trace: Path, gaps_dir: Path | None, sms: int) ->
         table = kernel_gap_table(read_trace(trace), GUARD_STEP_RANGE, sms=sms, fallback=False)
         if gaps_dir is not None:
             gaps_dir.mkdir(parents=True, exist_ok=True)
-            table.to_csv(gaps_dir / f"kernel_gaps_{name}.csv", index=False)
+            table.to_csv(gaps_dir / gap_file(name), index=False)
     except Exception as exc:  # the timing and the kernel counts stand
         return f"kernel gaps not measured: {type(exc).__name__}: {exc}"
     print(f"hotloop bench: {name}: kernel gaps: {summary_line(table)}", file=sys.stderr, flush=True)
@@ -452,7 +486,7 @@ def run_bench(
     }
     rows = []
     for name in names:
-        spec = specs[name]
+        spec = _spec(name, specs)
         print(f"hotloop bench: {name} ...", file=sys.stderr, flush=True)
         start = time.perf_counter()
         try:
@@ -510,11 +544,11 @@ def run_bench(
 
 def check_out_dir(out_dir: Path) -> None:
     """ValueError unless `out_dir` is a folder (or does not exist yet) that holds none of bench.csv, bench.md and
-    the kernel-gap tables (kernel_gaps_<variant>.csv of GAP_VARIANTS): a bench never overwrites an earlier table."""
+    any kernel-gap table (kernel_gaps_*.csv: `gap_file`): a bench never overwrites an earlier table."""
     if out_dir.exists() and not out_dir.is_dir():
         raise ValueError(f"--out {out_dir} exists and is not a folder")
-    names = ("bench.csv", "bench.md", *(f"kernel_gaps_{v}.csv" for v in GAP_VARIANTS))
-    taken = [n for n in names if (out_dir / n).exists()]
+    taken = [n for n in ("bench.csv", "bench.md") if (out_dir / n).exists()]
+    taken += sorted(p.name for p in out_dir.glob("kernel_gaps_*.csv")) if out_dir.is_dir() else []
     if taken:
         raise ValueError(
             f"--out {out_dir} already holds {', '.join(taken)}; choose another folder (an earlier bench "

@@ -503,14 +503,17 @@ def compile_update(state: BenchState) -> tuple[Callable[..., tuple[torch.Tensor,
     )
 
 
-def build_hotloop_variant(cfg: Config, device: torch.device) -> Variant:
+def build_hotloop_variant(cfg: Config, device: torch.device, switches: tuple[str, ...] = ()) -> Variant:
     """The `hotloop` row of `hotloop bench`: a HotLearner (hotloop.trainer.step) over a kernel-backed
     PrioritizedReplay filled by `fill_random` (as the other rows' replay), captured (setup_s = warm-up + capture
-    seconds); `step` replays the graph.
+    seconds); `step` replays the graph. `switches`: bool Config fields set True first (a lever variant of
+    hotloop.guards.probes.bench, named "hotloop:<switch>+..."; the note names them).
     Returns a Variant. Raises RuntimeError without CUDA, ValueError for an unsupported cfg."""
     device = torch.device(device)
+    name = "hotloop" + (":" + "+".join(switches) if switches else "")
     if device.type != "cuda":
-        raise RuntimeError("hotloop: needs CUDA (the step is a captured CUDA graph)")
+        raise RuntimeError(f"{name}: needs CUDA (the step is a captured CUDA graph)")
+    cfg = dataclasses.replace(cfg, **{s: True for s in switches})
     obs_dim, nvec = env_shapes(cfg)
     replay = PrioritizedReplay(
         cfg.replay_capacity, obs_dim, len(nvec), alpha=cfg.per_alpha, eps=cfg.per_eps, device=device, use_kernels=True
@@ -520,12 +523,13 @@ def build_hotloop_variant(cfg: Config, device: torch.device) -> Variant:
     learner = HotLearner(cfg, obs_dim, nvec, device, replay)
     capture_s = learner.capture()
     return Variant(
-        "hotloop",
+        name,
         learner.step,
         capture_s,
         "capture",
         "split",
-        f"compile+warm-up {learner.warmup_s:.1f} s before the capture; flat buffers, fused Triton "
+        (f"switches on: {', '.join(switches)}; " if switches else "")
+        + f"compile+warm-up {learner.warmup_s:.1f} s before the capture; flat buffers, fused Triton "
         "kernels, DDQN forward on a 2nd stream, one CUDA graph; TF32 forward, "
         "3xTF32 (FP32-accurate) backward; target update fused into Adam",
     )

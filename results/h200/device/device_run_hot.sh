@@ -32,6 +32,9 @@
 #       cpsweep  results/h200/device/cartpole_sweep_hot.sh: the hotloop learner on CartPole, 10 settings x 6 seeds
 #       bench1   hotloop bench: eager, graph-fp32, graph-tf32, compiled-split, hotloop
 #       benchhot hotloop bench: hotloop only
+#       levers   issue 38: hotloop bench at seed scale, the hotloop row and each lever variant (${LEVER_VARIANTS:-
+#                hotloop:dependent_launch}, comma-separated) side by side, ${LEVER_STEPS:-500} steps each, twice, the
+#                second run in reverse order (an order effect shows as a flipped ratio); kernel-gap tables per row
 #       bench3   hotloop bench: eager, graph-fp32, graph-tf32, hotloop (no compiled rows: ~2 minutes)
 #       bench2   hotloop bench: compiled-tf32, hotloop (the compile alone takes ~6 minutes)
 #       learning hotloop learning --preset ${LEARN_PRESET:-cartpole-fast} --seeds ${LEARN_SEEDS:-1-10} --jobs 8: both
@@ -233,6 +236,16 @@ PY
               > /tmp/r/bench1.log 2>&1; echo "rc=$?"; tail -n 12 /tmp/r/bench1.log ;;
     benchhot) timeout 120 $HL bench --preset seed-scale --variants hotloop --out /tmp/r/benchhot \
                 > /tmp/r/benchhot.log 2>&1; echo "rc=$?"; tail -n 4 /tmp/r/benchhot.log ;;
+    levers)
+      lv=${LEVER_VARIANTS:-hotloop:dependent_launch}
+      rev=$(echo "$lv" | tr ',' '\n' | tac | paste -sd, -)
+      for order in "hotloop,$lv" "$rev,hotloop"; do
+        n=$((${n:-0} + 1))
+        timeout 280 $HL bench --preset seed-scale --variants "$order" --steps ${LEVER_STEPS:-500} --out /tmp/r/levers$n \
+          > /tmp/r/levers$n.log 2>&1; echo "levers run $n ($order) rc=$?"
+        python3 -c "import pandas as pd; d=pd.read_csv('/tmp/r/levers$n/bench.csv'); print(d[['variant','us_per_step_p20','us_per_step_p50','us_per_step_p80','kernels_per_step','ratio_to_hotloop']].to_string(index=False))"
+        grep "kernel gaps:" /tmp/r/levers$n.log
+      done ;;
     bench3) timeout 300 $HL bench --preset seed-scale --variants eager,graph,hotloop --out /tmp/r/bench3 \
               > /tmp/r/bench3.log 2>&1; echo "rc=$?"; tail -n 8 /tmp/r/bench3.log ;;
     bench2) timeout 560 $HL bench --preset seed-scale --variants compiled-tf32,hotloop --out /tmp/r/bench2 \

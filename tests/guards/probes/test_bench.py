@@ -19,11 +19,14 @@ from hotloop.guards.guard import guard_steps
 from hotloop.guards.probes.bench import (
     BENCH_COLUMNS,
     GUARD_STEP_RANGE,
+    LEVERS,
     VARIANTS,
     expand_variants,
+    gap_file,
     guard_summary,
     guard_variant,
     kernel_gaps_note,
+    lever_switches,
     roofline_counts,
     roofline_floor_us,
     run_bench,
@@ -266,7 +269,23 @@ def test_kernel_gaps_note_writes_the_table_beside_the_bench(tmp_path, capsys):
     assert not (tmp_path / "out" / "kernel_gaps_iteration.csv").exists()
 
 
-@pytest.mark.parametrize("name,kept", [("hotloop", True), ("iteration", True), ("eager", False)])
+def test_lever_variants_are_the_hotloop_row_with_config_switches_on():
+    assert lever_switches("hotloop") is None and lever_switches("eager") is None
+    assert lever_switches("hotloop:dependent_launch") == ("dependent_launch",)
+    assert expand_variants("hotloop,hotloop:dependent_launch") == ["hotloop", "hotloop:dependent_launch"]
+    assert gap_file("hotloop:dependent_launch") == "kernel_gaps_hotloop-dependent_launch.csv"
+    assert set(LEVERS) <= {f.name for f in dataclasses.fields(_cfg())}  # each lever is a Config switch
+    for bad in ("hotloop:nope", "hotloop:", "hotloop:dependent_launch+dependent_launch"):
+        with pytest.raises(ValueError, match="levers must be distinct names of dependent_launch"):
+            expand_variants(bad)
+    # built as the hotloop row with the switch on: on the CPU that build says it needs CUDA, naming the variant
+    df = run_bench(_cfg(), CPU, ["hotloop:dependent_launch"], steps=1, warmup=0)
+    assert df["note"].tolist() == ["skipped: hotloop:dependent_launch: needs CUDA (the step is a captured CUDA graph)"]
+
+
+@pytest.mark.parametrize(
+    "name,kept", [("hotloop", True), ("iteration", True), ("hotloop:dependent_launch", True), ("eager", False)]
+)
 def test_guard_variant_keeps_the_trace_of_the_gap_variants_only(tmp_path, monkeypatch, name, kept):
     """The guard's trace is kept (and tabulated) for the "hotloop" and "iteration" rows alone: `guard_steps` is
     replaced by one that writes a guarded-step trace where it is asked to keep one."""
@@ -284,13 +303,13 @@ def test_guard_variant_keeps_the_trace_of_the_gap_variants_only(tmp_path, monkey
     monkeypatch.setattr(guard, "guard_steps", fake_guard_steps)
     kernels, grid1, note = guard_variant(name, lambda: None, CPU, tmp_path)
     assert (kernels, grid1) == (2.0, 0.0) and seen["step_range"] == GUARD_STEP_RANGE
-    assert (seen["trace_path"] is not None) == kept and (tmp_path / f"kernel_gaps_{name}.csv").exists() == kept
+    assert (seen["trace_path"] is not None) == kept and (tmp_path / gap_file(name)).exists() == kept
     assert note == (
         "gemms/step none; kernel gaps: idle 3.5 us/step, 1 kernels under one wave" if kept else "gemms/step none"
     )
     if kept:
         assert not Path(seen["trace_path"]).exists()  # the trace was a temporary file
-        with pytest.raises(ValueError, match=f"already holds kernel_gaps_{name}.csv"):
+        with pytest.raises(ValueError, match=f"already holds {gap_file(name)}"):
             run_bench(_cfg(), CPU, ["eager"], steps=1, out_dir=tmp_path)
 
 
@@ -368,6 +387,23 @@ def test_run_bench_on_the_gpu_measures_every_captured_variant(tmp_path):
     assert df[["us_per_step_p50", "kernels_per_step", "setup_s"]].notna().all().all(), df["note"].tolist()
     assert (df["kernels_per_step"] > 10).all() and df["note"].str.contains("gemms/step").all()
     assert "gemms/step tf32=0 " in df.set_index("variant").loc["graph-fp32", "note"]  # no TF32 GEMM under FP32
+
+
+@pytest.mark.gpu
+def test_run_bench_on_the_gpu_times_each_lever_beside_the_hotloop_row(tmp_path):
+    levers = [f"hotloop:{lever}" for lever in LEVERS]
+    df = run_bench(
+        _cfg(batch_size=256, replay_capacity=4096),
+        torch.device("cuda"),
+        ["hotloop", *levers],
+        steps=10,
+        warmup=2,
+        out_dir=tmp_path,
+    ).set_index("variant")
+    assert df[["us_per_step_p50", "kernels_per_step"]].notna().all().all(), df["note"].tolist()
+    for name in levers:
+        assert (tmp_path / gap_file(name)).exists() and df.loc[name, "note"].startswith("switches on: ")
+    assert df.loc["hotloop:dependent_launch", "kernels_per_step"] == df.loc["hotloop", "kernels_per_step"]
 
 
 @pytest.mark.gpu
