@@ -35,6 +35,8 @@
 #       levers   issue 38: hotloop bench at seed scale, the hotloop row and each lever variant (${LEVER_VARIANTS:-
 #                hotloop:dependent_launch}, comma-separated) side by side, ${LEVER_STEPS:-500} steps each, twice, the
 #                second run in reverse order (an order effect shows as a flipped ratio); kernel-gap tables per row
+#       dwprobe  issue 38: python -m lab.dw_epilogue_probe: the weight-gradient GEMM's atomic epilogue against stored
+#                split-K partials at 1x, 2x, 4x the 132-program floor (dw_epilogue.csv)
 #       bench3   hotloop bench: eager, graph-fp32, graph-tf32, hotloop (no compiled rows: ~2 minutes)
 #       bench2   hotloop bench: compiled-tf32, hotloop (the compile alone takes ~6 minutes)
 #       learning hotloop learning --preset ${LEARN_PRESET:-cartpole-fast} --seeds ${LEARN_SEEDS:-1-10} --jobs 8: both
@@ -246,6 +248,8 @@ PY
         python3 -c "import pandas as pd; d=pd.read_csv('/tmp/r/levers$n/bench.csv'); print(d[['variant','us_per_step_p20','us_per_step_p50','us_per_step_p80','kernels_per_step','ratio_to_hotloop']].to_string(index=False))"
         grep "kernel gaps:" /tmp/r/levers$n.log
       done ;;
+    dwprobe) PYTHONPATH=$LABPATH timeout 200 python3 -m lab.dw_epilogue_probe --scales 1,2,4 --csv /tmp/r/dw_epilogue.csv \
+               > /tmp/r/dwprobe.log 2>&1; echo "dwprobe rc=$?"; tail -n 14 /tmp/r/dwprobe.log ;;
     bench3) timeout 300 $HL bench --preset seed-scale --variants eager,graph,hotloop --out /tmp/r/bench3 \
               > /tmp/r/bench3.log 2>&1; echo "rc=$?"; tail -n 8 /tmp/r/bench3.log ;;
     bench2) timeout 560 $HL bench --preset seed-scale --variants compiled-tf32,hotloop --out /tmp/r/bench2 \
