@@ -11,7 +11,8 @@ kernels/linear.py loaded as its own module (`variant_module`, the source patched
 `atomic` (the kernel as the step runs it) and `partials` (its dW epilogue a plain store into slab `split` of an
 (S, N, K) buffer; the gain gradient's atomics kept), each with the launcher's program floor (_MIN_PROGRAMS, 132)
 times each of --scales: more splits of the batch, more and shorter programs. Each configuration is timed with
-triton.testing.do_bench (median ms of R repeats, L2 flushed between them). `partials` leaves the sum of the slabs to
+triton.testing.do_bench_cudagraph (launches replayed from a CUDA graph, as in the step: a plain do_bench times the
+Python launcher's ~70 us instead of the kernel; median ms of R ms of repeats). `partials` leaves the sum of the slabs to
 its consumer (grad-norm and Adam would read S slabs instead of one buffer): its time is a lower bound of that
 design's producer cost, and the difference to `atomic` at the same splits the most that design can win before its
 consumer pays for reading S x N x K floats (~N K S x 4 bytes at HBM speed). `check_variant` verifies on any device
@@ -138,7 +139,9 @@ def run(scales: list[int], repeats: int, device: torch.device) -> list[dict]:
                 grid = launch_grid(module, ops)
                 s = grid[2]
                 out = torch.zeros((s, n, k) if variant == "partials" else (n, k), device=device)
-                ms = triton.testing.do_bench(lambda: launch(module, ops, out), rep=repeats, return_mode="median")
+                fn = lambda: launch(module, ops, out)  # noqa: E731
+                fn()  # compiled before the capture
+                ms = triton.testing.do_bench_cudagraph(fn, rep=repeats, return_mode="median")
                 rows.append(
                     dict(
                         stamp,
@@ -157,7 +160,9 @@ def run(scales: list[int], repeats: int, device: torch.device) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--scales", default="1,2,4", help="comma-separated multiples of the 132-program floor")
-    p.add_argument("--repeats", type=int, default=200, help="do_bench's rep (ms of repeats per configuration)")
+    p.add_argument(
+        "--repeats", type=int, default=200, help="do_bench_cudagraph's rep (ms of repeats per configuration)"
+    )
     p.add_argument("--csv", type=Path, help="append the rows to this CSV")
     args = p.parse_args(argv)
     scales = [int(s) for s in args.scales.split(",")]
