@@ -50,6 +50,8 @@ class Config:
     CUDA graph (one graph per iteration), its main launch on a third stream beside the loss, backward and optimizer,
     once the step has read the replay; the step then samples the transitions of the iterations before (trainer/
     actor.py)"""
+    grouped_forward: bool = False
+    """hotloop learner: the online net on s and both nets on s' in one launch per layer (grid z = 3), one stream"""
     learning_starts: int = 1000
     """transitions collected with the exploration policy before the first learner step"""
     batch_size: int = 128
