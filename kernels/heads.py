@@ -8,7 +8,8 @@ d's block to A_d(., a). Gains g_out (1 + D,) (one per matrix: value, then each b
 
 - `heads_forward`: one launch for one or two networks (online and target on s'), TF32 dots on operands rounded
   to TF32 first (forward placement, kernels/linear.py),
-  Q written as (M, D * A) (= (M, D, A) contiguous).
+  Q written as (M, D * A) (= (M, D, A) contiguous); `heads_forward_grouped`: the step's three (online on s,
+  online and target on s') in one launch.
 - `heads_backward`: from dQ (M, D * A): dh (masked by h > 0, i.e. the hidden layers' pre-activation gradient)
   in IEEE FP32 on CUDA cores (each block's products have 1 or A terms: no tensor-core MMA, no split), written as
   dh and dh^T (kernels/linear.py says why both layouts), and
@@ -103,7 +104,8 @@ def _heads_fwd_body(
     )
 
 
-# the same body under two names, for phase attribution by kernel name (see kernels/linear.py)
+# the same body under two names, for phase attribution by kernel name (see kernels/linear.py); a third name,
+# `_heads_grouped_tf32_kernel` ("forward"), runs the step's three heads forwards in one launch
 @triton.jit
 def _heads_online_tf32_kernel(
     h_ptr,
@@ -180,6 +182,60 @@ def _heads_ddqn_tf32_kernel(
         h_zstride,
         p_zstride,
         q_zstride,
+        D,
+        A,
+        ROUND_X,
+        ROUND_W,
+        BLOCK_M,
+        BLOCK_J,
+        BLOCK_K,
+    )
+
+
+@triton.jit
+def _heads_grouped_tf32_kernel(
+    h_ptr,
+    hn_ptr,
+    w_ptr,
+    b_ptr,
+    g_ptr,
+    q_ptr,
+    qn_ptr,
+    M,
+    H,
+    p_zstride,
+    D: tl.constexpr,
+    A: tl.constexpr,
+    ROUND_X: tl.constexpr,
+    ROUND_W: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_J: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GDC: tl.constexpr,
+):
+    gdc_prologue(GDC)
+    # the step's three heads forwards in one launch (`heads_forward_grouped`): z = 0 the online net on s (h -> q),
+    # z = 1, 2 the online and the target net on s' (hn[z - 1] -> qn[z - 1]); the target's parameters are
+    # p_zstride floats after the online ones. Each program picks its pointers, then runs the body with z-strides 0.
+    z = tl.program_id(1)
+    if z == 0:
+        h_sel = h_ptr
+        q_sel = q_ptr
+    else:
+        h_sel = hn_ptr + (z - 1) * M * ((1 + D) * H)
+        q_sel = qn_ptr + (z - 1) * M * (D * A)
+    p_off = (z // 2) * p_zstride  # net 0 for z = 0, 1; net 1 for z = 2
+    _heads_fwd_body(
+        h_sel,
+        w_ptr + p_off,
+        b_ptr + p_off,
+        g_ptr + p_off,
+        q_sel,
+        M,
+        H,
+        0,
+        0,
+        0,
         D,
         A,
         ROUND_X,
@@ -337,6 +393,71 @@ def heads_forward(
         **pdl_kwargs(),
     )
     return q
+
+
+def heads_forward_grouped(
+    h: torch.Tensor,
+    h_next: torch.Tensor,
+    w_out: torch.Tensor,
+    b_out: torch.Tensor,
+    g_out: torch.Tensor,
+    q: torch.Tensor,
+    q_next: torch.Tensor,
+    branches: int,
+    *,
+    p_zstride: int,
+    x_tf32: bool = False,
+    w_tf32: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The three heads forwards of a learner step in ONE launch (`_heads_grouped_tf32_kernel`, grid z = 3): z = 0
+    the online net on s (h -> q), z = 1 the online and z = 2 the target net on s' (h_next[z - 1] -> q_next[z - 1]),
+    net 1's parameters `p_zstride` floats after net 0's. The same body and arithmetic as `heads_forward` (q as
+    its nets = 1 launch writes it, q_next as its nets = 2, ddqn = True one). Source: issue 38, lever 2 ("fewer,
+    fuller launches").
+
+    h: (M, (1 + D) H) and h_next: (2, M, (1 + D) H) float32 contiguous; w_out (1 + D A, H), b_out (1 + D A,),
+    g_out (1 + D,): views of net 0's flat buffer; q: (M, D * A) and q_next: (2, M, D * A) float32 contiguous,
+    fully overwritten. branches: D. p_zstride: an int >= 0. x_tf32, w_tf32: as `heads_forward`'s. All on one
+    device (CUDA, or the CPU under TRITON_INTERPRET=1). Returns (q, q_next). Grid (ceil(M / 64), 3).
+    Raises ValueError, naming the input, for a wrong dtype, shape, device or contiguity, or a bad p_zstride; all
+    checked before the launch.
+    """
+    j, hidden, actions = _sizes(check_tensor("w_out", w_out, dtype=torch.float32, ndim=2), branches)
+    dev = w_out.device
+    width = (1 + branches) * hidden
+    check_tensor("h", h, dtype=torch.float32, ndim=2, device=dev)
+    m = h.shape[0]
+    if h.shape[1] != width or m < 1:
+        raise ValueError(f"h must be (M, {width}) with M >= 1, got {tuple(h.shape)}")
+    check_tensor("h_next", h_next, dtype=torch.float32, shape=(2, m, width), device=dev)
+    check_tensor("b_out", b_out, dtype=torch.float32, shape=(j,), device=dev)
+    check_tensor("g_out", g_out, dtype=torch.float32, shape=(1 + branches,), device=dev)
+    check_tensor("q", q, dtype=torch.float32, shape=(m, branches * actions), device=dev)
+    check_tensor("q_next", q_next, dtype=torch.float32, shape=(2, m, branches * actions), device=dev)
+    if isinstance(p_zstride, bool) or not isinstance(p_zstride, int) or p_zstride < 0:
+        raise ValueError(f"p_zstride must be an int >= 0, got {p_zstride!r}")
+    _heads_grouped_tf32_kernel[(triton.cdiv(m, _BLOCK_M), 3)](
+        h,
+        h_next,
+        w_out,
+        b_out,
+        g_out,
+        q,
+        q_next,
+        m,
+        hidden,
+        p_zstride,
+        D=branches,
+        A=actions,
+        ROUND_X=rounds_tf32_operands() and not x_tf32,
+        ROUND_W=rounds_tf32_operands() and not w_tf32,
+        BLOCK_M=_BLOCK_M,
+        BLOCK_J=max(16, triton.next_power_of_2(j)),
+        BLOCK_K=_BLOCK_K,
+        num_warps=4,
+        **pdl_kwargs(),
+    )
+    return q, q_next
 
 
 def heads_backward(

@@ -4,7 +4,8 @@ y = act(g[n // GAIN_GROUP] * (x @ W^T)[:, n] + b[n]) for a weight W (N, K), bias
 (a spectral-normalized matrix times a learned scalar gain: sigma-reparam, Zhai et al. 2023; several matrices of
 the same input stacked row-wise form one layer, each with its own gain). W, b and g are views (offsets) of one flat
 fp32 buffer, so the online and the target network (two such buffers, `z_stride` floats apart) run in ONE launch
-with a third grid axis.
+with a third grid axis; `linear_forward_grouped` runs all three forwards of a learner step (online net on s, online
+and target net on s') in one launch per layer, grid z = 3 (Config.grouped_forward).
 
 Precision placement (issue "TF32 forward, FP32-accurate backward"): the forward kernels multiply on TF32 tensor
 cores (`tl.dot(input_precision="tf32")`, ~5e-4 relative error) with both operands rounded to the nearest TF32 value
@@ -86,7 +87,10 @@ def _fwd_body(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    GROUPED: tl.constexpr,
 ):
+    # GROUPED: called by `_fwd_grouped_tf32_gemm_kernel`, which offset every pointer by its z (the z-strides are 0
+    # here) and wants y^T of z = 0 alone
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     z = tl.program_id(2)
@@ -121,13 +125,24 @@ def _fwd_body(
     mask = mask_m[:, None] & mask_n[None, :]
     tl.store(y_ptr + z * y_zstride + offs_m[:, None] * N + offs_n[None, :], y, mask=mask)
     if STORE_T:  # y^T (2, N, M) too, split into TF32 parts: the next layer's weight-gradient GEMM reads it K-major
-        hi, lo = tf32_hi_lo(y)  # (one net only)
-        tl.store(yt_ptr + offs_n[None, :] * M + offs_m[:, None], hi, mask=mask)
-        tl.store(yt_ptr + N * M + offs_n[None, :] * M + offs_m[:, None], lo, mask=mask)
+        if GROUPED:  # (one net only: a grouped launch's z = 0, the online net on s)
+            if z == 0:
+                _store_split_t(yt_ptr, y, offs_m, offs_n, M, N, mask)
+        else:
+            _store_split_t(yt_ptr, y, offs_m, offs_n, M, N, mask)
 
 
-# Two thin kernels over one body: the same code under two names, because a graph replay carries no ranges and the
-# guards assign its kernels to the "forward" / "ddqn_forward" phases by name (trainer/step.py PHASE_RULES).
+@triton.jit
+def _store_split_t(yt_ptr, y, offs_m, offs_n, M, N, mask):
+    # y^T of a (BLOCK_M, BLOCK_N) tile into yt (2, N, M): its TF32 hi part, then the lo part
+    hi, lo = tf32_hi_lo(y)
+    tl.store(yt_ptr + offs_n[None, :] * M + offs_m[:, None], hi, mask=mask)
+    tl.store(yt_ptr + N * M + offs_n[None, :] * M + offs_m[:, None], lo, mask=mask)
+
+
+# Thin kernels over one body: the same code under two names, because a graph replay carries no ranges and the
+# guards assign its kernels to the "forward" / "ddqn_forward" phases by name (trainer/step.py PHASE_RULES); and a
+# third, `_fwd_grouped_tf32_gemm_kernel` ("forward"), that runs all three forwards of a step in one launch.
 @triton.jit
 def _fwd_online_tf32_gemm_kernel(
     x_ptr,
@@ -182,6 +197,7 @@ def _fwd_online_tf32_gemm_kernel(
         BLOCK_M,
         BLOCK_N,
         BLOCK_K,
+        False,
     )
 
 
@@ -239,6 +255,80 @@ def _fwd_ddqn_tf32_gemm_kernel(
         BLOCK_M,
         BLOCK_N,
         BLOCK_K,
+        False,
+    )
+
+
+@triton.jit
+def _fwd_grouped_tf32_gemm_kernel(
+    x_ptr,
+    xn_ptr,
+    idx_ptr,
+    w_ptr,
+    b_ptr,
+    g_ptr,
+    y_ptr,
+    yn_ptr,
+    yt_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_xnm,
+    xn_zstride,
+    p_zstride,
+    gain_group,
+    GATHER: tl.constexpr,
+    RELU: tl.constexpr,
+    STORE_T: tl.constexpr,
+    ROUND_X: tl.constexpr,
+    ROUND_W: tl.constexpr,
+    ROUND_Y: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GDC: tl.constexpr,
+):
+    gdc_prologue(GDC)
+    # the step's three forwards in one launch (`linear_forward_grouped`): z = 0 the online net on s (x -> y, y^T),
+    # z = 1 the online and z = 2 the target net on s' (xn + (z - 1) xn_zstride -> yn[z - 1]); the target's
+    # parameters are p_zstride floats after the online ones. Each program picks its pointers, then runs the body
+    # with z-strides 0.
+    z = tl.program_id(2)
+    if z == 0:
+        x_sel = x_ptr
+        y_sel = y_ptr
+    else:
+        x_sel = xn_ptr + (z - 1) * xn_zstride
+        y_sel = yn_ptr + (z - 1) * M * N
+    stride_sel = tl.where(z == 0, stride_xm, stride_xnm)
+    p_off = (z // 2) * p_zstride  # net 0 for z = 0, 1; net 1 for z = 2
+    _fwd_body(
+        x_sel,
+        idx_ptr,
+        w_ptr + p_off,
+        b_ptr + p_off,
+        g_ptr + p_off,
+        y_sel,
+        yt_ptr,
+        M,
+        N,
+        K,
+        stride_sel,
+        0,
+        0,
+        0,
+        gain_group,
+        GATHER,
+        RELU,
+        STORE_T,
+        ROUND_X,
+        ROUND_W,
+        ROUND_Y,
+        BLOCK_M,
+        BLOCK_N,
+        BLOCK_K,
+        True,
     )
 
 
@@ -424,6 +514,21 @@ def _block(n: int, cap: int) -> int:
     return max(16, min(cap, triton.next_power_of_2(n)))
 
 
+def _fwd_tiles(m: int, n: int, nets: int) -> tuple[tuple[int, int, int], int, int]:
+    """(grid, BLOCK_M, BLOCK_N) of a forward launch of `nets` grid slices of an (m, n) output.
+    Tiles from the H200 sweep at seed-scale shapes (results/h200/kernels/linear_sweep.csv): 128 x 128 x 32, 4 warps,
+    3 stages; 64 columns where they pad N less than 128 do (N = 320: two nets 28.2 -> 23.2 us); BLOCK_N halves
+    while there are fewer than 132 programs (one wave) and it can; never a single program (an idle second one)."""
+    block_m, block_n = 128, _block(n, 128)
+    if block_n == 128 and triton.cdiv(n, 64) * 64 < triton.cdiv(n, 128) * 128:
+        block_n = 64
+    grid_m = triton.cdiv(m, block_m)
+    while block_n > 16 and grid_m * triton.cdiv(n, block_n) * nets < _MIN_PROGRAMS:
+        block_n //= 2
+    grid = (max(grid_m, 1 if triton.cdiv(n, block_n) * nets > 1 else 2), triton.cdiv(n, block_n), nets)
+    return grid, block_m, block_n
+
+
 def linear_forward(
     x: torch.Tensor,
     w: torch.Tensor,
@@ -494,18 +599,9 @@ def linear_forward(
         if nets != 1:
             raise ValueError("yt (the transposed output) is for one net only (nets = 1)")
         check_tensor("yt", yt, dtype=torch.float32, shape=(2, n, m), device=dev)
-    # Tiles from the H200 sweep at seed-scale shapes (results/h200/kernels/linear_sweep.csv): 128 x 128 x 32, 4 warps,
-    # 3 stages; 64 columns where they pad N less than 128 do (N = 320: two nets 28.2 -> 23.2 us);
-    # BLOCK_N halves while there are fewer than 132 programs (one wave) and it can. With yt, 8 warps: the split
-    # transposed store spills at 4 (108 bytes per thread at 128 x 64 with a gathered input, compiled for sm90 here;
-    # the sweep had 8 warps within 10% of 4 at these shapes).
-    block_m, block_n = 128, _block(n, 128)
-    if block_n == 128 and triton.cdiv(n, 64) * 64 < triton.cdiv(n, 128) * 128:
-        block_n = 64
-    grid_m = triton.cdiv(m, block_m)
-    while block_n > 16 and grid_m * triton.cdiv(n, block_n) * nets < _MIN_PROGRAMS:
-        block_n //= 2
-    grid = (max(grid_m, 1 if triton.cdiv(n, block_n) * nets > 1 else 2), triton.cdiv(n, block_n), nets)
+    # With yt, 8 warps: the split transposed store spills at 4 (108 bytes per thread at 128 x 64 with a gathered
+    # input, compiled for sm90 here; the sweep had 8 warps within 10% of 4 at these shapes).
+    grid, block_m, block_n = _fwd_tiles(m, n, nets)
     kernel = _fwd_ddqn_tf32_gemm_kernel if ddqn else _fwd_online_tf32_gemm_kernel
     rnd = rounds_tf32_operands()
     kernel[grid](
@@ -538,6 +634,119 @@ def linear_forward(
         **pdl_kwargs(),
     )
     return y
+
+
+def linear_forward_grouped(
+    x: torch.Tensor,
+    x_next: torch.Tensor,
+    w: torch.Tensor,
+    b: torch.Tensor,
+    g: torch.Tensor,
+    y: torch.Tensor,
+    y_next: torch.Tensor,
+    gain_group: int,
+    relu: bool,
+    *,
+    p_zstride: int,
+    rows: torch.Tensor | None = None,
+    yt: torch.Tensor | None = None,
+    x_tf32: bool = False,
+    w_tf32: bool = False,
+    out_tf32: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The three forwards of a learner step through one layer in ONE launch (`_fwd_grouped_tf32_gemm_kernel`, grid
+    z = 3): z = 0 the online net on s, y = act(g * (x @ w^T) + b) (and y^T, with `yt`); z = 1 the online net and
+    z = 2 the target net on s', y_next[z - 1] from x_next with net z - 1's parameters (`p_zstride` floats after
+    net 0's). The same body and arithmetic as `linear_forward` (each output equals what `linear_forward` writes
+    with nets = 1 for z = 0 and nets = 2, ddqn = True for z = 1, 2), in one launch of ~1.5x the programs of the
+    larger of those two instead of two launches. Source: issue 38, lever 2 ("fewer, fuller launches").
+
+    Args:
+        x: (R, K) float32 input rows of the online net on s (row stride may exceed K, unit column stride); with
+            `rows`, row m of the product is x[rows[m]], else rows 0..M-1 (M = y.shape[0]).
+        x_next: the input on s': (R', K) rows shared by both nets (e.g. replay storage, gathered by `rows` too),
+            or (2, R', K) one per net (the previous layer's y_next); unit column stride, any row stride.
+        w: (N, K) float32 contiguous view of net 0's flat buffer; b: (N,), g: (ceil(N / gain_group),) views of the
+            same buffer; the target net reads them `p_zstride` floats further.
+        y: (M, N) and y_next: (2, M, N) float32 contiguous outputs, fully overwritten (y_next[0]: online, [1]:
+            target).
+        gain_group: rows of w sharing one gain; must be >= 1. relu: apply ReLU after the bias.
+        p_zstride: floats from net 0's parameters to net 1's (an int >= 0). rows: optional (M,) int64 row indices
+            into x and x_next (not bounds-checked).
+        yt: optional (2, N, M) float32 contiguous output, fully overwritten with y^T split into TF32 parts (z = 0
+            only; `linear_forward`'s yt).
+        x_tf32, w_tf32, out_tf32: as `linear_forward`'s (for all three forwards).
+    All tensors on one device (CUDA, or the CPU under TRITON_INTERPRET=1). Returns (y, y_next).
+    Grid (ceil(M / 128), ceil(N / BLOCK_N), 3), tiles chosen as `linear_forward` chooses them for 3 nets; 8 warps
+    with yt, else 4 (`linear_forward`'s rule).
+    Raises ValueError, naming the input, for a wrong dtype, shape, device, stride or contiguity, gain_group < 1 or
+    a p_zstride that is not an int >= 0; all checked before the launch.
+    """
+    check_tensor("w", w, dtype=torch.float32, ndim=2)
+    n, k = w.shape
+    dev = w.device
+    check_tensor("x", x, dtype=torch.float32, ndim=2, device=dev, contiguous=False)
+    if x.shape[1] != k or x.stride(1) != 1:
+        raise ValueError(f"x must be (R, {k}) with unit column stride, got shape {tuple(x.shape)} stride {x.stride()}")
+    check_tensor("x_next", x_next, dtype=torch.float32, device=dev, contiguous=False)
+    if x_next.ndim not in (2, 3) or (x_next.ndim == 3 and x_next.shape[0] != 2):
+        raise ValueError(f"x_next must be (R, {k}) or (2, R, {k}), got shape {tuple(x_next.shape)}")
+    if x_next.shape[-1] != k or x_next.stride(-1) != 1:
+        raise ValueError(
+            f"x_next must be (R, {k}) or (2, R, {k}) with unit column stride, got shape {tuple(x_next.shape)} "
+            f"stride {x_next.stride()}"
+        )
+    check_tensor("b", b, dtype=torch.float32, shape=(n,), device=dev)
+    if isinstance(gain_group, bool) or not isinstance(gain_group, int) or gain_group < 1:
+        raise ValueError(f"gain_group must be an int >= 1, got {gain_group!r}")
+    check_tensor("g", g, dtype=torch.float32, shape=(-(-n // gain_group),), device=dev)
+    check_tensor("y", y, dtype=torch.float32, ndim=2, device=dev)
+    m = y.shape[0]
+    if y.shape[1] != n or m < 1:
+        raise ValueError(f"y must be (M, {n}) with M >= 1, got {tuple(y.shape)}")
+    check_tensor("y_next", y_next, dtype=torch.float32, shape=(2, m, n), device=dev)
+    if rows is not None:
+        check_tensor("rows", rows, dtype=torch.int64, shape=(m,), device=dev)
+    elif x.shape[0] < m or x_next.shape[-2] < m:
+        raise ValueError(f"x has {x.shape[0]} rows and x_next {x_next.shape[-2]}, y needs {m}")
+    if yt is not None:
+        check_tensor("yt", yt, dtype=torch.float32, shape=(2, n, m), device=dev)
+    if isinstance(p_zstride, bool) or not isinstance(p_zstride, int) or p_zstride < 0:
+        raise ValueError(f"p_zstride must be an int >= 0, got {p_zstride!r}")
+    grid, block_m, block_n = _fwd_tiles(m, n, 3)
+    rnd = rounds_tf32_operands()
+    _fwd_grouped_tf32_gemm_kernel[grid](
+        x,
+        x_next,
+        rows if rows is not None else x,
+        w,
+        b,
+        g,
+        y,
+        y_next,
+        yt if yt is not None else y,
+        m,
+        n,
+        k,
+        x.stride(0),
+        x_next.stride(-2),
+        x_next.stride(0) if x_next.ndim == 3 else 0,
+        p_zstride,
+        gain_group,
+        GATHER=rows is not None,
+        RELU=relu,
+        STORE_T=yt is not None,
+        ROUND_X=rnd and not x_tf32,
+        ROUND_W=rnd and not w_tf32,
+        ROUND_Y=rnd and out_tf32,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_K=_block(k, 32),
+        num_warps=8 if yt is not None else 4,
+        num_stages=3,
+        **pdl_kwargs(),
+    )
+    return y, y_next
 
 
 MAX_FUSED_K0 = 128

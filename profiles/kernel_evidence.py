@@ -46,13 +46,21 @@ STEP_GEMM_KERNELS = {
     "hotloop.kernels.linear": (
         "_fwd_online_tf32_gemm_kernel",
         "_fwd_ddqn_tf32_gemm_kernel",
+        "_fwd_grouped_tf32_gemm_kernel",
         "_bwd_dx_fp32split_gemm_kernel",
         "_bwd_dw_fp32split_gemm_kernel",
     ),
-    "hotloop.kernels.heads": ("_heads_online_tf32_kernel", "_heads_ddqn_tf32_kernel", "_heads_bwd_fp32_kernel"),
+    "hotloop.kernels.heads": (
+        "_heads_online_tf32_kernel",
+        "_heads_ddqn_tf32_kernel",
+        "_heads_grouped_tf32_kernel",
+        "_heads_bwd_fp32_kernel",
+    ),
 }
 """Module -> the jit functions of the learner step's GEMMs (forward: TF32 MMAs; backward: 3xTF32 MMAs, or FP32
-FMAs for the heads' backward; kernels/linear.py, kernels/heads.py)."""
+FMAs for the heads' backward; kernels/linear.py, kernels/heads.py). The forward is either the online and the
+Double-DQN kernels (the default) or the grouped ones (Config.grouped_forward): a step compiles one pair, and the
+other's summary says "not compiled"."""
 
 _TYPES = {
     "f16",

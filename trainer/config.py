@@ -53,6 +53,8 @@ class Config:
     dependent_launch: bool = False
     """hotloop learner: launch the learner step's Triton kernels with Hopper's programmatic dependent launch (PDL: a
     kernel's launch and ramp-up overlap the previous one's last wave; kernels/dependent_launch.py); needs sm_90+"""
+    grouped_forward: bool = False
+    """hotloop learner: the online net on s and both nets on s' in one launch per layer (grid z = 3), one stream"""
     learning_starts: int = 1000
     """transitions collected with the exploration policy before the first learner step"""
     batch_size: int = 128

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
-from hotloop.kernels.heads import heads_forward, heads_reference
-from hotloop.kernels.linear import linear_forward, linear_reference
+from hotloop.kernels.heads import heads_forward, heads_forward_grouped, heads_reference
+from hotloop.kernels.linear import linear_forward, linear_forward_grouped, linear_reference
 from hotloop.kernels.tf32_split import tf32_round_copy
 
 
@@ -205,6 +205,78 @@ def flat_forward(
         nets=nets,
         p_zstride=p,
         ddqn=nets == 2,
+        x_tf32=True,
+        w_tf32=w_buf is not None,
+    )
+
+
+def flat_forward_grouped(
+    layout: FlatLayout,
+    buf: torch.Tensor,
+    obs: torch.Tensor,
+    next_obs: torch.Tensor,
+    acts: list[torch.Tensor],
+    acts_next: list[torch.Tensor],
+    q: torch.Tensor,
+    q_next: torch.Tensor,
+    *,
+    rows: torch.Tensor | None = None,
+    acts_t: list[torch.Tensor | None] | None = None,
+    w_buf: torch.Tensor | None = None,
+    linear=linear_forward_grouped,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The three forwards of a learner step, ONE launch per layer and one for the heads (grid z = 3: the online
+    net on obs, the online and the target net on next_obs), the outputs as `flat_forward` writes them with nets = 1
+    on obs and nets = 2 on next_obs. Source: issue 38, lever 2 ("fewer, fuller launches"); Config.grouped_forward.
+
+    buf: the 1-D float32 buffer of net 0's parameters (net 1's `layout.numel` floats further); obs, next_obs:
+    (R, obs_dim) float32 input rows (with `rows` (M,) int64, row m is obs[rows[m]] / next_obs[rows[m]], e.g.
+    replay storage); acts: one (M, width) float32 output per layer of `layout.layers` (the online net on obs),
+    acts_next: one (2, M, width) per layer ([0] online, [1] target on next_obs); q: (M, D * A) and q_next:
+    (2, M, D * A), returned as (q, q_next). acts_t, w_buf: as `flat_forward`'s (acts_t for the online net on obs).
+    `linear`: the layer launcher (hotloop.kernels.linear.linear_forward_grouped or a drop-in of its signature).
+    All on buf's device. Raises ValueError from the launchers (each checks its inputs before it launches), for
+    per-layer lists of another length than layout.layers, and for a w_buf of another shape than buf."""
+    if w_buf is not None and w_buf.shape != buf.shape:
+        raise ValueError(f"w_buf must have buf's shape {tuple(buf.shape)}, got {tuple(w_buf.shape)}")
+    n = len(layout.layers)
+    for name, lst in (("acts", acts), ("acts_next", acts_next), ("acts_t", acts_t)):
+        if lst is not None and len(lst) != n:
+            raise ValueError(f"{name} must hold one entry per layer ({n}), got {len(lst)}")
+    p = layout.numel
+    wsrc = buf if w_buf is None else w_buf
+    x, x_next = obs, next_obs
+    for i, (slots, y, y_next) in enumerate(zip(layout.layers, acts, acts_next)):
+        _, b, g = slots.views(buf)
+        linear(
+            x,
+            x_next,
+            slots.views(wsrc)[0],
+            b,
+            g,
+            y,
+            y_next,
+            slots.gain_group,
+            slots.relu,
+            p_zstride=p,
+            rows=rows,
+            yt=acts_t[i] if acts_t is not None else None,
+            x_tf32=i > 0,
+            w_tf32=w_buf is not None,
+            out_tf32=True,
+        )
+        x, x_next, rows = y, y_next, None
+    _, b_out, g_out = layout.out_views(buf)
+    return heads_forward_grouped(
+        acts[-1],
+        acts_next[-1],
+        layout.out_views(wsrc)[0],
+        b_out,
+        g_out,
+        q,
+        q_next,
+        layout.branches,
+        p_zstride=p,
         x_tf32=True,
         w_tf32=w_buf is not None,
     )

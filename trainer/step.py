@@ -17,7 +17,9 @@ static buffers, warm-up on a side stream, then `torch.cuda.graph`):
   ddqn_forward  on the second stream, concurrent with the online forward: online and target net on s' in ONE
               launch per layer (TF32)
   forward     online net on s (TF32), activations kept for the backward (and their transposes, for the
-              weight-gradient GEMMs)
+              weight-gradient GEMMs). With cfg.grouped_forward the two phases are one: the three forwards (online
+              net on s, online and target net on s') in ONE launch per layer and one for the heads (grid z = 3,
+              trainer/flat_net.py flat_forward_grouped), on the main stream, phase "forward", no ddqn_forward
   loss        fused Double-DQN TD loss: target, TD errors, loss, dLoss/dQ, new priorities, metrics
   backward    the heads' backward (IEEE FP32 FMAs: its products have 1 or A terms) and each layer's input- and
               weight-gradient kernels (split-precision FP32; the input-gradient kernels also sum the bias
@@ -28,7 +30,8 @@ static buffers, warm-up on a side stream, then `torch.cuda.graph`):
   spectral_norm  all weight matrices projected to sigma = 1 in one launch
   priority_update  sum-tree update with the new priorities, on the second stream, concurrent with the optimizer
               and spectral norm (joined at the end of the step)
-Kernels per step: (1 + 1 + 1) + 2 + 1 + 4 + 4 + 1 + 5 (2 trunk layers) + 2 + 1 + 1 = 24 at seed scale.
+Kernels per step: (1 + 1 + 1) + 2 + 1 + 4 + 4 + 1 + 5 (2 trunk layers) + 2 + 1 + 1 = 24 at seed scale (20 with
+cfg.grouped_forward: 4 forward launches instead of 4 + 4).
 The target net therefore holds the parameters after Adam and before that step's spectral-norm projection (they
 differ by one step's change of sigma, O(lr)).
 """
@@ -58,7 +61,7 @@ from hotloop.kernels.td_loss import METRIC_NAMES, TDLossOutputs, TDLossWorkspace
 from hotloop.kernels.tf32_split import tf32_round_copy
 from hotloop.profiles.ranges import phase_range
 from hotloop.trainer.config import Config
-from hotloop.trainer.flat_net import FlatForward, FlatLayout, flat_forward
+from hotloop.trainer.flat_net import FlatForward, FlatLayout, flat_forward, flat_forward_grouped
 from hotloop.trainer.learner import epsilon_greedy
 from hotloop.trainer.replay import PrioritizedReplay
 
@@ -109,7 +112,8 @@ class HotLearner:
         graph (CUDAGraph or None), use_graph (True on CUDA: the trainer captures before the first step),
         warmup_s (kernel compilation + warm-up steps) and capture_s (seconds); linear_forward,
         linear_backward_input, spectral_norm, round_weights: the launch functions the step calls (guards/faults.py
-        swaps them; the precision probe reads them).
+        swaps them; the precision probe reads them; the grouped forward of cfg.grouped_forward calls none of
+        linear_forward: it launches hotloop.kernels.linear.linear_forward_grouped).
     Raises ValueError for an unsupported config (`check_supported`), a replay on another device, or
     cfg.dependent_launch on a GPU older than sm_90.
     """
@@ -347,6 +351,41 @@ class HotLearner:
         self.actor = (overlapped, tail)
         self.actor_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
 
+    def _sample_and_forward(self) -> None:
+        """The sampling, then the forwards as two chains: the Double-DQN one (online and target net on s', one
+        launch per layer) on the side stream, beside the online one on s on the main stream (the default)."""
+        rp = self.replay
+        self._sample()
+        if self.weights_rounded is not None:  # before any forward the main stream might run (the copy is on the side)
+            torch.cuda.current_stream(self.device).wait_event(self.weights_rounded)
+        with self._on_side(), phase_range("ddqn_forward"):
+            self._forward(rp.next_obs, self.ddqn_acts, self.q_next, nets=2)
+        with phase_range("forward"):
+            self._forward(rp.obs, self.acts, self.q, nets=1, acts_t=self.acts_t)
+
+    def _sample_and_forward_grouped(self) -> None:
+        """The sampling, then the three forwards (online net on s, online and target net on s') as one chain on the
+        main stream, one launch per layer and one for the heads (grid z = 3; cfg.grouped_forward): the same output
+        buffers as `_sample_and_forward`'s, so the loss and the backward are unchanged."""
+        rp = self.replay
+        self._sample()
+        if self.weights_rounded is not None:  # before any forward the main stream might run (the copy is on the side)
+            torch.cuda.current_stream(self.device).wait_event(self.weights_rounded)
+        with phase_range("forward"):
+            flat_forward_grouped(
+                self.layout,
+                self.params,
+                rp.obs,
+                rp.next_obs,
+                self.acts,
+                self.ddqn_acts,
+                self.q,
+                self.q_next,
+                rows=self.idx,
+                acts_t=self.acts_t,
+                w_buf=self.nets_tf32[0],
+            )
+
     def _body(self, with_actor: bool = True) -> None:
         with dependent_launch(self.cfg.dependent_launch):  # PDL for every Triton launch of the step, or none
             self._launch_step(with_actor)
@@ -367,14 +406,11 @@ class HotLearner:
             with phase_range("backward"):
                 self.weight_transpose(self.params, self.wt)
                 self.grads.zero_()
-        self._sample()
-        if self.weights_rounded is not None:  # before any forward the main stream might run (the copy is on the side)
-            torch.cuda.current_stream(self.device).wait_event(self.weights_rounded)
-        with self._on_side(), phase_range("ddqn_forward"):
-            self._forward(rp.next_obs, self.ddqn_acts, self.q_next, nets=2)
-        with phase_range("forward"):
-            self._forward(rp.obs, self.acts, self.q, nets=1, acts_t=self.acts_t)
-        self._gather()  # after the online chain, the shorter one: off the critical path
+        if cfg.grouped_forward:
+            self._sample_and_forward_grouped()
+        else:
+            self._sample_and_forward()
+        self._gather()  # after the online chain, the shorter one: off the critical path (grouped: after all three)
         self._join_side()
         if actor is not None:  # the replay's storage is read: the actor may write its ring slots now
             with self._on_side(self.actor_stream), phase_range("env_step"):
@@ -537,7 +573,7 @@ PHASE_RULES = {
     r"_actor_step_kernel|_tree_insert_kernel|_actor_commit_kernel": "env_step",
     r"_tree_sample|_tree_weights|_gather_transitions": "sample",
     r"_fwd_ddqn_|_heads_ddqn_": "ddqn_forward",
-    r"_fwd_online_|_heads_online_|_fwd_weights_rna": "forward",
+    r"_fwd_online_|_heads_online_|_fwd_weights_rna|_fwd_grouped_|_heads_grouped_": "forward",
     r"_td_loss": "loss",
     r"_bwd_|FillFunctor": "backward",
     r"_grad_sumsq|_clip_adam": "optimizer",

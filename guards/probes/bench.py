@@ -122,7 +122,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
 """Shorthands accepted by `expand_variants`."""
 
 
-LEVERS = ("dependent_launch",)
+LEVERS = ("dependent_launch", "grouped_forward")
 """The learner step's levers (issue 38), each a bool Config switch: the variant "hotloop:<lever>[+<lever>...]" is
 the "hotloop" row built with those switches on, timed beside the plain row in the same run (`lever_switches`)."""
 LEVER_PREFIX = "hotloop:"

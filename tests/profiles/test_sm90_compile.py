@@ -14,6 +14,7 @@ import importlib.util
 import inspect
 import os
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -48,6 +49,14 @@ pytestmark = pytest.mark.skipif(
 GEMMS = {name for names in STEP_GEMM_KERNELS.values() for name in names}
 TF32_GEMMS = GEMMS - {"_heads_bwd_fp32_kernel"}
 """The step's GEMMs with TF32 dots (forward TF32, backward 3xTF32); the heads' backward is FP32 FMAs by design."""
+GROUPED = {"_fwd_grouped_tf32_gemm_kernel", "_heads_grouped_tf32_kernel"}
+TWO_STREAM = {
+    "_fwd_online_tf32_gemm_kernel",
+    "_fwd_ddqn_tf32_gemm_kernel",
+    "_heads_online_tf32_kernel",
+    "_heads_ddqn_tf32_kernel",
+}
+"""The forward kernels of a step with Config.grouped_forward on (GROUPED), and of the default step (TWO_STREAM)."""
 
 
 @pytest.fixture(scope="module")
@@ -77,8 +86,8 @@ def seed_step():
 def test_every_tf32_gemm_of_the_seed_scale_step_compiles_to_warpgroup_mma_only(seed_step):
     _, launches, compiled = seed_step
     gemms = [i for i, launch in enumerate(launches) if launch.name in GEMMS]
-    # every GEMM kernel of the step was launched and is judged
-    assert {launches[i].name for i in gemms} == GEMMS
+    # every GEMM kernel of the (default) step was launched and is judged; the grouped forward's: the test below
+    assert {launches[i].name for i in gemms} == GEMMS - GROUPED
     table = mma_paths([launches[i] for i in gemms], [compiled[i] for i in gemms])
     assert list(table.columns) == MMA_PATH_COLUMNS
     tf32 = table[table["kernel"].isin(TF32_GEMMS)]
@@ -86,6 +95,25 @@ def test_every_tf32_gemm_of_the_seed_scale_step_compiles_to_warpgroup_mma_only(s
     assert (tf32["warpgroup_mma"] > 0).all() and tf32["warp_mma"].eq(0).all()
     heads_bwd = table[table["kernel"].eq("_heads_bwd_fp32_kernel")]
     assert heads_bwd["path"].eq("none").all() and (heads_bwd["fma_f32"] > 0).all(), heads_bwd.to_string()
+
+
+def test_the_grouped_forward_of_the_seed_scale_step_compiles_to_warpgroup_mma_only(seed_step, monkeypatch):
+    """Config.grouped_forward: the three forwards in one launch per layer (grid z = 3), at the seed-scale step's
+    tiles; its forward GEMMs replace the default step's four forward kernels and compile to HGMMA only."""
+    learner, _, _ = seed_step
+    monkeypatch.setattr(learner, "cfg", replace(learner.cfg, grouped_forward=True))
+    with capture_launches() as launches:
+        learner.step()
+    gemms = [launch for launch in launches if launch.name in GEMMS]
+    assert {launch.name for launch in gemms} == GEMMS - TWO_STREAM
+    forward = [launch for launch in gemms if launch.name in GROUPED]
+    assert len(forward) == len(learner.layout.layers) + 1, [launch.name for launch in forward]
+    compiled = compile_launches(forward)
+    table = mma_paths(forward, compiled)
+    assert table["path"].eq("warpgroup").all() and (table["warpgroup_mma"] > 0).all(), table.to_string()
+    assert table["warp_mma"].eq(0).all()
+    order = dependent_launch_order(forward, compiled)  # launched with PDL (the fixture's config): wait first
+    assert order["launch_pdl"].all() and order["safe"].all(), order.to_string()
 
 
 def _patched_linear(tmp_path: Path, patch: str):

@@ -23,6 +23,15 @@ def test_every_field_has_a_docstring():
     assert all(len(d) > 10 for d in docs.values())
 
 
+def test_the_grouped_forward_is_off_by_default():
+    """Config.grouped_forward (one launch per layer for the step's three forwards) is opt-in: the default and every
+    preset keep the two-stream forward the gate's baselines were measured with."""
+    assert Config().grouped_forward is False
+    assert not any(preset(name).grouped_forward for name in PRESETS)
+    with pytest.raises(ValueError, match="grouped_forward must be a bool"):
+        Config(grouped_forward=1)
+
+
 def test_seed_scale_matches_design_numbers():
     cfg = preset("seed-scale")
     assert (cfg.batch_size, cfg.obs_dim, cfg.replay_capacity, cfg.learner_steps_per_epoch) == (8192, 64, 2**20, 1000)
@@ -70,6 +79,7 @@ def test_parse_override():
     assert parse_override("lr=1") == ("lr", 1.0)
     assert parse_override("trunk-hidden=[32, 32]") == ("trunk_hidden", (32, 32))
     assert parse_override("env=gym:CartPole-v1") == ("env", "gym:CartPole-v1")
+    assert parse_override("grouped-forward=true") == ("grouped_forward", True)
     with pytest.raises(ValueError, match="not of the form key=value"):
         parse_override("lr")
     with pytest.raises(ValueError, match="unknown config key 'nope'"):

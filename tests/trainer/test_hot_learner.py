@@ -169,8 +169,8 @@ def test_unsupported_configs_are_refused():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dependent_launch", [False, True])
-def test_graph_replay_matches_eager_steps(dependent_launch):
+@pytest.mark.parametrize("lever", [None, "dependent_launch", "grouped_forward"])
+def test_graph_replay_matches_eager_steps(lever):
     """50 graph replays vs 50 eager steps, each from the same state: before every step the eager learner's state
     (nets, Adam, spectral-norm vectors, sum tree) is copied into the captured one. Per step: the same sampled
     indices, gradients within 1e-5 relative, and nets within 1e-6 + 1e-5 |x| except for at most 1% of them, all
@@ -180,10 +180,11 @@ def test_graph_replay_matches_eager_steps(dependent_launch):
     perturbs each run at ~1e-7, flipped Double-DQN argmaxes amplify it, and on the H200 graph-vs-eager and
     eager-vs-eager alike reach ~1e-2 by step 50 (2026-11-30, commits 65a7a86 to 8a10f9a), so a bound on their
     ratio fails at random.
-    With `dependent_launch` the captured step's kernels use programmatic dependent launch (the eager one's do not):
-    a kernel that read its inputs before its predecessor finished would break the per-step bounds."""
+    With a `lever` (issue 38) the captured step has that Config switch on and the eager one not: programmatic
+    dependent launch (a kernel that read its inputs before its predecessor finished would break the per-step
+    bounds) or the grouped forward (one launch per layer for the three forwards, one stream)."""
     sizes = dict(batch_size=1024, replay_capacity=4096, trunk_hidden=(128, 64), head_hidden=32)
-    (cfg, _, graph), (_, _, eager) = _setup(**sizes, dependent_launch=dependent_launch), _setup(**sizes)
+    (cfg, _, graph), (_, _, eager) = _setup(**sizes, **({lever: True} if lever else {})), _setup(**sizes)
     graph.capture()
     for _ in range(2):  # the capture's warm-up steps
         eager.step()
@@ -205,6 +206,65 @@ def test_graph_replay_matches_eager_steps(dependent_launch):
     assert int(graph.adam.step_count) == int(eager.adam.step_count) == 52
 
 
+def test_grouped_forward_takes_the_same_steps():
+    """cfg.grouped_forward (the three forwards in one launch per layer, on the main stream) against the default two
+    chains on two streams, from the same seed and replay content: the same forward outputs and, after 3 steps, the
+    same parameters (bit for bit on the CPU interpreter; on the GPU, where the atomics' summation order varies from
+    run to run, each step starts from the default learner's state and the bounds are
+    test_state_dict_round_trip_resumes_identically's)."""
+    (cfg, _, two), (_, _, grouped) = _setup(), _setup(grouped_forward=True)
+    assert not two.cfg.grouped_forward and grouped.cfg.grouped_forward
+    assert torch.equal(two.nets, grouped.nets)
+    for _ in range(3):
+        if GPU:
+            grouped.load_state_dict(two.state_dict())
+            grouped.replay.tree.load_state_dict(two.replay.tree.state_dict())
+        for hot in (two, grouped):
+            for t in [hot.q, hot.q_next, *hot.acts, *hot.ddqn_acts, *hot.acts_t[:-1]]:
+                t.fill_(float("nan"))
+            hot.step()
+        assert torch.equal(two.idx, grouped.idx)
+        for a, b in zip(
+            [two.q, two.q_next, *two.acts, *two.ddqn_acts, *two.acts_t[:-1]],
+            [grouped.q, grouped.q_next, *grouped.acts, *grouped.ddqn_acts, *grouped.acts_t[:-1]],
+        ):
+            assert not b.isnan().any()
+            if GPU:
+                torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+            else:
+                assert torch.equal(b, a)
+    if GPU:
+        torch.testing.assert_close(grouped.nets, two.nets, rtol=0, atol=2 * cfg.lr)
+    else:
+        assert torch.equal(grouped.nets, two.nets)
+    assert not torch.equal(grouped.nets[0], grouped.nets[1])  # online and target differ (the target lags)
+
+
+@pytest.mark.skipif(GPU, reason="records the launches on the CPU interpreter (hotloop.profiles.sm90_compile)")
+def test_grouped_forward_is_one_launch_per_layer_on_one_stream():
+    """A grouped step launches one `_fwd_grouped_` kernel per layer and one `_heads_grouped_` kernel in place of the
+    default step's online and Double-DQN kernels (4 fewer launches at this depth: 3 layers + heads)."""
+    from hotloop.profiles.sm90_compile import capture_launches
+
+    names = {}
+    for grouped in (False, True):
+        _, _, hot = _setup(grouped_forward=grouped)
+        with capture_launches() as launches:
+            hot.step()
+        names[grouped] = [launch.name for launch in launches]
+    layers = len(hot.layout.layers)
+    fwd = [n for n in names[True] if n.startswith(("_fwd_", "_heads_")) and "_bwd_" not in n]
+    assert fwd == ["_fwd_weights_rna_kernel"] + ["_fwd_grouped_tf32_gemm_kernel"] * layers + [
+        "_heads_grouped_tf32_kernel"
+    ]
+    assert len(names[True]) == len(names[False]) - (layers + 1)
+    assert not [n for n in names[True] if "_online_" in n or "_ddqn_" in n]
+    assert sorted(n for n in names[False] if "_online_" in n or "_ddqn_" in n) == sorted(
+        ["_fwd_online_tf32_gemm_kernel", "_fwd_ddqn_tf32_gemm_kernel"] * layers
+        + ["_heads_online_tf32_kernel", "_heads_ddqn_tf32_kernel"]
+    )
+
+
 def test_phase_rules_and_precisions_of_the_hot_kernels():
     """The kernel names of one replayed hot step (read from an H200 trace, commit f876b02; the uniforms' own launch
     left the step at a30c915) get the right phase and GEMM precision class, which is how the gate judges a graph
@@ -222,6 +282,8 @@ def test_phase_rules_and_precisions_of_the_hot_kernels():
         "_heads_ddqn_tf32_kernel": ("ddqn_forward", "tf32"),
         "_fwd_online_tf32_gemm_kernel": ("forward", "tf32"),
         "_heads_online_tf32_kernel": ("forward", "tf32"),
+        "_fwd_grouped_tf32_gemm_kernel": ("forward", "tf32"),  # cfg.grouped_forward's (not from that trace)
+        "_heads_grouped_tf32_kernel": ("forward", "tf32"),
         "_td_loss_kernel": ("loss", ""),
         "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, std::array<char*, 1ul> >"
         "(int, at::native::FillFunctor<float>, std::array<char*, 1ul>)": ("backward", ""),

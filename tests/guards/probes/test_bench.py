@@ -276,7 +276,7 @@ def test_lever_variants_are_the_hotloop_row_with_config_switches_on():
     assert gap_file("hotloop:dependent_launch") == "kernel_gaps_hotloop-dependent_launch.csv"
     assert set(LEVERS) <= {f.name for f in dataclasses.fields(_cfg())}  # each lever is a Config switch
     for bad in ("hotloop:nope", "hotloop:", "hotloop:dependent_launch+dependent_launch"):
-        with pytest.raises(ValueError, match="levers must be distinct names of dependent_launch"):
+        with pytest.raises(ValueError, match="levers must be distinct names of dependent_launch, grouped_forward"):
             expand_variants(bad)
     # built as the hotloop row with the switch on: on the CPU that build says it needs CUDA, naming the variant
     df = run_bench(_cfg(), CPU, ["hotloop:dependent_launch"], steps=1, warmup=0)
