@@ -265,3 +265,53 @@ def test_gpu_step_kernels_after_a_learner_step():
     ):
         assert all(row["tf32_mma"] > 0 for row in summary[name]), (name, summary[name])
     assert all(row["mma"] == 0 for row in summary["_heads_bwd_fp32_kernel"])
+
+
+_SEED_SCALE_STEP_PATHS = """
+import json, torch
+from hotloop.profiles import kernel_evidence as ke
+from hotloop.trainer.config import preset
+from hotloop.trainer.replay import PrioritizedReplay
+from hotloop.trainer.step import HotLearner
+cfg = preset("seed-scale", replay_capacity=8192, learner="hotloop")
+dev = torch.device("cuda")
+rp = PrioritizedReplay(cfg.replay_capacity, cfg.obs_dim, 3, device=dev, use_kernels=True)
+n = cfg.replay_capacity
+rp.add(torch.randn(n, cfg.obs_dim, device=dev), torch.randint(0, 4, (n, 3), device=dev), torch.randn(n, device=dev),
+       torch.randn(n, cfg.obs_dim, device=dev), torch.rand(n, device=dev) < 0.1)
+HotLearner(cfg, cfg.obs_dim, (4, 4, 4), dev, rp).step()
+torch.cuda.synchronize()
+out = {}
+for name, fn in ke.step_gemm_kernels().items():
+    kernels = ke.compiled_kernels(fn)
+    counts = [ke.mma_counts(k, "sass") for k in (kernels if isinstance(kernels, list) else [])]
+    # the PTX where no disassembler gives the SASS (wgmma / mma.sync there)
+    out[name] = [c if isinstance(c, dict) else ke.mma_counts(k, "ptx") for c, k in zip(counts, kernels or [])]
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.gpu
+def test_gpu_seed_scale_step_gemms_take_warpgroup_mma_only():
+    """Issue 38: on the GPU's own Triton, every TF32 GEMM kernel of a seed-scale learner step (a fresh process:
+    only that step's specializations) compiles to Hopper's warpgroup MMA (HGMMA in its SASS), never the warp-level
+    HMMA fallback; the heads' backward has no MMA (FP32 FMAs). The CPU twin (any Triton, compiled for sm_90 here):
+    tests/profiles/test_sm90_compile.py."""
+    import json
+    import subprocess
+    import sys
+
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("warpgroup MMA is Hopper's (sm_90)")
+    proc = subprocess.run([sys.executable, "-c", _SEED_SCALE_STEP_PATHS], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    paths = json.loads(proc.stdout.strip().splitlines()[-1])
+    default = set(paths) - {"_fwd_grouped_tf32_gemm_kernel", "_heads_grouped_tf32_kernel"}
+    for name in default:
+        assert paths[name] and all(isinstance(c, dict) for c in paths[name]), (name, paths[name])  # compiled, read
+        warpgroup = [sum(v for k, v in c.items() if k.startswith("wgmma.")) for c in paths[name]]
+        warp = [sum(v for k, v in c.items() if k.startswith("mma.")) for c in paths[name]]
+        if name == "_heads_bwd_fp32_kernel":
+            assert warpgroup == [0] * len(warp) and warp == [0] * len(warp), (name, paths[name])
+        else:
+            assert all(w > 0 for w in warpgroup) and warp == [0] * len(warp), (name, paths[name])
