@@ -52,9 +52,12 @@ class Config:
     actor.py)"""
     dependent_launch: bool = False
     """hotloop learner: launch the learner step's Triton kernels with Hopper's programmatic dependent launch (PDL: a
-    kernel's launch and ramp-up overlap the previous one's last wave; kernels/dependent_launch.py); needs sm_90+"""
+    kernel's launch and ramp-up overlap the previous one's last wave; kernels/dependent_launch.py); needs sm_90+.
+    Off: it changed the seed-scale step by -2 to +3 us of 361 on an H100 (results/h200/bench/levers/)"""
     grouped_forward: bool = False
-    """hotloop learner: the online net on s and both nets on s' in one launch per layer (grid z = 3), one stream"""
+    """hotloop learner: the online net on s and both nets on s' in one launch per layer (grid z = 3), one stream.
+    Off: 9-11% slower than the two-stream forward at seed scale on an H100 (results/h200/bench/levers/); with it the
+    gate's ddqn_overlapped criterion cannot pass (no Double-DQN stream) and no shipped baseline applies"""
     learning_starts: int = 1000
     """transitions collected with the exploration policy before the first learner step"""
     batch_size: int = 128
