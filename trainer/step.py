@@ -351,26 +351,20 @@ class HotLearner:
         self.actor = (overlapped, tail)
         self.actor_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
 
-    def _sample_and_forward(self) -> None:
-        """The sampling, then the forwards as two chains: the Double-DQN one (online and target net on s', one
-        launch per layer) on the side stream, beside the online one on s on the main stream (the default)."""
+    def _forwards(self) -> None:
+        """The forwards as two chains: the Double-DQN one (online and target net on s', one launch per layer) on the
+        side stream, beside the online one on s on the main stream (the default)."""
         rp = self.replay
-        self._sample()
-        if self.weights_rounded is not None:  # before any forward the main stream might run (the copy is on the side)
-            torch.cuda.current_stream(self.device).wait_event(self.weights_rounded)
         with self._on_side(), phase_range("ddqn_forward"):
             self._forward(rp.next_obs, self.ddqn_acts, self.q_next, nets=2)
         with phase_range("forward"):
             self._forward(rp.obs, self.acts, self.q, nets=1, acts_t=self.acts_t)
 
-    def _sample_and_forward_grouped(self) -> None:
-        """The sampling, then the three forwards (online net on s, online and target net on s') as one chain on the
-        main stream, one launch per layer and one for the heads (grid z = 3; cfg.grouped_forward): the same output
-        buffers as `_sample_and_forward`'s, so the loss and the backward are unchanged."""
+    def _forwards_grouped(self) -> None:
+        """The three forwards (online net on s, online and target net on s') as one chain on the main stream, one
+        launch per layer and one for the heads (grid z = 3; cfg.grouped_forward): the same output buffers as
+        `_forwards`', so the loss and the backward are unchanged."""
         rp = self.replay
-        self._sample()
-        if self.weights_rounded is not None:  # before any forward the main stream might run (the copy is on the side)
-            torch.cuda.current_stream(self.device).wait_event(self.weights_rounded)
         with phase_range("forward"):
             flat_forward_grouped(
                 self.layout,
@@ -406,10 +400,13 @@ class HotLearner:
             with phase_range("backward"):
                 self.weight_transpose(self.params, self.wt)
                 self.grads.zero_()
+        self._sample()
+        if self.weights_rounded is not None:  # before any forward the main stream might run (the copy is on the side)
+            torch.cuda.current_stream(self.device).wait_event(self.weights_rounded)
         if cfg.grouped_forward:
-            self._sample_and_forward_grouped()
+            self._forwards_grouped()
         else:
-            self._sample_and_forward()
+            self._forwards()
         self._gather()  # after the online chain, the shorter one: off the critical path (grouped: after all three)
         self._join_side()
         if actor is not None:  # the replay's storage is read: the actor may write its ring slots now
