@@ -155,6 +155,8 @@ for part in "$@"; do
           --csv /tmp/r/precision_$pre.csv > /tmp/r/precision_$pre.log 2>&1; echo "precision $pre rc=$?"; tail -n 30 /tmp/r/precision_$pre.log
       done ;;
     mutate)
+      # the device copy's git index may predate files added since (hotloop mutate copies tracked files only)
+      git add -A -- . ':!.whl' > /dev/null 2>&1
       timeout ${MUTATE_TIMEOUT:-540} $HL mutate --self-baseline --jobs ${MUTATE_JOBS:-4} --out /tmp/r/mutate \
         ${MUTATE_ONLY:+--only $MUTATE_ONLY} > /tmp/r/mutate.log 2>&1; echo "mutate rc=$?"; tail -n 40 /tmp/r/mutate.log ;;
     marks)
