@@ -45,6 +45,7 @@ def check_request(
     learner: str | None = None,
     spectral_norm: bool | None = None,
     world_size: int | None = None,
+    grouped_forward: bool | None = None,
 ) -> None:
     """Raise ValueError for a fault `name` that is not in FAULTS, or any fault with update_baseline (a faulty run
     must never become a baseline). None (no fault) passes.
@@ -55,7 +56,9 @@ def check_request(
     `device` (the run's resolved device): every fault but the one-rank ones needs a CUDA device (they are GPU
     regressions; a CPU run has no trace criteria to fail); `learner` ("hotloop" or "reference", the run's resolved
     learner kind): a learner fault (FAULTS[name].hot_only) needs the hotloop learner. `spectral_norm` (the run's
-    cfg.spectral_norm): sn_split needs it on (without it the step launches no spectral norm to split)."""
+    cfg.spectral_norm): sn_split needs it on (without it the step launches no spectral norm to split).
+    `grouped_forward` (the run's cfg.grouped_forward): fwd_fp32 and ddqn_serial need it off (the grouped forward
+    calls neither the step's swappable `linear_forward` nor a Double-DQN stream: the fault would not be there)."""
     if name is not None and name not in FAULTS:
         raise ValueError(f"--inject: unknown fault {name!r}; choose one of {sorted(FAULTS)}")
     if name is not None and update_baseline:
@@ -79,6 +82,11 @@ def check_request(
             f"--inject {name}: the fault changes the hotloop learner; this run uses the {learner!r} "
             f"learner (set learner=hotloop or leave it auto on CUDA)"
         )
+    if grouped_forward and name in ("fwd_fp32", "ddqn_serial"):
+        raise ValueError(
+            f"--inject {name}: this run has grouped_forward on, whose forward launches neither the swappable "
+            "linear_forward nor a Double-DQN stream: the fault would not reach it (--set grouped_forward=false)"
+        )
     if spectral_norm is False and name == "sn_split":
         raise ValueError(
             "--inject sn_split: this run has spectral norm off, so its step launches no spectral norm "
@@ -90,11 +98,11 @@ def inject(trainer, name: str) -> Fault:
     """Inject fault `name` into `trainer` (a hotloop.trainer.loop.Trainer on CUDA) before its guarded steps; returns it.
 
     Raises ValueError for an unknown name (listing the valid ones), a learner fault with the reference learner,
-    sn_split with spectral norm off, or a trainer not on CUDA for a fault other than a one-rank one (those are GPU
+    sn_split with spectral norm off, fwd_fp32 / ddqn_serial with grouped_forward on, or a trainer not on CUDA for a fault other than a one-rank one (those are GPU
     regressions: a CPU run has no trace criteria to fail); a one-rank fault: ValueError without a process group of
     at least 2 ranks (`_inject_one_rank`).
     """
-    check_request(name, spectral_norm=trainer.cfg.spectral_norm)
+    check_request(name, spectral_norm=trainer.cfg.spectral_norm, grouped_forward=trainer.cfg.grouped_forward)
     fault = FAULTS[name]
     if fault.one_rank:
         return _inject_one_rank(trainer, fault)

@@ -276,6 +276,7 @@ def run_gate(cfg: Config, run_dir: Path, options: GateOptions) -> int:
         learner=kind,
         spectral_norm=cfg.spectral_norm,
         world_size=rank_info().world_size,
+        grouped_forward=cfg.grouped_forward,
     )
     k, _, why_k = window_size(cfg, kind, options.guard_steps)
 

@@ -207,8 +207,11 @@ def mma_paths(launches: list[Launch], compiled: list[dict[str, str]]):
 
 
 PDL_ORDER_COLUMNS = ["kernel", "launch_pdl", "waits", "triggers", "wait_line", "first_memory_line", "safe"]
-_GLOBAL_ACCESS = re.compile(r"^\s*(?:@!?%p\d+\s+)?(?:ld|st|atom|red|cp)\.[\w.]*global")
-"""A PTX instruction that reads or writes global memory: ld/st/atom/red .global, cp.async(.bulk) from global."""
+"""The columns of `dependent_launch_order`'s table."""
+_GLOBAL_ACCESS = re.compile(r"^\s*(?:@!?%p\d+\s+)?(?:ld|ldu|st|atom|red|cp|prefetch)\.(?!param|shared|local|const)")
+"""A PTX instruction that may touch global memory: ld / ldu / st / atom / red / prefetch in the global or the generic
+state space (a generic address may be global), and every cp.* (cp.async, cp.async.bulk(.tensor): TMA) - all but
+those of .param, .shared, .local and .const."""
 
 
 def dependent_launch_order(launches: list[Launch], compiled: list[dict[str, str]]):

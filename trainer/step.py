@@ -53,6 +53,7 @@ from hotloop.kernels.linear import (
     linear_backward_input,
     linear_backward_weight,
     linear_forward,
+    linear_forward_grouped,
 )
 from hotloop.kernels.replay_batch import AnnealedBeta, CounterUniforms, gather_transitions
 from hotloop.kernels.segment_tree import tree_sample, tree_update
@@ -91,6 +92,20 @@ def check_supported(cfg: Config, action_nvec: tuple[int, ...]) -> None:
         )
 
 
+def check_device_supports(cfg: Config, device: torch.device | str) -> None:
+    """Raise ValueError when `device` cannot run `cfg`'s hotloop step: cfg.dependent_launch (programmatic dependent
+    launch, kernels/dependent_launch.py) on a CUDA device older than sm_90. Reads the device's compute capability
+    only (no work, no sync); the CPU passes (its interpreter ignores the switch)."""
+    device = torch.device(device)
+    if cfg.dependent_launch and device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        if major < 9:
+            raise ValueError(
+                f"config.dependent_launch needs a Hopper-class GPU (sm_90+), {device} is sm_{major}{minor}: "
+                "set dependent_launch=false"
+            )
+
+
 class HotLearner:
     """The optimized Double-DQN learner over a prioritized replay; `step()` replays the captured step.
 
@@ -111,7 +126,8 @@ class HotLearner:
         sn_table / sn_u / sn_v, steps (host count of steps run),
         graph (CUDAGraph or None), use_graph (True on CUDA: the trainer captures before the first step),
         warmup_s (kernel compilation + warm-up steps) and capture_s (seconds); linear_forward,
-        linear_backward_input, spectral_norm, round_weights: the launch functions the step calls (guards/faults.py
+        linear_forward_grouped, linear_backward_input, spectral_norm, round_weights: the launch functions the step
+        calls (guards/faults.py
         swaps them; the precision probe reads them; the grouped forward of cfg.grouped_forward calls none of
         linear_forward: it launches hotloop.kernels.linear.linear_forward_grouped).
     Raises ValueError for an unsupported config (`check_supported`), a replay on another device, or
@@ -131,11 +147,7 @@ class HotLearner:
         self.grad_sync = grad_sync
         if replay.device != torch.empty(0, device=device).device:
             raise ValueError(f"replay is on {replay.device}, the learner on {device}")
-        if cfg.dependent_launch and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] < 9:
-            raise ValueError(
-                f"config.dependent_launch needs a Hopper-class GPU (sm_90+), {device} is sm_"
-                f"{''.join(map(str, torch.cuda.get_device_capability(device)))}: set dependent_launch=false"
-            )
+        check_device_supports(cfg, device)
         self.cfg, self.device, self.replay = cfg, device, replay
         lay = self.layout = FlatLayout(obs_dim, tuple(action_nvec), cfg.trunk_hidden, cfg.head_hidden)
         gen = torch.Generator().manual_seed(cfg.seed)
@@ -195,6 +207,8 @@ class HotLearner:
         self.acts_t = [new(2, x.rows, b) for x in lay.layers[:-1]] + [None]
         self.ddqn_acts = [new(2, b, x.rows) for x in lay.layers]  # online + target on s'
         self.q, self.q_next = new(b, d * a), new(2, b, d * a)
+        # the grouped forward's launch point (cfg.grouped_forward), swappable like the step's others below
+        self.linear_forward_grouped = linear_forward_grouped
         self.dz = [None] + [new(b, x.rows) for x in lay.layers[1:]]  # pre-activation gradients (layer 0: none)
         # the first layer's weight gradient is fused into the second layer's input-gradient kernel where its input
         # fits one tile (kernels/linear.py MAX_FUSED_K0): then its pre-activation gradient is never stored
@@ -378,6 +392,7 @@ class HotLearner:
                 rows=self.idx,
                 acts_t=self.acts_t,
                 w_buf=self.nets_tf32[0],
+                linear=self.linear_forward_grouped,
             )
 
     def _body(self, with_actor: bool = True) -> None:

@@ -81,7 +81,8 @@ def check_fits(cfg: Config, device, obs_dim: int, action_nvec: tuple[int, ...]) 
 
 
 def check_run(cfg: Config, trains: bool) -> tuple[torch.device, int, tuple[int, ...]]:
-    """Check, in this order, that `cfg`'s device exists (hotloop.trainer.device_choice.resolve_device), that
+    """Check, in this order, that `cfg`'s device exists (hotloop.trainer.device_choice.resolve_device) and can run
+    its switches (hotloop.trainer.step.check_device_supports: dependent_launch needs sm_90+), that
     learning_starts fits the replay (hotloop.trainer.config.validate_run; when `trains`: train and gate, not bench),
     that the env can be built (`check_env`), that the learner can run on the device (`check_learner`; when `trains`)
     and that the run fits in the device's free memory (`check_fits`; a synthetic env's shapes are the config's, so
@@ -89,8 +90,10 @@ def check_run(cfg: Config, trains: bool) -> tuple[torch.device, int, tuple[int, 
     problem."""
     from hotloop.trainer.config import validate_run
     from hotloop.trainer.device_choice import resolve_device
+    from hotloop.trainer.step import check_device_supports
 
     device = resolve_device(cfg.device)
+    check_device_supports(cfg, device)
     if trains:
         validate_run(cfg)
     if cfg.env == "synthetic":

@@ -353,6 +353,7 @@ def check_gate_args(args: argparse.Namespace, cfg: Config, world_size: int = 1) 
             learner=learner_kind(cfg, device),
             spectral_norm=cfg.spectral_norm,
             world_size=world_size,
+            grouped_forward=cfg.grouped_forward,
         )
     if (args.guard_steps is not None and args.guard_steps < 1) or args.guard_warmup < 0 or args.repeats < 1:
         raise ValueError(

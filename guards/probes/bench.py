@@ -126,18 +126,25 @@ LEVERS = ("dependent_launch", "grouped_forward")
 """The learner step's levers (issue 38), each a bool Config switch: the variant "hotloop:<lever>[+<lever>...]" is
 the "hotloop" row built with those switches on, timed beside the plain row in the same run (`lever_switches`)."""
 LEVER_PREFIX = "hotloop:"
+"""The prefix of a lever variant's name (`lever_switches`)."""
 
 
 def lever_switches(name: str) -> tuple[str, ...] | None:
-    """The switches of a lever variant name ("hotloop:dependent_launch" -> ("dependent_launch",)); None for a
-    name without the LEVER_PREFIX. ValueError naming an unknown or repeated lever (LEVERS lists the known)."""
+    """The switches of a lever variant name, in LEVERS' order ("hotloop:dependent_launch" -> ("dependent_launch",));
+    None for a name without the LEVER_PREFIX. ValueError naming an unknown or repeated lever (LEVERS lists the
+    known)."""
     if not name.startswith(LEVER_PREFIX):
         return None
     switches = tuple(s.strip() for s in name[len(LEVER_PREFIX) :].split("+"))
     bad = [s for s in switches if s not in LEVERS]
     if bad or len(set(switches)) != len(switches):
         raise ValueError(f"variant {name!r}: levers must be distinct names of {', '.join(LEVERS)}, got {switches}")
-    return switches
+    return tuple(s for s in LEVERS if s in switches)
+
+
+def lever_name(switches: tuple[str, ...]) -> str:
+    """The canonical variant name of `switches` (LEVER_PREFIX, then the switches in LEVERS' order joined by '+')."""
+    return LEVER_PREFIX + "+".join(s for s in LEVERS if s in switches)
 
 
 def expand_variants(names: str | list[str], extra: Mapping[str, object] = {}) -> list[str]:
@@ -152,9 +159,12 @@ def expand_variants(names: str | list[str], extra: Mapping[str, object] = {}) ->
     for raw in names:
         name = raw.strip()
         for n in ALIASES.get(name, (name,)):
-            if n not in known and lever_switches(n) is None:
+            switches = None if n in known else lever_switches(n)
+            if n not in known and switches is None:
                 bad.append(name)
-            elif n not in out:
+                continue
+            n = n if switches is None else lever_name(switches)  # hotloop:b+a and hotloop: a+b are hotloop:a+b
+            if n not in out:
                 out.append(n)
     if bad or not out:
         raise ValueError(
@@ -460,10 +470,17 @@ def run_bench(
     An exception while building or running a variant gives its row NaN numbers, steps 0 and note "<Type>: <msg>"
     ("skipped: ..." for a variant that needs CUDA on a CPU device). ratio_to_hotloop = p50 / the "hotloop" row's p50.
 
-    Raises ValueError (before running anything) for unknown variants, steps < 1, warmup < 0, a bad device string, or
-    an out_dir that already holds bench.csv / bench.md or is not a folder.
+    Raises ValueError (before running anything) for unknown variants, lever variants with a lever already on in
+    `cfg`, steps < 1, warmup < 0, a bad device string, or an out_dir that already holds bench.csv / bench.md or is
+    not a folder.
     """
     names = expand_variants(variants, extra_variants)
+    on = [lever for lever in LEVERS if getattr(cfg, lever)]
+    if on and any(lever_switches(n) for n in names):
+        raise ValueError(
+            f"lever variants are timed against the hotloop row with every lever off, but the config has "
+            f"{', '.join(on)} on: leave it off and ask for {lever_name(tuple(on))}"
+        )
     names.sort(key=lambda n: n != HEADLINE)  # stable: the iteration first, the others in the order asked
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be an int >= 1, got {steps!r}")

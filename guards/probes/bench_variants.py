@@ -513,6 +513,8 @@ def build_hotloop_variant(cfg: Config, device: torch.device, switches: tuple[str
     name = "hotloop" + (":" + "+".join(switches) if switches else "")
     if device.type != "cuda":
         raise RuntimeError(f"{name}: needs CUDA (the step is a captured CUDA graph)")
+    if any(not isinstance(getattr(cfg, s, None), bool) for s in switches):
+        raise ValueError(f"{name}: switches must be bool Config fields, got {switches}")
     cfg = dataclasses.replace(cfg, **{s: True for s in switches})
     obs_dim, nvec = env_shapes(cfg)
     replay = PrioritizedReplay(
@@ -529,9 +531,9 @@ def build_hotloop_variant(cfg: Config, device: torch.device, switches: tuple[str
         "capture",
         "split",
         (f"switches on: {', '.join(switches)}; " if switches else "")
-        + f"compile+warm-up {learner.warmup_s:.1f} s before the capture; flat buffers, fused Triton "
-        "kernels, DDQN forward on a 2nd stream, one CUDA graph; TF32 forward, "
-        "3xTF32 (FP32-accurate) backward; target update fused into Adam",
+        + f"compile+warm-up {learner.warmup_s:.1f} s before the capture; flat buffers, fused Triton kernels, "
+        + ("the three forwards as one launch per layer" if cfg.grouped_forward else "DDQN forward on a 2nd stream")
+        + ", one CUDA graph; TF32 forward, 3xTF32 (FP32-accurate) backward; target update fused into Adam",
     )
 
 

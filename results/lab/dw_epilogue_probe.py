@@ -25,8 +25,10 @@ results/h200/notes/bench_notes.md.
 from __future__ import annotations
 
 import argparse
+import atexit
 import csv
 import datetime as dt
+import functools
 import importlib.util
 import inspect
 import sys
@@ -48,6 +50,25 @@ _ATOMIC = 'tl.atomic_add(dw_ptr + offs_n[:, None] * K + offs_k[None, :], acc * g
 _STORE = "tl.store(dw_ptr + split * N * K + offs_n[:, None] * K + offs_k[None, :], acc * g[:, None], mask=mask)"
 
 
+@functools.cache
+def _copies_dir() -> Path:
+    """One temporary folder per process for the source copies (removed at exit)."""
+    folder = tempfile.TemporaryDirectory(prefix="lab_dw_")
+    atexit.register(folder.cleanup)
+    return Path(folder.name)
+
+
+def positive_ints(text: str) -> list[int]:
+    """--scales / --repeats: comma-separated ints >= 1 (an argparse type; ArgumentTypeError otherwise)."""
+    try:
+        values = [int(s) for s in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1, got {text!r}")
+    return values
+
+
 def variant_module(variant: str, scale: int) -> ModuleType:
     """A copy of kernels/linear.py as module `lab_dw_<variant>_<scale>`: _MIN_PROGRAMS times `scale`, and for
     `variant` "partials" the dW epilogue `_STORE` instead of `_ATOMIC`. ValueError for another variant or a scale
@@ -62,7 +83,7 @@ def variant_module(variant: str, scale: int) -> ModuleType:
     if variant == "partials":
         text = text.replace(_ATOMIC, _STORE)
     name = f"lab_dw_{variant}_{scale}"
-    path = Path(tempfile.mkdtemp(prefix="lab_dw_")) / f"{name}.py"
+    path = _copies_dir() / f"{name}.py"
     path.write_text(text)  # Triton's JIT reads a kernel's source from its file: the copy needs one
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
@@ -158,14 +179,21 @@ def run(scales: list[int], repeats: int, device: torch.device) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line (module docstring): check the variants, time them, print the table, append --csv; 0.
+    argparse's exit 2 for a bad --scales / --repeats; SystemExit without a GPU or when a variant's slabs differ."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--scales", default="1,2,4", help="comma-separated multiples of the 132-program floor")
     p.add_argument(
-        "--repeats", type=int, default=200, help="do_bench_cudagraph's rep (ms of repeats per configuration)"
+        "--scales", type=positive_ints, default=[1, 2, 4], help="comma-separated multiples of the 132-program floor"
+    )
+    p.add_argument(
+        "--repeats",
+        type=positive_ints,
+        default=[200],
+        help="do_bench_cudagraph's rep (ms of repeats per configuration)",
     )
     p.add_argument("--csv", type=Path, help="append the rows to this CSV")
     args = p.parse_args(argv)
-    scales = [int(s) for s in args.scales.split(",")]
+    scales, repeats = args.scales, args.repeats[0]
     if not torch.cuda.is_available():
         raise SystemExit("dw_epilogue_probe: needs a CUDA GPU")
     device = torch.device("cuda")
@@ -173,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         err = check_variant(scale, 256, 512, 2048, device)
         if not err < 1e-5:
             raise SystemExit(f"partials at scale {scale}: slabs differ from the atomic result by {err:.2e}")
-    rows = run(scales, args.repeats, device)
+    rows = run(scales, repeats, device)
     import pandas as pd
 
     table = pd.DataFrame(rows, columns=COLUMNS)

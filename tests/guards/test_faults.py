@@ -68,9 +68,9 @@ def test_learner_faults_keep_the_math(name, spectral_norm):
 
 
 class _FakeTrainer:
-    def __init__(self, kind="hotloop", device="cpu", spectral_norm=True):
+    def __init__(self, kind="hotloop", device="cpu", spectral_norm=True, grouped_forward=False):
         self.learner_kind, self.device = kind, torch.device(device)
-        self.cfg = preset("seed-scale", spectral_norm=spectral_norm)
+        self.cfg = preset("seed-scale", spectral_norm=spectral_norm, grouped_forward=grouped_forward)
 
 
 @pytest.mark.smoke
@@ -83,6 +83,9 @@ def test_bad_requests_are_refused():
         inject(_FakeTrainer(), "item")
     with pytest.raises(ValueError, match="sn_split: this run has spectral norm off"):
         inject(_FakeTrainer(device="cuda", spectral_norm=False), "sn_split")
+    for name in ("fwd_fp32", "ddqn_serial"):  # the grouped forward calls neither linear_forward nor a DDQN stream
+        with pytest.raises(ValueError, match=f"--inject {name}: this run has grouped_forward on"):
+            inject(_FakeTrainer(device="cuda", grouped_forward=True), name)
     assert {f.criterion for f in FAULTS.values()} >= {
         "no_stream_sync",
         "no_event_sync",

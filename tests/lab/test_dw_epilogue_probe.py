@@ -29,3 +29,12 @@ def test_bad_variants_are_refused():
         variant_module("fused", 1)
     with pytest.raises(ValueError, match="scale >= 1"):
         variant_module("atomic", 0)
+
+
+@pytest.mark.parametrize("args", [["--scales", "0"], ["--scales", "1,x"], ["--repeats", "-3"]])
+def test_bad_arguments_exit_2_before_any_work(args, capsys):
+    from lab.dw_epilogue_probe import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(args)
+    assert exc.value.code == 2 and "integers >= 1" in capsys.readouterr().err

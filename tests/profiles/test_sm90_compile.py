@@ -183,6 +183,35 @@ def test_a_load_hoisted_above_the_wait_is_unsafe(tmp_path, monkeypatch):
     assert table.loc[1, "first_memory_line"] < table.loc[1, "wait_line"]
 
 
+@pytest.mark.parametrize(
+    "line,access",
+    [
+        ("\tld.global.b32 %r1, [%rd1];", True),
+        ("@%p1 ld.global.v4.b32 {%r1, %r2, %r3, %r4}, [%rd2];", True),
+        ("\tldu.global.f32 %f1, [%rd1];", True),
+        ("\tld.f32 %f1, [%rd1];", True),  # a generic address may be global
+        (
+            "\tcp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%r1], [%rd1, {%r2}], [%r4];",
+            True,
+        ),
+        ("\tcp.async.cg.shared.global [%r1], [%rd1], 16;", True),
+        ("\tatom.global.gpu.acq_rel.add.f32 %f1, [%rd1], %f2;", True),
+        ("\tred.global.add.f32 [%rd1], %f1;", True),
+        ("\tst.global.b32 [%rd1], %r1;", True),
+        ("\tld.param.u64 %rd1, [k_param_0];", False),
+        ("\tld.shared.b32 %r1, [%r2];", False),
+        ("\tst.shared.b32 [%r1], %r2;", False),
+        ("\tcvta.to.global.u64 %rd2, %rd1;", False),
+        ("\tgriddepcontrol.wait;", False),
+    ],
+)
+def test_the_order_check_sees_every_kind_of_global_access(line, access):
+    """A PDL launch whose PTX has `line` before its wait is unsafe exactly when `line` may touch global memory."""
+    launch = Launch(lambda: None, "k", {}, (), {"launch_pdl": True})
+    table = dependent_launch_order([launch], [{"name": "k", "ptx": f"{line}\n\tgriddepcontrol.wait;\n", "sass": ""}])
+    assert table["safe"].tolist() == [not access]
+
+
 def test_launches_without_dependent_launch_pass_neither_flag():
     src = torch.randn(3000)
     with capture_launches() as launches:

@@ -23,6 +23,14 @@ def test_every_field_has_a_docstring():
     assert all(len(d) > 10 for d in docs.values())
 
 
+def test_dependent_launch_is_off_by_default():
+    """Config.dependent_launch (issue 38's PDL lever, measured at nothing) is opt-in in the default and every preset."""
+    assert Config().dependent_launch is False
+    assert not any(preset(name).dependent_launch for name in PRESETS)
+    with pytest.raises(ValueError, match="dependent_launch must be a bool"):
+        Config(dependent_launch="yes")
+
+
 def test_the_grouped_forward_is_off_by_default():
     """Config.grouped_forward (one launch per layer for the step's three forwards) is opt-in: the default and every
     preset keep the two-stream forward the gate's baselines were measured with."""

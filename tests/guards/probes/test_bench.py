@@ -278,6 +278,13 @@ def test_lever_variants_are_the_hotloop_row_with_config_switches_on():
     for bad in ("hotloop:nope", "hotloop:", "hotloop:dependent_launch+dependent_launch"):
         with pytest.raises(ValueError, match="levers must be distinct names of dependent_launch, grouped_forward"):
             expand_variants(bad)
+    # one canonical name per set of switches: order and spaces do not make another variant
+    assert expand_variants("hotloop:grouped_forward+dependent_launch,hotloop: dependent_launch + grouped_forward") == [
+        "hotloop:dependent_launch+grouped_forward"
+    ]
+    # timed against a hotloop row with every lever off: a config with one on is refused before any work
+    with pytest.raises(ValueError, match="the config has dependent_launch on: leave it off"):
+        run_bench(_cfg(dependent_launch=True), CPU, ["hotloop", "hotloop:grouped_forward"], steps=1)
     # built as the hotloop row with the switch on: on the CPU that build says it needs CUDA, naming the variant
     df = run_bench(_cfg(), CPU, ["hotloop:dependent_launch"], steps=1, warmup=0)
     assert df["note"].tolist() == ["skipped: hotloop:dependent_launch: needs CUDA (the step is a captured CUDA graph)"]
