@@ -107,10 +107,13 @@ class KernelGapError(ValueError):
 
 def sm_count(device=None) -> int:
     """The SMs of CUDA device `device` (index, torch.device or None: the current one) when torch sees a GPU
-    (`torch.cuda.get_device_properties(device).multi_processor_count`), else DEFAULT_SMS."""
+    (`torch.cuda.get_device_properties(device).multi_processor_count`), else DEFAULT_SMS; DEFAULT_SMS too for a
+    device that is not a GPU (a CPU run's table on a machine that has one)."""
     import torch
 
-    if not torch.cuda.is_available():
+    if not torch.cuda.is_available() or (
+        isinstance(device, (str, torch.device)) and torch.device(device).type != "cuda"
+    ):
         return DEFAULT_SMS
     if device is None:
         device = torch.cuda.current_device()

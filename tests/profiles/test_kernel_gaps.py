@@ -411,3 +411,17 @@ def test_a_trace_without_grids_has_no_occupancy(tmp_path, rng):
     assert kernels["programs"].isna().all() and kernels["occupancy"].isna().all()
     assert kernels["under_one_wave"].isna().all() and table.iloc[-1]["under_one_wave"] == 0
     assert table.attrs["sequences"] == 1 and kernels["idle_gap_us"].iloc[1:].notna().all()
+
+
+def test_sm_count_of_a_cpu_device_on_a_machine_with_a_gpu(monkeypatch):
+    """A CPU run's gap table on a GPU machine uses DEFAULT_SMS: the GPU's properties are never asked for a CPU device."""
+    import torch
+
+    from hotloop.profiles.kernel_gaps import DEFAULT_SMS, sm_count
+
+    def no_properties(device=None):
+        raise AssertionError(f"asked the GPU properties of {device}")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", no_properties)
+    assert sm_count(torch.device("cpu")) == DEFAULT_SMS and sm_count("cpu") == DEFAULT_SMS
