@@ -26,6 +26,7 @@ import triton.language as tl
 
 from hotloop.kernels._common import check_tensor, rounds_tf32_operands
 from hotloop.kernels.dependent_launch import gdc_prologue, pdl_kwargs
+from hotloop.kernels.linear import grouped_pointers
 from hotloop.kernels.tf32_split import tf32_rna
 
 # forward tiles from the H200 sweep at seed scale (results/h200/kernels/heads_fwd_sweep.csv): 64 rows, 16-wide reduction
@@ -218,13 +219,7 @@ def _heads_grouped_tf32_kernel(
     # z = 1, 2 the online and the target net on s' (hn[z - 1] -> qn[z - 1]); the target's parameters are
     # p_zstride floats after the online ones. Each program picks its pointers, then runs the body with z-strides 0.
     z = tl.program_id(1)
-    if z == 0:
-        h_sel = h_ptr
-        q_sel = q_ptr
-    else:
-        h_sel = hn_ptr + (z - 1) * M * ((1 + D) * H)
-        q_sel = qn_ptr + (z - 1) * M * (D * A)
-    p_off = (z // 2) * p_zstride  # net 0 for z = 0, 1; net 1 for z = 2
+    h_sel, q_sel, p_off = grouped_pointers(z, h_ptr, hn_ptr, M * ((1 + D) * H), q_ptr, qn_ptr, M * (D * A), p_zstride)
     _heads_fwd_body(
         h_sel,
         w_ptr + p_off,

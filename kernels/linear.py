@@ -260,6 +260,21 @@ def _fwd_ddqn_tf32_gemm_kernel(
 
 
 @triton.jit
+def grouped_pointers(z, x_ptr, xn_ptr, xn_zstride, y_ptr, yn_ptr, yn_zstride, p_zstride):
+    """A grouped forward program's (input, output, parameter offset) for its net index z: z = 0 the online net on s
+    (x, y, net 0), z = 1 the online net on s' (xn, yn, net 0), z = 2 the target net on s' (xn + xn_zstride,
+    yn + yn_zstride, net 1: p_zstride floats after net 0). The one convention of `_fwd_grouped_tf32_gemm_kernel` and
+    kernels/heads.py's `_heads_grouped_tf32_kernel`."""
+    if z == 0:
+        x_sel = x_ptr
+        y_sel = y_ptr
+    else:
+        x_sel = xn_ptr + (z - 1) * xn_zstride
+        y_sel = yn_ptr + (z - 1) * yn_zstride
+    return x_sel, y_sel, (z // 2) * p_zstride
+
+
+@triton.jit
 def _fwd_grouped_tf32_gemm_kernel(
     x_ptr,
     xn_ptr,
@@ -295,14 +310,8 @@ def _fwd_grouped_tf32_gemm_kernel(
     # parameters are p_zstride floats after the online ones. Each program picks its pointers, then runs the body
     # with z-strides 0.
     z = tl.program_id(2)
-    if z == 0:
-        x_sel = x_ptr
-        y_sel = y_ptr
-    else:
-        x_sel = xn_ptr + (z - 1) * xn_zstride
-        y_sel = yn_ptr + (z - 1) * M * N
+    x_sel, y_sel, p_off = grouped_pointers(z, x_ptr, xn_ptr, xn_zstride, y_ptr, yn_ptr, M * N, p_zstride)
     stride_sel = tl.where(z == 0, stride_xm, stride_xnm)
-    p_off = (z // 2) * p_zstride  # net 0 for z = 0, 1; net 1 for z = 2
     _fwd_body(
         x_sel,
         idx_ptr,
