@@ -143,8 +143,9 @@ def lever_switches(name: str) -> tuple[str, ...] | None:
 
 
 def lever_name(switches: tuple[str, ...]) -> str:
-    """The canonical variant name of `switches` (LEVER_PREFIX, then the switches in LEVERS' order joined by '+')."""
-    return LEVER_PREFIX + "+".join(s for s in LEVERS if s in switches)
+    """The variant name of `switches`, given in LEVERS' order (as `lever_switches` returns them): LEVER_PREFIX, then
+    the switches joined by '+', one name per set of switches."""
+    return LEVER_PREFIX + "+".join(switches)
 
 
 def expand_variants(names: str | list[str], extra: Mapping[str, object] = {}) -> list[str]:
