@@ -80,14 +80,22 @@ def capture_launches() -> Iterator[list[Launch]]:
     the launches are appended to, in launch order. Inside the block HOTLOOP_INTERPRET_TF32=1, so that the wrappers
     pass the TF32 rounding constexprs they pass on a GPU (hotloop.kernels._common.rounds_tf32_operands), and the
     launchers under `dependent_launch` pass GDC=True as on a GPU (hotloop.kernels.dependent_launch).
-    RuntimeError when the kernels are not interpreted (TRITON_INTERPRET unset)."""
+    RuntimeError when the kernels are not interpreted (TRITON_INTERPRET unset), and when a kernel inside the block
+    would run instead of being recorded (a `run` attribute set on the kernel instance bypasses the patch)."""
     from hotloop.kernels._common import interpreting
 
     if not interpreting():
         raise RuntimeError("capture_launches needs TRITON_INTERPRET=1 (set before the kernel modules are imported)")
-    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.interpreter import GridExecutor, InterpretedFunction
 
     launches: list[Launch] = []
+
+    def refuse(self, *args, **kwargs):
+        raise RuntimeError(
+            f"capture_launches: {self.fn.__name__} ran instead of being recorded: its `run` is set on the kernel "
+            "itself (a test's monkeypatch.setattr(kernel, 'run', ...) leaves the bound method there on undo), which "
+            "hides the class-level patch; patch it with mock.patch.object, which removes it"
+        )
 
     def record(self, *args, grid, warmup, **kwargs):
         if warmup:
@@ -105,6 +113,7 @@ def capture_launches() -> Iterator[list[Launch]]:
         mock.patch.dict(os.environ, {"HOTLOOP_INTERPRET_TF32": "1"}),
         mock.patch("hotloop.kernels.dependent_launch._compiles_gdc", return_value=True),
         mock.patch.object(InterpretedFunction, "run", record),
+        mock.patch.object(GridExecutor, "__call__", refuse),
     ):
         yield launches
 

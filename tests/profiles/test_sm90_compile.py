@@ -242,6 +242,27 @@ def test_capture_needs_the_interpreter(monkeypatch):
             pass
 
 
+def test_a_kernel_whose_run_is_set_on_itself_is_refused_not_run():
+    """The fault CI met (tests/kernels/test_segment_tree.py once patched `run` with monkeypatch.setattr, whose undo
+    leaves the bound method on the kernel): inside the capture that kernel would run for real, on the interpreter
+    with the GPU's constexprs; it is refused with the cause instead."""
+    from hotloop.kernels import tf32_split
+    from hotloop.kernels.tf32_split import tf32_round_copy
+
+    src = torch.randn(300)
+    kernel = tf32_split._fwd_weights_rna_kernel
+    kernel.run = kernel.run  # what monkeypatch's undo leaves behind
+    try:
+        with pytest.raises(RuntimeError, match="_fwd_weights_rna_kernel ran instead of being recorded"):
+            with capture_launches():
+                tf32_round_copy(src, torch.empty_like(src))
+    finally:
+        del kernel.run
+    with capture_launches() as launches:
+        tf32_round_copy(src, torch.empty_like(src))
+    assert [launch.name for launch in launches] == ["_fwd_weights_rna_kernel"]
+
+
 def test_mma_paths_reads_each_launchs_sass():
     def kernel(x_ptr, BLOCK_M):
         pass
