@@ -50,17 +50,25 @@ seed-scale`, lab code run from the checkout, prints e for the step, an IEEE forw
   ~30x below a one-dot TF32 product.
 - Bias: a TF32 MMA truncates fp32 operands, shrinking each product by ~2^-11 per operand on average; the forward
   kernels round their operands first (kernels/linear.py), which leaves no sign. Each product's signed relative bias
-  b = <Y_hat - Y, P>_L / ||P_L||^2 (`_Err.bias`: truncated ~-5e-4..-1e-3, rounded ~1e-5 in the CPU emulation) must
-  stay within TF32_BIAS_MAX = 1e-4 for the forward's trunk layers, or within BIAS_Z = 4 of its standard errors
-  (`_Err.bias_se`, clustered by rows and by columns: a row shares its input's rounding errors, a column its
-  weights'): a truncating forward is TF32-like and still FAILs (H200: truncated x tiles alone gave -3.5e-4 on every
-  trunk layer; rounded operands |b| <= 2.7e-5; CPU emulation, 4 seeds: truncated |b| >= 7.6 se, rounded <= 2.4 se).
-  The standard error matters where few weights carry a layer: forward.L0 on CartPole (K = 4, 256 weights) drew
-  +1.4e-4 on the H200 with rounded operands (results/h200/gate/clean5/README.md, 021d63f), a draw of its weights'
-  rounding errors, not a truncation (which is always negative: it shrinks every operand toward zero). The
-  heads' bias must stay within TF32_HEADS_BIAS_MAX = 2e-4: their few weights (3 x 32 on CartPole) make it a draw
-  of the weights' rounding errors, and the dueling combination divides it by a small difference (+5.7e-5 and
-  +8.2e-5 on the H200 with rounded operands, 2026-12-02, results/h200/ab/tf32_rounding/; an unrounded input
+  b = <Y_hat - Y, P>_L / ||P_L||^2 (`_Err.bias`: truncated ~-5e-4..-1e-3, rounded ~1e-5 in the CPU emulation) is
+  evidence; what is judged is its part beyond rounding, b_x = <Y_hat - Y_r, P>_L / ||P_L||^2 = b - b_r
+  (`Product.excess_bias`), Y_r the float64 result on the operands as the MMA reads them: the input and the weights
+  rounded to the nearest TF32 (`split_tf32`, the kernels' `tf32_rna` bit for bit), bias and gain as they are, where
+  this platform's TF32 dots round. The rounding errors of these very operands are known, so their draw b_r leaves
+  the judgement: where few weights carry a layer it is a draw of a few rounding errors, not a truncation, and a
+  large one (forward.L0 on CartPole, K = 4, 256 weights: +1.4e-4 on the H200, results/h200/gate/clean5/README.md,
+  021d63f; -2.4e-4 at 4.2 two-way clustered standard errors on the H100, a clean gate that FAILed at e589755,
+  results/h200/bench/levers/README.md) was a false FAIL of the raw bias's rule. What b_x keeps: the output's
+  rounding to TF32 (`out_tf32`: per entry, no sign; |b_x| ~1e-5 in the CPU emulation) and the accumulation, and a
+  truncating forward's whole shift (H200: truncated x tiles alone gave b = -3.5e-4 on every trunk layer; CPU
+  emulation, 4 seeds: truncated |b| >= 7.6 se; tests/trainer/test_precision_probe.py: b_x < -1e-4 on every trunk
+  layer of the truncating variant, also on weights placed so that rounding shrinks every one). A trunk layer FAILs
+  when |b_x| > TF32_BIAS_MAX = 1e-4 and |b_x| > BIAS_Z = 4 of its standard errors (`_Err.bias_se` of the fit
+  against Y_r, clustered by rows and by columns). The
+  heads' b_x must stay within TF32_HEADS_BIAS_MAX = 2e-4 (no standard error: three output columns are too few
+  clusters); their raw bias was a draw of their few weights' rounding errors (3 x 32 on CartPole), divided by the
+  dueling combination's small difference (+5.7e-5 and +8.2e-5 on the H200 with rounded operands, 2026-12-02,
+  results/h200/ab/tf32_rounding/; an unrounded input
   truncated by the MMA gave -3.5e-4 in the CPU emulation). For the same reason the heads may also be "between FP32
   and TF32": they read the last layer's output already rounded, so only their weights' rounding shows (2.9e-5 and
   4.0e-5 on the H200 after 100 seed-scale steps, 1.5e-4 and 1.9e-4 after 20), and even FP32-like (forward.heads
@@ -92,6 +100,7 @@ import triton.language as tl
 from hotloop.kernels.heads import heads_reference
 from hotloop.kernels.replay_batch import gather_transitions
 from hotloop.kernels.td_loss import TDLossWorkspace, td_loss_forward
+from hotloop.kernels.tf32_split import split_tf32
 
 FP32_BOUND = 1e-5
 """Largest normwise error of an FP32-accurate product (the backward must stay within it); reasoning: module doc."""
@@ -100,15 +109,16 @@ TF32_MIN = 5e-5
 TF32_MAX = 1e-2
 """Largest normwise error counted as a TF32 product's; above it the product is "worse than TF32"."""
 TF32_BIAS_MAX = 1e-4
-"""Largest signed relative bias of a TF32 forward product (`Product.bias`): the kernels round their operands to TF32
-before the MMA (kernels/linear.py), whose own truncation would shrink every product by ~5e-4..1e-3, a bias of Q
-that the TD fixed point amplifies 100x (results/cpu/learning_causes/README.md, H6). Rounded operands leave ~1e-5.
-For the trunk layers; the heads' bound is TF32_HEADS_BIAS_MAX (module doc, "Bias")."""
+"""Largest signed relative bias beyond rounding of a TF32 forward product (`Product.excess_bias`): the kernels round
+their operands to TF32 before the MMA (kernels/linear.py), whose own truncation would shrink every product by
+~5e-4..1e-3, a bias of Q that the TD fixed point amplifies 100x (results/cpu/learning_causes/README.md, H6). Rounded
+operands leave ~1e-5 (the output's own rounding). For the trunk layers; the heads' bound is TF32_HEADS_BIAS_MAX
+(module doc, "Bias")."""
 TF32_HEADS_BIAS_MAX = 2e-4
-"""Largest signed relative bias of a heads forward product (module doc, "Bias")."""
+"""Largest signed relative bias beyond rounding of a heads forward product (module doc, "Bias")."""
 BIAS_Z = 4.0
-"""A trunk layer's bias beyond TF32_BIAS_MAX FAILs only when it is also BIAS_Z standard errors (`Product.bias_se`)
-from zero: a bias that the draw of a few weights' or inputs' rounding errors explains is no evidence of
+"""A trunk layer's bias beyond rounding beyond TF32_BIAS_MAX FAILs only when it is also BIAS_Z standard errors
+(`Product.excess_bias_se`) from zero: what the output's rounding and the accumulation leave is no evidence of
 truncation (module doc, "Bias")."""
 PASS, FAIL = "PASS", "FAIL"
 NOT_MEASURED = "not measured (CPU interpreter: no TF32 rounding)"
@@ -161,7 +171,9 @@ class Product:
     name of the function that ran it; m, n, k: the output (m, n) and the reduction length k; error: normwise relative
     error (module doc; inf when the result is not finite, NaN with no live entries); live: entries compared;
     cls: `classify(error)`; expected: "TF32" (forward) or "FP32" (backward); bias: the signed relative bias
-    (`_Err.bias`; NaN when not measured); bias_se: its standard error (`_Err.bias_se`; NaN when not measured)."""
+    (`_Err.bias`; NaN when not measured); bias_se: its standard error (`_Err.bias_se`; NaN when not measured);
+    excess_bias: the forward's bias beyond what rounding these very operands to the nearest TF32 gives (module doc,
+    "Bias": the one judged; NaN for the backward), excess_bias_se: its standard error."""
 
     name: str
     phase: str
@@ -175,6 +187,8 @@ class Product:
     expected: str
     bias: float = math.nan
     bias_se: float = math.nan
+    excess_bias: float = math.nan
+    excess_bias_se: float = math.nan
 
 
 @dataclass(frozen=True)
@@ -481,6 +495,13 @@ def _scale(g: torch.Tensor, gain_group: int, rows: int) -> torch.Tensor:
     return g.repeat_interleave(gain_group)[:rows]
 
 
+def _as_read(v: torch.Tensor, rounds: bool) -> torch.Tensor:
+    """The fp32 tensor v in float64 as a TF32 forward's MMA reads it: rounded to the nearest TF32 first (the
+    kernels' `tf32_rna`, kernels/linear.py; its plain-torch twin `split_tf32`) where this platform's TF32 dots round
+    (`rounds`: `tf32_dot_rounds`), as it is where they do not (the dot then reads it whole)."""
+    return (split_tf32(v.float())[0] if rounds else v).double()
+
+
 def _relu_live(got: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     return (ref > 0) | (got > 0)
 
@@ -493,11 +514,13 @@ def measure(t: ProbeTensors, learner, *, label: str = "step", tf32_rounds: bool 
 
     lay, dev = learner.layout, learner.device
     b, d = t.idx.shape[0], lay.branches
+    rounds = tf32_dot_rounds(dev) if tf32_rounds is None else tf32_rounds
     f64 = [t.nets[0].double(), t.nets[1].double()]
+    f64_read = [_as_read(t.nets[0], rounds), _as_read(t.nets[1], rounds)]  # weights as a TF32 forward's MMA reads them
     fwd_name = _name(t.launchers.forward)
     out: list[Product] = []
 
-    def add(name, phase, launcher, m, n, k, err: _Err) -> None:
+    def add(name, phase, launcher, m, n, k, err: _Err, excess: _Err | None = None) -> None:
         e = err.error()
         out.append(
             Product(
@@ -513,59 +536,59 @@ def measure(t: ProbeTensors, learner, *, label: str = "step", tf32_rounds: bool 
                 "TF32" if phase == "forward" else "FP32",
                 err.bias(),
                 err.bias_se(),
+                excess.bias() if excess is not None else math.nan,
+                excess.bias_se() if excess is not None else math.nan,
             )
         )
 
-    def layer_ref(i: int, x64: torch.Tensor, z: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def layer_ref(i: int, x: torch.Tensor, z: int, read: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """(result, product part) of layer i of net z on the fp32 input x, in float64: of the fp32 operands, or
+        with `read` of the operands as the MMA reads them (the input and the weights rounded; bias and gain not)."""
         slots = lay.layers[i]
-        w, bias, g = slots.views(f64[z])
-        prod = (x64 @ w.T) * _scale(g, slots.gain_group, slots.rows)
+        _, bias, g = slots.views(f64[z])
+        w = slots.views(f64_read[z] if read else f64[z])[0]
+        prod = ((_as_read(x, rounds) if read else x.double()) @ w.T) * _scale(g, slots.gain_group, slots.rows)
         ref = prod + bias
         return (ref.relu() if slots.relu else ref), prod
 
+    def layer_errs(i: int, pieces) -> tuple[_Err, _Err]:
+        """(error against the fp32 operands' result, error against the read operands' result: the excess) of layer
+        i over its (input, output, net) pieces, both slopes taken on the fp32 operands' product part."""
+        err, excess = _Err(), _Err()
+        for x, got, z in pieces:
+            ref, prod = layer_ref(i, x, z)
+            live = _relu_live(got, ref) if lay.layers[i].relu else None
+            err.add(got, ref, prod, live)
+            excess.add(got, layer_ref(i, x, z, read=True)[0], prod, live)
+        return err, excess
+
     # forward: online net on s, and online + target on s'
     for i, slots in enumerate(lay.layers):
-        x64 = (t.obs if i == 0 else t.acts[i - 1]).double()
-        ref, prod = layer_ref(i, x64, 0)
-        got = t.acts[i]
-        add(
-            f"forward.L{i}",
-            "forward",
-            fwd_name,
-            b,
-            slots.rows,
-            slots.cols,
-            _Err().add(got, ref, prod, _relu_live(got, ref) if slots.relu else None),
-        )
+        x = t.obs if i == 0 else t.acts[i - 1]
+        add(f"forward.L{i}", "forward", fwd_name, b, slots.rows, slots.cols, *layer_errs(i, [(x, t.acts[i], 0)]))
     for i, slots in enumerate(lay.layers):
-        err = _Err()
-        for z in range(2):
-            x64 = (t.next_obs if i == 0 else t.ddqn_acts[i - 1][z]).double()
-            ref, prod = layer_ref(i, x64, z)
-            got = t.ddqn_acts[i][z]
-            err.add(got, ref, prod, _relu_live(got, ref) if slots.relu else None)
-        add(f"ddqn.L{i}", "forward", fwd_name, 2 * b, slots.rows, slots.cols, err)
+        pieces = [(t.next_obs if i == 0 else t.ddqn_acts[i - 1][z], t.ddqn_acts[i][z], z) for z in range(2)]
+        add(f"ddqn.L{i}", "forward", fwd_name, 2 * b, slots.rows, slots.cols, *layer_errs(i, pieces))
 
-    def heads_ref(h64: torch.Tensor, z: int, bias: bool = True) -> torch.Tensor:
-        w, bb, g = lay.out_views(f64[z])
-        return heads_reference(h64, w, bb if bias else torch.zeros_like(bb), g, d).reshape(h64.shape[0], -1)
+    def heads_ref(h: torch.Tensor, z: int, bias: bool = True, read: bool = False) -> torch.Tensor:
+        _, bb, g = lay.out_views(f64[z])
+        w = lay.out_views(f64_read[z] if read else f64[z])[0]
+        h64 = _as_read(h, rounds) if read else h.double()
+        return heads_reference(h64, w, bb if bias else torch.zeros_like(bb), g, d).reshape(h.shape[0], -1)
+
+    def heads_errs(pieces) -> tuple[_Err, _Err]:
+        err, excess = _Err(), _Err()
+        for h, got, z in pieces:
+            prod = heads_ref(h, z, bias=False)
+            err.add(got, heads_ref(h, z), prod)
+            excess.add(got, heads_ref(h, z, read=True), prod)
+        return err, excess
 
     j = lay.out.rows
     h_name = _name(heads_forward)
-    add(
-        "forward.heads",
-        "forward",
-        h_name,
-        b,
-        j,
-        lay.head_hidden,
-        _Err().add(t.q, heads_ref(t.acts[-1].double(), 0), heads_ref(t.acts[-1].double(), 0, bias=False)),
-    )
-    err = _Err()
-    for z in range(2):
-        h64 = t.ddqn_acts[-1][z].double()
-        err.add(t.q_next[z], heads_ref(h64, z), heads_ref(h64, z, bias=False))
-    add("ddqn.heads", "forward", h_name, 2 * b, j, lay.head_hidden, err)
+    add("forward.heads", "forward", h_name, b, j, lay.head_hidden, *heads_errs([(t.acts[-1], t.q, 0)]))
+    pieces = [(t.ddqn_acts[-1][z], t.q_next[z], z) for z in range(2)]
+    add("ddqn.heads", "forward", h_name, 2 * b, j, lay.head_hidden, *heads_errs(pieces))
 
     # backward: the heads (autograd of the float64 reference), then each layer's dX and dW
     from hotloop.trainer import step
@@ -624,7 +647,6 @@ def measure(t: ProbeTensors, learner, *, label: str = "step", tf32_rounds: bool 
                 slots.rows,
                 _Err().add(t.dz[i - 1], ref, live=live),
             )
-    rounds = tf32_dot_rounds(dev) if tf32_rounds is None else tf32_rounds
     platform = f"cuda: {torch.cuda.get_device_name(dev)}" if dev.type == "cuda" else f"{dev.type} (Triton interpreter)"
     return ProbeResult(tuple(out), rounds, platform, b, label, kernel_summary())
 
@@ -652,6 +674,7 @@ def _line(p: Product) -> str:
     return (
         f"{p.name} ({p.m}x{p.n}, K={p.k}; {p.launcher}): normwise error {p.error:.2e}, {p.cls} "
         f"(expected {p.expected}), bias {p.bias:+.1e} (se {p.bias_se:.1e})"
+        + (f", beyond rounding {p.excess_bias:+.1e} (se {p.excess_bias_se:.1e})" if p.phase == "forward" else "")
     )
 
 
@@ -675,23 +698,25 @@ def _bias_max(p: Product) -> float:
 
 
 def _in_se(p: Product) -> str:
-    """|bias| in standard errors, for the FAIL line ("inf" where the standard error is 0, "nan" unmeasured)."""
-    if not p.bias_se > 0:
-        return "nan" if math.isnan(p.bias_se) else "inf"
-    return f"{abs(p.bias) / p.bias_se:.1f}"
+    """|excess bias| in its standard errors, for the FAIL line ("inf" where the standard error is 0, "nan"
+    unmeasured)."""
+    if not p.excess_bias_se > 0:
+        return "nan" if math.isnan(p.excess_bias_se) else "inf"
+    return f"{abs(p.excess_bias) / p.excess_bias_se:.1f}"
 
 
 def _biased(p: Product) -> bool:
-    """Beyond its bias limit (`_bias_max`) and, for a trunk layer, BIAS_Z standard errors from zero; the heads'
-    three output columns are too few clusters for `_Err.bias_se` (module doc, "Bias")."""
-    if abs(p.bias) <= _bias_max(p):
+    """Its bias beyond rounding (`Product.excess_bias`) beyond its limit (`_bias_max`) and, for a trunk layer,
+    BIAS_Z standard errors from zero; the heads' three output columns are too few clusters for `_Err.bias_se`
+    (module doc, "Bias"). A NaN excess (not measured) counts as biased."""
+    if abs(p.excess_bias) <= _bias_max(p):
         return False
-    return ".heads" in p.name or not abs(p.bias) <= BIAS_Z * p.bias_se
+    return ".heads" in p.name or not abs(p.excess_bias) <= BIAS_Z * p.excess_bias_se
 
 
 def forward_verdict(result: ProbeResult) -> tuple[str, list[str]]:
     """ "TF32 forward": PASS when every forward product is TF32-like (products with no live entries left out) with
-    its bias within TF32_BIAS_MAX or BIAS_Z standard errors (the heads: within TF32_HEADS_BIAS_MAX; `_biased`) and
+    its bias beyond rounding within TF32_BIAS_MAX or BIAS_Z standard errors (the heads: within TF32_HEADS_BIAS_MAX; `_biased`) and
     no compiled forward kernel lacks TF32 MMAs;
     FAIL when one is biased beyond it (its operands reached the MMA unrounded), when one is not TF32-like (an
     FP32-like one: its kernel does not round to TF32, whatever it is named) on a platform whose TF32 dots round, on any platform when one is worse than TF32
@@ -715,16 +740,16 @@ def forward_verdict(result: ProbeResult) -> tuple[str, list[str]]:
         return PASS, lines
     if biased and not bad:
         return FAIL, lines + [
-            f"TF32, but biased beyond {TF32_BIAS_MAX:.0e} and {BIAS_Z:g} standard errors (heads "
-            f"{TF32_HEADS_BIAS_MAX:.0e}; operands truncated by the MMA, not rounded first): "
-            f"{', '.join(f'{p.name} ({p.bias:+.1e}, {_in_se(p)} se)' for p in biased)}"
+            f"TF32, but biased beyond rounding by more than {TF32_BIAS_MAX:.0e} and {BIAS_Z:g} standard errors "
+            f"(heads {TF32_HEADS_BIAS_MAX:.0e}; operands truncated by the MMA, not rounded first): "
+            f"{', '.join(f'{p.name} ({p.excess_bias:+.1e}, {_in_se(p)} se)' for p in biased)}"
         ]
     if not result.tf32_rounds and not any(p.cls in (WORSE, NON_FINITE) for p in bad):
         return NOT_MEASURED, lines + [
             f"{len(bad)} forward product(s) not TF32-like, but this platform's TF32 dots do "
             f"not round ({result.platform}): TF32 and FP32 look the same here"
         ]
-    also = f"; biased too: {', '.join(f'{p.name} ({p.bias:+.1e})' for p in biased)}" if biased else ""
+    also = f"; biased too: {', '.join(f'{p.name} ({p.excess_bias:+.1e})' for p in biased)}" if biased else ""
     return FAIL, lines + [f"not TF32: {', '.join(f'{p.name} ({p.cls}, {p.error:.1e})' for p in bad)}{also}"]
 
 
