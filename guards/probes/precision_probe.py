@@ -49,34 +49,36 @@ seed-scale`, lab code run from the checkout, prints e for the step, an IEEE forw
   IEEE 4e-7. FP32_BOUND = 1e-5: 10x above the worst FP32 measurement (room for the dW GEMMs' K = 8192 reduction),
   ~30x below a one-dot TF32 product.
 - Bias: a TF32 MMA truncates fp32 operands, shrinking each product by ~2^-11 per operand on average; the forward
-  kernels round their operands first (kernels/linear.py), which leaves no sign. Each product's signed relative bias
-  b = <Y_hat - Y, P>_L / ||P_L||^2 (`_Err.bias`: truncated ~-5e-4..-1e-3, rounded ~1e-5 in the CPU emulation) is
+  kernels round their operands first (kernels/linear.py), which leaves no sign. Each product's signed relative bias b
+  = <Y_hat - Y, P>_L / ||P_L||^2 (`_Err.bias`: truncated ~-5e-4..-1e-3, rounded ~1e-5 in the CPU emulation) is
   evidence; what is judged is its part beyond rounding, b_x = <Y_hat - Y_r, P>_L / ||P_L||^2 = b - b_r
   (`Product.excess_bias`), Y_r the float64 result on the operands as the MMA reads them: the input and the weights
   rounded to the nearest TF32 (`split_tf32`, the kernels' `tf32_rna` bit for bit), bias and gain as they are, where
-  this platform's TF32 dots round. The rounding errors of these very operands are known, so their draw b_r leaves
-  the judgement: where few weights carry a layer it is a draw of a few rounding errors, not a truncation, and a
-  large one (forward.L0 on CartPole, K = 4, 256 weights: +1.4e-4 on the H200, results/h200/gate/clean5/README.md,
-  021d63f; -2.4e-4 at 4.2 two-way clustered standard errors on the H100, a clean gate that FAILed at e589755,
-  results/h200/bench/levers/README.md) was a false FAIL of the raw bias's rule. What b_x keeps: the output's
-  rounding to TF32 (`out_tf32`: per entry, no sign; |b_x| ~1e-5 in the CPU emulation) and the accumulation, and a
-  truncating forward's whole shift (H200: truncated x tiles alone gave b = -3.5e-4 on every trunk layer; CPU
-  emulation, 4 seeds: truncated |b| >= 7.6 se; tests/trainer/test_precision_probe.py: b_x < -1e-4 on every trunk
-  layer of the truncating variant, also on weights placed so that rounding shrinks every one). A trunk layer FAILs
-  when |b_x| > TF32_BIAS_MAX = 1e-4 and |b_x| > BIAS_Z = 4 of its standard errors (`_Err.bias_se` of the fit
-  against Y_r, clustered by rows and by columns). The
-  heads' b_x must stay within TF32_HEADS_BIAS_MAX = 2e-4 (no standard error: three output columns are too few
-  clusters); their raw bias was a draw of their few weights' rounding errors (3 x 32 on CartPole), divided by the
-  dueling combination's small difference (+5.7e-5 and +8.2e-5 on the H200 with rounded operands, 2026-12-02,
-  results/h200/ab/tf32_rounding/; an unrounded input
-  truncated by the MMA gave -3.5e-4 in the CPU emulation). For the same reason the heads may also be "between FP32
-  and TF32": they read the last layer's output already rounded, so only their weights' rounding shows (2.9e-5 and
-  4.0e-5 on the H200 after 100 seed-scale steps, 1.5e-4 and 1.9e-4 after 20), and even FP32-like (forward.heads
-  9.5e-6 in one clean CartPole gate of five, H200, b3b907e: results/h200/gate/clean5/README.md), which they may be
-  where the compiled instructions are checked (`forward_kernels_without_tf32`: a heads kernel without TF32 MMAs
-  FAILs on them). A forward in FP32 on the rounded
-  weights has TF32's errors and no sign: only the compiled instructions show it (Triton kernels), and a swapped
-  launcher must bring its own weights (guards/faults.py's fwd_fp32 reads them unrounded: FP32-like).
+  this platform's TF32 dots round. The rounding errors of these very operands are known, so their draw b_r leaves the
+  judgement: where few weights carry a layer it is a draw of a few rounding errors, not a truncation, and a large one
+  (forward.L0 on CartPole, K = 4, 256 weights: +1.4e-4 on the H200, results/h200/gate/clean5/README.md, 021d63f;
+  -2.4e-4 at 4.2 two-way clustered standard errors on the H100, a clean gate that FAILed at e589755,
+  results/h200/bench/levers/README.md) was a false FAIL of the raw bias's rule. What b_x keeps: the output's rounding
+  to TF32 (`out_tf32`: per entry, no sign; |b_x| ~1e-5 in the CPU emulation) and the accumulation, and a truncating
+  forward's whole shift (H200: truncated x tiles alone gave b = -3.5e-4 on every trunk layer; CPU emulation, 4 seeds:
+  truncated |b| >= 7.6 se; tests/trainer/test_precision_probe.py: b_x < -1e-4 on every trunk layer of the truncating
+  variant, also on weights placed so that rounding shrinks every one). The price: truncated minus rounded is 0 or a
+  whole ulp per operand, so b_x has ~1.2x the standard error of b (CartPole's shape with only layer 0's weights left
+  unrounded, 10 seeds, CPU emulation: 9.5-15.7 se against 12.4-17.2). A trunk layer FAILs when |b_x| > TF32_BIAS_MAX =
+  1e-4 and |b_x| > BIAS_Z = 4 of its standard errors (`_Err.bias_se` of the fit against Y_r, clustered by rows and by
+  columns). The heads' b_x must stay within TF32_HEADS_BIAS_MAX = 2e-4 (no standard error: three output columns are
+  too few clusters). That limit was set for their raw bias, a draw of their few weights' rounding errors (3 x 32 on
+  CartPole) divided by the dueling combination's small difference (+5.7e-5 and +8.2e-5 on the H200 with rounded
+  operands, 2026-12-02, results/h200/ab/tf32_rounding/; an unrounded input truncated by the MMA gave -3.5e-4 in the
+  CPU emulation); their output is not rounded, so their b_x is ~1e-8 in the CPU emulation, and the limit stays until a
+  GPU shows theirs (not re-tuned from the emulation alone). Their few weights also let the heads be "between FP32 and
+  TF32": they read the last layer's output already rounded, so only their weights' rounding shows (2.9e-5 and 4.0e-5
+  on the H200 after 100 seed-scale steps, 1.5e-4 and 1.9e-4 after 20), and even FP32-like (forward.heads 9.5e-6 in one
+  clean CartPole gate of five, H200, b3b907e: results/h200/gate/clean5/README.md), which they may be where the
+  compiled instructions are checked (`forward_kernels_without_tf32`: a heads kernel without TF32 MMAs FAILs on them).
+  A forward in FP32 on the rounded weights has TF32's errors and no sign: only the compiled instructions show it
+  (Triton kernels), and a swapped launcher must bring its own weights (guards/faults.py's fwd_fp32 reads them
+  unrounded: FP32-like).
 Classes (`classify`): "FP32-like" e <= FP32_BOUND; "TF32-like" TF32_MIN <= e <= TF32_MAX; "between FP32 and TF32";
 "worse than TF32" e > TF32_MAX; "non-finite"; "no live entries".
 
@@ -716,16 +718,15 @@ def _biased(p: Product) -> bool:
 
 def forward_verdict(result: ProbeResult) -> tuple[str, list[str]]:
     """ "TF32 forward": PASS when every forward product is TF32-like (products with no live entries left out) with
-    its bias beyond rounding within TF32_BIAS_MAX or BIAS_Z standard errors (the heads: within TF32_HEADS_BIAS_MAX; `_biased`) and
-    no compiled forward kernel lacks TF32 MMAs;
+    its bias beyond rounding within TF32_BIAS_MAX or BIAS_Z standard errors (the heads: within TF32_HEADS_BIAS_MAX;
+    `_biased`) and no compiled forward kernel lacks TF32 MMAs;
     FAIL when one is biased beyond it (its operands reached the MMA unrounded), when one is not TF32-like (an
-    FP32-like one: its kernel does not round to TF32, whatever it is named) on a platform whose TF32 dots round, on any platform when one is worse than TF32
-    or not finite, and when a forward kernel compiled without TF32 MMAs (`forward_kernels_without_tf32`: the step
-    rounds every forward operand to TF32 first, so an IEEE dot on them has TF32's errors, and only the instructions
-    tell it from the MMA); NOT_MEASURED where TF32 dots do not round and the others are FP32-like or between.
-    The heads' products may also be "between FP32 and TF32", and FP32-like where the compiled instructions were
-    checked (module doc, "Bias"). Returns (verdict, evidence
-    lines)."""
+    FP32-like one: its kernel does not round to TF32, whatever it is named) on a platform whose TF32 dots round, on
+    any platform when one is worse than TF32 or not finite, and when a forward kernel compiled without TF32 MMAs
+    (`forward_kernels_without_tf32`: the step rounds every forward operand to TF32 first, so an IEEE dot on them has
+    TF32's errors, and only the instructions tell it from the MMA); NOT_MEASURED where TF32 dots do not round and
+    the others are FP32-like or between. The heads' products may also be "between FP32 and TF32", and FP32-like
+    where the compiled instructions were checked (module doc, "Bias"). Returns (verdict, evidence lines)."""
     fwd = result.phase("forward")
     heads_may = (BETWEEN, FP32_LIKE) if isinstance(result.instructions, dict) else (BETWEEN,)
     bad = [p for p in fwd if p.cls not in (TF32_LIKE, NO_LIVE) and not (".heads" in p.name and p.cls in heads_may)]

@@ -302,7 +302,8 @@ def test_weights_whose_rounding_shrinks_them_all_pass_and_truncation_on_them_fai
 def test_tf32_forward_with_truncated_operands_fails_on_its_bias(hardware_tf32):
     """The same variant kernel with precision "tf32", which leaves its operands to the MMA's truncation: TF32 errors
     (the class follows the math, not the code), but biased toward zero, so the TF32-forward verdict FAILs on the
-    bias; the step's own forward, which rounds its operands first, keeps within TF32_BIAS_MAX."""
+    bias (raw and beyond rounding); the step's own forward, which rounds its operands first, keeps its bias beyond
+    rounding within TF32_BIAS_MAX."""
     hot = _setup()
     torch.manual_seed(0)  # the batch (the replay draws from the global generator)
     batch = pp.replay_batch(hot)
