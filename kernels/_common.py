@@ -69,6 +69,26 @@ def check_tensor(
     return t
 
 
+def check_net_stride(p_zstride: object, *views: tuple[str, torch.Tensor]) -> int:
+    """Return `p_zstride` if it is an int >= 0 that keeps the second net's copy of every view inside that view's
+    storage, else raise ValueError naming p_zstride (and the view that would run past its storage's end). A launch
+    with two nets reads each parameter view (name, tensor) `p_zstride` elements further for net 1: the target net's
+    half of the (2, P) flat parameter buffer (hotloop.trainer.flat_net). Reads only metadata: no host sync."""
+    if isinstance(p_zstride, bool) or not isinstance(p_zstride, int) or p_zstride < 0:
+        raise ValueError(f"p_zstride must be an int >= 0, got {p_zstride!r}")
+    for name, v in views:
+        if not v.numel():
+            continue
+        last = v.storage_offset() + p_zstride + sum((n - 1) * s for n, s in zip(v.shape, v.stride()))
+        held = v.untyped_storage().nbytes() // v.element_size()
+        if last >= held:
+            raise ValueError(
+                f"p_zstride {p_zstride} puts net 1's {name} past the end of its storage (element {last} of {held}): "
+                f"it must be the distance from net 0's parameters to net 1's in one buffer"
+            )
+    return p_zstride
+
+
 def check_torch_input(name: str, t: object, **constraints) -> torch.Tensor:
     """`check_tensor` for an input of torch-only code (the reference sum tree, the replay): any strides and any
     device type (no Triton launch reads it): contiguous=False, triton=False, `constraints` as check_tensor's."""

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hotloop.kernels._common import check_tensor, rounds_tf32_operands
+from hotloop.kernels._common import check_net_stride, check_tensor, rounds_tf32_operands
 from hotloop.kernels.dependent_launch import gdc_prologue, pdl_kwargs
 from hotloop.kernels.linear import grouped_pointers
 from hotloop.kernels.tf32_split import tf32_rna
@@ -351,7 +351,8 @@ def heads_forward(
     (nets, M, D * A) float32 contiguous, fully overwritten. branches: D. nets: 1 or 2. ddqn: launch under the
     Double-DQN kernel name. x_tf32, w_tf32: h, w_out already hold TF32 values (as kernels/linear.py's
     `linear_forward` says): the kernel does not round them before the dot. Returns q. Grid (max(2, ceil(M / 64)), nets).
-    Raises ValueError for wrong dtype, shape, device or contiguity.
+    Raises ValueError for wrong dtype, shape, device or contiguity, and with nets = 2 for a p_zstride that puts
+    net 1's parameters past their storage (`check_net_stride`).
     """
     j, hidden, actions = _sizes(check_tensor("w_out", w_out, dtype=torch.float32, ndim=2), branches)
     dev = w_out.device
@@ -365,6 +366,8 @@ def heads_forward(
     check_tensor("b_out", b_out, dtype=torch.float32, shape=(j,), device=dev)
     check_tensor("g_out", g_out, dtype=torch.float32, shape=(1 + branches,), device=dev)
     check_tensor("q", q, dtype=torch.float32, shape=(*lead, m, branches * actions), device=dev)
+    if nets == 2:
+        check_net_stride(p_zstride, ("w_out", w_out), ("b_out", b_out), ("g_out", g_out))
     kernel = _heads_ddqn_tf32_kernel if ddqn else _heads_online_tf32_kernel
     kernel[(max(2, triton.cdiv(m, _BLOCK_M)), nets)](
         h,
@@ -429,8 +432,7 @@ def heads_forward_grouped(
     check_tensor("g_out", g_out, dtype=torch.float32, shape=(1 + branches,), device=dev)
     check_tensor("q", q, dtype=torch.float32, shape=(m, branches * actions), device=dev)
     check_tensor("q_next", q_next, dtype=torch.float32, shape=(2, m, branches * actions), device=dev)
-    if isinstance(p_zstride, bool) or not isinstance(p_zstride, int) or p_zstride < 0:
-        raise ValueError(f"p_zstride must be an int >= 0, got {p_zstride!r}")
+    check_net_stride(p_zstride, ("w_out", w_out), ("b_out", b_out), ("g_out", g_out))
     _heads_grouped_tf32_kernel[(triton.cdiv(m, _BLOCK_M), 3)](
         h,
         h_next,

@@ -54,7 +54,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hotloop.kernels._common import check_tensor, rounds_tf32_operands
+from hotloop.kernels._common import check_net_stride, check_tensor, rounds_tf32_operands
 from hotloop.kernels.dependent_launch import gdc_prologue, pdl_kwargs
 from hotloop.kernels.tf32_split import tf32_hi_lo, tf32_rna
 
@@ -582,7 +582,8 @@ def linear_forward(
     Returns y. Grid (ceil(M / 128), ceil(N / BLOCK_N), nets), BLOCK_N <= 128 (64 where that pads N less)
     lowered until there are >= 132 programs or BLOCK_N = 16; never a single program (an idle second program is added
     for tiny shapes).
-    Raises ValueError for wrong dtype, shape, device or contiguity, or bad nets / gain_group.
+    Raises ValueError for wrong dtype, shape, device or contiguity, bad nets / gain_group, and with nets = 2 for a
+    p_zstride that puts net 1's parameters past their storage (`check_net_stride`).
     """
     check_tensor("w", w, dtype=torch.float32, ndim=2)
     n, k = w.shape
@@ -604,6 +605,8 @@ def linear_forward(
         check_tensor("rows", rows, dtype=torch.int64, shape=(m,), device=dev)
     elif x.shape[0] < m:
         raise ValueError(f"x has {x.shape[0]} rows, y needs {m}")
+    if nets == 2:
+        check_net_stride(p_zstride, ("w", w), ("b", b), ("g", g))
     if yt is not None:
         if nets != 1:
             raise ValueError("yt (the transposed output) is for one net only (nets = 1)")
@@ -689,7 +692,8 @@ def linear_forward_grouped(
     Grid (ceil(M / 128), ceil(N / BLOCK_N), 3), tiles chosen as `linear_forward` chooses them for 3 nets; 8 warps
     with yt, else 4 (`linear_forward`'s rule).
     Raises ValueError, naming the input, for a wrong dtype, shape, device, stride or contiguity, gain_group < 1 or
-    a p_zstride that is not an int >= 0; all checked before the launch.
+    a p_zstride that is not an int >= 0 or puts net 1's parameters past their storage (`check_net_stride`); all
+    checked before the launch.
     """
     check_tensor("w", w, dtype=torch.float32, ndim=2)
     n, k = w.shape
@@ -720,8 +724,7 @@ def linear_forward_grouped(
         raise ValueError(f"x has {x.shape[0]} rows and x_next {x_next.shape[-2]}, y needs {m}")
     if yt is not None:
         check_tensor("yt", yt, dtype=torch.float32, shape=(2, n, m), device=dev)
-    if isinstance(p_zstride, bool) or not isinstance(p_zstride, int) or p_zstride < 0:
-        raise ValueError(f"p_zstride must be an int >= 0, got {p_zstride!r}")
+    check_net_stride(p_zstride, ("w", w), ("b", b), ("g", g))
     grid, block_m, block_n = _fwd_tiles(m, n, 3)
     rnd = rounds_tf32_operands()
     _fwd_grouped_tf32_gemm_kernel[grid](

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hotloop.kernels._common import check_tensor, check_torch_input
+from hotloop.kernels._common import check_net_stride, check_tensor, check_torch_input
 
 
 @pytest.mark.parametrize(
@@ -55,3 +55,23 @@ def test_a_torch_only_input_takes_any_strides_and_device_type_and_keeps_the_othe
     assert check_torch_input("x", t, kind="float", shape=(2, 3)) is t
     with pytest.raises(ValueError, match="x must have an integer dtype, got torch.float32"):
         check_torch_input("x", t, kind="int")
+
+
+def test_net_stride_must_keep_the_second_net_inside_each_views_storage():
+    buf = torch.zeros(2, 10)
+    w, b = buf[0, :6].view(2, 3), buf[0, 6:10]
+    assert check_net_stride(10, ("w", w), ("b", b)) == 10
+    with pytest.raises(
+        ValueError, match=r"p_zstride 11 puts net 1's b past the end of its storage \(element 20 of 20\)"
+    ):
+        check_net_stride(11, ("w", w), ("b", b))
+    with pytest.raises(ValueError, match="p_zstride 15 puts net 1's w past"):
+        check_net_stride(15, ("w", w))  # w's last float: 5 + 15 = 20
+    assert check_net_stride(14, ("w", w)) == 14
+    col = buf[0, :6].view(3, 2).t()  # strided: its last element is float 5
+    with pytest.raises(ValueError, match="net 1's col past"):
+        check_net_stride(15, ("col", col))
+    for bad in (-1, True, 2.0, "3"):
+        with pytest.raises(ValueError, match="p_zstride must be an int >= 0"):
+            check_net_stride(bad, ("w", w))
+    assert check_net_stride(99, ("empty", buf[0, :0])) == 99  # an empty view reads nothing

@@ -207,3 +207,37 @@ def test_grouped_launchers_reject_bad_inputs_before_any_launch():
     with pytest.raises(ValueError, match="w_buf must have"):
         flat_forward_grouped(lay, params, x, x_next, acts, acts_next, _nan(m, 3), _nan(2, m, 3), w_buf=params[:-1])
     assert all(t.isnan().all() for t in acts + acts_next)
+
+
+def test_two_net_launches_refuse_a_net_stride_past_the_buffer():
+    """Net 1 reads every parameter view p_zstride floats further. A stride that would put the target net's W, b or
+    g past the end of the flat buffer (a read out of bounds on the GPU) is refused, naming p_zstride, before any
+    launch of the four two-net launchers; the buffer's own stride is taken."""
+    gen = torch.Generator().manual_seed(5)
+    m, n, k, pad = 6, 8, 16, 5
+    buf, p = _nets(gen, n, k, n, pad=pad)
+    w, b, g = _views(buf, n, k, n)
+    x, x_next = _randn(m, k, gen=gen), _randn(2, m, k, gen=gen)
+    y, y_next = _nan(m, n), _nan(2, m, n)
+    past = p + pad + 1  # g's last float of net 1 one past the buffer's end
+    with pytest.raises(ValueError, match=rf"p_zstride {past} puts net 1's g past the end of its storage"):
+        linear_forward(x_next[0], w, b, g, y_next, n, True, nets=2, p_zstride=past, ddqn=True)
+    with pytest.raises(ValueError, match=rf"p_zstride {past} puts net 1's g past the end"):
+        linear_forward_grouped(x, x_next, w, b, g, y, y_next, n, True, p_zstride=past)
+    assert y.isnan().all() and y_next.isnan().all()  # nothing launched
+    linear_forward_grouped(x, x_next, w, b, g, y, y_next, n, True, p_zstride=past - 1)  # the last float: in bounds
+
+    hidden, branches, actions = 4, 2, 3
+    j = 1 + branches * actions
+    hbuf = torch.randn(2 * (j * hidden + j + 1 + branches), generator=gen).to(DEVICE)
+    hp = hbuf.numel() // 2
+    wo, bo, go = hbuf[: j * hidden].view(j, hidden), hbuf[j * hidden : j * hidden + j], hbuf[j * hidden + j : hp]
+    h, h_next = _randn(m, 3 * hidden, gen=gen), _randn(2, m, 3 * hidden, gen=gen)
+    q, q_next = _nan(m, branches * actions), _nan(2, m, branches * actions)
+    with pytest.raises(ValueError, match=rf"p_zstride {hp + 1} puts net 1's g_out past the end"):
+        heads_forward(h_next, wo, bo, go, q_next, branches, nets=2, p_zstride=hp + 1, ddqn=True)
+    with pytest.raises(ValueError, match=rf"p_zstride {hp + 1} puts net 1's g_out past the end"):
+        heads_forward_grouped(h, h_next, wo, bo, go, q, q_next, branches, p_zstride=hp + 1)
+    assert q.isnan().all() and q_next.isnan().all()
+    heads_forward_grouped(h, h_next, wo, bo, go, q, q_next, branches, p_zstride=hp)
+    assert not q_next.isnan().any()
