@@ -94,6 +94,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 import triton
@@ -553,44 +554,41 @@ def measure(t: ProbeTensors, learner, *, label: str = "step", tf32_rounds: bool 
         ref = prod + bias
         return (ref.relu() if slots.relu else ref), prod
 
-    def layer_errs(i: int, pieces) -> tuple[_Err, _Err]:
-        """(error against the fp32 operands' result, error against the read operands' result: the excess) of layer
-        i over its (input, output, net) pieces, both slopes taken on the fp32 operands' product part."""
+    def errs(pieces, ref, relu: bool = False) -> tuple[_Err, _Err]:
+        """(error against the fp32 operands' result, error against the read operands' result: the excess) over
+        (input, output, net) pieces, both slopes taken on the fp32 operands' product part; `ref(x, z, read)` ->
+        (result, product part); behind a ReLU only the live entries (`_relu_live`) count."""
         err, excess = _Err(), _Err()
         for x, got, z in pieces:
-            ref, prod = layer_ref(i, x, z)
-            live = _relu_live(got, ref) if lay.layers[i].relu else None
-            err.add(got, ref, prod, live)
-            excess.add(got, layer_ref(i, x, z, read=True)[0], prod, live)
+            full, prod = ref(x, z)
+            live = _relu_live(got, full) if relu else None
+            err.add(got, full, prod, live)
+            excess.add(got, ref(x, z, True)[0], prod, live)
         return err, excess
 
     # forward: online net on s, and online + target on s'
     for i, slots in enumerate(lay.layers):
         x = t.obs if i == 0 else t.acts[i - 1]
-        add(f"forward.L{i}", "forward", fwd_name, b, slots.rows, slots.cols, *layer_errs(i, [(x, t.acts[i], 0)]))
+        online = errs([(x, t.acts[i], 0)], partial(layer_ref, i), slots.relu)
+        add(f"forward.L{i}", "forward", fwd_name, b, slots.rows, slots.cols, *online)
     for i, slots in enumerate(lay.layers):
         pieces = [(t.next_obs if i == 0 else t.ddqn_acts[i - 1][z], t.ddqn_acts[i][z], z) for z in range(2)]
-        add(f"ddqn.L{i}", "forward", fwd_name, 2 * b, slots.rows, slots.cols, *layer_errs(i, pieces))
+        ddqn = errs(pieces, partial(layer_ref, i), slots.relu)
+        add(f"ddqn.L{i}", "forward", fwd_name, 2 * b, slots.rows, slots.cols, *ddqn)
 
-    def heads_ref(h: torch.Tensor, z: int, bias: bool = True, read: bool = False) -> torch.Tensor:
+    def heads_ref(h: torch.Tensor, z: int, read: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """(result, product part: the bias left out) of the heads of net z on h, in float64 (`read` as layer_ref's)."""
         _, bb, g = lay.out_views(f64[z])
         w = lay.out_views(f64_read[z] if read else f64[z])[0]
         h64 = _as_read(h, rounds) if read else h.double()
-        return heads_reference(h64, w, bb if bias else torch.zeros_like(bb), g, d).reshape(h.shape[0], -1)
-
-    def heads_errs(pieces) -> tuple[_Err, _Err]:
-        err, excess = _Err(), _Err()
-        for h, got, z in pieces:
-            prod = heads_ref(h, z, bias=False)
-            err.add(got, heads_ref(h, z), prod)
-            excess.add(got, heads_ref(h, z, read=True), prod)
-        return err, excess
+        full, prod = (heads_reference(h64, w, c, g, d).reshape(h.shape[0], -1) for c in (bb, torch.zeros_like(bb)))
+        return full, prod
 
     j = lay.out.rows
     h_name = _name(heads_forward)
-    add("forward.heads", "forward", h_name, b, j, lay.head_hidden, *heads_errs([(t.acts[-1], t.q, 0)]))
+    add("forward.heads", "forward", h_name, b, j, lay.head_hidden, *errs([(t.acts[-1], t.q, 0)], heads_ref))
     pieces = [(t.ddqn_acts[-1][z], t.q_next[z], z) for z in range(2)]
-    add("ddqn.heads", "forward", h_name, 2 * b, j, lay.head_hidden, *heads_errs(pieces))
+    add("ddqn.heads", "forward", h_name, 2 * b, j, lay.head_hidden, *errs(pieces, heads_ref))
 
     # backward: the heads (autograd of the float64 reference), then each layer's dX and dW
     from hotloop.trainer import step
